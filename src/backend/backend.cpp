@@ -1,0 +1,115 @@
+#include "backend/backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#ifdef KILN_WITH_CUDA
+#include "backend/cuda_backend.h"
+#endif
+
+namespace kiln {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu(); }
+  Result<void*> allocate(int64_t bytes) override {
+    if (bytes == 0) bytes = 1;
+    void* p = ::operator new(static_cast<size_t>(bytes), std::align_val_t(64), std::nothrow);
+    if (!p) return out_of_memory("host allocation of " + std::to_string(bytes) + " bytes failed");
+    return p;
+  }
+  void deallocate(void* ptr, int64_t) override { ::operator delete(ptr, std::align_val_t(64)); }
+  void copy(Tensor dst, Tensor src) override {
+    KILN_ASSERT(dst.nbytes() == src.nbytes() && dst.device.is_cpu() && src.device.is_cpu());
+    if (dst.nbytes()) std::memmove(dst.data, src.data, static_cast<size_t>(dst.nbytes()));
+  }
+  void zero(Tensor t) override {
+    if (t.nbytes()) std::memset(t.data, 0, static_cast<size_t>(t.nbytes()));
+  }
+  Status synchronize() override { return Status::Ok(); }
+};
+
+// Stateless, so one shared instance for host buffers is safe.
+Backend& host_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+}  // namespace
+
+Result<TensorBuffer> empty(Backend& backend, Shape shape, DType dtype) {
+  int64_t bytes = shape.numel() * dtype_size(dtype);
+  KILN_ASSIGN_OR_RETURN(void* p, backend.allocate(bytes));
+  Tensor t;
+  t.data = p;
+  t.dtype = dtype;
+  t.device = backend.device();
+  t.shape = shape;
+  return TensorBuffer(Buffer(&backend, p, bytes), t);
+}
+
+TensorBuffer host_empty(Shape shape, DType dtype) {
+  Result<TensorBuffer> r = empty(host_backend(), shape, dtype);
+  if (!r.ok()) {
+    std::fprintf(stderr, "kiln: %s\n", r.status().message().c_str());
+    std::abort();
+  }
+  return std::move(r).value();
+}
+
+TensorBuffer to_host(Backend& backend, Tensor src) {
+  TensorBuffer out = host_empty(src.shape, src.dtype);
+  if (src.device.is_cpu())
+    host_backend().copy(out, src);
+  else
+    backend.copy(out, src);
+  return out;
+}
+
+Result<TensorBuffer> to_device(Backend& backend, Tensor src) {
+  KILN_ASSIGN_OR_RETURN(TensorBuffer out, empty(backend, src.shape, src.dtype));
+  backend.copy(out, src);
+  return out;
+}
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+int cuda_device_count() {
+#ifdef KILN_WITH_CUDA
+  return CudaBackend::device_count();
+#else
+  return 0;
+#endif
+}
+
+Result<std::unique_ptr<Backend>> make_backend(Device device) {
+  if (device.is_cpu()) return make_cpu_backend();
+#ifdef KILN_WITH_CUDA
+  int n = cuda_device_count();
+  if (n == 0)
+    return unsupported("--device cuda was requested but no CUDA GPU is usable here (no device or no driver); use --device cpu");
+  if (device.index < 0 || device.index >= n)
+    return invalid_argument("CUDA device " + std::to_string(device.index) + " does not exist; this machine has " +
+                            std::to_string(n) + " GPU(s)");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::create(device.index));
+  return std::unique_ptr<Backend>(std::move(b));
+#else
+  return unsupported("this kiln build has no CUDA support (nvcc was not found at build time); use --device cpu");
+#endif
+}
+
+Result<Device> parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu();
+  if (s == "cuda" || s == "gpu") return Device::cuda(0);
+  if (s.rfind("cuda:", 0) == 0) {
+    char* end = nullptr;
+    long idx = std::strtol(s.c_str() + 5, &end, 10);
+    if (end && *end == '\0' && end != s.c_str() + 5 && idx >= 0 && idx < 1024) return Device::cuda(static_cast<int>(idx));
+  }
+  return invalid_argument("unknown device '" + s + "'; expected cpu, cuda or cuda:N");
+}
+
+}  // namespace kiln

@@ -1,0 +1,102 @@
+// Backend: one device's memory, copies and ordering. CpuBackend runs everything inline on the
+// calling thread; CudaBackend (backend/cuda_backend.h) owns a stream, a cuBLASLt handle, a scratch
+// workspace and a caching allocator, and every op issued through it is ordered on that stream.
+// Buffers and TensorBuffers are RAII owners of device memory; Tensor (core) is the view.
+// Thread safety: a Backend is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace kiln {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  // Raw device memory; out_of_memory status when the device has none left.
+  virtual Result<void*> allocate(int64_t bytes) = 0;
+  virtual void deallocate(void* ptr, int64_t bytes) = 0;
+  // Copies src into dst (same dtype and element count); either side may be on the host or on this
+  // backend's device. Ordered after earlier work on this backend; host destinations are complete
+  // when the call returns.
+  virtual void copy(Tensor dst, Tensor src) = 0;
+  // Sets every byte of t to zero.
+  virtual void zero(Tensor t) = 0;
+  // Waits for all issued work to finish; a device-side fault surfaces here as an error.
+  virtual Status synchronize() = 0;
+};
+
+// Owns `bytes` of memory from a Backend; move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* owner, void* data, int64_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      owner_ = std::exchange(o.owner_, nullptr);
+      data_ = std::exchange(o.data_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void reset() {
+    if (owner_ && data_) owner_->deallocate(data_, bytes_);
+    owner_ = nullptr;
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  void* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// A tensor together with the memory it views.
+class TensorBuffer {
+ public:
+  TensorBuffer() = default;
+  TensorBuffer(Buffer buffer, Tensor view) : buffer_(std::move(buffer)), view_(view) {}
+  const Tensor& view() const { return view_; }
+  operator Tensor() const { return view_; }  // NOLINT: a buffer is usable wherever a view is
+  int64_t numel() const { return view_.numel(); }
+  const Shape& shape() const { return view_.shape; }
+  template <typename T>
+  T* ptr() const { return view_.ptr<T>(); }
+
+ private:
+  Buffer buffer_;
+  Tensor view_;
+};
+
+// Uninitialised tensor on the backend's device.
+Result<TensorBuffer> empty(Backend& backend, Shape shape, DType dtype);
+// Uninitialised tensor in host memory (64-byte aligned).
+TensorBuffer host_empty(Shape shape, DType dtype);
+// Copies of `src` on the host or on `backend`'s device.
+TensorBuffer to_host(Backend& backend, Tensor src);
+Result<TensorBuffer> to_device(Backend& backend, Tensor src);
+
+// The CPU backend (process-wide allocations through aligned new/delete).
+std::unique_ptr<Backend> make_cpu_backend();
+// Number of usable CUDA devices; 0 when built without CUDA or no GPU/driver is present.
+int cuda_device_count();
+// A backend for `device`; a clear error when that device does not exist.
+Result<std::unique_ptr<Backend>> make_backend(Device device);
+// Parses "cpu", "cuda", "cuda:N".
+Result<Device> parse_device(const std::string& s);
+
+}  // namespace kiln

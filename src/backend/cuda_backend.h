@@ -1,0 +1,86 @@
+// CudaBackend: one CUDA device, one stream, a cuBLASLt handle, a scratch workspace and a caching
+// allocator. Every op issued through the backend runs in order on its stream, so memory freed to
+// the cache is safe to hand out again to later work on the same stream.
+// Only compiled when CUDA is available (KILN_WITH_CUDA); include it only from CUDA-aware code.
+// Thread safety: one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "backend/backend.h"
+
+struct CUstream_st;
+struct cublasLtContext;
+
+namespace kiln {
+
+// Size-bucketed cache of device allocations. Blocks are rounded up (512 B for small, 2 MiB for
+// large requests) and reused best-fit; when cudaMalloc fails the cache is emptied and the
+// allocation retried once before out_of_memory is returned.
+class CudaCachingAllocator {
+ public:
+  explicit CudaCachingAllocator(int device) : device_(device) {}
+  ~CudaCachingAllocator();
+  Result<void*> allocate(int64_t bytes);
+  void deallocate(void* ptr, int64_t bytes);
+  void release_cached();
+  int64_t bytes_in_use() const { return in_use_; }
+  int64_t bytes_cached() const { return cached_; }
+
+ private:
+  static int64_t round_size(int64_t bytes);
+  int device_;
+  std::multimap<int64_t, void*> free_blocks_;  // rounded size -> block
+  std::map<void*, int64_t> live_blocks_;       // block -> rounded size
+  int64_t in_use_ = 0;
+  int64_t cached_ = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(int device_index);
+  // Usable CUDA devices; 0 when there is no driver or no GPU.
+  static int device_count();
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::cuda(device_index_); }
+  Result<void*> allocate(int64_t bytes) override { return allocator_.allocate(bytes); }
+  void deallocate(void* ptr, int64_t bytes) override { allocator_.deallocate(ptr, bytes); }
+  void copy(Tensor dst, Tensor src) override;
+  void zero(Tensor t) override;
+  Status synchronize() override;
+
+  CUstream_st* stream() const { return stream_; }
+  cublasLtContext* blaslt() const { return blaslt_; }
+  // Scratch memory for ops (cuBLASLt workspace, split-K partials). Valid until the next call that
+  // asks for more; ops must not hold it across calls. Grows only outside CUDA graph capture.
+  void* scratch(int64_t bytes);
+  int multiprocessor_count() const { return sm_count_; }
+  CudaCachingAllocator& allocator() { return allocator_; }
+
+ private:
+  explicit CudaBackend(int device_index);
+  int device_index_;
+  int sm_count_ = 0;
+  CUstream_st* stream_ = nullptr;
+  cublasLtContext* blaslt_ = nullptr;
+  CudaCachingAllocator allocator_;
+  Buffer scratch_;
+};
+
+}  // namespace kiln
+
+// Aborts with the CUDA error string, expression and location; for calls that cannot fail on valid
+// input (a failure there is a bug or a dead device).
+#define CUDA_CHECK(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t _kiln_err = (expr);                                                        \
+    if (_kiln_err != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "kiln: CUDA error %s (%s) in %s at %s:%d\n",                    \
+                   cudaGetErrorName(_kiln_err), cudaGetErrorString(_kiln_err), #expr,      \
+                   __FILE__, __LINE__);                                                    \
+      std::abort();                                                                        \
+    }                                                                                      \
+  } while (0)

@@ -1,0 +1,32 @@
+// CPU twins of the ops in kernels/ops.h: f32 math on host memory (inputs may be f32, bf16 or f16;
+// outputs f32 unless noted). Same semantics and shapes as ops.h; no backend argument. These are the
+// reference the CUDA kernels are tested against, so clarity beats speed, except for the GEMM
+// (OpenBLAS) and attention (threaded over heads).
+#pragma once
+
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace kiln::cpu {
+
+void embedding_forward(Tensor out, Tensor table, Tensor ids);
+void rmsnorm_forward(Tensor y, Tensor x, Tensor w, float eps);
+void add_rmsnorm_forward(Tensor y, Tensor residual, Tensor x, Tensor w, float eps);
+void rope_forward(Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling);
+void linear_forward(Tensor y, Tensor x, Tensor w, Tensor bias);
+void gemm(Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);
+void bias_add_forward(Tensor y, Tensor bias);
+void swiglu_forward(Tensor out, Tensor gate_up);
+void softmax_forward(Tensor y, Tensor x);
+void log_softmax_forward(Tensor y, Tensor x);
+void cast(Tensor dst, Tensor src);
+void add_inplace(Tensor a, Tensor b);
+void fill_normal(Tensor t, float std, uint64_t seed);
+void fill_constant(Tensor t, float value);
+void kv_cache_write(Tensor k_cache, Tensor v_cache, Tensor k, Tensor v, Tensor slots);
+void attention_forward(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, Tensor kv_indptr,
+                       ops::AttentionBounds bounds, float scale);
+void sample(Tensor tokens, Tensor logits, const std::vector<ops::SamplingParams>& params);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,33 @@
+// CUDA twins of the ops in kernels/ops.h. Every launch goes on the backend's stream and returns
+// without synchronising; no op allocates device memory except through the backend (scratch or the
+// caching allocator), so the decode path can be captured in a CUDA graph. Same semantics and shapes
+// as ops.h. One .cu file per op family under kernels/cuda/.
+#pragma once
+
+#include <vector>
+
+#include "backend/cuda_backend.h"
+#include "kernels/ops.h"
+
+namespace kiln::cuda {
+
+void embedding_forward(CudaBackend& be, Tensor out, Tensor table, Tensor ids);
+void rmsnorm_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, float eps);
+void add_rmsnorm_forward(CudaBackend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps);
+void rope_forward(CudaBackend& be, Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling);
+void linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor bias);
+void gemm(CudaBackend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);
+void bias_add_forward(CudaBackend& be, Tensor y, Tensor bias);
+void swiglu_forward(CudaBackend& be, Tensor out, Tensor gate_up);
+void softmax_forward(CudaBackend& be, Tensor y, Tensor x);
+void log_softmax_forward(CudaBackend& be, Tensor y, Tensor x);
+void cast(CudaBackend& be, Tensor dst, Tensor src);
+void add_inplace(CudaBackend& be, Tensor a, Tensor b);
+void fill_normal(CudaBackend& be, Tensor t, float std, uint64_t seed);
+void fill_constant(CudaBackend& be, Tensor t, float value);
+void kv_cache_write(CudaBackend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tensor v, Tensor slots);
+void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, Tensor kv_indptr,
+                       ops::AttentionBounds bounds, float scale);
+void sample(CudaBackend& be, Tensor tokens, Tensor logits, const std::vector<ops::SamplingParams>& params);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,157 @@
+#include "kernels/ops.h"
+
+#include "kernels/cpu/cpu_ops.h"
+#ifdef KILN_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace kiln::ops {
+namespace {
+#ifdef KILN_WITH_CUDA
+CudaBackend& cuda_backend(Backend& be) { return static_cast<CudaBackend&>(be); }
+#endif
+}  // namespace
+
+void embedding_forward(Backend& be, Tensor out, Tensor table, Tensor ids) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::embedding_forward(cuda_backend(be), out, table, ids);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::embedding_forward(out, table, ids);
+}
+
+void rmsnorm_forward(Backend& be, Tensor y, Tensor x, Tensor w, float eps) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::rmsnorm_forward(cuda_backend(be), y, x, w, eps);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::rmsnorm_forward(y, x, w, eps);
+}
+
+void add_rmsnorm_forward(Backend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::add_rmsnorm_forward(cuda_backend(be), y, residual, x, w, eps);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::add_rmsnorm_forward(y, residual, x, w, eps);
+}
+
+void rope_forward(Backend& be, Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::rope_forward(cuda_backend(be), x, positions, inv_freq, attention_scaling);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::rope_forward(x, positions, inv_freq, attention_scaling);
+}
+
+void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::linear_forward(cuda_backend(be), y, x, w, bias);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::linear_forward(y, x, w, bias);
+}
+
+void gemm(Backend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::gemm(cuda_backend(be), c, a, trans_a, b, trans_b, alpha, beta);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::gemm(c, a, trans_a, b, trans_b, alpha, beta);
+}
+
+void bias_add_forward(Backend& be, Tensor y, Tensor bias) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::bias_add_forward(cuda_backend(be), y, bias);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::bias_add_forward(y, bias);
+}
+
+void swiglu_forward(Backend& be, Tensor out, Tensor gate_up) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::swiglu_forward(cuda_backend(be), out, gate_up);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::swiglu_forward(out, gate_up);
+}
+
+void softmax_forward(Backend& be, Tensor y, Tensor x) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::softmax_forward(cuda_backend(be), y, x);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::softmax_forward(y, x);
+}
+
+void log_softmax_forward(Backend& be, Tensor y, Tensor x) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::log_softmax_forward(cuda_backend(be), y, x);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::log_softmax_forward(y, x);
+}
+
+void cast(Backend& be, Tensor dst, Tensor src) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::cast(cuda_backend(be), dst, src);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::cast(dst, src);
+}
+
+void add_inplace(Backend& be, Tensor a, Tensor b) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::add_inplace(cuda_backend(be), a, b);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::add_inplace(a, b);
+}
+
+void fill_normal(Backend& be, Tensor t, float std, uint64_t seed) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::fill_normal(cuda_backend(be), t, std, seed);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::fill_normal(t, std, seed);
+}
+
+void fill_constant(Backend& be, Tensor t, float value) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::fill_constant(cuda_backend(be), t, value);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::fill_constant(t, value);
+}
+
+void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tensor v, Tensor slots) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::kv_cache_write(cuda_backend(be), k_cache, v_cache, k, v, slots);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::kv_cache_write(k_cache, v_cache, k, v, slots);
+}
+
+void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, Tensor kv_indptr, AttentionBounds bounds, float scale) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::attention_forward(cuda_backend(be), out, q, k_cache, v_cache, q_indptr, kv_indptr, bounds, scale);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::attention_forward(out, q, k_cache, v_cache, q_indptr, kv_indptr, bounds, scale);
+}
+
+void sample(Backend& be, Tensor tokens, Tensor logits, const std::vector<SamplingParams>& params) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::sample(cuda_backend(be), tokens, logits, params);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::sample(tokens, logits, params);
+}
+
+}  // namespace kiln::ops
+
+#include "kernels/rng.h"
+
+namespace kiln::ops {
+double sampling_uniform(uint64_t seed, uint64_t step) { return rng::uniform(seed, step); }
+}  // namespace kiln::ops

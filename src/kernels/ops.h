@@ -1,0 +1,117 @@
+// The op families of kiln's models, each with a CPU twin (kernels/cpu/) and a CUDA twin
+// (kernels/cuda/). Every entry point dispatches on the device of its tensors, which must all live on
+// the backend's device (index arrays included). CPU ops compute in f32; CUDA ops take f32 or bf16
+// activations (f16 where noted) and accumulate in f32.
+//
+// Layouts: training will use dense [B, S, ...] tensors; inference uses packed 3-D tensors where the
+// tokens of all requests in one step are concatenated: [T, heads, head_dim] with int32 indptr
+// arrays telling which rows belong to which request. Row-wise ops below take any leading shape and
+// treat the tensor as [rows, last_dim].
+//
+// Argument checking: shapes and dtypes are checked with KILN_ASSERT (a mismatch is a bug in the
+// caller); user-facing validation (ids within the vocabulary, ...) happens above this layer.
+// Backward passes will sit beside each forward as <op>_backward with the same conventions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace kiln::ops {
+
+// out[t, :] = table[ids[t], :]
+// ids: [T] i32, table: [V, H], out: [T, H] (out.dtype may differ from table.dtype: converted).
+void embedding_forward(Backend& be, Tensor out, Tensor table, Tensor ids);
+
+// y = x / sqrt(mean(x^2) + eps) * w over the last dimension, f32 math.
+// x: [..., H], w: [H], y: same shape as x (may alias x). Per-head q/k norm is this op on
+// [T, heads, head_dim] with w: [head_dim].
+void rmsnorm_forward(Backend& be, Tensor y, Tensor x, Tensor w, float eps);
+
+// residual += x; y = rmsnorm(residual) * w. residual, x, y: [..., H]; w: [H].
+// Fuses the transformer's residual add with the next norm (one pass over memory).
+void add_rmsnorm_forward(Backend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps);
+
+// Rotary embedding in place, Hugging Face "rotate half" convention: for pair i < D/2 of each head,
+//   (x[i], x[i + D/2]) <- (x[i] c - x[i + D/2] s, x[i + D/2] c + x[i] s),  angle = pos * inv_freq[i]
+// computed in f32 (cos/sin of pos*inv_freq, multiplied by attention_scaling).
+// x: [T, heads, D], positions: [T] i32, inv_freq: [D/2] f32 (already scaled per rope type).
+void rope_forward(Backend& be, Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling);
+
+// Linear layer: y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N] if bias.data != nullptr).
+// CPU: f32 through OpenBLAS. CUDA: bf16/f16 x and w with f32 accumulation through cuBLASLt;
+// y may be bf16 or f32 (logits). bias has y's dtype or f32.
+void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias = {});
+
+// General matrix product for the backward passes: C = alpha * op(A) @ op(B) + beta * C, row-major,
+// op(X) = X^T when trans_X. A: [M, K] (or [K, M]), B: [K, N] (or [N, K]), C: [M, N].
+void gemm(Backend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);
+
+// y[m, n] += bias[n]. y: [M, N], bias: [N].
+void bias_add_forward(Backend& be, Tensor y, Tensor bias);
+
+// out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i], silu(g) = g / (1 + exp(-g)).
+// gate_up: [T, 2I] (the gate and up projections concatenated per row), out: [T, I].
+void swiglu_forward(Backend& be, Tensor out, Tensor gate_up);
+
+// Row-wise softmax / log-softmax over the last dimension in f32. x: [..., V], y: f32 same shape.
+void softmax_forward(Backend& be, Tensor y, Tensor x);
+void log_softmax_forward(Backend& be, Tensor y, Tensor x);
+
+// dst = src converted elementwise (f32, bf16, f16). Same element count.
+void cast(Backend& be, Tensor dst, Tensor src);
+
+// a += b elementwise (same shape; b may be f32 when a is bf16).
+void add_inplace(Backend& be, Tensor a, Tensor b);
+
+// Fills t (f32/bf16/f16) with N(0, std^2) from a counter-based generator keyed by (seed, index):
+// the same seed gives the same values on every device up to the storage rounding.
+void fill_normal(Backend& be, Tensor t, float std, uint64_t seed);
+// Fills t (f32/bf16/f16) with a constant.
+void fill_constant(Backend& be, Tensor t, float value);
+
+// Writes this step's keys/values into the cache: k_cache[slots[t]] = k[t], same for v.
+// k, v: [T, Hkv, D], k_cache, v_cache: [S, Hkv, D], slots: [T] i32 (slot < S).
+void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tensor v, Tensor slots);
+
+// Host-side sizes of an attention call. The kernels read each request's true lengths from the
+// device indptr arrays; these bounds fix the launch shape (so a captured CUDA graph can be
+// replayed for other lengths up to the bounds).
+struct AttentionBounds {
+  int32_t batch = 0;       // number of requests B
+  int32_t max_q_len = 0;   // longest query run of any request this step
+  int32_t max_kv_len = 0;  // longest key run (context length) of any request this step
+};
+
+// Causal grouped-query attention over a packed batch whose keys/values are in a cache of slots.
+// q:        [T, Hq, D]  request b's queries are rows q_indptr[b] .. q_indptr[b+1]
+// k_cache:  [S, Hkv, D] request b's keys are slots kv_indptr[b] .. kv_indptr[b+1]; likewise v_cache
+// out:      [T, Hq, D]
+// q_indptr, kv_indptr: [B+1] i32. Query i of request b sits at position kv_len - q_len + i and
+// attends to keys 0 .. that position. Query head h reads kv head h / (Hq / Hkv).
+// softmax(scale * q k^T) v with f32 accumulation; D is 64, 128 (CUDA fast paths) or any even
+// value up to 256 (CPU, CUDA generic path).
+void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
+                       Tensor kv_indptr, AttentionBounds bounds, float scale);
+
+// Sampling settings for one row of logits.
+struct SamplingParams {
+  float temperature = 0.0f;  // <= 0: greedy (argmax, lowest index on ties)
+  int32_t top_k = 0;         // <= 0: no top-k cut
+  float top_p = 1.0f;        // >= 1: no nucleus cut
+  uint64_t seed = 0;         // with `step`, picks the uniform draw; same on CPU and CUDA
+  uint64_t step = 0;
+};
+
+// tokens[b] = a draw from softmax(logits[b] / temperature) restricted to the top_k most likely
+// tokens and then to the smallest prefix (by descending probability) whose mass reaches top_p.
+// The draw is u = uniform(seed, step) in [0, 1) by a counter-based hash, then the first token whose
+// cumulative (renormalised) probability exceeds u, scanning in descending probability order
+// (ties: lower index first). logits: [B, V] f32, tokens: [B] i32, params: B entries.
+void sample(Backend& be, Tensor tokens, Tensor logits, const std::vector<SamplingParams>& params);
+
+// The uniform draw used by sample(), exposed so that tests can reproduce it.
+double sampling_uniform(uint64_t seed, uint64_t step);
+
+}  // namespace kiln::ops

@@ -1,0 +1,35 @@
+// Helpers for kiln's tests: random host tensors, error norms, and a GPU backend that skips the
+// test with a visible reason where no GPU is present.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace kiln::test {
+
+// Host tensor of N(0, std^2) values (seeded), stored in `dtype` (f32/bf16/f16).
+TensorBuffer random_host(Shape shape, DType dtype, uint64_t seed, float std = 1.0f);
+// Host i32 tensor with values uniform in [lo, hi).
+TensorBuffer random_ints(Shape shape, int32_t lo, int32_t hi, uint64_t seed);
+TensorBuffer host_ints(const std::vector<int32_t>& values);
+// Host f32 copy of a float tensor of any float dtype, from any device.
+std::vector<float> to_f32(Backend& be, Tensor t);
+// ||a - b|| / ||b||, with NaN anywhere giving +inf.
+double rel_error(const std::vector<float>& a, const std::vector<float>& b);
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+
+// The CUDA backend for device 0, or nullptr; tests call GTEST_SKIP() with the reason on nullptr.
+std::unique_ptr<Backend> gpu_backend_or_null(std::string* reason);
+
+}  // namespace kiln::test
+
+#define KILN_REQUIRE_GPU(be_var)                                      \
+  std::string _kiln_skip_reason;                                      \
+  auto be_var = ::kiln::test::gpu_backend_or_null(&_kiln_skip_reason); \
+  if (!be_var) GTEST_SKIP() << _kiln_skip_reason
