@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -13,6 +14,14 @@
 #include "core/tensor.h"
 
 namespace kiln {
+
+// A recorded sequence of device work that can be replayed with the same buffers (a CUDA graph).
+// Inputs change between replays by writing new values into the recorded buffers.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  virtual void replay() = 0;
+};
 
 class Backend {
  public:
@@ -29,6 +38,13 @@ class Backend {
   virtual void zero(Tensor t) = 0;
   // Waits for all issued work to finish; a device-side fault surfaces here as an error.
   virtual Status synchronize() = 0;
+  // Records the device work `issue` launches on this backend, without running it. Only backends
+  // with graph support (CUDA) implement it; `issue` must not allocate, copy to the host or
+  // synchronise.
+  virtual Result<std::unique_ptr<CapturedWork>> capture(const std::function<void()>& issue) {
+    (void)issue;
+    return unsupported("graph capture is not supported on " + device().str());
+  }
 };
 
 // Owns `bytes` of memory from a Backend; move-only.

@@ -121,6 +121,45 @@ Status CudaBackend::synchronize() {
   return Status::Ok();
 }
 
+namespace {
+
+class CudaGraphWork final : public CapturedWork {
+ public:
+  CudaGraphWork(cudaGraph_t graph, cudaGraphExec_t exec, cudaStream_t stream)
+      : graph_(graph), exec_(exec), stream_(stream) {}
+  ~CudaGraphWork() override {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  void replay() override { CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CapturedWork>> CudaBackend::capture(const std::function<void()>& issue) {
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  issue();
+  cudaGraph_t graph = nullptr;
+  cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status(StatusCode::internal, std::string("CUDA graph capture failed: ") + cudaGetErrorString(err));
+  }
+  cudaGraphExec_t exec = nullptr;
+  err = cudaGraphInstantiate(&exec, graph, 0);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    cudaGraphDestroy(graph);
+    return Status(StatusCode::internal, std::string("CUDA graph instantiation failed: ") + cudaGetErrorString(err));
+  }
+  return std::unique_ptr<CapturedWork>(new CudaGraphWork(graph, exec, stream_));
+}
+
 void* CudaBackend::scratch(int64_t bytes) {
   if (scratch_.bytes() < bytes) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

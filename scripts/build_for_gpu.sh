@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds on the CPU machine the binaries the GPU machine runs: sm_90a CUDA, OpenBLAS linked
+# statically (the GPU image has no Debian packages). The result, build-gpu/, is carried with the
+# `device` tool (carry: ["build-gpu", ".carry"]); scripts/gpu_check.sh runs it there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_STATIC_BLAS=ON >/dev/null
+ninja -C build-gpu kiln kiln_tests kiln_gpu_tests bench_decode bench_attention
+mkdir -p .carry
+cp ../shared/reference/hf_bench.py .carry/ 2>/dev/null || true
+# Only what the GPU machine runs travels: drop object files from the carried folder's weight.
+du -sh build-gpu/bin build-gpu/tests/kiln_tests build-gpu/tests/kiln_gpu_tests

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the `device` tool) over a build made on the CPU machine with
+#   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as build-gpu/)
+# It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
+# suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|all]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHAT=${1:-all}
+BUILD=${BUILD:-build-gpu}
+OUT=${OUT:-/tmp/kiln-out}
+mkdir -p "$OUT"
+# cuBLASLt comes from the machine's CUDA toolkit or PyTorch's wheel.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
+  [ -e "$d/libcublasLt.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" && break
+done
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
+if ldd "$BUILD/bin/kiln" | grep "not found"; then echo "missing shared libraries"; exit 1; fi
+status=0
+if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
+  "$BUILD/tests/kiln_gpu_tests" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |FAILED|error|Failure|rel" | head -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  "$BUILD/tests/kiln_tests" > "$OUT/cpu_tests.log" 2>&1 || status=1
+  tail -3 "$OUT/cpu_tests.log"
+  "$BUILD/bin/kiln" generate --device cuda --max-tokens 8 || status=1
+fi
+if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+  CFG=bench/configs/astrai-1b-shape.config.json
+  "$BUILD/bin/bench_attention" > "$OUT/bench_attention.json" 2>&1; cat "$OUT/bench_attention.json"
+  "$BUILD/bin/bench_decode" --config $CFG --contexts 1024,8192,30000 > "$OUT/bench_decode.json" 2> "$OUT/bench_decode.err" || status=1
+  cat "$OUT/bench_decode.json"
+  if [ -f .carry/hf_bench.py ]; then
+    PYTHONUNBUFFERED=1 python3 .carry/hf_bench.py --config $CFG --contexts 1024,8192,30000 --skip train \
+      --out "$OUT/hf_bench.json" > "$OUT/hf_bench.log" 2>&1 || status=1
+    cat "$OUT/hf_bench.json"
+  fi
+fi
+exit $status

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One-command set-up on a fresh Debian 12 machine: installs the Debian packages kiln builds with,
+# configures and builds (CUDA too where nvcc is installed), then runs the embedded default job:
+# greedy generation from the tiny Llama checkpoint under testdata/.
+# Usage: scripts/setup.sh [build-dir]      (root, or sudo available, for apt-get)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+PACKAGES="cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libopenblas-dev libgtest-dev"
+missing=""
+for p in $PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
+fi
+# nvcc lives outside PATH on a default CUDA install.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C "$BUILD" kiln
+"$BUILD/bin/kiln" generate

@@ -1,0 +1,439 @@
+// config.json parsing and validation, and the RoPE inverse-frequency table. See config.h.
+#include "model/config.h"
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace kiln {
+
+using nlohmann::json;
+
+const char* architecture_name(Architecture a) {
+  switch (a) {
+    case Architecture::llama: return "llama";
+    case Architecture::mistral: return "mistral";
+    case Architecture::qwen2: return "qwen2";
+    case Architecture::qwen3: return "qwen3";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr const char* kSupportedArchitectures =
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+
+// One JSON value for an error message: its type and (shortened) text.
+std::string describe(const json& v) {
+  std::string text = v.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return std::string("a ") + v.type_name() + " (" + text + ")";
+}
+
+// The value of `key` in `obj`, or nullptr when the key is absent or null (transformers writes
+// null for "use the default").
+const json* find_key(const json& obj, const std::string& key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// Reads typed values. `where` is the file name, `prefix` names the enclosing object in messages
+// ("rope_scaling." or ""). A key that is absent or null leaves *out untouched unless `required`.
+class Reader {
+ public:
+  Reader(const json& obj, std::string where, std::string prefix)
+      : obj_(obj), where_(std::move(where)), prefix_(std::move(prefix)) {}
+
+  Status missing(const std::string& key) const {
+    return invalid_argument(where_ + ": required key '" + prefix_ + key +
+                            "' is missing; a config.json saved by Hugging Face transformers always has it "
+                            "(is this the right model folder, and is the file complete?)");
+  }
+  Status wrong_type(const std::string& key, const char* expected, const json& v) const {
+    return invalid_argument(where_ + ": key '" + prefix_ + key + "' must be " + expected + ", but it is " +
+                            describe(v));
+  }
+  Status bad_value(const std::string& key, const std::string& why) const {
+    return invalid_argument(where_ + ": key '" + prefix_ + key + "' " + why);
+  }
+
+  bool has(const std::string& key) const { return find_key(obj_, key) != nullptr; }
+
+  Status get_int(const std::string& key, int64_t* out, bool required) const {
+    const json* v = find_key(obj_, key);
+    if (!v) return required ? missing(key) : Status::Ok();
+    return to_int(key, *v, out);
+  }
+  Status get_float(const std::string& key, double* out, bool required) const {
+    const json* v = find_key(obj_, key);
+    if (!v) return required ? missing(key) : Status::Ok();
+    if (!v->is_number()) return wrong_type(key, "a number", *v);
+    *out = v->get<double>();
+    if (!std::isfinite(*out)) return bad_value(key, "must be a finite number");
+    return Status::Ok();
+  }
+  Status get_float(const std::string& key, float* out, bool required) const {
+    double d = *out;
+    KILN_RETURN_IF_ERROR(get_float(key, &d, required));
+    *out = static_cast<float>(d);
+    return Status::Ok();
+  }
+  Status get_bool(const std::string& key, bool* out, bool required) const {
+    const json* v = find_key(obj_, key);
+    if (!v) return required ? missing(key) : Status::Ok();
+    if (!v->is_boolean()) return wrong_type(key, "true or false", *v);
+    *out = v->get<bool>();
+    return Status::Ok();
+  }
+  Status get_string(const std::string& key, std::string* out, bool required) const {
+    const json* v = find_key(obj_, key);
+    if (!v) return required ? missing(key) : Status::Ok();
+    if (!v->is_string()) return wrong_type(key, "a string", *v);
+    *out = v->get<std::string>();
+    return Status::Ok();
+  }
+  // A required integer that must be > 0.
+  Status get_size(const std::string& key, int64_t* out) const {
+    KILN_RETURN_IF_ERROR(get_int(key, out, /*required=*/true));
+    if (*out <= 0) return bad_value(key, "must be positive, but it is " + std::to_string(*out));
+    return Status::Ok();
+  }
+  Status to_int(const std::string& key, const json& v, int64_t* out) const {
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        return bad_value(key, "is too large (" + std::to_string(u) + ")");
+      *out = static_cast<int64_t>(u);
+      return Status::Ok();
+    }
+    if (v.is_number_integer()) {
+      *out = v.get<int64_t>();
+      return Status::Ok();
+    }
+    return wrong_type(key, "an integer", v);
+  }
+
+ private:
+  const json& obj_;
+  std::string where_;
+  std::string prefix_;
+};
+
+Status parse_architecture(const json& j, const std::string& src, ModelConfig* c) {
+  struct Known {
+    const char* cls;
+    const char* model_type;
+    Architecture arch;
+  };
+  static constexpr Known kKnown[] = {{"LlamaForCausalLM", "llama", Architecture::llama},
+                                     {"MistralForCausalLM", "mistral", Architecture::mistral},
+                                     {"Qwen2ForCausalLM", "qwen2", Architecture::qwen2},
+                                     {"Qwen3ForCausalLM", "qwen3", Architecture::qwen3}};
+  Reader r(j, src, "");
+  if (const json* archs = find_key(j, "architectures")) {
+    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string())
+      return r.wrong_type("architectures", "a non-empty list of class names such as [\"LlamaForCausalLM\"]", *archs);
+    std::string cls = (*archs)[0].get<std::string>();
+    for (const Known& k : kKnown) {
+      if (cls == k.cls) {
+        c->architecture = k.arch;
+        c->architecture_class = cls;
+        return Status::Ok();
+      }
+    }
+    return unsupported(src + ": architecture '" + cls + "' (key 'architectures') is not supported; kiln supports " +
+                       kSupportedArchitectures);
+  }
+  // No "architectures": fall back on "model_type", which every transformers config has.
+  std::string model_type;
+  KILN_RETURN_IF_ERROR(r.get_string("model_type", &model_type, false));
+  if (model_type.empty()) return r.missing("architectures");
+  for (const Known& k : kKnown) {
+    if (model_type == k.model_type) {
+      c->architecture = k.arch;
+      c->architecture_class = k.cls;
+      return Status::Ok();
+    }
+  }
+  return unsupported(src + ": model_type '" + model_type + "' (config.json has no 'architectures') is not supported; "
+                     "kiln supports " + kSupportedArchitectures);
+}
+
+// RoPE from either layout:
+//   transformers 5: "rope_parameters": {"rope_theta", "rope_type", "factor", ...}
+//   transformers 4: top-level "rope_theta" and "rope_scaling": {"rope_type" or legacy "type", ...}
+Status parse_rope(const json& j, const std::string& src, RopeConfig* rope) {
+  Reader top(j, src, "");
+  const json* params = find_key(j, "rope_parameters");
+  const json* scaling = nullptr;
+  std::string prefix;
+  if (params) {
+    if (!params->is_object()) return top.wrong_type("rope_parameters", "an object", *params);
+    scaling = params;
+    prefix = "rope_parameters.";
+  } else if ((scaling = find_key(j, "rope_scaling"))) {
+    if (!scaling->is_object()) return top.wrong_type("rope_scaling", "an object or null", *scaling);
+    prefix = "rope_scaling.";
+  }
+
+  double theta = 10000.0;
+  KILN_RETURN_IF_ERROR(top.get_float("rope_theta", &theta, false));
+  if (params) KILN_RETURN_IF_ERROR(Reader(*params, src, prefix).get_float("rope_theta", &theta, false));
+  if (!(theta > 0.0)) return invalid_argument(src + ": rope_theta must be positive, but it is " + std::to_string(theta));
+  rope->theta = static_cast<float>(theta);
+
+  double partial = 1.0;
+  KILN_RETURN_IF_ERROR(top.get_float("partial_rotary_factor", &partial, false));
+  if (scaling) KILN_RETURN_IF_ERROR(Reader(*scaling, src, prefix).get_float("partial_rotary_factor", &partial, false));
+  if (partial != 1.0)
+    return unsupported(src + ": partial_rotary_factor " + std::to_string(partial) +
+                       " is not supported; kiln rotates the whole head (partial_rotary_factor 1)");
+
+  rope->type = "default";
+  if (!scaling) return Status::Ok();
+  Reader r(*scaling, src, prefix);
+  std::string type_key = r.has("rope_type") ? "rope_type" : "type";
+  KILN_RETURN_IF_ERROR(r.get_string(type_key, &rope->type, false));
+  const std::string& type = rope->type;
+  if (type == "default") return Status::Ok();
+  if (type != "linear" && type != "llama3")
+    return unsupported(src + ": RoPE type '" + type + "' (key '" + prefix + type_key +
+                       "') is not supported; kiln supports default, linear and llama3 RoPE");
+
+  KILN_RETURN_IF_ERROR(r.get_float("factor", &rope->factor, true));
+  if (!(rope->factor > 0.0f)) return r.bad_value("factor", "must be positive, but it is " + std::to_string(rope->factor));
+  if (type == "linear") return Status::Ok();
+
+  KILN_RETURN_IF_ERROR(r.get_float("low_freq_factor", &rope->low_freq_factor, true));
+  KILN_RETURN_IF_ERROR(r.get_float("high_freq_factor", &rope->high_freq_factor, true));
+  KILN_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings", &rope->original_max_position_embeddings, true));
+  if (!(rope->low_freq_factor > 0.0f))
+    return r.bad_value("low_freq_factor", "must be positive, but it is " + std::to_string(rope->low_freq_factor));
+  if (!(rope->high_freq_factor > rope->low_freq_factor))
+    return r.bad_value("high_freq_factor", "must be larger than low_freq_factor (" +
+                                               std::to_string(rope->low_freq_factor) + "), but it is " +
+                                               std::to_string(rope->high_freq_factor));
+  if (rope->original_max_position_embeddings <= 0)
+    return r.bad_value("original_max_position_embeddings",
+                       "must be positive, but it is " + std::to_string(rope->original_max_position_embeddings));
+  return Status::Ok();
+}
+
+Status parse_into(const json& j, const std::string& src, ModelConfig* c) {
+  if (!j.is_object()) return invalid_argument(src + ": expected a JSON object at the top level, but it is " + describe(j));
+  c->source = src;
+  Reader r(j, src, "");
+  KILN_RETURN_IF_ERROR(parse_architecture(j, src, c));
+  const Architecture arch = c->architecture;
+
+  KILN_RETURN_IF_ERROR(r.get_size("vocab_size", &c->vocab_size));
+  KILN_RETURN_IF_ERROR(r.get_size("hidden_size", &c->hidden_size));
+  KILN_RETURN_IF_ERROR(r.get_size("intermediate_size", &c->intermediate_size));
+  KILN_RETURN_IF_ERROR(r.get_size("num_hidden_layers", &c->num_hidden_layers));
+  KILN_RETURN_IF_ERROR(r.get_size("num_attention_heads", &c->num_attention_heads));
+  KILN_RETURN_IF_ERROR(r.get_size("max_position_embeddings", &c->max_position_embeddings));
+
+  c->num_key_value_heads = c->num_attention_heads;
+  KILN_RETURN_IF_ERROR(r.get_int("num_key_value_heads", &c->num_key_value_heads, false));
+  if (c->num_key_value_heads <= 0)
+    return r.bad_value("num_key_value_heads", "must be positive, but it is " + std::to_string(c->num_key_value_heads));
+  if (c->num_attention_heads % c->num_key_value_heads != 0)
+    return invalid_argument(src + ": num_attention_heads (" + std::to_string(c->num_attention_heads) +
+                            ") must be a multiple of num_key_value_heads (" + std::to_string(c->num_key_value_heads) +
+                            ") for grouped-query attention");
+
+  if (r.has("head_dim")) {
+    KILN_RETURN_IF_ERROR(r.get_int("head_dim", &c->head_dim, true));
+    if (c->head_dim <= 0) return r.bad_value("head_dim", "must be positive, but it is " + std::to_string(c->head_dim));
+  } else if (arch == Architecture::qwen3) {
+    c->head_dim = 128;  // transformers' Qwen3Config default (not hidden_size / heads)
+  } else {
+    if (c->hidden_size % c->num_attention_heads != 0)
+      return invalid_argument(src + ": there is no 'head_dim' and hidden_size (" + std::to_string(c->hidden_size) +
+                              ") is not a multiple of num_attention_heads (" +
+                              std::to_string(c->num_attention_heads) + "); add the model's 'head_dim'");
+    c->head_dim = c->hidden_size / c->num_attention_heads;
+  }
+  if (c->head_dim % 2 != 0)
+    return invalid_argument(src + ": head_dim " + std::to_string(c->head_dim) +
+                            " is odd; rotary embeddings need an even head_dim");
+
+  double eps = 1e-6;  // the default of LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config
+  KILN_RETURN_IF_ERROR(r.get_float("rms_norm_eps", &eps, false));
+  if (!(eps > 0.0)) return r.bad_value("rms_norm_eps", "must be positive, but it is " + std::to_string(eps));
+  c->rms_norm_eps = static_cast<float>(eps);
+
+  KILN_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", &c->tie_word_embeddings, false));
+
+  // Biases and norms per architecture, as the transformers modeling code builds its layers.
+  switch (arch) {
+    case Architecture::llama:
+      KILN_RETURN_IF_ERROR(r.get_bool("attention_bias", &c->attention_bias, false));
+      c->o_proj_bias = c->attention_bias;
+      KILN_RETURN_IF_ERROR(r.get_bool("mlp_bias", &c->mlp_bias, false));
+      break;
+    case Architecture::mistral:  // MistralAttention / MistralMLP have no biases at all
+      break;
+    case Architecture::qwen2:  // q/k/v always biased, o_proj and the MLP never
+      c->attention_bias = true;
+      break;
+    case Architecture::qwen3:
+      KILN_RETURN_IF_ERROR(r.get_bool("attention_bias", &c->attention_bias, false));
+      c->o_proj_bias = c->attention_bias;
+      c->qk_norm = true;
+      break;
+  }
+
+  KILN_RETURN_IF_ERROR(r.get_string("hidden_act", &c->hidden_act, false));
+  if (c->hidden_act != "silu")
+    return unsupported(src + ": hidden_act '" + c->hidden_act + "' is not supported; kiln implements the SwiGLU MLP (silu)");
+
+  if (r.has("bos_token_id")) {
+    int64_t v = 0;
+    KILN_RETURN_IF_ERROR(r.get_int("bos_token_id", &v, true));
+    c->bos_token_id = v;
+  }
+  if (r.has("pad_token_id")) {
+    int64_t v = 0;
+    KILN_RETURN_IF_ERROR(r.get_int("pad_token_id", &v, true));
+    c->pad_token_id = v;
+  }
+  if (const json* eos = find_key(j, "eos_token_id")) {
+    if (eos->is_array()) {
+      for (const json& e : *eos) {
+        int64_t v = 0;
+        KILN_RETURN_IF_ERROR(r.to_int("eos_token_id", e, &v));
+        c->eos_token_ids.push_back(v);
+      }
+    } else {
+      int64_t v = 0;
+      KILN_RETURN_IF_ERROR(r.to_int("eos_token_id", *eos, &v));
+      c->eos_token_ids.push_back(v);
+    }
+  }
+
+  std::string dtype_key = r.has("dtype") ? "dtype" : "torch_dtype";  // transformers 5 / 4
+  std::string dtype_name;
+  KILN_RETURN_IF_ERROR(r.get_string(dtype_key, &dtype_name, false));
+  if (!dtype_name.empty() && !parse_dtype(dtype_name, &c->dtype))
+    return unsupported(src + ": " + dtype_key + " '" + dtype_name +
+                       "' is not supported; kiln reads float32, bfloat16 and float16 checkpoints");
+
+  // Sliding windows. Mistral: "sliding_window" (transformers' default 4096 when the key is absent,
+  // none when it is null). Qwen2/Qwen3: only when "use_sliding_window" is true.
+  int64_t window = 0;
+  if (arch == Architecture::mistral) {
+    if (!j.contains("sliding_window")) window = 4096;
+    KILN_RETURN_IF_ERROR(r.get_int("sliding_window", &window, false));
+  } else if (arch == Architecture::qwen2 || arch == Architecture::qwen3) {
+    bool use = false;
+    KILN_RETURN_IF_ERROR(r.get_bool("use_sliding_window", &use, false));
+    if (use) KILN_RETURN_IF_ERROR(r.get_int("sliding_window", &window, false));
+  }
+  if (window < 0) return r.bad_value("sliding_window", "must not be negative, but it is " + std::to_string(window));
+  c->sliding_window = window < c->max_position_embeddings ? window : 0;
+
+  KILN_RETURN_IF_ERROR(parse_rope(j, src, &c->rope));
+  return Status::Ok();
+}
+
+// Rounds to f32 and keeps the compiler from fusing a multiply and an add into an FMA: torch runs
+// every step of the rope computation as a separate f32 kernel.
+inline float f32(float x) {
+  volatile float v = x;
+  return v;
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_model_config(const json& j, const std::string& source_name) {
+  ModelConfig c;
+  KILN_RETURN_IF_ERROR(parse_into(j, source_name, &c));
+  return c;
+}
+
+Result<ModelConfig> load_model_config(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(model_dir, ec))
+    return not_found("model folder '" + model_dir + "' does not exist; pass the folder that holds config.json and "
+                     "model.safetensors");
+  if (!fs::is_directory(model_dir, ec))
+    return invalid_argument("'" + model_dir + "' is not a folder; pass the model folder that holds config.json");
+  const std::string path = (fs::path(model_dir) / "config.json").string();
+  if (!fs::exists(path, ec))
+    return not_found(path + " does not exist; a model folder needs the config.json written by transformers' "
+                     "save_pretrained");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return io_error("cannot open " + path + " for reading (check its permissions)");
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return io_error("reading " + path + " failed");
+
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    return invalid_argument(path + " is not valid JSON: " + e.what());
+  }
+  return parse_model_config(j, path);
+}
+
+RopeTables compute_rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
+  KILN_ASSERT(head_dim > 0 && head_dim % 2 == 0);
+  const int64_t half = head_dim / 2;
+  RopeTables out;
+  out.inv_freq.resize(static_cast<size_t>(half));
+
+  // transformers: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), all in f32; the scalar
+  // base is rounded to f32 and powf is emulated by a double pow rounded once to f32.
+  for (int64_t i = 0; i < half; ++i) {
+    float exponent = f32(static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    float p = static_cast<float>(std::pow(static_cast<double>(rope.theta), static_cast<double>(exponent)));
+    out.inv_freq[static_cast<size_t>(i)] = f32(1.0f / p);
+  }
+
+  if (rope.type == "default") return out;
+  if (rope.type == "linear") {
+    for (float& f : out.inv_freq) f = f32(f / rope.factor);
+    return out;
+  }
+  KILN_ASSERT(rope.type == "llama3");
+  // transformers' _compute_llama3_parameters, op by op. Python scalars meet f32 tensors as f32;
+  // `scalar / tensor` is torch's reciprocal(tensor) * scalar.
+  const float factor = rope.factor;
+  const float low = rope.low_freq_factor;
+  const double old_ctx = static_cast<double>(rope.original_max_position_embeddings);
+  const float low_freq_wavelen = static_cast<float>(old_ctx / static_cast<double>(rope.low_freq_factor));
+  const float high_freq_wavelen = static_cast<float>(old_ctx / static_cast<double>(rope.high_freq_factor));
+  const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
+  const float old_ctx_f = static_cast<float>(old_ctx);
+  const float high_minus_low =
+      static_cast<float>(static_cast<double>(rope.high_freq_factor) - static_cast<double>(rope.low_freq_factor));
+  for (float& f : out.inv_freq) {
+    const float inv_freq = f;
+    const float wavelen = f32(f32(1.0f / inv_freq) * two_pi);
+    const float llama = wavelen > low_freq_wavelen ? f32(inv_freq / factor) : inv_freq;
+    const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    if (!medium) {
+      f = llama;
+      continue;
+    }
+    const float ratio = f32(f32(1.0f / wavelen) * old_ctx_f);
+    const float smooth = f32(f32(ratio - low) / high_minus_low);
+    const float a = f32(f32(f32(1.0f - smooth) * llama) / factor);
+    const float b = f32(smooth * llama);
+    f = f32(a + b);
+  }
+  return out;
+}
+
+}  // namespace kiln

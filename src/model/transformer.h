@@ -1,0 +1,107 @@
+// Transformer: the decoder-only causal language models kiln loads from Hugging Face checkpoints
+// (Llama, Mistral, Qwen2 with q/k/v biases, Qwen3 with q/k norms), holding its weights on one
+// backend in the compute dtype (f32 on the CPU, bf16 on CUDA).
+//
+// forward() runs one packed batch (the inference layout): the tokens of all requests in a step are
+// concatenated into T rows; every request's new keys/values are written into its KV cache slots and
+// its queries attend causally to its whole cached context. Prefill (many tokens of one request),
+// decode (one token each of many requests) and mixed steps are the same call.
+//
+// Ownership: the Transformer owns its weights; KVCache owns the cache memory; ForwardWorkspace owns
+// the per-step activations, allocated once for a token budget and reused (so a decode step
+// allocates nothing and can be captured in a CUDA graph).
+// Thread safety: none; one thread drives a Transformer and its backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+
+namespace kiln {
+
+struct LayerWeights {
+  TensorBuffer input_norm;     // [H]
+  TensorBuffer q_proj, k_proj, v_proj;  // [Hq*D, H], [Hkv*D, H], [Hkv*D, H]
+  TensorBuffer q_bias, k_bias, v_bias;  // [Hq*D], [Hkv*D], [Hkv*D] (Qwen2 / attention_bias)
+  TensorBuffer q_norm, k_norm;          // [D] (Qwen3)
+  TensorBuffer o_proj;                  // [H, Hq*D]
+  TensorBuffer o_bias;                  // [H] (attention_bias on Llama-style configs)
+  TensorBuffer post_norm;               // [H]
+  TensorBuffer gate_up_proj;            // [2I, H]: gate rows then up rows (one GEMM for both)
+  TensorBuffer gate_up_bias;            // [2I] (mlp_bias)
+  TensorBuffer down_proj;               // [H, I]
+  TensorBuffer down_bias;               // [H] (mlp_bias)
+};
+
+// Per-layer key/value storage of `slots` token slots: k, v [slots, Hkv, D] in the compute dtype.
+struct KVCache {
+  int32_t slots = 0;
+  std::vector<TensorBuffer> k, v;  // one per layer
+};
+
+// One packed step. Every tensor lives on the model's device; index arrays are i32.
+struct ForwardBatch {
+  Tensor ids;        // [T]    token ids
+  Tensor positions;  // [T]    position of each token in its sequence
+  Tensor slots;      // [T]    KV-cache slot each token's key/value is written to
+  Tensor q_indptr;   // [B+1]  request b's tokens are rows q_indptr[b] .. q_indptr[b+1]
+  Tensor kv_indptr;  // [B+1]  request b's context is cache slots kv_indptr[b] .. kv_indptr[b+1]
+  Tensor logit_rows; // [R]    rows of T whose logits are wanted (e.g. the last token of each request)
+  ops::AttentionBounds bounds;  // host-side bounds: B, longest query run, longest context
+};
+
+// Activations for up to `max_tokens` rows and `max_logit_rows` logits rows.
+struct ForwardWorkspace {
+  int64_t max_tokens = 0, max_logit_rows = 0;
+  TensorBuffer hidden, residual, normed, q, k, v, attn, proj, gate_up, act, gathered, logits;
+};
+
+struct ModelLoadOptions {
+  bool random_weights = false;  // build from config.json alone with seeded random weights
+  uint64_t seed = 0;
+};
+
+class Transformer {
+ public:
+  // Loads config.json and the safetensors weights (or random ones) of `model_dir` onto `backend`.
+  static Result<std::unique_ptr<Transformer>> load(Backend& backend, const std::string& model_dir,
+                                                   const ModelLoadOptions& options = {});
+  // Builds a model of `config` with seeded random weights (N(0, 0.02) matrices, unit norms).
+  static Result<std::unique_ptr<Transformer>> random(Backend& backend, const ModelConfig& config, uint64_t seed);
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() const { return backend_; }
+  DType compute_dtype() const { return dtype_; }
+  int64_t parameter_count() const { return parameter_count_; }
+
+  Result<KVCache> make_kv_cache(int32_t slots) const;
+  Result<ForwardWorkspace> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
+
+  // Runs the batch; writes logits [R, vocab] f32 into ws.logits rows 0..R-1 and returns that view.
+  Tensor forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const;
+
+ private:
+  Transformer(Backend& backend, ModelConfig config);
+  Status allocate_weights();
+  Status load_weights(const std::string& model_dir);
+  void randomize_weights(uint64_t seed);
+  std::vector<std::pair<std::string, Tensor>> named_weights() const;
+
+  Backend& backend_;
+  ModelConfig config_;
+  DType dtype_;
+  int64_t parameter_count_ = 0;
+  TensorBuffer embed_tokens_;  // [V, H]
+  TensorBuffer final_norm_;    // [H]
+  TensorBuffer lm_head_;       // [V, H]; empty when tied to embed_tokens_
+  TensorBuffer inv_freq_;      // [D/2] f32 on the device
+  float rope_attention_scaling_ = 1.0f;
+  std::vector<LayerWeights> layers_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,22 @@
+// Loading one checkpoint tensor onto a backend: shape check against what the config implies,
+// dtype conversion on the host (f32 / bf16 / f16 in any direction), copy to the device.
+// Ownership: the returned TensorBuffer owns its device memory. Thread safety: safe to call
+// concurrently for different backends; one Backend is used by one thread at a time.
+#pragma once
+
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/safetensors.h"
+
+namespace kiln {
+
+// `name` from `ckpt` as a `target_dtype` tensor (f32, bf16 or f16) on be's device. Errors name the
+// tensor and its file: not in the checkpoint, shape different from `expected_shape`, an integer or
+// unsupported dtype in the file ("dtype mismatch"), out of device memory.
+Result<TensorBuffer> load_tensor(Backend& be, const SafetensorsCheckpoint& ckpt, const std::string& name,
+                                 Shape expected_shape, DType target_dtype);
+
+}  // namespace kiln

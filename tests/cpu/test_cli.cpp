@@ -1,0 +1,246 @@
+// The kiln binary end to end: generate and score against the golden fixtures, and every kind of bad
+// input giving a clear message and a non-zero exit (never a crash).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "golden.h"
+#include "model/safetensors.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace kiln::test {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  bool crashed = false;
+  std::string output;  // stdout + stderr
+  std::string stdout_only;
+};
+
+RunResult run_kiln(const std::string& args) {
+  RunResult r;
+  std::string err_file = (fs::temp_directory_path() / ("kiln_cli_err_" + std::to_string(::getpid()))).string();
+  std::string cmd = std::string(KILN_BINARY) + " " + args + " 2>" + err_file;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.stdout_only.append(buf, n);
+  int status = pclose(p);
+  std::ifstream err(err_file);
+  std::string err_text((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  fs::remove(err_file);
+  r.output = r.stdout_only + err_text;
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 128)) r.crashed = true;
+  return r;
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+// A scratch copy of a fixture model folder, removed at the end of the test.
+class ModelCopy {
+ public:
+  explicit ModelCopy(const std::string& fixture) {
+    dir_ = fs::temp_directory_path() / ("kiln_cli_model_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (const char* f : {"config.json", "model.safetensors"})
+      fs::copy_file(fs::path(KILN_TESTDATA) / fixture / f, dir_ / f);
+  }
+  ~ModelCopy() { fs::remove_all(dir_); }
+  std::string dir() const { return dir_.string(); }
+  std::string path(const std::string& f) const { return (dir_ / f).string(); }
+  nlohmann::json config() const { return nlohmann::json::parse(std::ifstream(path("config.json"))); }
+  void write_config(const nlohmann::json& j) const { std::ofstream(path("config.json")) << j.dump(1); }
+  void write_text(const std::string& f, const std::string& text) const { std::ofstream(path(f), std::ios::binary) << text; }
+  std::string read_bytes(const std::string& f) const {
+    std::ifstream in(path(f), std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path dir_;
+};
+
+void expect_clean_failure(const RunResult& r, const std::string& must_mention) {
+  EXPECT_FALSE(r.crashed) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("error"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(must_mention), std::string::npos) << "expected the message to name '" << must_mention
+                                                            << "': " << r.output;
+}
+
+// Rewrites model.safetensors with tensor `name` replaced by `replacement` (or dropped if empty).
+void rewrite_weights(const ModelCopy& m, const std::string& name, TensorBuffer* replacement) {
+  Result<SafetensorsFile> f = SafetensorsFile::open(m.path("model.safetensors"));
+  ASSERT_TRUE(f.ok());
+  std::vector<TensorBuffer> keep;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& n : f->names()) {
+    if (n == name) {
+      if (replacement) tensors.emplace_back(n, replacement->view());
+      continue;
+    }
+    TensorInfo info = *f->find(n);
+    TensorBuffer t = host_empty(info.shape, info.dtype);
+    std::memcpy(t.view().data, info.data, static_cast<size_t>(info.nbytes()));
+    tensors.emplace_back(n, t.view());
+    keep.push_back(std::move(t));
+  }
+  std::string out = m.path("model.safetensors.new");
+  ASSERT_TRUE(write_safetensors(out, tensors, {}).ok());
+  fs::rename(out, m.path("model.safetensors"));
+}
+
+}  // namespace
+
+TEST(Cli, GenerateGreedyMatchesGolden) {
+  std::vector<int32_t> prompt = golden_ints("tiny-llama", "seq_b.input_ids");
+  std::vector<int32_t> expected = golden_ints("tiny-llama", "greedy.new_tokens");
+  RunResult r = run_kiln("generate --model " + std::string(KILN_TESTDATA) + "/tiny-llama --prompt-ids " +
+                         join_ids(prompt) + " --max-tokens 16 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json j = nlohmann::json::parse(r.stdout_only);
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), expected);
+  EXPECT_EQ(j["finish_reason"], "length");
+}
+
+TEST(Cli, GenerateDefaultRuns) {
+  RunResult r = run_kiln("generate");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json j = nlohmann::json::parse(r.stdout_only);
+  EXPECT_FALSE(j["ids"].empty());
+}
+
+TEST(Cli, SamplingIsSeeded) {
+  std::string args = "generate --model " + std::string(KILN_TESTDATA) +
+                     "/tiny-qwen2 --prompt-ids 5,6,7 --max-tokens 12 --temperature 1.0 --top-k 50 --top-p 0.9 --ignore-eos";
+  RunResult a = run_kiln(args + " --seed 11"), b = run_kiln(args + " --seed 11");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(nlohmann::json::parse(a.stdout_only)["ids"], nlohmann::json::parse(b.stdout_only)["ids"]);
+}
+
+TEST(Cli, ScoreMatchesGoldenLogSoftmax) {
+  for (const char* model : {"tiny-llama", "tiny-qwen2"}) {
+    std::vector<int32_t> ids = golden_ints(model, "seq_a.input_ids");
+    std::vector<float> logits = golden_floats(model, "seq_a.logits");
+    const int64_t vocab = static_cast<int64_t>(logits.size() / ids.size());
+    RunResult r = run_kiln(std::string("score --model ") + KILN_TESTDATA + "/" + model + " --ids " + join_ids(ids) +
+                           " --top-logprobs 3");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    nlohmann::json j = nlohmann::json::parse(r.stdout_only);
+    std::vector<float> got = j["logprobs"].get<std::vector<float>>();
+    ASSERT_EQ(got.size(), ids.size() - 1);
+    ASSERT_EQ(j["top_logprobs"].size(), ids.size() - 1);
+    for (size_t t = 1; t < ids.size(); ++t) {
+      const float* row = logits.data() + (t - 1) * vocab;
+      double mx = row[0], sum = 0;
+      for (int64_t v = 0; v < vocab; ++v) mx = std::max<double>(mx, row[v]);
+      for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - mx);
+      double ref = row[ids[t]] - mx - std::log(sum);
+      EXPECT_NEAR(got[t - 1], ref, 1e-4 * std::max(1.0, std::fabs(ref))) << model << " position " << t;
+      // the top-1 alternative is the argmax of the reference logits
+      int64_t best = 0;
+      for (int64_t v = 1; v < vocab; ++v)
+        if (row[v] > row[best]) best = v;
+      EXPECT_EQ(j["top_logprobs"][t - 1][0]["id"].get<int64_t>(), best);
+    }
+  }
+}
+
+TEST(CliErrors, MissingModelDirectory) {
+  expect_clean_failure(run_kiln("generate --model /nonexistent/kiln-model"), "/nonexistent/kiln-model");
+}
+
+TEST(CliErrors, MalformedConfig) {
+  ModelCopy m("tiny-llama");
+  m.write_text("config.json", "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64,,}");
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "config.json");
+}
+
+TEST(CliErrors, UnknownArchitecture) {
+  ModelCopy m("tiny-llama");
+  nlohmann::json c = m.config();
+  c["architectures"] = {"GPTNeoXForCausalLM"};
+  m.write_config(c);
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "GPTNeoXForCausalLM");
+}
+
+TEST(CliErrors, MissingConfigKey) {
+  ModelCopy m("tiny-llama");
+  nlohmann::json c = m.config();
+  c.erase("hidden_size");
+  m.write_config(c);
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "hidden_size");
+}
+
+TEST(CliErrors, TruncatedSafetensorsHeader) {
+  ModelCopy m("tiny-llama");
+  std::string bytes = m.read_bytes("model.safetensors");
+  m.write_text("model.safetensors", bytes.substr(0, 100));
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "model.safetensors");
+}
+
+TEST(CliErrors, TruncatedSafetensorsData) {
+  ModelCopy m("tiny-llama");
+  std::string bytes = m.read_bytes("model.safetensors");
+  m.write_text("model.safetensors", bytes.substr(0, bytes.size() / 2));
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "model.safetensors");
+}
+
+TEST(CliErrors, CorruptSafetensorsHeader) {
+  ModelCopy m("tiny-llama");
+  std::string bytes = m.read_bytes("model.safetensors");
+  for (size_t i = 8; i < 40; ++i) bytes[i] = '#';
+  m.write_text("model.safetensors", bytes);
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "model.safetensors");
+}
+
+TEST(CliErrors, MissingTensor) {
+  ModelCopy m("tiny-llama");
+  rewrite_weights(m, "model.layers.1.mlp.up_proj.weight", nullptr);
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "model.layers.1.mlp.up_proj.weight");
+}
+
+TEST(CliErrors, ShapeMismatch) {
+  ModelCopy m("tiny-llama");
+  TensorBuffer wrong = random_host({160, 63}, DType::f32, 1);
+  rewrite_weights(m, "model.layers.0.mlp.gate_proj.weight", &wrong);
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "model.layers.0.mlp.gate_proj.weight");
+}
+
+TEST(CliErrors, DtypeMismatch) {
+  ModelCopy m("tiny-llama");
+  TensorBuffer ints = random_ints({64}, 0, 5, 1);
+  rewrite_weights(m, "model.norm.weight", &ints);
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "model.norm.weight");
+}
+
+TEST(CliErrors, IdsOutOfVocabulary) {
+  std::string model = std::string(KILN_TESTDATA) + "/tiny-llama";
+  expect_clean_failure(run_kiln("generate --model " + model + " --prompt-ids 1,2,384"), "384");
+  expect_clean_failure(run_kiln("generate --model " + model + " --prompt-ids 1,-3"), "-3");
+  expect_clean_failure(run_kiln("score --model " + model + " --ids 1,2,99999"), "99999");
+  expect_clean_failure(run_kiln("generate --model " + model + " --prompt-ids 1,x"), "x");
+}
+
+TEST(CliErrors, CudaWithoutGpu) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "this machine has a GPU; the no-GPU message cannot be checked here";
+  expect_clean_failure(run_kiln("generate --device cuda"), "cuda");
+}
+
+}  // namespace kiln::test
