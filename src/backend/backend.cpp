@@ -97,7 +97,7 @@ Result<std::unique_ptr<Backend>> make_backend(Device device) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> b, CudaBackend::create(device.index));
   return std::unique_ptr<Backend>(std::move(b));
 #else
-  return unsupported("this kiln build has no CUDA support (nvcc was not found at build time); use --device cpu");
+  return unsupported("--device cuda was requested but this kiln build has no CUDA support (nvcc was not found at build time); use --device cpu");
 #endif
 }
 

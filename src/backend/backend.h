@@ -87,6 +87,8 @@ class TensorBuffer {
   TensorBuffer() = default;
   TensorBuffer(Buffer buffer, Tensor view) : buffer_(std::move(buffer)), view_(view) {}
   const Tensor& view() const { return view_; }
+  // False for a default-constructed (absent) tensor, e.g. a bias the model does not have.
+  bool allocated() const { return buffer_.data() != nullptr; }
   operator Tensor() const { return view_; }  // NOLINT: a buffer is usable wherever a view is
   int64_t numel() const { return view_.numel(); }
   const Shape& shape() const { return view_.shape; }

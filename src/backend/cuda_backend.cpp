@@ -99,6 +99,7 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_index_);
   if (stream_) cudaStreamSynchronize(stream_);
   scratch_.reset();
+  gemm_cache_.reset();
   if (blaslt_) cublasLtDestroy(blaslt_);
   if (stream_) cudaStreamDestroy(stream_);
 }

@@ -60,6 +60,9 @@ class CudaBackend final : public Backend {
   void* scratch(int64_t bytes);
   int multiprocessor_count() const { return sm_count_; }
   CudaCachingAllocator& allocator() { return allocator_; }
+  // Opaque state the CUDA kernels keep per backend (kernels/cuda/gemm.cu: cached cuBLASLt matmul
+  // plans). Created by the kernels on first use; released before the cuBLASLt handle.
+  std::shared_ptr<void>& gemm_cache() { return gemm_cache_; }
 
  private:
   explicit CudaBackend(int device_index);
@@ -69,6 +72,7 @@ class CudaBackend final : public Backend {
   cublasLtContext* blaslt_ = nullptr;
   CudaCachingAllocator allocator_;
   Buffer scratch_;
+  std::shared_ptr<void> gemm_cache_;
 };
 
 }  // namespace kiln

@@ -106,6 +106,23 @@ class Reader {
     if (*out <= 0) return bad_value(key, "must be positive, but it is " + std::to_string(*out));
     return Status::Ok();
   }
+  // A token id (int32); absent or null leaves *out empty.
+  Status get_token_id(const std::string& key, std::optional<int32_t>* out) const {
+    const json* v = find_key(obj_, key);
+    if (!v) return Status::Ok();
+    int32_t id = 0;
+    KILN_RETURN_IF_ERROR(to_token_id(key, *v, &id));
+    *out = id;
+    return Status::Ok();
+  }
+  Status to_token_id(const std::string& key, const json& v, int32_t* out) const {
+    int64_t id = 0;
+    KILN_RETURN_IF_ERROR(to_int(key, v, &id));
+    if (id < std::numeric_limits<int32_t>::min() || id > std::numeric_limits<int32_t>::max())
+      return bad_value(key, "holds token id " + std::to_string(id) + ", which does not fit in 32 bits");
+    *out = static_cast<int32_t>(id);
+    return Status::Ok();
+  }
   Status to_int(const std::string& key, const json& v, int64_t* out) const {
     if (v.is_number_unsigned()) {
       uint64_t u = v.get<uint64_t>();
@@ -296,27 +313,14 @@ Status parse_into(const json& j, const std::string& src, ModelConfig* c) {
   if (c->hidden_act != "silu")
     return unsupported(src + ": hidden_act '" + c->hidden_act + "' is not supported; kiln implements the SwiGLU MLP (silu)");
 
-  if (r.has("bos_token_id")) {
-    int64_t v = 0;
-    KILN_RETURN_IF_ERROR(r.get_int("bos_token_id", &v, true));
-    c->bos_token_id = v;
-  }
-  if (r.has("pad_token_id")) {
-    int64_t v = 0;
-    KILN_RETURN_IF_ERROR(r.get_int("pad_token_id", &v, true));
-    c->pad_token_id = v;
-  }
+  KILN_RETURN_IF_ERROR(r.get_token_id("bos_token_id", &c->bos_token_id));
+  KILN_RETURN_IF_ERROR(r.get_token_id("pad_token_id", &c->pad_token_id));
   if (const json* eos = find_key(j, "eos_token_id")) {
-    if (eos->is_array()) {
-      for (const json& e : *eos) {
-        int64_t v = 0;
-        KILN_RETURN_IF_ERROR(r.to_int("eos_token_id", e, &v));
-        c->eos_token_ids.push_back(v);
-      }
-    } else {
-      int64_t v = 0;
-      KILN_RETURN_IF_ERROR(r.to_int("eos_token_id", *eos, &v));
-      c->eos_token_ids.push_back(v);
+    const json one = json::array({*eos});
+    for (const json& e : eos->is_array() ? *eos : one) {
+      int32_t id = 0;
+      KILN_RETURN_IF_ERROR(r.to_token_id("eos_token_id", e, &id));
+      c->eos_token_ids.push_back(id);
     }
   }
 
@@ -372,6 +376,15 @@ Result<ModelConfig> load_model_config(const std::string& model_dir) {
   if (!fs::exists(path, ec))
     return not_found(path + " does not exist; a model folder needs the config.json written by transformers' "
                      "save_pretrained");
+  return load_model_config_file(path);
+}
+
+Result<ModelConfig> load_model_config_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return not_found(path + " does not exist; pass the path of a model's config.json");
+  if (fs::is_directory(path, ec))
+    return invalid_argument(path + " is a folder; pass the path of its config.json (or load the folder as a model)");
   std::ifstream in(path, std::ios::binary);
   if (!in) return io_error("cannot open " + path + " for reading (check its permissions)");
   std::stringstream text;

@@ -63,9 +63,10 @@ struct ModelConfig {
   bool mlp_bias = false;             // gate_proj, up_proj, down_proj have biases
 
   std::string hidden_act = "silu";  // always "silu": anything else is rejected
-  std::optional<int64_t> bos_token_id;
-  std::vector<int64_t> eos_token_ids;  // "eos_token_id" may be one id or a list; empty when absent
-  std::optional<int64_t> pad_token_id;
+  // Token ids are int32 like every id array in kiln.
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;  // "eos_token_id" may be one id or a list; empty when absent
+  std::optional<int32_t> pad_token_id;
 
   DType dtype = DType::f32;  // the checkpoint's dtype ("dtype" / "torch_dtype"); f32 when absent
 
@@ -81,6 +82,10 @@ struct ModelConfig {
 // Reads and validates <model_dir>/config.json. not_found naming the path when the folder or the
 // file is missing; invalid_argument / unsupported naming the file and the key otherwise.
 Result<ModelConfig> load_model_config(const std::string& model_dir);
+
+// Reads and validates one config.json file given by its path (e.g. a config without weights, for
+// benchmarks with random weights). not_found naming the path when it does not exist.
+Result<ModelConfig> load_model_config_file(const std::string& config_path);
 
 // Validates an already-parsed config.json; `source_name` is used in messages (normally the path).
 Result<ModelConfig> parse_model_config(const nlohmann::json& j, const std::string& source_name);

@@ -74,29 +74,29 @@ std::vector<std::pair<std::string, Tensor>> Transformer::named_weights() const {
     out.emplace_back(p + "self_attn.q_proj.weight", L.q_proj);
     out.emplace_back(p + "self_attn.k_proj.weight", L.k_proj);
     out.emplace_back(p + "self_attn.v_proj.weight", L.v_proj);
-    if (L.q_bias.numel()) {
+    if (L.q_bias.allocated()) {
       out.emplace_back(p + "self_attn.q_proj.bias", L.q_bias);
       out.emplace_back(p + "self_attn.k_proj.bias", L.k_bias);
       out.emplace_back(p + "self_attn.v_proj.bias", L.v_bias);
     }
-    if (L.q_norm.numel()) {
+    if (L.q_norm.allocated()) {
       out.emplace_back(p + "self_attn.q_norm.weight", L.q_norm);
       out.emplace_back(p + "self_attn.k_norm.weight", L.k_norm);
     }
     out.emplace_back(p + "self_attn.o_proj.weight", L.o_proj);
-    if (L.o_bias.numel()) out.emplace_back(p + "self_attn.o_proj.bias", L.o_bias);
+    if (L.o_bias.allocated()) out.emplace_back(p + "self_attn.o_proj.bias", L.o_bias);
     out.emplace_back(p + "post_attention_layernorm.weight", L.post_norm);
     out.emplace_back(p + "mlp.gate_proj.weight", L.gate_up_proj.view().rows(0, I));
     out.emplace_back(p + "mlp.up_proj.weight", L.gate_up_proj.view().rows(I, 2 * I));
-    if (L.gate_up_bias.numel()) {
+    if (L.gate_up_bias.allocated()) {
       out.emplace_back(p + "mlp.gate_proj.bias", L.gate_up_bias.view().rows(0, I));
       out.emplace_back(p + "mlp.up_proj.bias", L.gate_up_bias.view().rows(I, 2 * I));
     }
     out.emplace_back(p + "mlp.down_proj.weight", L.down_proj);
-    if (L.down_bias.numel()) out.emplace_back(p + "mlp.down_proj.bias", L.down_bias);
+    if (L.down_bias.allocated()) out.emplace_back(p + "mlp.down_proj.bias", L.down_bias);
   }
   out.emplace_back("model.norm.weight", final_norm_);
-  if (lm_head_.numel()) out.emplace_back("lm_head.weight", lm_head_);
+  if (lm_head_.allocated()) out.emplace_back("lm_head.weight", lm_head_);
   return out;
 }
 
@@ -221,7 +221,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   Tensor gathered = ws.gathered.view().rows(0, R);
   ops::embedding_forward(be, gathered, normed, batch.logit_rows);  // row gather
   Tensor logits = ws.logits.view().rows(0, R);
-  ops::linear_forward(be, logits, gathered, lm_head_.numel() ? lm_head_.view() : embed_tokens_.view());
+  ops::linear_forward(be, logits, gathered, lm_head_.allocated() ? lm_head_.view() : embed_tokens_.view());
   (void)H;
   return logits;
 }

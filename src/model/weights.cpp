@@ -46,42 +46,55 @@ void convert(void* dst, DType to, const void* src, DType from, int64_t n) {
   }
 }
 
-}  // namespace
-
-Result<TensorBuffer> load_tensor(Backend& be, const SafetensorsCheckpoint& ckpt, const std::string& name,
-                                 Shape expected_shape, DType target_dtype) {
-  if (!dtype_is_float(target_dtype))
-    return invalid_argument(std::string("cannot load weight '") + name + "' as " + dtype_name(target_dtype) +
+// The checkpoint entry for `name`, checked against the shape and dtype the caller wants.
+Result<TensorInfo> find_checked(const SafetensorsCheckpoint& ckpt, const std::string& name, const Shape& shape,
+                                DType target) {
+  if (!dtype_is_float(target))
+    return invalid_argument(std::string("cannot load weight '") + name + "' as " + dtype_name(target) +
                             "; weights load as f32, bf16 or f16");
   KILN_ASSIGN_OR_RETURN(TensorInfo info, ckpt.find(name));
-  if (info.shape != expected_shape)
+  if (info.shape != shape)
     return invalid_argument("tensor '" + name + "' in " + info.file + " has shape " + info.shape.str() +
-                            " but the config implies " + expected_shape.str() +
+                            " but the config implies " + shape.str() +
                             "; config.json and the weights do not belong together");
   if (!dtype_is_float(info.dtype))
     return invalid_argument("dtype mismatch: tensor '" + name + "' in " + info.file + " is " + dtype_name(info.dtype) +
                             ", but weights must be floating point (F32, BF16 or F16)");
+  return info;
+}
 
-  KILN_ASSIGN_OR_RETURN(TensorBuffer out, empty(be, expected_shape, target_dtype));
-  const int64_t n = expected_shape.numel();
-  if (n == 0) return out;
-  if (be.device().is_cpu()) {  // convert straight into the destination
-    convert(out.view().data, target_dtype, info.data, info.dtype, n);
-    return out;
+}  // namespace
+
+Status load_tensor_into(Backend& be, const SafetensorsCheckpoint& ckpt, const std::string& name, Tensor dst) {
+  KILN_ASSIGN_OR_RETURN(TensorInfo info, find_checked(ckpt, name, dst.shape, dst.dtype));
+  const int64_t n = dst.numel();
+  if (n == 0) return Status::Ok();
+  if (dst.device.is_cpu()) {  // convert straight into the destination
+    convert(dst.data, dst.dtype, info.data, info.dtype, n);
+    return Status::Ok();
   }
-  if (info.dtype == target_dtype) {  // the file's bytes are the device's bytes: copy from the map
+  KILN_ASSERT(dst.device == be.device());
+  if (info.dtype == dst.dtype) {  // the file's bytes are the device's bytes: copy from the map
     Tensor src;
     src.data = const_cast<void*>(info.data);  // read only: copy() only reads src
     src.dtype = info.dtype;
     src.device = Device::cpu();
-    src.shape = expected_shape;
-    be.copy(out, src);
-    return out;
+    src.shape = dst.shape;
+    be.copy(dst, src);  // a pageable host source is consumed before copy() returns
+    return Status::Ok();
   }
-  TensorBuffer staging = host_empty(expected_shape, target_dtype);
-  convert(staging.view().data, target_dtype, info.data, info.dtype, n);
-  be.copy(out, staging);
-  KILN_RETURN_IF_ERROR(be.synchronize());  // staging must outlive the copy
+  TensorBuffer staging = host_empty(dst.shape, dst.dtype);
+  convert(staging.view().data, dst.dtype, info.data, info.dtype, n);
+  be.copy(dst, staging);
+  return be.synchronize();  // staging must outlive the copy
+}
+
+Result<TensorBuffer> load_tensor(Backend& be, const SafetensorsCheckpoint& ckpt, const std::string& name,
+                                 Shape expected_shape, DType target_dtype) {
+  // Check first, so a mismatch never costs device memory.
+  KILN_RETURN_IF_ERROR(find_checked(ckpt, name, expected_shape, target_dtype).status());
+  KILN_ASSIGN_OR_RETURN(TensorBuffer out, empty(be, expected_shape, target_dtype));
+  KILN_RETURN_IF_ERROR(load_tensor_into(be, ckpt, name, out.view()));
   return out;
 }
 

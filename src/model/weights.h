@@ -19,4 +19,8 @@ namespace kiln {
 Result<TensorBuffer> load_tensor(Backend& be, const SafetensorsCheckpoint& ckpt, const std::string& name,
                                  Shape expected_shape, DType target_dtype);
 
+// The same into existing memory: `dst` (on the host or on be's device, a float dtype, contiguous;
+// a rows() slice of a larger tensor is fine) gives the expected shape and the target dtype.
+Status load_tensor_into(Backend& be, const SafetensorsCheckpoint& ckpt, const std::string& name, Tensor dst);
+
 }  // namespace kiln

@@ -1,0 +1,987 @@
+// CUDA causal grouped-query attention over a packed batch with keys/values in a slot cache
+// (kiln::cuda::attention_forward; semantics in kernels/ops.h).
+//
+// Math: for request b, query row i (0 <= i < q_len) and query head h,
+//   pos = kv_len - q_len + i,  s_j = scale * <q[i,h], k[j, h / (Hq/Hkv)]>  for keys j = 0..pos,
+//   out[i,h] = sum_j softmax(s)_j v[j, h / (Hq/Hkv)],
+// with q [T,Hq,D] rows q_indptr[b].., keys/values [S,Hkv,D] slots kv_indptr[b]... The softmax is
+// computed online in f32 in the log2 domain (s * scale * log2 e, exp2f); products on tensor cores
+// take bf16/f16 operands (P is rounded to the input type for the PV product) with f32 accumulation.
+//
+// Three kernels families, picked on the host from the bounds (never from device data):
+//  1. Decode / short queries (bf16/f16, D in {64,128}, max_q_len * G <= 64 where G = Hq/Hkv):
+//     split-KV "flash decoding". The rows of one kv head's query group are packed as
+//     R = i * G + (h % G) and cut in tiles of 16 rows (one mma M tile), so K/V are read once per
+//     GQA group. Grid (splits, Hkv * row_tiles, B), 4 warps per block. Each block takes one
+//     contiguous key range of its split; its warps take interleaved 16-key steps, loading K/V rows
+//     straight from global memory into registers (16-byte loads, two steps in flight for D=64) in
+//     a layout that feeds mma.sync m16n8k16 without shared memory (the head dimension is permuted
+//     consistently for the QK product and the output dimension for the PV product). The warps'
+//     (m, l, acc) are merged through shared memory; with one split the block writes `out`,
+//     otherwise it writes (acc/l, lse) to scratch and a combine kernel (one warp per output row)
+//     merges the splits (one block per output row; its warps sum interleaved splits).
+//     Splits: num_splits = clamp(ceil(W / (B * Hkv * row_tiles)), 1, ceil(max_kv_len / 64), 256)
+//     where W = SMs * resident decode blocks per SM (occupancy query: 3 for D=64, 2 for D=128),
+//     i.e. about one full wave of blocks, each block at least 64 keys. Each block computes its key
+//     range on the device from the true lengths: active = min(num_splits, ceil(n_keys / 64)),
+//     steps = ceil(n_keys / 16), ceil(steps / active) steps per split, so a graph captured with
+//     large bounds still spreads a short context over the splits, and gives bit-identical results
+//     to an eager call with tighter max_kv_len (splits past `active` are empty: lse = -inf, o = 0,
+//     and add exact zeros in the combine). Scratch: B*max_q_len*Hq*splits*(D+1) floats, a
+//     function of the bounds only.
+//  2. Prefill (bf16/f16, D in {64,128}, longer query runs): FlashAttention-2 style. Grid
+//     (ceil(max_q_len / BM), Hq, B) with the heaviest (last) query tiles launched first; block of
+//     4 warps, BM = 128 (D=64, two 16-row M tiles per warp) or 64 (D=128) query rows, BN = 64 keys
+//     per tile; Q/K/V tiles in XOR-swizzled shared memory filled by cp.async (K/V double
+//     buffered, rows past the end zero-filled), ldmatrix(.trans) fragments, mma.sync m16n8k16.
+//     Key tiles past the block's last query position are skipped; only tiles that cross the
+//     diagonal (or the end of the keys) are masked.
+//  3. Generic (any even D <= 256, f32/bf16/f16, or unaligned pointers): one warp per (query row,
+//     head), online softmax over keys one at a time. Slow; for correctness on other shapes.
+// Every launch goes on the backend's stream; no host synchronisation and no allocation other than
+// be.scratch(), so the decode path can be captured in a CUDA graph (size scratch before capture).
+// Blocks beyond a request's true q_len (from the device indptr) exit early.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+
+#include "kernels/cuda/cuda_ops.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kThreads = 128;  // 4 warps for every kernel here
+constexpr int kWarps = kThreads / 32;
+
+// ------------------------------------------------------------------------------------------------
+// Small device helpers.
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy; zero-fills the destination when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// Streaming 16-byte load of read-only data (K/V cache rows): bypasses L1 allocation.
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// 2^x on the SFU, subnormal results flushed to zero (weights that small do not matter); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
+}
+
+// Per-element-type operations for the tensor-core kernels.
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  // c += a (16x16, row) * b (16x8, col), f32 accumulate.
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  // Two floats to a packed pair, `lo` in the low 16 bits.
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+// Pairs of elements as float2 (generic kernel).
+__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 load2(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ float2 load2(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
+__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store2(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+
+// ------------------------------------------------------------------------------------------------
+// 1. Decode / short-query split-KV kernel.
+//
+// Fragment layouts (g = lane / 4, t = lane % 4; mma m16n8k16 A row-major, B "col", C 16x8):
+//  QK: S[16 rows x 16 keys] as two n8 tiles; n tile nt holds keys key0 + nt*8 + n. Thread (g,t)
+//      loads K rows key0+g and key0+8+g, the 16-byte chunks at dims c*32 + t*8 (c < D/32). K-step
+//      j (j < D/16) uses words (j%2)*2, (j%2)*2+1 of chunk j/2 as b0, b1; Q's A fragment uses the
+//      same dims (rows g, g+8), so the head dimension is permuted identically on both sides.
+//  PV: P is S's C fragment reused as the A fragment (k = key). Output n tile i, column n maps to
+//      dim (i/8)*64 + n*8 + i%8, so thread (g,t) needs V at dims vc*64 + g*8 + [0,8) (one 16-byte
+//      chunk vc < D/64) of keys key0 + 2t, 2t+1, 2t+8, 2t+9; b0/b1 pair two keys per dim via
+//      byte_perm. Thread (g,t) then owns out rows g, g+8 at dims (i/8)*64 + (2t+e)*8 + i%8.
+template <int D>
+struct DecodeFrag {
+  uint4 k[2][D / 32];  // K rows key0+g, key0+8+g
+  uint4 v[4][D / 64];  // V rows key0+2t, +2t+1, +2t+8, +2t+9
+};
+
+constexpr int kDecodeMinKeysPerSplit = 64;
+
+// Register budget: D=64 fits 3 blocks per SM (<= 170 registers), D=128 2 blocks (no spills).
+template <int D>
+constexpr int decode_min_blocks() {
+  return D <= 64 ? 3 : 2;
+}
+
+template <typename T, int D, bool kPingPong>
+__global__ void __launch_bounds__(kThreads, decode_min_blocks<D>()) attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o,
+                                                                float* __restrict__ part_lse, const T* __restrict__ q,
+                                                                const T* __restrict__ k_cache,
+                                                                const T* __restrict__ v_cache,
+                                                                const int* __restrict__ q_indptr,
+                                                                const int* __restrict__ kv_indptr, int Hq, int Hkv,
+                                                                int G, int max_q_len, int num_splits, float sl) {
+  constexpr int KC = D / 32;  // K chunks per row per thread
+  constexpr int VC = D / 64;  // V chunks per row per thread
+  constexpr int NT = D / 8;   // PV n tiles
+  constexpr int KS = D / 16;  // QK k steps
+  constexpr int kPad = 4;
+  __shared__ __align__(16) float sm_acc[kWarps][16][D + kPad];
+  __shared__ float sm_m[kWarps][16];
+  __shared__ float sm_l[kWarps][16];
+
+  const int split = blockIdx.x;
+  const int kvh = blockIdx.y % Hkv;
+  const int rt = blockIdx.y / Hkv;
+  const int b = blockIdx.z;
+  const int q_start = q_indptr[b];
+  const int q_len = q_indptr[b + 1] - q_start;
+  const int kv_start = kv_indptr[b];
+  const int kv_len = kv_indptr[b + 1] - kv_start;
+  const int rows = q_len * G;
+  const int r0 = rt * 16;
+  if (r0 >= rows) return;
+
+  const int delta = kv_len - q_len;  // position of query i is delta + i
+  const int i_max = min(q_len - 1, (r0 + 15) / G);
+  const int n_keys = max(0, min(kv_len, delta + i_max + 1));
+  // The key partition depends only on n_keys and min(num_splits, ceil(n_keys / 64)), so calls whose
+  // bounds differ only in max_kv_len (eager vs. a graph captured for a larger context) split alike
+  // and give bit-identical results.
+  const int steps_total = (n_keys + 15) / 16;
+  const int active_splits = min(num_splits, max(1, (n_keys + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit));
+  const int steps_per_split = (steps_total + active_splits - 1) / active_splits;
+  const int key_begin = split * steps_per_split * 16;
+  const int key_end = min(n_keys, key_begin + steps_per_split * 16);
+  const int n_steps = key_end > key_begin ? (key_end - key_begin + 15) / 16 : 0;
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
+
+  // This thread's query rows (tile rows g and g+8), their key limits, and Q's A fragments.
+  int lim[2];
+  uint4 qv[2][KC];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int R = r0 + g + 8 * hf;
+    const int i = R / G;
+    const int hq = kvh * G + (R - i * G);
+    const bool valid = R < rows;
+    lim[hf] = valid ? min(key_end, delta + i + 1) : 0;
+    const T* qrow = q + (static_cast<int64_t>(q_start + (valid ? i : 0)) * Hq + hq) * D + t * 8;
+#pragma unroll
+    for (int c = 0; c < KC; ++c) qv[hf][c] = valid ? ldg_stream(qrow + c * 32) : make_uint4(0, 0, 0, 0);
+  }
+  uint32_t qa[KS][4];
+#pragma unroll
+  for (int j = 0; j < KS; ++j) {
+    const int c = j / 2, w = (j % 2) * 2;
+    qa[j][0] = word(qv[0][c], w);
+    qa[j][1] = word(qv[1][c], w);
+    qa[j][2] = word(qv[0][c], w + 1);
+    qa[j][3] = word(qv[1][c], w + 1);
+  }
+
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+
+  const T* kbase = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+  const T* vbase = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+
+  auto load = [&](DecodeFrag<D>& f, int step) {
+    const int key0 = key_begin + step * 16;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int key = key0 + g + 8 * hf;
+      const bool ok = key < key_end;
+      const T* p = kbase + static_cast<int64_t>(ok ? key : 0) * kv_stride + t * 8;
+#pragma unroll
+      for (int c = 0; c < KC; ++c) f.k[hf][c] = ok ? ldg_stream(p + c * 32) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int kq = 0; kq < 4; ++kq) {
+      const int key = key0 + 2 * t + (kq & 1) + (kq >> 1) * 8;
+      const bool ok = key < key_end;
+      const T* p = vbase + static_cast<int64_t>(ok ? key : 0) * kv_stride + g * 8;
+#pragma unroll
+      for (int c = 0; c < VC; ++c) f.v[kq][c] = ok ? ldg_stream(p + c * 64) : make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  auto compute = [&](const DecodeFrag<D>& f, int step) {
+    const int key0 = key_begin + step * 16;
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KS; ++j) {
+      const int c = j / 2, w = (j % 2) * 2;
+      Mma<T>::mma(s[0], qa[j], word(f.k[0][c], w), word(f.k[0][c], w + 1));
+      Mma<T>::mma(s[1], qa[j], word(f.k[1][c], w), word(f.k[1][c], w + 1));
+    }
+    // Mask keys at or past each row's limit (causal position and end of this split).
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + nt * 8 + 2 * t + (e & 1);
+        if (key >= lim[e >> 1]) s[nt][e] = -INFINITY;
+      }
+    // Online softmax (rows g: elements 0,1; row g+8: elements 2,3).
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]), fmaxf(s[1][2 * hf], s[1][2 * hf + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[hf], mx * sl);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = fast_exp2(m[hf] - m_use);
+      m[hf] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = fast_exp2(fmaf(s[nt][2 * hf + e], sl, -m_use));
+          s[nt][2 * hf + e] = p;
+          sum += p;
+        }
+      l[hf] = l[hf] * alpha + sum;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        acc[i][2 * hf] *= alpha;
+        acc[i][2 * hf + 1] *= alpha;
+      }
+    }
+    const uint32_t pa[4] = {Mma<T>::pack(s[0][0], s[0][1]), Mma<T>::pack(s[0][2], s[0][3]),
+                            Mma<T>::pack(s[1][0], s[1][1]), Mma<T>::pack(s[1][2], s[1][3])};
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int vc = i / 8, wi = (i % 8) / 2;
+      const uint32_t sel = (i & 1) ? 0x7632u : 0x5410u;
+      const uint32_t b0 = __byte_perm(word(f.v[0][vc], wi), word(f.v[1][vc], wi), sel);
+      const uint32_t b1 = __byte_perm(word(f.v[2][vc], wi), word(f.v[3][vc], wi), sel);
+      Mma<T>::mma(acc[i], pa, b0, b1);
+    }
+  };
+
+  if constexpr (kPingPong) {
+    // Two register buffers: the loads of the next step are in flight while this one computes.
+    DecodeFrag<D> fa, fb;
+    int st = warp;
+    if (st < n_steps) load(fa, st);
+    while (st < n_steps) {
+      const int st2 = st + kWarps;
+      if (st2 < n_steps) load(fb, st2);
+      compute(fa, st);
+      if (st2 >= n_steps) break;
+      const int st3 = st2 + kWarps;
+      if (st3 < n_steps) load(fa, st3);
+      compute(fb, st2);
+      st = st3;
+    }
+  } else {
+    for (int st = warp; st < n_steps; st += kWarps) {
+      DecodeFrag<D> fa;
+      load(fa, st);
+      compute(fa, st);
+    }
+  }
+
+  // Merge the four warps' states through shared memory.
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+    l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e >> 1);
+      const int dim = (i / 8) * 64 + (2 * t + (e & 1)) * 8 + (i % 8);
+      sm_acc[warp][row][dim] = acc[i][e];
+    }
+  if (t == 0) {
+    sm_m[warp][g] = m[0];
+    sm_m[warp][g + 8] = m[1];
+    sm_l[warp][g] = l[0];
+    sm_l[warp][g + 8] = l[1];
+  }
+  __syncthreads();
+
+  constexpr int kDimsPerThread = D / 8;  // 16 rows x 8 threads
+  const int r = tid >> 3;
+  const int d0 = (tid & 7) * kDimsPerThread;
+  const int R = r0 + r;
+  if (R >= rows) return;
+  const int i = R / G;
+  const int hq = kvh * G + (R - i * G);
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][r]);
+  float wt[kWarps];
+  float L = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float mw = sm_m[w][r];
+    wt[w] = mw == -INFINITY ? 0.0f : fast_exp2(mw - M);
+    L += wt[w] * sm_l[w][r];
+  }
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  float o[kDimsPerThread];
+#pragma unroll
+  for (int d = 0; d < kDimsPerThread; d += 4) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float4 a = *reinterpret_cast<const float4*>(&sm_acc[w][r][d0 + d]);
+      sum.x += wt[w] * a.x;
+      sum.y += wt[w] * a.y;
+      sum.z += wt[w] * a.z;
+      sum.w += wt[w] * a.w;
+    }
+    o[d] = sum.x * inv;
+    o[d + 1] = sum.y * inv;
+    o[d + 2] = sum.z * inv;
+    o[d + 3] = sum.w * inv;
+  }
+  if (num_splits == 1) {
+    T* dst = out + (static_cast<int64_t>(q_start + i) * Hq + hq) * D + d0;
+#pragma unroll
+    for (int d = 0; d < kDimsPerThread; d += 8) {
+      uint4 v;
+      v.x = Mma<T>::pack(o[d], o[d + 1]);
+      v.y = Mma<T>::pack(o[d + 2], o[d + 3]);
+      v.z = Mma<T>::pack(o[d + 4], o[d + 5]);
+      v.w = Mma<T>::pack(o[d + 6], o[d + 7]);
+      *reinterpret_cast<uint4*>(dst + d) = v;
+    }
+  } else {
+    const int64_t idx = ((static_cast<int64_t>(b) * max_q_len + i) * Hq + hq) * num_splits + split;
+    float* dst = part_o + idx * D + d0;
+#pragma unroll
+    for (int d = 0; d < kDimsPerThread; d += 4)
+      *reinterpret_cast<float4*>(dst + d) = make_float4(o[d], o[d + 1], o[d + 2], o[d + 3]);
+    if ((tid & 7) == 0) part_lse[idx] = L > 0.0f ? M + log2f(L) : -INFINITY;
+  }
+}
+
+constexpr int kDecodeMaxSplits = 256;
+
+// Merges the splits of the decode kernel: one block per (request, query row, head); warp w sums
+// splits w, w+4, ... (independent loads in flight), then the warps' sums are added.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) attn_combine_kernel(T* __restrict__ out,
+                                                                 const float* __restrict__ part_o,
+                                                                 const float* __restrict__ part_lse,
+                                                                 const int* __restrict__ q_indptr, int Hq,
+                                                                 int max_q_len, int num_splits) {
+  constexpr int PER = D / 32;  // dims per lane
+  __shared__ float sm_w[kDecodeMaxSplits];
+  __shared__ __align__(16) float sm_o[kWarps][D];
+  __shared__ float sm_red[2][kWarps];
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int64_t p = blockIdx.x;  // (b * max_q_len + i) * Hq + h
+  const int h = static_cast<int>(p % Hq);
+  const int64_t bi = p / Hq;
+  const int i = static_cast<int>(bi % max_q_len);
+  const int b = static_cast<int>(bi / max_q_len);
+  const int q_start = q_indptr[b];
+  if (i >= q_indptr[b + 1] - q_start) return;  // uniform over the block
+  const int64_t base = p * num_splits;
+
+  float mx = -INFINITY;
+  for (int s = tid; s < num_splits; s += kThreads) {
+    const float v = part_lse[base + s];
+    sm_w[s] = v;
+    mx = fmaxf(mx, v);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (lane == 0) sm_red[0][warp] = mx;
+  __syncthreads();
+  mx = fmaxf(fmaxf(sm_red[0][0], sm_red[0][1]), fmaxf(sm_red[0][2], sm_red[0][3]));
+  float den = 0.0f;
+  for (int s = tid; s < num_splits; s += kThreads) {
+    const float v = sm_w[s];
+    // Empty splits (lse = -inf) weigh 0; the largest weighs exactly 1, so a single active split
+    // passes through unchanged (bit-identical to the one-split direct write).
+    const float w = (v == -INFINITY) ? 0.0f : (v == mx ? 1.0f : exp2f(v - mx));
+    sm_w[s] = w;
+    den += w;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
+  if (lane == 0) sm_red[1][warp] = den;
+  __syncthreads();
+  den = sm_red[1][0] + sm_red[1][1] + sm_red[1][2] + sm_red[1][3];
+
+  float o[PER];
+#pragma unroll
+  for (int d = 0; d < PER; ++d) o[d] = 0.0f;
+#pragma unroll(PER == 2 ? 8 : 4)
+  for (int s = warp; s < num_splits; s += kWarps) {
+    const float w = sm_w[s];  // empty splits hold zeros in part_o, so no branch is needed
+    const float* src = part_o + (base + s) * D + lane * PER;
+    if constexpr (PER == 2) {
+      const float2 v = *reinterpret_cast<const float2*>(src);
+      o[0] = fmaf(w, v.x, o[0]);
+      o[1] = fmaf(w, v.y, o[1]);
+    } else {
+      const float4 v = *reinterpret_cast<const float4*>(src);
+      o[0] = fmaf(w, v.x, o[0]);
+      o[1] = fmaf(w, v.y, o[1]);
+      o[2] = fmaf(w, v.z, o[2]);
+      o[3] = fmaf(w, v.w, o[3]);
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < PER; ++d) sm_o[warp][lane * PER + d] = o[d];
+  __syncthreads();
+  const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+  T* dst = out + (static_cast<int64_t>(q_start + i) * Hq + h) * D;
+  for (int d = 2 * tid; d < D; d += 2 * kThreads) {
+    const float a = sm_o[0][d] + sm_o[1][d] + sm_o[2][d] + sm_o[3][d];
+    const float c = sm_o[0][d + 1] + sm_o[1][d + 1] + sm_o[2][d + 1] + sm_o[3][d + 1];
+    store2(dst + d, a * inv, c * inv);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// 2. Prefill kernel (FlashAttention-2 style, tensor cores).
+
+template <int D, int MT, int BN>
+struct PrefillCfg {
+  static constexpr int kBM = kWarps * 16 * MT;  // query rows per block
+  static constexpr int kChunks = D / 8;         // 16-byte chunks per row
+  static constexpr int kSmemBytes = (kBM * D + 4 * BN * D) * 2;  // Q + double-buffered K and V
+};
+
+// Element offset of 16-byte chunk c of row r in a swizzled [rows][D] tile (conflict-free ldmatrix).
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * D + ((c ^ (r & 7)) << 3);
+}
+
+template <typename T, int D, int MT, int BN>
+__global__ void __launch_bounds__(kThreads, 2)
+    attn_prefill_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
+                        const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
+                        const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles, float sl) {
+  using Cfg = PrefillCfg<D, MT, BN>;
+  constexpr int BM = Cfg::kBM;
+  constexpr int NC = Cfg::kChunks;
+  constexpr int KS = D / 16;   // k steps of QK
+  constexpr int SN = BN / 8;   // n tiles of S
+  constexpr int DN = D / 8;    // n tiles of O
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * D;       // [2][BN][D]
+  T* sV = sK + 2 * BN * D;   // [2][BN][D]
+
+  const int b = blockIdx.z;
+  const int h = blockIdx.y;
+  const int qt = num_qtiles - 1 - static_cast<int>(blockIdx.x);  // heaviest tiles first
+  const int q_start = q_indptr[b];
+  const int q_len = q_indptr[b + 1] - q_start;
+  const int row0 = qt * BM;
+  if (row0 >= q_len) return;
+  const int kv_start = kv_indptr[b];
+  const int kv_len = kv_indptr[b + 1] - kv_start;
+  const int kvh = h / G;
+  const int delta = kv_len - q_len;  // position of query i is delta + i
+  const int row_end = min(q_len, row0 + BM);
+  const int n_keys = max(0, min(kv_len, delta + row_end));
+  const int n_tiles = (n_keys + BN - 1) / BN;
+  const int first_masked = delta + row0 + 1;  // keys >= this are masked for some row of the block
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int64_t q_stride = static_cast<int64_t>(Hq) * D;
+  const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
+  const T* q_base = q + (static_cast<int64_t>(q_start) * Hq + h) * D;
+  const T* k_base = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+  const T* v_base = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+
+  // Q tile.
+  for (int idx = tid; idx < BM * NC; idx += kThreads) {
+    const int r = idx / NC, c = idx % NC;
+    const bool ok = row0 + r < q_len;
+    const T* src = q_base + (ok ? static_cast<int64_t>(row0 + r) * q_stride + c * 8 : 0);
+    cp_async16(smem_u32(sQ + swz<D>(r, c)), src, ok);
+  }
+  auto load_kv = [&](int tile, int buf) {
+    T* dk = sK + buf * BN * D;
+    T* dv = sV + buf * BN * D;
+    for (int idx = tid; idx < BN * NC; idx += kThreads) {
+      const int r = idx / NC, c = idx % NC;
+      const int key = tile * BN + r;
+      const bool ok = key < n_keys;
+      const int64_t off = ok ? static_cast<int64_t>(key) * kv_stride + c * 8 : 0;
+      cp_async16(smem_u32(dk + swz<D>(r, c)), k_base + off, ok);
+      cp_async16(smem_u32(dv + swz<D>(r, c)), v_base + off, ok);
+    }
+  };
+  if (n_tiles > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  float acc[MT][DN][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) acc[mt][dn][0] = acc[mt][dn][1] = acc[mt][dn][2] = acc[mt][dn][3] = 0.0f;
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+  uint32_t qf[MT][KS][4];
+
+  const int warp_row0 = warp * 16 * MT;  // first tile row of this warp
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + 1 < n_tiles) load_kv(tile + 1, (tile + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (tile == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+          const int r = warp_row0 + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          const int c = 2 * kk + (lane >> 4);
+          ldmatrix_x4(qf[mt][kk], smem_u32(sQ + swz<D>(r, c)));
+        }
+    }
+    const T* cK = sK + (tile & 1) * BN * D;
+    const T* cV = sV + (tile & 1) * BN * D;
+
+    // S = Q K^T
+    float s[MT][SN][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < SN; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+      for (int np = 0; np < SN / 2; ++np) {
+        uint32_t bk[4];
+        const int r = np * 16 + (lane & 7) + (lane >> 4) * 8;
+        const int c = 2 * kk + ((lane >> 3) & 1);
+        ldmatrix_x4(bk, smem_u32(cK + swz<D>(r, c)));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<T>::mma(s[mt][2 * np], qf[mt][kk], bk[0], bk[1]);
+          Mma<T>::mma(s[mt][2 * np + 1], qf[mt][kk], bk[2], bk[3]);
+        }
+      }
+
+    // Mask tiles that cross the diagonal or the end of the keys.
+    const int key0 = tile * BN;
+    if (key0 + BN > first_masked || key0 + BN > kv_len) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = row0 + warp_row0 + mt * 16 + (lane >> 2) + (e >> 1) * 8;
+            const int key = key0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+            if (key > delta + row || key >= kv_len) s[mt][nt][e] = -INFINITY;
+          }
+    }
+
+    // Online softmax.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[mt][hf], mx * sl);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = fast_exp2(m[mt][hf] - m_use);
+        m[mt][hf] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = fast_exp2(fmaf(s[mt][nt][2 * hf + e], sl, -m_use));
+            s[mt][nt][2 * hf + e] = p;
+            sum += p;
+          }
+        l[mt][hf] = l[mt][hf] * alpha + sum;
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn) {
+          acc[mt][dn][2 * hf] *= alpha;
+          acc[mt][dn][2 * hf + 1] *= alpha;
+        }
+      }
+
+    // O += P V
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pa[mt][0] = Mma<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = Mma<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = Mma<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = Mma<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t bv[4];
+        const int r = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        const int c = 2 * dp + (lane >> 4);
+        ldmatrix_x4_trans(bv, smem_u32(cV + swz<D>(r, c)));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          Mma<T>::mma(acc[mt][2 * dp], pa[mt], bv[0], bv[1]);
+          Mma<T>::mma(acc[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with this buffer before it is refilled
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: normalise and store (rows past q_len are not written).
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float lsum = l[mt][hf];
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+      const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+      const int row = row0 + warp_row0 + mt * 16 + (lane >> 2) + hf * 8;
+      if (row >= q_len) continue;
+      T* dst = out + (static_cast<int64_t>(q_start + row) * Hq + h) * D + (lane & 3) * 2;
+#pragma unroll
+      for (int dn = 0; dn < DN; ++dn)
+        *reinterpret_cast<uint32_t*>(dst + dn * 8) =
+            Mma<T>::pack(acc[mt][dn][2 * hf] * inv, acc[mt][dn][2 * hf + 1] * inv);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// 3. Generic kernel: one warp per (request, query row, head); any even D <= 256.
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) attn_generic_kernel(T* __restrict__ out, const T* __restrict__ q,
+                                                                 const T* __restrict__ k_cache,
+                                                                 const T* __restrict__ v_cache,
+                                                                 const int* __restrict__ q_indptr,
+                                                                 const int* __restrict__ kv_indptr, int B, int Hq,
+                                                                 int Hkv, int G, int D, int max_q_len, float sl) {
+  constexpr int kMaxPairs = 4;  // 4 pairs x 32 lanes = 256 dims
+  const int lane = threadIdx.x & 31;
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (p >= static_cast<int64_t>(B) * max_q_len * Hq) return;
+  const int h = static_cast<int>(p % Hq);
+  const int64_t bi = p / Hq;
+  const int i = static_cast<int>(bi % max_q_len);
+  const int b = static_cast<int>(bi / max_q_len);
+  const int q_start = q_indptr[b];
+  const int q_len = q_indptr[b + 1] - q_start;
+  if (i >= q_len) return;
+  const int kv_start = kv_indptr[b];
+  const int kv_len = kv_indptr[b + 1] - kv_start;
+  const int n = max(0, min(kv_len, kv_len - q_len + i + 1));
+  const int kvh = h / G;
+  const int pairs = D / 2;
+
+  const T* qrow = q + (static_cast<int64_t>(q_start + i) * Hq + h) * D;
+  float2 qv[kMaxPairs], acc[kMaxPairs];
+#pragma unroll
+  for (int k = 0; k < kMaxPairs; ++k) {
+    const int pi = lane + 32 * k;
+    qv[k] = pi < pairs ? load2(qrow + 2 * pi) : make_float2(0.f, 0.f);
+    acc[k] = make_float2(0.f, 0.f);
+  }
+  float m = -INFINITY, l = 0.0f;
+  const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
+  const T* kbase = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+  const T* vbase = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+  for (int j = 0; j < n; ++j) {
+    const T* krow = kbase + j * kv_stride;
+    const T* vrow = vbase + j * kv_stride;
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxPairs; ++k) {
+      const int pi = lane + 32 * k;
+      if (pi < pairs) {
+        const float2 kk = load2(krow + 2 * pi);
+        dot = fmaf(qv[k].x, kk.x, fmaf(qv[k].y, kk.y, dot));
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    const float s = dot * sl;
+    const float m_new = fmaxf(m, s);
+    const float alpha = exp2f(m - m_new);
+    const float pj = exp2f(s - m_new);
+    l = l * alpha + pj;
+    m = m_new;
+#pragma unroll
+    for (int k = 0; k < kMaxPairs; ++k) {
+      const int pi = lane + 32 * k;
+      if (pi < pairs) {
+        const float2 vv = load2(vrow + 2 * pi);
+        acc[k].x = fmaf(pj, vv.x, acc[k].x * alpha);
+        acc[k].y = fmaf(pj, vv.y, acc[k].y * alpha);
+      }
+    }
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  T* orow = out + (static_cast<int64_t>(q_start + i) * Hq + h) * D;
+#pragma unroll
+  for (int k = 0; k < kMaxPairs; ++k) {
+    const int pi = lane + 32 * k;
+    if (pi < pairs) store2(orow + 2 * pi, acc[k].x * inv, acc[k].y * inv);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host side.
+
+struct Args {
+  void* out;
+  const void* q;
+  const void* k;
+  const void* v;
+  const int* q_indptr;
+  const int* kv_indptr;
+  int B, Hq, Hkv, G, D, max_q_len, max_kv_len;
+  float sl;  // scale * log2(e)
+};
+
+constexpr int kDecodeMaxRowTiles = 4;  // decode path while max_q_len * G <= 64
+// Splits so that the decode grid is about one full wave of resident blocks.
+int decode_num_splits(int base_blocks, int max_kv_len, int sm_count, int blocks_per_sm) {
+  const int target = blocks_per_sm * std::max(sm_count, 1);
+  int s = (target + base_blocks - 1) / base_blocks;
+  const int by_len = std::max(1, (max_kv_len + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit);
+  s = std::min(s, by_len);
+  return std::clamp(s, 1, kDecodeMaxSplits);
+}
+
+template <typename T, int D>
+void launch_decode(CudaBackend& be, const Args& a) {
+  cudaStream_t stream = be.stream();
+  const int row_tiles = (a.max_q_len * a.G + 15) / 16;
+  const int base_blocks = a.B * a.Hkv * row_tiles;
+  constexpr bool kPingPong = D <= 64;
+  auto kernel = attn_decode_kernel<T, D, kPingPong>;
+  static const int blocks_per_sm = [kernel] {
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
+    return std::max(n, 1);
+  }();
+  const int splits = decode_num_splits(base_blocks, a.max_kv_len, be.multiprocessor_count(), blocks_per_sm);
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+  const int64_t n_part = static_cast<int64_t>(a.B) * a.max_q_len * a.Hq * splits;
+  if (splits > 1) {
+    const int64_t bytes = n_part * D * 4 + n_part * 4;
+    char* scratch = static_cast<char*>(be.scratch(bytes));
+    part_o = reinterpret_cast<float*>(scratch);
+    part_lse = reinterpret_cast<float*>(scratch + n_part * D * 4);
+  }
+  dim3 grid(splits, a.Hkv * row_tiles, a.B);
+  kernel<<<grid, kThreads, 0, stream>>>(
+      static_cast<T*>(a.out), part_o, part_lse, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
+      static_cast<const T*>(a.v), a.q_indptr, a.kv_indptr, a.Hq, a.Hkv, a.G, a.max_q_len, splits, a.sl);
+  CUDA_CHECK(cudaGetLastError());
+  if (splits > 1) {
+    const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.B) * a.max_q_len * a.Hq);
+    attn_combine_kernel<T, D><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(a.out), part_o, part_lse,
+                                                               a.q_indptr, a.Hq, a.max_q_len, splits);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+template <typename T, int D, int MT, int BN>
+void launch_prefill(CudaBackend& be, const Args& a) {
+  using Cfg = PrefillCfg<D, MT, BN>;
+  auto kernel = attn_prefill_kernel<T, D, MT, BN>;
+  constexpr int smem = Cfg::kSmemBytes;
+  if constexpr (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int num_qtiles = (a.max_q_len + Cfg::kBM - 1) / Cfg::kBM;
+  dim3 grid(num_qtiles, a.Hq, a.B);
+  kernel<<<grid, kThreads, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
+                                                static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.q_indptr,
+                                                a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void launch_generic(CudaBackend& be, const Args& a) {
+  const int64_t rows = static_cast<int64_t>(a.B) * a.max_q_len * a.Hq;
+  const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  attn_generic_kernel<T><<<blocks, kThreads, 0, be.stream()>>>(
+      static_cast<T*>(a.out), static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+      a.q_indptr, a.kv_indptr, a.B, a.Hq, a.Hkv, a.G, a.D, a.max_q_len, a.sl);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void launch_fast(CudaBackend& be, const Args& a) {
+  const int row_tiles = (a.max_q_len * a.G + 15) / 16;
+  const bool decode = row_tiles <= kDecodeMaxRowTiles;
+  if (a.D == 64) {
+    if (decode)
+      launch_decode<T, 64>(be, a);
+    else
+      launch_prefill<T, 64, 2, 64>(be, a);
+  } else {
+    if (decode)
+      launch_decode<T, 128>(be, a);
+    else
+      launch_prefill<T, 128, 1, 64>(be, a);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
+                       Tensor kv_indptr, ops::AttentionBounds bounds, float scale) {
+  KILN_ASSERT(q.ndim() == 3 && out.shape == q.shape);
+  KILN_ASSERT(k_cache.ndim() == 3 && v_cache.shape == k_cache.shape);
+  KILN_ASSERT(k_cache.size(2) == q.size(2));
+  KILN_ASSERT(q.dtype == out.dtype && q.dtype == k_cache.dtype && q.dtype == v_cache.dtype);
+  KILN_ASSERT(q.dtype == DType::f32 || q.dtype == DType::bf16 || q.dtype == DType::f16);
+  KILN_ASSERT(q_indptr.dtype == DType::i32 && kv_indptr.dtype == DType::i32);
+  KILN_ASSERT(bounds.batch >= 0 && bounds.max_q_len >= 0 && bounds.max_kv_len >= 0);
+  KILN_ASSERT(q_indptr.numel() == bounds.batch + 1 && kv_indptr.numel() == bounds.batch + 1);
+  KILN_ASSERT(q.device.is_cuda() && out.device.is_cuda() && k_cache.device.is_cuda() && v_cache.device.is_cuda() &&
+              q_indptr.device.is_cuda() && kv_indptr.device.is_cuda());
+  const int64_t Hq = q.size(1), Hkv = k_cache.size(1), D = q.size(2);
+  KILN_ASSERT(Hkv > 0 && Hq % Hkv == 0);
+  KILN_ASSERT(D > 0 && D % 2 == 0 && D <= 256);
+  KILN_ASSERT(bounds.batch <= 65535 && Hq <= 65535);
+  if (bounds.batch == 0 || bounds.max_q_len == 0 || q.size(0) == 0) return;
+
+  Args a;
+  a.out = out.data;
+  a.q = q.data;
+  a.k = k_cache.data;
+  a.v = v_cache.data;
+  a.q_indptr = q_indptr.ptr<int>();
+  a.kv_indptr = kv_indptr.ptr<int>();
+  a.B = bounds.batch;
+  a.Hq = static_cast<int>(Hq);
+  a.Hkv = static_cast<int>(Hkv);
+  a.G = static_cast<int>(Hq / Hkv);
+  a.D = static_cast<int>(D);
+  a.max_q_len = bounds.max_q_len;
+  a.max_kv_len = bounds.max_kv_len;
+  a.sl = scale * kLog2e;
+
+  const bool fast = (q.dtype == DType::bf16 || q.dtype == DType::f16) && (D == 64 || D == 128) &&
+                    aligned16(a.out) && aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
+  if (fast) {
+    if (q.dtype == DType::bf16)
+      launch_fast<__nv_bfloat16>(be, a);
+    else
+      launch_fast<__half>(be, a);
+    return;
+  }
+  switch (q.dtype) {
+    case DType::f32: launch_generic<float>(be, a); break;
+    case DType::bf16: launch_generic<__nv_bfloat16>(be, a); break;
+    case DType::f16: launch_generic<__half>(be, a); break;
+    default: KILN_ASSERT(false);
+  }
+}
+
+}  // namespace kiln::cuda

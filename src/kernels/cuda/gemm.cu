@@ -1,0 +1,302 @@
+// Matrix products through cuBLASLt, f32 accumulation (CUBLAS_COMPUTE_32F, f32 alpha/beta; f32
+// inputs therefore run in true f32, never TF32).
+//   linear_forward: y[M, N] = x[M, K] @ w[N, K]^T (+ bias[N]).
+//     x: [..., K] viewed as [M, K]; w: [N, K]; y: [..., N]. x and w share a dtype (bf16, f16 or f32);
+//     y is that dtype or f32 (logits). The bias is fused through CUBLASLT_EPILOGUE_BIAS when it has
+//     y's dtype and a 16-byte-aligned base (added in f32 before y is rounded, like the CPU twin);
+//     otherwise bias_add_forward runs after the product.
+//   gemm: C = alpha * op(A) @ op(B) + beta * C, row-major, op(X) = X^T when trans_X.
+//     A: [M, K] (or [K, M]), B: [K, N] (or [N, K]), C: [M, N]; A and B share a dtype, C is that
+//     dtype or f32. BLAS convention: with beta == 0, C is not read.
+//
+// Row-major to column-major: a row-major [R, S] matrix is a column-major S x R matrix, so the
+// row-major C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T, i.e. cuBLASLt's
+// (m, n, k) = (N, M, K) with its A operand = our B and its B operand = our A. For linear, w [N, K]
+// row-major is column-major K x N: transa = T; x is column-major K x M: transb = N.
+//
+// Plans (matmul descriptor, layouts, and the first algorithm of the heuristic, which is asked for
+// several) are cached per backend in CudaBackend::gemm_cache(), keyed by shape, leading dimensions,
+// transposes, dtypes, bias fusion and the pointer alignments (cuBLASLt assumes 256-byte-aligned
+// operands unless told otherwise; views into larger buffers often are not). Repeated shapes do no
+// host work beyond a map lookup and allocate nothing: the 32 MiB workspace is the backend's scratch,
+// so the calls can be captured in a CUDA graph.
+#include <cublasLt.h>
+
+#include <array>
+#include <map>
+#include <memory>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kernel_util.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int64_t kWorkspaceBytes = int64_t(32) << 20;
+constexpr int kHeuristicAlgos = 8;
+
+#define KILN_CUBLAS_CHECK(expr)                                                                          \
+  do {                                                                                                   \
+    cublasStatus_t _kiln_st = (expr);                                                                    \
+    if (_kiln_st != CUBLAS_STATUS_SUCCESS) {                                                             \
+      std::fprintf(stderr, "kiln: cuBLASLt error %s (%s) in %s at %s:%d\n", cublasLtGetStatusName(_kiln_st), \
+                   cublasLtGetStatusString(_kiln_st), #expr, __FILE__, __LINE__);                        \
+      std::abort();                                                                                      \
+    }                                                                                                    \
+  } while (0)
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: KILN_ASSERT(false && "not a float dtype");
+  }
+  return CUDA_R_32F;
+}
+
+// Largest power of two (at most 256) dividing the address.
+int64_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 256;
+  return std::min<int64_t>(256, static_cast<int64_t>(a & (~a + 1)));
+}
+
+// One product in cuBLASLt's column-major terms: D (m x n, ld ldd) = alpha op(A) op(B) + beta D,
+// op(A): m x k, op(B): k x n.
+struct Problem {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  DType ab_dt = DType::bf16;
+  void* d = nullptr;
+  int64_t ldd = 0;
+  DType d_dt = DType::bf16;
+  const void* bias = nullptr;  // length m, d's dtype; fused only
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool fused_bias = false;
+};
+
+void destroy(Plan& p) {
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+  if (p.op) cublasLtMatmulDescDestroy(p.op);
+  p = Plan{};
+}
+
+using Key = std::array<int64_t, 15>;
+
+struct GemmCache {
+  std::map<Key, Plan> plans;
+  GemmCache() = default;
+  GemmCache(const GemmCache&) = delete;
+  GemmCache& operator=(const GemmCache&) = delete;
+  ~GemmCache() {
+    for (auto& kv : plans) destroy(kv.second);
+  }
+};
+
+GemmCache& cache_of(CudaBackend& be) {
+  std::shared_ptr<void>& slot = be.gemm_cache();
+  if (!slot) slot = std::shared_ptr<void>(new GemmCache, [](void* p) { delete static_cast<GemmCache*>(p); });
+  return *static_cast<GemmCache*>(slot.get());
+}
+
+// Builds the descriptors and asks the heuristic; false (nothing leaked) when no algorithm fits.
+bool make_plan(cublasLtHandle_t handle, const Problem& p, bool fuse_bias, Plan* out) {
+  Plan plan;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (fuse_bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    // The heuristic reads the pointer's alignment; each call sets the pointer again.
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+  }
+  const cudaDataType_t ab = cuda_type(p.ab_dt), dt = cuda_type(p.d_dt);
+  // Stored (pre-op) shapes, column-major.
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, ab, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, p.lda));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, ab, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, p.ldb));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.d, dt, p.m, p.n, p.ldd));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = static_cast<uint64_t>(kWorkspaceBytes);
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t align_a = static_cast<uint32_t>(alignment(p.a)), align_b = static_cast<uint32_t>(alignment(p.b)),
+                 align_d = static_cast<uint32_t>(alignment(p.d));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
+
+  cublasLtMatmulHeuristicResult_t results[kHeuristicAlgos] = {};
+  int returned = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, plan.op, plan.a, plan.b, plan.d, plan.d, pref,
+                                                           kHeuristicAlgos, results, &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  int chosen = -1;
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < returned; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= static_cast<size_t>(kWorkspaceBytes)) {
+        chosen = i;
+        break;
+      }
+    }
+  }
+  if (chosen < 0) {
+    destroy(plan);
+    return false;
+  }
+  plan.algo = results[chosen].algo;
+  plan.fused_bias = fuse_bias;
+  *out = plan;
+  return true;
+}
+
+// Runs the product; returns whether the bias (if any) was added by the epilogue.
+bool run_matmul(CudaBackend& be, const Problem& p) {
+  const bool want_bias = p.bias != nullptr;
+  const Key key{p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldd, static_cast<int64_t>(p.ab_dt),
+                static_cast<int64_t>(p.d_dt), want_bias, alignment(p.a), alignment(p.b), alignment(p.d),
+                want_bias ? alignment(p.bias) : 0};
+  GemmCache& cache = cache_of(be);
+  cublasLtHandle_t handle = static_cast<cublasLtHandle_t>(be.blaslt());
+  auto it = cache.plans.find(key);
+  if (it == cache.plans.end()) {
+    Plan plan;
+    bool ok = make_plan(handle, p, want_bias, &plan);
+    if (!ok && want_bias) ok = make_plan(handle, p, false, &plan);  // bias added by a separate kernel
+    if (!ok) {
+      std::fprintf(stderr,
+                   "kiln: cuBLASLt has no algorithm for the matmul m=%lld n=%lld k=%lld (trans %d%d, lda %lld, "
+                   "ldb %lld, ldd %lld, %s inputs, %s output)\n",
+                   static_cast<long long>(p.m), static_cast<long long>(p.n), static_cast<long long>(p.k), p.trans_a,
+                   p.trans_b, static_cast<long long>(p.lda), static_cast<long long>(p.ldb),
+                   static_cast<long long>(p.ldd), dtype_name(p.ab_dt), dtype_name(p.d_dt));
+      std::abort();
+    }
+    it = cache.plans.emplace(key, plan).first;
+  }
+  Plan& plan = it->second;
+  if (plan.fused_bias)
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+  void* workspace = be.scratch(kWorkspaceBytes);
+  KILN_CUBLAS_CHECK(cublasLtMatmul(handle, plan.op, &p.alpha, p.a, plan.a, p.b, plan.b, &p.beta, p.d, plan.d, p.d,
+                                   plan.d, &plan.algo, workspace, static_cast<size_t>(kWorkspaceBytes),
+                                   detail::stream_of(be)));
+  return plan.fused_bias;
+}
+
+constexpr int kThreads = 256;
+
+// t *= s (t = 0 when s == 0, so NaN/garbage is not read), for the K == 0 products.
+__global__ void __launch_bounds__(kThreads) scale_kernel(void* t, DType dt, int64_t n, float s) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads)
+    detail::store1(t, i, dt, s == 0.0f ? 0.0f : detail::load1(t, i, dt) * s);
+}
+
+void check_types(DType ab, DType d) {
+  KILN_ASSERT(dtype_is_float(ab) && dtype_is_float(d));
+  KILN_ASSERT(d == ab || d == DType::f32);  // cuBLASLt: C/D in the input type or f32
+}
+
+}  // namespace
+
+void linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor bias) {
+  detail::check_float(be, y);
+  detail::check_float(be, x);
+  detail::check_float(be, w);
+  KILN_ASSERT(x.ndim() >= 1 && w.ndim() == 2 && y.ndim() == x.ndim());
+  const int64_t K = x.size(-1), N = w.size(0);
+  KILN_ASSERT(w.size(1) == K && y.size(-1) == N);
+  for (int d = 0; d + 1 < x.ndim(); ++d) KILN_ASSERT(y.size(d) == x.size(d));
+  KILN_ASSERT(x.dtype == w.dtype);
+  check_types(x.dtype, y.dtype);
+  const int64_t M = K == 0 ? y.numel() / std::max<int64_t>(N, 1) : x.numel() / K;
+  const bool has_bias = bias.data != nullptr;
+  if (has_bias) {
+    detail::check_float(be, bias);
+    KILN_ASSERT(bias.numel() == N);
+  }
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    fill_constant(be, y, 0.0f);
+    if (has_bias) bias_add_forward(be, y, bias.view(Shape{N}));
+    return;
+  }
+
+  Problem p;
+  p.m = N;
+  p.n = M;
+  p.k = K;
+  p.trans_a = true;
+  p.a = w.data;
+  p.lda = K;
+  p.trans_b = false;
+  p.b = x.data;
+  p.ldb = K;
+  p.ab_dt = x.dtype;
+  p.d = y.data;
+  p.ldd = N;
+  p.d_dt = y.dtype;
+  const bool fusable = has_bias && bias.dtype == y.dtype && detail::aligned16(bias.data);
+  p.bias = fusable ? bias.data : nullptr;
+  const bool fused = run_matmul(be, p);
+  if (has_bias && !fused) bias_add_forward(be, y, bias.view(Shape{N}));
+}
+
+void gemm(CudaBackend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta) {
+  detail::check_float(be, c);
+  detail::check_float(be, a);
+  detail::check_float(be, b);
+  KILN_ASSERT(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2);
+  const int64_t M = c.size(0), N = c.size(1);
+  const int64_t K = trans_a ? a.size(0) : a.size(1);
+  KILN_ASSERT((trans_a ? a.size(1) : a.size(0)) == M);
+  KILN_ASSERT((trans_b ? b.size(1) : b.size(0)) == K);
+  KILN_ASSERT((trans_b ? b.size(0) : b.size(1)) == N);
+  KILN_ASSERT(a.dtype == b.dtype);
+  check_types(a.dtype, c.dtype);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    scale_kernel<<<detail::grid_for(be, M * N, kThreads), kThreads, 0, detail::stream_of(be)>>>(c.data, c.dtype, M * N,
+                                                                                               beta);
+    KILN_CUDA_CHECK_LAUNCH();
+    return;
+  }
+
+  // Column-major C^T (N x M) = op(B)^T (N x K) op(A)^T (K x M): cuBLASLt's A is our B and vice versa.
+  Problem p;
+  p.m = N;
+  p.n = M;
+  p.k = K;
+  p.trans_a = trans_b;
+  p.a = b.data;
+  p.lda = b.size(1);
+  p.trans_b = trans_a;
+  p.b = a.data;
+  p.ldb = a.size(1);
+  p.ab_dt = a.dtype;
+  p.d = c.data;
+  p.ldd = N;
+  p.d_dt = c.dtype;
+  p.alpha = alpha;
+  p.beta = beta;
+  run_matmul(be, p);
+}
+
+}  // namespace kiln::cuda

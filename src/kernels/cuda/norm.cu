@@ -1,0 +1,143 @@
+// RMS normalisation over the last dimension (Hugging Face Llama semantics, f32 math):
+//   rmsnorm:      y = x * (1 / sqrt(mean(x^2) + eps)) * w
+//   add_rmsnorm:  residual += x (stored in residual's dtype); y = rmsnorm(residual) * w, where the
+//                 norm reads the stored (rounded) residual. One kernel serves both (residual may be
+//                 null), so the residual add and the norm share one pass over memory.
+// x, residual, y: [..., H] viewed as [rows, H] (f32/bf16/f16, each its own dtype); w: [H] (any float
+// dtype). y may alias x.
+//
+// Launch shape: a group of kThreads threads per row, 256 threads per block: a warp per row when
+// H <= 1024 (q/k norms over [T, heads, head_dim]), a whole block per row otherwise (the hidden-size
+// norms of the decode path, e.g. H = 1536 with one row). Each thread keeps up to 32 of its values in
+// registers between the sum of squares and the write; longer rows re-read the rest (an L1/L2 hit).
+// Rows whose length is a multiple of 8 with 16-byte-aligned bases use 16-byte vector accesses.
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/kernel_util.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+using detail::load_vec;
+using detail::round_to;
+using detail::store_vec;
+
+constexpr int kBlock = 256;
+
+template <int kThreads, int N>
+__global__ void __launch_bounds__(kBlock)
+    rmsnorm_kernel(void* y, DType y_dt, const void* x, DType x_dt, void* residual, DType r_dt, const void* w,
+                   DType w_dt, int64_t rows, int64_t H, float eps) {
+  constexpr int kRowsPerBlock = kBlock / kThreads;
+  constexpr int kCache = 32 / N;  // chunks of N values held in registers per thread
+  __shared__ float smem[32];
+
+  const int lane = threadIdx.x % kThreads;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreads;
+  // Only warp-per-row blocks can hold rows past the end; their reductions are warp-local, so the
+  // early exit cannot strand a __syncthreads.
+  if (row >= rows) return;
+  const int64_t base = row * H;
+  const void* src = residual ? static_cast<const void*>(residual) : x;  // what the second pass re-reads
+  const DType src_dt = residual ? r_dt : x_dt;
+
+  // Loads chunk [i, i + N) of the (updated) row into v and returns its sum of squares.
+  auto load_chunk = [&](int64_t i, float (&v)[N]) {
+    load_vec<N>(x, base + i, x_dt, v);
+    if (residual) {
+      float r[N];
+      load_vec<N>(residual, base + i, r_dt, r);
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] = round_to(r_dt, r[k] + v[k]);
+      store_vec<N>(residual, base + i, r_dt, v);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) s += v[k] * v[k];
+    return s;
+  };
+
+  float cache[kCache][N];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kCache; ++c) {
+    const int64_t i = (static_cast<int64_t>(c) * kThreads + lane) * N;
+    if (i < H) sum_sq += load_chunk(i, cache[c]);
+  }
+  for (int64_t i = (static_cast<int64_t>(kCache) * kThreads + lane) * N; i < H; i += static_cast<int64_t>(kThreads) * N) {
+    float v[N];
+    sum_sq += load_chunk(i, v);
+  }
+  sum_sq = detail::block_reduce<kThreads>(sum_sq, detail::SumOp{}, 0.0f, smem);
+  const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(H) + eps);
+
+  auto store_chunk = [&](int64_t i, const float (&v)[N]) {
+    float wv[N], out[N];
+    load_vec<N>(w, i, w_dt, wv);
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = __fmul_rn(__fmul_rn(v[k], inv_rms), wv[k]);
+    store_vec<N>(y, base + i, y_dt, out);
+  };
+#pragma unroll
+  for (int c = 0; c < kCache; ++c) {
+    const int64_t i = (static_cast<int64_t>(c) * kThreads + lane) * N;
+    if (i < H) store_chunk(i, cache[c]);
+  }
+  for (int64_t i = (static_cast<int64_t>(kCache) * kThreads + lane) * N; i < H; i += static_cast<int64_t>(kThreads) * N) {
+    float v[N];
+    load_vec<N>(src, base + i, src_dt, v);  // this thread's own earlier write when src is the residual
+    store_chunk(i, v);
+  }
+}
+
+void launch_rmsnorm(CudaBackend& be, Tensor y, Tensor x, Tensor residual, Tensor w, float eps) {
+  detail::check_float(be, y);
+  detail::check_float(be, x);
+  detail::check_float(be, w);
+  KILN_ASSERT(x.ndim() >= 1 && y.shape == x.shape);
+  const int64_t H = x.size(-1);
+  KILN_ASSERT(w.ndim() == 1 && w.size(0) == H);
+  const bool has_residual = residual.data != nullptr;
+  if (has_residual) {
+    detail::check_float(be, residual);
+    KILN_ASSERT(residual.shape == x.shape);
+  }
+  if (H == 0 || x.numel() == 0) return;
+  const int64_t rows = x.numel() / H;
+  KILN_ASSERT(rows < (int64_t(1) << 31));
+
+  const bool vec = H % 8 == 0 && detail::aligned16(y.data) && detail::aligned16(x.data) && detail::aligned16(w.data) &&
+                   (!has_residual || detail::aligned16(residual.data));
+  const bool warp_per_row = H <= 1024;
+  const unsigned grid = static_cast<unsigned>(warp_per_row ? detail::ceil_div(rows, kBlock / 32) : rows);
+  cudaStream_t stream = detail::stream_of(be);
+  const DType r_dt = has_residual ? residual.dtype : x.dtype;
+#define KILN_LAUNCH_RMSNORM(THREADS, N)                                                                       \
+  rmsnorm_kernel<THREADS, N><<<grid, kBlock, 0, stream>>>(y.data, y.dtype, x.data, x.dtype, residual.data, r_dt, \
+                                                          w.data, w.dtype, rows, H, eps)
+  if (warp_per_row) {
+    if (vec) KILN_LAUNCH_RMSNORM(32, 8);
+    else KILN_LAUNCH_RMSNORM(32, 1);
+  } else {
+    if (vec) KILN_LAUNCH_RMSNORM(kBlock, 8);
+    else KILN_LAUNCH_RMSNORM(kBlock, 1);
+  }
+#undef KILN_LAUNCH_RMSNORM
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void rmsnorm_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, float eps) {
+  launch_rmsnorm(be, y, x, Tensor{}, w, eps);
+}
+
+void add_rmsnorm_forward(CudaBackend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps) {
+  KILN_ASSERT(residual.data != nullptr || residual.numel() == 0);
+  if (residual.numel() == 0) {
+    KILN_ASSERT(x.numel() == 0 && y.numel() == 0);
+    return;
+  }
+  launch_rmsnorm(be, y, x, residual, w, eps);
+}
+
+}  // namespace kiln::cuda

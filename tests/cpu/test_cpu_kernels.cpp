@@ -1,0 +1,999 @@
+// CPU kernels (kernels/cpu/) against independent references: naive double-precision loops written
+// here, hand-computed values, and known identities (softmax shift invariance, rope relative
+// positions, conversion round trips, sampling statistics). Calls go through kiln::ops with a CPU
+// backend, so the dispatch of ops.cpp is exercised too.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/rng.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Host tensor of `dtype` holding `values` (rounded to the dtype).
+TensorBuffer make(Shape shape, DType dtype, const std::vector<float>& values) {
+  TensorBuffer t = host_empty(shape, dtype);
+  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    switch (dtype) {
+      case DType::f32: t.ptr<float>()[i] = values[i]; break;
+      case DType::bf16: t.ptr<uint16_t>()[i] = f32_to_bf16(values[i]); break;
+      case DType::f16: t.ptr<uint16_t>()[i] = f32_to_f16(values[i]); break;
+      default: ADD_FAILURE() << "not a float dtype";
+    }
+  }
+  return t;
+}
+
+TensorBuffer filled(Shape shape, DType dtype, float value) {
+  return make(shape, dtype, std::vector<float>(static_cast<size_t>(shape.numel()), value));
+}
+
+// |got - ref| <= atol + rtol * |ref| everywhere; reports the first few violations.
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref, double rtol, double atol,
+                  const char* what = "") {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  int failures = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!(err <= atol + rtol * std::fabs(ref[i]))) {
+      if (++failures <= 5)
+        ADD_FAILURE() << what << " index " << i << ": got " << got[i] << ", reference " << ref[i] << " (err " << err
+                      << ")";
+    }
+  }
+  EXPECT_EQ(failures, 0) << what;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+class CpuKernels : public ::testing::Test {
+ protected:
+  std::vector<float> read(Tensor t) { return test::to_f32(*be, t); }
+  std::unique_ptr<Backend> be = make_cpu_backend();
+};
+
+// ---------------------------------------------------------------------------------------------
+// embedding
+
+TEST_F(CpuKernels, EmbeddingGathersRowsExactly) {
+  const int64_t V = 1001, H = 37;
+  const std::vector<int32_t> ids = {0, 1000, 5, 5, 999, 17, 500};
+  const int64_t T = static_cast<int64_t>(ids.size());
+  TensorBuffer id = test::host_ints(ids);
+  for (DType table_dtype : {DType::f32, DType::bf16, DType::f16}) {
+    TensorBuffer table = test::random_host(Shape{V, H}, table_dtype, 11);
+    const std::vector<float> tv = read(table);
+    for (DType out_dtype : {DType::f32, DType::bf16, DType::f16}) {
+      TensorBuffer out = filled(Shape{T, H}, out_dtype, 123.0f);
+      ops::embedding_forward(*be, out, table, id);
+      const std::vector<float> ov = read(out);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          // The table value rounded to the output dtype, through core/dtype.h.
+          float want = tv[ids[t] * H + h];
+          if (out_dtype == DType::bf16) want = bf16_to_f32(f32_to_bf16(want));
+          if (out_dtype == DType::f16) want = f16_to_f32(f32_to_f16(want));
+          ASSERT_EQ(ov[t * H + h], want) << dtype_name(table_dtype) << "->" << dtype_name(out_dtype) << " t=" << t;
+        }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// rmsnorm / add_rmsnorm
+
+std::vector<double> rmsnorm_ref(const std::vector<float>& x, const std::vector<float>& w, int64_t H, double eps) {
+  std::vector<double> y(x.size());
+  for (size_t r = 0; r < x.size() / H; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < H; ++i) ss += static_cast<double>(x[r * H + i]) * x[r * H + i];
+    const double inv = 1.0 / std::sqrt(ss / H + eps);
+    for (int64_t i = 0; i < H; ++i) y[r * H + i] = x[r * H + i] * inv * w[i];
+  }
+  return y;
+}
+
+TEST_F(CpuKernels, RmsnormHandComputed) {
+  // x = [3, 4]: mean(x^2) = 12.5, rms = 3.5355339; y = x / rms * [1, 2] = [0.8485281, 2.2627417].
+  TensorBuffer x = make(Shape{1, 2}, DType::f32, {3.0f, 4.0f});
+  TensorBuffer w = make(Shape{2}, DType::f32, {1.0f, 2.0f});
+  TensorBuffer y = filled(Shape{1, 2}, DType::f32, 0.0f);
+  ops::rmsnorm_forward(*be, y, x, w, 0.0f);
+  EXPECT_NEAR(y.ptr<float>()[0], 0.84852814, 1e-6);
+  EXPECT_NEAR(y.ptr<float>()[1], 2.26274170, 1e-6);
+}
+
+TEST_F(CpuKernels, RmsnormF32MatchesDoubleReference) {
+  const int64_t H = 37;
+  TensorBuffer x = test::random_host(Shape{3, 4, H}, DType::f32, 1, 2.0f);
+  TensorBuffer w = test::random_host(Shape{H}, DType::f32, 2);
+  TensorBuffer y = filled(Shape{3, 4, H}, DType::f32, 0.0f);
+  ops::rmsnorm_forward(*be, y, x, w, 1e-6f);
+  const std::vector<double> ref = rmsnorm_ref(read(x), read(w), H, 1e-6);
+  expect_close(read(y), ref, 1e-5, 1e-6 * max_abs(ref), "rmsnorm f32");
+
+  // In place (y aliases x) gives the same result.
+  ops::rmsnorm_forward(*be, x, x, w, 1e-6f);
+  expect_close(read(x), ref, 1e-5, 1e-6 * max_abs(ref), "rmsnorm in place");
+}
+
+TEST_F(CpuKernels, RmsnormLowPrecisionInputsAndOutputs) {
+  const int64_t H = 37;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    TensorBuffer x = test::random_host(Shape{5, H}, dt, 3);
+    TensorBuffer w = test::random_host(Shape{H}, dt, 4);
+    const std::vector<double> ref = rmsnorm_ref(read(x), read(w), H, 1e-5);
+    // f32 output: only the f32 math differs from the reference.
+    TensorBuffer y32 = filled(Shape{5, H}, DType::f32, 0.0f);
+    ops::rmsnorm_forward(*be, y32, x, w, 1e-5f);
+    expect_close(read(y32), ref, 1e-5, 1e-6 * max_abs(ref), "rmsnorm low-precision in, f32 out");
+    // Same-dtype output: one rounding of the result.
+    TensorBuffer y = filled(Shape{5, H}, dt, 0.0f);
+    ops::rmsnorm_forward(*be, y, x, w, 1e-5f);
+    const double rtol = dt == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
+    expect_close(read(y), ref, rtol, 1e-6, "rmsnorm low-precision out");
+  }
+}
+
+TEST_F(CpuKernels, AddRmsnormF32) {
+  const int64_t H = 37, R = 6;
+  TensorBuffer res = test::random_host(Shape{R, H}, DType::f32, 5);
+  TensorBuffer x = test::random_host(Shape{R, H}, DType::f32, 6);
+  TensorBuffer w = test::random_host(Shape{H}, DType::f32, 7);
+  TensorBuffer y = filled(Shape{R, H}, DType::f32, 0.0f);
+  const std::vector<float> r0 = read(res), xv = read(x);
+  ops::add_rmsnorm_forward(*be, y, res, x, w, 1e-6f);
+  const std::vector<float> r1 = read(res);
+  for (size_t i = 0; i < r0.size(); ++i) ASSERT_EQ(r1[i], r0[i] + xv[i]) << i;
+  const std::vector<double> ref = rmsnorm_ref(r1, read(w), H, 1e-6);
+  expect_close(read(y), ref, 1e-5, 1e-6 * max_abs(ref), "add_rmsnorm f32");
+}
+
+TEST_F(CpuKernels, AddRmsnormNormReadsTheRoundedResidual) {
+  const int64_t H = 37, R = 4;
+  TensorBuffer res = test::random_host(Shape{R, H}, DType::bf16, 8);
+  TensorBuffer x = test::random_host(Shape{R, H}, DType::f32, 9);
+  TensorBuffer w = test::random_host(Shape{H}, DType::f32, 10);
+  TensorBuffer y = filled(Shape{R, H}, DType::f32, 0.0f);
+  const std::vector<float> r0 = read(res), xv = read(x);
+  ops::add_rmsnorm_forward(*be, y, res, x, w, 1e-6f);
+  const std::vector<float> r1 = read(res);
+  for (size_t i = 0; i < r0.size(); ++i) ASSERT_EQ(r1[i], bf16_to_f32(f32_to_bf16(r0[i] + xv[i]))) << i;
+  // Tight tolerance: normalising the unrounded sum would be off by ~1e-3.
+  const std::vector<double> ref = rmsnorm_ref(r1, read(w), H, 1e-6);
+  expect_close(read(y), ref, 1e-5, 1e-6 * max_abs(ref), "add_rmsnorm bf16 residual");
+}
+
+// ---------------------------------------------------------------------------------------------
+// rope
+
+std::vector<float> llama_inv_freq(int64_t D, float theta) {
+  std::vector<float> f(static_cast<size_t>(D / 2));
+  for (int64_t i = 0; i < D / 2; ++i) f[i] = static_cast<float>(1.0 / std::pow(theta, 2.0 * i / D));
+  return f;
+}
+
+// The rotation in double; the angle is the f32 product pos * inv_freq, as specified.
+std::vector<double> rope_ref(const std::vector<float>& x, const std::vector<int32_t>& pos,
+                             const std::vector<float>& inv_freq, int64_t heads, int64_t D, double scaling) {
+  std::vector<double> y(x.size());
+  const int64_t half = D / 2;
+  for (size_t t = 0; t < pos.size(); ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<float>(pos[t]) * inv_freq[i];
+        const double c = std::cos(angle) * scaling, s = std::sin(angle) * scaling;
+        const int64_t o = (static_cast<int64_t>(t) * heads + h) * D;
+        const double x0 = x[o + i], x1 = x[o + i + half];
+        y[o + i] = x0 * c - x1 * s;
+        y[o + i + half] = x1 * c + x0 * s;
+      }
+  return y;
+}
+
+TEST_F(CpuKernels, RopeMatchesDoubleReference) {
+  const int64_t heads = 3, D = 64;
+  const std::vector<int32_t> positions = {0, 1, 2, 7, 100, 4095, 31999};
+  const int64_t T = static_cast<int64_t>(positions.size());
+  const std::vector<float> inv_freq = llama_inv_freq(D, 10000.0f);
+  TensorBuffer pos = test::host_ints(positions);
+  TensorBuffer freq = make(Shape{D / 2}, DType::f32, inv_freq);
+  for (float scaling : {1.0f, 0.75f}) {
+    TensorBuffer x = test::random_host(Shape{T, heads, D}, DType::f32, 12);
+    const std::vector<double> ref = rope_ref(read(x), positions, inv_freq, heads, D, scaling);
+    ops::rope_forward(*be, x, pos, freq, scaling);
+    expect_close(read(x), ref, 1e-5, 1e-5 * max_abs(ref), "rope f32");
+  }
+  // bf16 storage: the reference starts from the stored inputs; one rounding of the output.
+  TensorBuffer xb = test::random_host(Shape{T, heads, D}, DType::bf16, 13);
+  const std::vector<double> ref = rope_ref(read(xb), positions, inv_freq, heads, D, 1.0);
+  ops::rope_forward(*be, xb, pos, freq, 1.0f);
+  expect_close(read(xb), ref, 1.0 / 256, 1e-6 * max_abs(ref), "rope bf16");
+}
+
+TEST_F(CpuKernels, RopeOddHeadDimAndPositionZeroIsIdentity) {
+  const int64_t heads = 5, D = 38;  // D/2 = 19 pairs
+  TensorBuffer x = test::random_host(Shape{2, heads, D}, DType::f32, 14);
+  const std::vector<float> before = read(x);
+  TensorBuffer pos = test::host_ints({0, 0});
+  TensorBuffer freq = make(Shape{D / 2}, DType::f32, llama_inv_freq(D, 500000.0f));
+  ops::rope_forward(*be, x, pos, freq, 1.0f);
+  EXPECT_EQ(read(x), before);
+}
+
+TEST_F(CpuKernels, RopeDotProductDependsOnlyOnRelativePosition) {
+  const int64_t D = 128;
+  const std::vector<float> inv_freq = llama_inv_freq(D, 10000.0f);
+  TensorBuffer freq = make(Shape{D / 2}, DType::f32, inv_freq);
+  TensorBuffer q0 = test::random_host(Shape{1, 1, D}, DType::f32, 15);
+  TensorBuffer k0 = test::random_host(Shape{1, 1, D}, DType::f32, 16);
+  auto rotated_dot = [&](int32_t m, int32_t n) {
+    TensorBuffer q = make(Shape{1, 1, D}, DType::f32, read(q0));
+    TensorBuffer k = make(Shape{1, 1, D}, DType::f32, read(k0));
+    TensorBuffer pm = test::host_ints({m}), pn = test::host_ints({n});
+    ops::rope_forward(*be, q, pm, freq, 1.0f);
+    ops::rope_forward(*be, k, pn, freq, 1.0f);
+    double dot = 0;
+    for (int64_t i = 0; i < D; ++i) dot += static_cast<double>(q.ptr<float>()[i]) * k.ptr<float>()[i];
+    return dot;
+  };
+  const double d0 = rotated_dot(5, 2);
+  EXPECT_NEAR(rotated_dot(13, 10), d0, 1e-4 * std::fabs(d0) + 1e-4);
+  EXPECT_NEAR(rotated_dot(103, 100), d0, 1e-4 * std::fabs(d0) + 1e-4);
+  // Norm preserved with scaling 1.
+  TensorBuffer q = make(Shape{1, 1, D}, DType::f32, read(q0));
+  TensorBuffer p = test::host_ints({777});
+  ops::rope_forward(*be, q, p, freq, 1.0f);
+  double n0 = 0, n1 = 0;
+  for (int64_t i = 0; i < D; ++i) {
+    n0 += static_cast<double>(q0.ptr<float>()[i]) * q0.ptr<float>()[i];
+    n1 += static_cast<double>(q.ptr<float>()[i]) * q.ptr<float>()[i];
+  }
+  EXPECT_NEAR(n1, n0, 1e-5 * n0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemm / linear / bias_add
+
+// C = alpha op(A) op(B) + beta C in double, plus the matching magnitude sum for error bounds.
+void gemm_ref(const std::vector<float>& a, bool ta, const std::vector<float>& b, bool tb, const std::vector<float>& c,
+              int64_t M, int64_t N, int64_t K, double alpha, double beta, std::vector<double>* out,
+              std::vector<double>* mag) {
+  out->assign(static_cast<size_t>(M * N), 0.0);
+  mag->assign(static_cast<size_t>(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, sa = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double av = ta ? a[k * M + m] : a[m * K + k];
+        const double bv = tb ? b[n * K + k] : b[k * N + n];
+        s += av * bv;
+        sa += std::fabs(av * bv);
+      }
+      const double cv = beta == 0.0 ? 0.0 : beta * c[m * N + n];
+      (*out)[m * N + n] = alpha * s + cv;
+      (*mag)[m * N + n] = std::fabs(alpha) * sa + std::fabs(cv);
+    }
+}
+
+void expect_within_mag(const std::vector<float>& got, const std::vector<double>& ref, const std::vector<double>& mag,
+                       double rtol, const char* what) {
+  ASSERT_EQ(got.size(), ref.size());
+  int failures = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - ref[i]) <= rtol * (mag[i] + 1e-30)))
+      if (++failures <= 5) ADD_FAILURE() << what << " index " << i << ": got " << got[i] << ", reference " << ref[i];
+  EXPECT_EQ(failures, 0) << what;
+}
+
+TEST_F(CpuKernels, GemmAllTransposeCombinations) {
+  struct Size { int64_t M, N, K; };
+  for (Size sz : {Size{5, 7, 9}, Size{33, 17, 65}, Size{1, 1, 1}}) {
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int64_t M = sz.M, N = sz.N, K = sz.K;
+        TensorBuffer a = test::random_host(ta ? Shape{K, M} : Shape{M, K}, DType::f32, 20);
+        TensorBuffer b = test::random_host(tb ? Shape{N, K} : Shape{K, N}, DType::f32, 21);
+        TensorBuffer c = test::random_host(Shape{M, N}, DType::f32, 22);
+        std::vector<double> ref, mag;
+        gemm_ref(read(a), ta, read(b), tb, read(c), M, N, K, 0.5, 0.25, &ref, &mag);
+        ops::gemm(*be, c, a, ta, b, tb, 0.5f, 0.25f);
+        expect_within_mag(read(c), ref, mag, 1e-5, ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"));
+      }
+  }
+}
+
+TEST_F(CpuKernels, GemmBetaZeroIgnoresC) {
+  const int64_t M = 4, N = 3, K = 5;
+  TensorBuffer a = test::random_host(Shape{M, K}, DType::f32, 23);
+  TensorBuffer b = test::random_host(Shape{K, N}, DType::f32, 24);
+  TensorBuffer c = filled(Shape{M, N}, DType::f32, kNaN);
+  std::vector<double> ref, mag;
+  gemm_ref(read(a), false, read(b), false, read(c), M, N, K, 2.0, 0.0, &ref, &mag);
+  ops::gemm(*be, c, a, false, b, false, 2.0f, 0.0f);
+  expect_within_mag(read(c), ref, mag, 1e-5, "gemm beta=0");
+}
+
+TEST_F(CpuKernels, GemmLowPrecisionOperands) {
+  const int64_t M = 6, N = 11, K = 37;
+  TensorBuffer a = test::random_host(Shape{K, M}, DType::bf16, 25);
+  TensorBuffer b = test::random_host(Shape{N, K}, DType::f16, 26);
+  // f32 C: exact inputs, so f32 accuracy.
+  TensorBuffer c = test::random_host(Shape{M, N}, DType::f32, 27);
+  std::vector<double> ref, mag;
+  gemm_ref(read(a), true, read(b), true, read(c), M, N, K, 1.0, 1.0, &ref, &mag);
+  ops::gemm(*be, c, a, true, b, true, 1.0f, 1.0f);
+  expect_within_mag(read(c), ref, mag, 1e-5, "gemm bf16 x f16 -> f32");
+  // bf16 C: one rounding of the result.
+  TensorBuffer cb = test::random_host(Shape{M, N}, DType::bf16, 28);
+  gemm_ref(read(a), true, read(b), true, read(cb), M, N, K, -1.0, 0.5, &ref, &mag);
+  ops::gemm(*be, cb, a, true, b, true, -1.0f, 0.5f);
+  expect_close(read(cb), ref, 1.0 / 256, 1e-5 * max_abs(mag), "gemm bf16 C");
+}
+
+TEST_F(CpuKernels, GemmEmptyInnerDimensionScalesC) {
+  TensorBuffer a = host_empty(Shape{3, 0}, DType::f32);
+  TensorBuffer b = host_empty(Shape{0, 2}, DType::f32);
+  TensorBuffer c = make(Shape{3, 2}, DType::f32, {1, 2, 3, 4, 5, 6});
+  ops::gemm(*be, c, a, false, b, false, 1.0f, 0.5f);
+  EXPECT_EQ(read(c), (std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f, 2.5f, 3.0f}));
+}
+
+// y = x w^T + bias in double.
+void linear_ref(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* bias, int64_t M,
+                int64_t N, int64_t K, std::vector<double>* out, std::vector<double>* mag) {
+  out->assign(static_cast<size_t>(M * N), 0.0);
+  mag->assign(static_cast<size_t>(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = bias ? (*bias)[n] : 0.0, sa = std::fabs(s);
+      for (int64_t k = 0; k < K; ++k) {
+        s += static_cast<double>(x[m * K + k]) * w[n * K + k];
+        sa += std::fabs(static_cast<double>(x[m * K + k]) * w[n * K + k]);
+      }
+      (*out)[m * N + n] = s;
+      (*mag)[m * N + n] = sa;
+    }
+}
+
+TEST_F(CpuKernels, LinearF32WithAndWithoutBias) {
+  const int64_t K = 37, N = 11;
+  TensorBuffer x = test::random_host(Shape{2, 3, K}, DType::f32, 30);  // leading dims [2, 3]: M = 6
+  TensorBuffer w = test::random_host(Shape{N, K}, DType::f32, 31);
+  TensorBuffer bias = test::random_host(Shape{N}, DType::f32, 32);
+  const std::vector<float> bv = read(bias);
+  std::vector<double> ref, mag;
+
+  TensorBuffer y = filled(Shape{2, 3, N}, DType::f32, kNaN);
+  ops::linear_forward(*be, y, x, w);
+  linear_ref(read(x), read(w), nullptr, 6, N, K, &ref, &mag);
+  expect_within_mag(read(y), ref, mag, 1e-5, "linear no bias");
+
+  ops::linear_forward(*be, y, x, w, bias);
+  linear_ref(read(x), read(w), &bv, 6, N, K, &ref, &mag);
+  expect_within_mag(read(y), ref, mag, 1e-5, "linear with bias");
+}
+
+TEST_F(CpuKernels, LinearLowPrecision) {
+  const int64_t M = 3, K = 37, N = 11;
+  TensorBuffer x = test::random_host(Shape{M, K}, DType::bf16, 33);
+  TensorBuffer w = test::random_host(Shape{N, K}, DType::bf16, 34);
+  TensorBuffer bias = test::random_host(Shape{N}, DType::bf16, 35);
+  const std::vector<float> bv = read(bias);
+  std::vector<double> ref, mag;
+  linear_ref(read(x), read(w), &bv, M, N, K, &ref, &mag);
+
+  TensorBuffer y32 = filled(Shape{M, N}, DType::f32, 0.0f);  // f32 logits from bf16 operands
+  ops::linear_forward(*be, y32, x, w, bias);
+  expect_within_mag(read(y32), ref, mag, 1e-5, "linear bf16 -> f32");
+
+  TensorBuffer yb = filled(Shape{M, N}, DType::bf16, 0.0f);
+  ops::linear_forward(*be, yb, x, w, bias);
+  expect_close(read(yb), ref, 1.0 / 256, 1e-5 * max_abs(mag), "linear bf16 -> bf16");
+}
+
+TEST_F(CpuKernels, LinearManyOutputsBf16Weights) {
+  // N spans several blocks of converted weight rows (and a ragged last block).
+  const int64_t M = 2, K = 8, N = 2053;
+  TensorBuffer x = test::random_host(Shape{M, K}, DType::f32, 36);
+  TensorBuffer w = test::random_host(Shape{N, K}, DType::bf16, 37);
+  TensorBuffer y = filled(Shape{M, N}, DType::f32, kNaN);
+  ops::linear_forward(*be, y, x, w);
+  std::vector<double> ref, mag;
+  linear_ref(read(x), read(w), nullptr, M, N, K, &ref, &mag);
+  expect_within_mag(read(y), ref, mag, 1e-5, "linear N=2053");
+}
+
+TEST_F(CpuKernels, BiasAdd) {
+  const int64_t M = 7, N = 37;
+  TensorBuffer y = test::random_host(Shape{M, N}, DType::f32, 38);
+  TensorBuffer bias = test::random_host(Shape{N}, DType::bf16, 39);
+  const std::vector<float> y0 = read(y), bv = read(bias);
+  ops::bias_add_forward(*be, y, bias);
+  const std::vector<float> y1 = read(y);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) ASSERT_EQ(y1[m * N + n], y0[m * N + n] + bv[n]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// swiglu / add_inplace
+
+TEST_F(CpuKernels, SwigluMatchesDoubleReference) {
+  const int64_t T = 5, I = 37;
+  TensorBuffer gu = test::random_host(Shape{T, 2 * I}, DType::f32, 40, 3.0f);
+  TensorBuffer out = filled(Shape{T, I}, DType::f32, 0.0f);
+  ops::swiglu_forward(*be, out, gu);
+  const std::vector<float> g = read(gu);
+  std::vector<double> ref(static_cast<size_t>(T * I));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < I; ++i) {
+      const double a = g[t * 2 * I + i], u = g[t * 2 * I + I + i];
+      ref[t * I + i] = a / (1.0 + std::exp(-a)) * u;
+    }
+  expect_close(read(out), ref, 1e-5, 1e-7, "swiglu");
+}
+
+TEST_F(CpuKernels, SwigluHandValuesAndBf16) {
+  // silu(0) = 0, silu(100) = 100, silu(-100) = -100 e^-100 ~ -0, silu(1) = 0.7310586.
+  TensorBuffer gu = make(Shape{1, 8}, DType::bf16, {0, 100, -100, 1, 5, 2, 3, 2});
+  TensorBuffer out = filled(Shape{1, 4}, DType::f32, 0.0f);
+  ops::swiglu_forward(*be, out, gu);
+  const std::vector<float> o = read(out);
+  EXPECT_EQ(o[0], 0.0f);
+  EXPECT_NEAR(o[1], 200.0, 1e-4);
+  EXPECT_NEAR(o[2], 0.0, 1e-30);
+  EXPECT_NEAR(o[3], 2 * 0.7310585786, 1e-6);
+}
+
+TEST_F(CpuKernels, AddInplaceMixedDtypes) {
+  const int64_t n = 5000;  // spans more than one chunk
+  TensorBuffer a = test::random_host(Shape{n}, DType::bf16, 41);
+  TensorBuffer b = test::random_host(Shape{n}, DType::f32, 42);
+  const std::vector<float> a0 = read(a), bv = read(b);
+  ops::add_inplace(*be, a, b);
+  const std::vector<float> a1 = read(a);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a1[i], bf16_to_f32(f32_to_bf16(a0[i] + bv[i]))) << i;
+
+  TensorBuffer c = test::random_host(Shape{3, 7}, DType::f32, 43);
+  TensorBuffer d = test::random_host(Shape{3, 7}, DType::f32, 44);
+  const std::vector<float> c0 = read(c), dv = read(d);
+  ops::add_inplace(*be, c, d);
+  const std::vector<float> c1 = read(c);
+  for (size_t i = 0; i < c0.size(); ++i) ASSERT_EQ(c1[i], c0[i] + dv[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// softmax / log_softmax
+
+std::vector<double> softmax_ref(const std::vector<float>& x, int64_t V, bool log) {
+  std::vector<double> y(x.size());
+  for (size_t r = 0; r < x.size() / V; ++r) {
+    double m = -INFINITY;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, static_cast<double>(x[r * V + j]));
+    double s = 0;
+    for (int64_t j = 0; j < V; ++j) s += std::exp(x[r * V + j] - m);
+    for (int64_t j = 0; j < V; ++j)
+      y[r * V + j] = log ? (x[r * V + j] - m) - std::log(s) : std::exp(x[r * V + j] - m) / s;
+  }
+  return y;
+}
+
+TEST_F(CpuKernels, SoftmaxMatchesDoubleReference) {
+  const int64_t V = 1001;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    TensorBuffer x = test::random_host(Shape{3, V}, dt, 50, 3.0f);
+    TensorBuffer y = filled(Shape{3, V}, DType::f32, 0.0f);
+    ops::softmax_forward(*be, y, x);
+    const std::vector<float> yv = read(y);
+    expect_close(yv, softmax_ref(read(x), V, false), 1e-5, 1e-12, "softmax");
+    for (int r = 0; r < 3; ++r) {
+      double s = 0;
+      for (int64_t j = 0; j < V; ++j) s += yv[r * V + j];
+      EXPECT_NEAR(s, 1.0, 1e-5);
+    }
+  }
+}
+
+TEST_F(CpuKernels, SoftmaxHandValuesLargeOffsetsAndMaskedEntries) {
+  // softmax([0, 1, 2]) = [0.09003057, 0.24472847, 0.66524096], shifted by 1000 (no overflow).
+  TensorBuffer x = make(Shape{2, 3}, DType::f32, {1000, 1001, 1002, 0, -kInf, 0});
+  TensorBuffer y = filled(Shape{2, 3}, DType::f32, 0.0f);
+  ops::softmax_forward(*be, y, x);
+  const std::vector<float> yv = read(y);
+  EXPECT_NEAR(yv[0], 0.0900305732, 1e-7);
+  EXPECT_NEAR(yv[1], 0.2447284711, 1e-7);
+  EXPECT_NEAR(yv[2], 0.6652409558, 1e-7);
+  EXPECT_EQ(yv[3], 0.5f);
+  EXPECT_EQ(yv[4], 0.0f);
+  EXPECT_EQ(yv[5], 0.5f);
+  // In place.
+  ops::softmax_forward(*be, x, x);
+  EXPECT_EQ(read(x), yv);
+}
+
+TEST_F(CpuKernels, LogSoftmaxIdentities) {
+  const int64_t V = 1001, R = 4;
+  TensorBuffer x = test::random_host(Shape{R, V}, DType::f32, 51, 4.0f);
+  TensorBuffer y = filled(Shape{R, V}, DType::f32, 0.0f);
+  ops::log_softmax_forward(*be, y, x);
+  const std::vector<float> xv = read(x), yv = read(y);
+  expect_close(yv, softmax_ref(xv, V, true), 1e-5, 1e-5, "log_softmax");
+  for (int64_t r = 0; r < R; ++r) {
+    // logsumexp(y) = 0 and y - x is the same constant (-logsumexp(x)) across the row.
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, static_cast<double>(yv[r * V + j]));
+    for (int64_t j = 0; j < V; ++j) s += std::exp(yv[r * V + j] - m);
+    EXPECT_NEAR(m + std::log(s), 0.0, 1e-5);
+    const double c0 = static_cast<double>(yv[r * V]) - xv[r * V];
+    for (int64_t j = 1; j < V; ++j) ASSERT_NEAR(static_cast<double>(yv[r * V + j]) - xv[r * V + j], c0, 1e-5);
+  }
+  // Hand value: log_softmax([0, 0]) = [-ln 2, -ln 2]; masked entry stays -inf.
+  TensorBuffer h = make(Shape{1, 3}, DType::f32, {0.0f, -kInf, 0.0f});
+  TensorBuffer hy = filled(Shape{1, 3}, DType::f32, 0.0f);
+  ops::log_softmax_forward(*be, hy, h);
+  EXPECT_NEAR(hy.ptr<float>()[0], -0.6931471806, 1e-7);
+  EXPECT_EQ(hy.ptr<float>()[1], -kInf);
+  EXPECT_NEAR(hy.ptr<float>()[2], -0.6931471806, 1e-7);
+}
+
+// ---------------------------------------------------------------------------------------------
+// cast / fill
+
+TEST_F(CpuKernels, CastHandValues) {
+  TensorBuffer src = make(Shape{6}, DType::f32, {1.0f, -2.5f, 1.0f / 3.0f, 65504.0f, 70000.0f, 5.9604645e-8f});
+  TensorBuffer b = host_empty(Shape{6}, DType::bf16);
+  TensorBuffer h = host_empty(Shape{2, 3}, DType::f16);  // same element count, other shape
+  ops::cast(*be, b, src);
+  ops::cast(*be, h, src);
+  const uint16_t* bb = b.ptr<uint16_t>();
+  const uint16_t* hh = h.ptr<uint16_t>();
+  EXPECT_EQ(bb[0], 0x3F80);
+  EXPECT_EQ(bb[1], 0xC020);
+  EXPECT_EQ(bb[2], 0x3EAB);  // 0x3EAAAAAB rounds up
+  EXPECT_EQ(hh[0], 0x3C00);
+  EXPECT_EQ(hh[1], 0xC100);
+  EXPECT_EQ(hh[2], 0x3555);
+  EXPECT_EQ(hh[3], 0x7BFF);  // largest finite f16
+  EXPECT_EQ(hh[4], 0x7C00);  // overflow -> inf
+  EXPECT_EQ(hh[5], 0x0001);  // 2^-24, smallest subnormal
+}
+
+TEST_F(CpuKernels, CastRoundTripsAllSixteenBitPatterns) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    TensorBuffer bits = host_empty(Shape{65536}, dt);
+    for (int i = 0; i < 65536; ++i) bits.ptr<uint16_t>()[i] = static_cast<uint16_t>(i);
+    TensorBuffer f = host_empty(Shape{65536}, DType::f32);
+    TensorBuffer back = host_empty(Shape{65536}, dt);
+    ops::cast(*be, f, bits);
+    ops::cast(*be, back, f);
+    for (int i = 0; i < 65536; ++i) {
+      const float v = f.ptr<float>()[i];
+      if (std::isnan(v)) {
+        const uint16_t r = back.ptr<uint16_t>()[i];
+        EXPECT_TRUE(dt == DType::bf16 ? std::isnan(bf16_to_f32(r)) : std::isnan(f16_to_f32(r))) << i;
+      } else {
+        ASSERT_EQ(back.ptr<uint16_t>()[i], static_cast<uint16_t>(i)) << dtype_name(dt) << " pattern " << i;
+      }
+    }
+  }
+}
+
+TEST_F(CpuKernels, CastRandomValuesRoundToNearest) {
+  const int64_t n = 10007;
+  TensorBuffer src = test::random_host(Shape{n}, DType::f32, 52, 100.0f);
+  TensorBuffer b = host_empty(Shape{n}, DType::bf16);
+  TensorBuffer h = host_empty(Shape{n}, DType::f16);
+  TensorBuffer bh = host_empty(Shape{n}, DType::f16);
+  ops::cast(*be, b, src);
+  ops::cast(*be, h, src);
+  ops::cast(*be, bh, b);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = src.ptr<float>()[i];
+    // Nearest representable: the error is at most half a unit in the last place.
+    const float vb = bf16_to_f32(b.ptr<uint16_t>()[i]);
+    ASSERT_LE(std::fabs(vb - v), std::ldexp(std::fabs(v), -8) * 1.0001) << i;
+    ASSERT_EQ(b.ptr<uint16_t>()[i], f32_to_bf16(v));
+    ASSERT_EQ(h.ptr<uint16_t>()[i], f32_to_f16(v));
+    ASSERT_EQ(bh.ptr<uint16_t>()[i], f32_to_f16(vb));
+  }
+  // Same dtype: a bit copy.
+  TensorBuffer copy = host_empty(Shape{n}, DType::f32);
+  ops::cast(*be, copy, src);
+  EXPECT_EQ(read(copy), read(src));
+}
+
+TEST_F(CpuKernels, FillNormalFormulaStatisticsAndDeterminism) {
+  const int64_t n = 200001;
+  const float std_dev = 0.02f;
+  TensorBuffer t = host_empty(Shape{n}, DType::f32);
+  ops::fill_normal(*be, t, std_dev, 42);
+  const std::vector<float> v = read(t);
+  // The documented formula at a few indices, in double.
+  for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{4095}, int64_t{4096}, int64_t{123457}}) {
+    const double u1 = rng::uniform_open(42, 2 * static_cast<uint64_t>(i));
+    const double u2 = rng::uniform_open(42, 2 * static_cast<uint64_t>(i) + 1);
+    const double want = std_dev * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+    EXPECT_NEAR(v[i], want, 1e-5 * std_dev) << i;
+  }
+  double mean = 0, var = 0;
+  int64_t within = 0;
+  for (float x : v) mean += x;
+  mean /= n;
+  for (float x : v) {
+    var += (x - mean) * (x - mean);
+    within += std::fabs(x) < std_dev;
+  }
+  var /= n;
+  EXPECT_NEAR(mean, 0.0, 4 * std_dev / std::sqrt(static_cast<double>(n)));
+  EXPECT_NEAR(std::sqrt(var), std_dev, 0.01 * std_dev);
+  EXPECT_NEAR(static_cast<double>(within) / n, 0.682689, 0.005);
+
+  TensorBuffer again = host_empty(Shape{n}, DType::f32);
+  ops::fill_normal(*be, again, std_dev, 42);
+  EXPECT_EQ(read(again), v);
+  TensorBuffer other = host_empty(Shape{n}, DType::f32);
+  ops::fill_normal(*be, other, std_dev, 43);
+  int64_t same = 0;
+  for (int64_t i = 0; i < n; ++i) same += other.ptr<float>()[i] == v[i];
+  EXPECT_LT(same, 10);
+  // bf16 storage: the f32 values rounded.
+  TensorBuffer b = host_empty(Shape{n}, DType::bf16);
+  ops::fill_normal(*be, b, std_dev, 42);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(b.ptr<uint16_t>()[i], f32_to_bf16(v[i])) << i;
+}
+
+TEST_F(CpuKernels, FillConstant) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    TensorBuffer t = host_empty(Shape{4097}, dt);
+    ops::fill_constant(*be, t, 0.1f);
+    float want = 0.1f;
+    if (dt == DType::bf16) want = bf16_to_f32(f32_to_bf16(0.1f));
+    if (dt == DType::f16) want = f16_to_f32(f32_to_f16(0.1f));
+    for (float x : read(t)) ASSERT_EQ(x, want) << dtype_name(dt);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// kv cache
+
+TEST_F(CpuKernels, KvCacheWriteScattersRows) {
+  const int64_t S = 10, Hkv = 2, D = 6;
+  const std::vector<int32_t> slot_values = {7, 0, 4};
+  const int64_t T = 3;
+  TensorBuffer slots = test::host_ints(slot_values);
+  TensorBuffer k = test::random_host(Shape{T, Hkv, D}, DType::f32, 60);
+  TensorBuffer v = test::random_host(Shape{T, Hkv, D}, DType::f32, 61);
+  const std::vector<float> kv = read(k), vv = read(v);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    TensorBuffer kc = filled(Shape{S, Hkv, D}, dt, -7.0f);
+    TensorBuffer vc = filled(Shape{S, Hkv, D}, dt, -7.0f);
+    ops::kv_cache_write(*be, kc, vc, k, v, slots);
+    const std::vector<float> kcv = read(kc), vcv = read(vc);
+    const int64_t row = Hkv * D;
+    for (int64_t s = 0; s < S; ++s) {
+      const auto it = std::find(slot_values.begin(), slot_values.end(), s);
+      for (int64_t e = 0; e < row; ++e) {
+        float want_k = -7.0f, want_v = -7.0f;
+        if (it != slot_values.end()) {
+          const int64_t t = it - slot_values.begin();
+          want_k = kv[t * row + e];
+          want_v = vv[t * row + e];
+          if (dt == DType::bf16) {
+            want_k = bf16_to_f32(f32_to_bf16(want_k));
+            want_v = bf16_to_f32(f32_to_bf16(want_v));
+          }
+        }
+        ASSERT_EQ(kcv[s * row + e], want_k) << "slot " << s;
+        ASSERT_EQ(vcv[s * row + e], want_v) << "slot " << s;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+
+struct Request {
+  int32_t q_len, kv_len;
+};
+
+// Naive causal GQA in double.
+std::vector<double> attention_ref(const std::vector<float>& q, const std::vector<float>& kc,
+                                  const std::vector<float>& vc, const std::vector<Request>& reqs, int64_t T, int64_t Hq,
+                                  int64_t Hkv, int64_t D, double scale) {
+  std::vector<double> out(static_cast<size_t>(T * Hq * D), 0.0);
+  int64_t q0 = 0, k0 = 0;
+  for (const Request& r : reqs) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t kvh = h / (Hq / Hkv);
+      for (int64_t i = 0; i < r.q_len; ++i) {
+        const int64_t pos = r.kv_len - r.q_len + i;
+        std::vector<double> s(static_cast<size_t>(pos + 1));
+        double m = -INFINITY;
+        for (int64_t j = 0; j <= pos; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += static_cast<double>(q[((q0 + i) * Hq + h) * D + d]) * kc[((k0 + j) * Hkv + kvh) * D + d];
+          s[j] = scale * dot;
+          m = std::max(m, s[j]);
+        }
+        double z = 0;
+        for (int64_t j = 0; j <= pos; ++j) z += std::exp(s[j] - m);
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j <= pos; ++j) acc += std::exp(s[j] - m) / z * vc[((k0 + j) * Hkv + kvh) * D + d];
+          out[((q0 + i) * Hq + h) * D + d] = acc;
+        }
+      }
+    }
+    q0 += r.q_len;
+    k0 += r.kv_len;
+  }
+  return out;
+}
+
+struct AttentionCase {
+  int64_t Hq, Hkv, D;
+  std::vector<Request> reqs;
+  DType dtype = DType::f32;
+  int64_t extra_rows = 0;  // rows of q/out after the last request (left untouched)
+  int64_t extra_slots = 0;
+};
+
+void run_attention_case(Backend& be, const AttentionCase& c, double rtol, double atol) {
+  std::vector<int32_t> qi = {0}, ki = {0};
+  int32_t max_q = 0, max_kv = 0;
+  for (const Request& r : c.reqs) {
+    qi.push_back(qi.back() + r.q_len);
+    ki.push_back(ki.back() + r.kv_len);
+    max_q = std::max(max_q, r.q_len);
+    max_kv = std::max(max_kv, r.kv_len);
+  }
+  const int64_t T = qi.back() + c.extra_rows, S = ki.back() + c.extra_slots;
+  TensorBuffer q = test::random_host(Shape{T, c.Hq, c.D}, c.dtype, 70);
+  TensorBuffer kc = test::random_host(Shape{S, c.Hkv, c.D}, c.dtype, 71);
+  TensorBuffer vc = test::random_host(Shape{S, c.Hkv, c.D}, c.dtype, 72);
+  TensorBuffer out = filled(Shape{T, c.Hq, c.D}, c.dtype, 99.0f);
+  TensorBuffer q_indptr = test::host_ints(qi), kv_indptr = test::host_ints(ki);
+  ops::AttentionBounds bounds{static_cast<int32_t>(c.reqs.size()), max_q, max_kv};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  ops::attention_forward(be, out, q, kc, vc, q_indptr, kv_indptr, bounds, static_cast<float>(scale));
+
+  const std::vector<float> qv = test::to_f32(be, q), kv = test::to_f32(be, kc), vv = test::to_f32(be, vc);
+  std::vector<double> ref = attention_ref(qv, kv, vv, c.reqs, T, c.Hq, c.Hkv, c.D, scale);
+  for (int64_t i = qi.back() * c.Hq * c.D; i < T * c.Hq * c.D; ++i) ref[i] = 99.0;  // untouched rows
+  expect_close(test::to_f32(be, out), ref, rtol, atol, "attention");
+}
+
+TEST_F(CpuKernels, AttentionGqaMixedPrefillAndDecode) {
+  // Hq=6 over Hkv=2; a full prefill, decodes, a chunked prefill and a one-token request.
+  AttentionCase c{6, 2, 64, {{5, 5}, {1, 9}, {3, 12}, {1, 1}, {7, 7}, {2, 30}}};
+  c.extra_rows = 2;
+  c.extra_slots = 3;
+  run_attention_case(*be, c, 1e-5, 1e-5);
+}
+
+TEST_F(CpuKernels, AttentionMultiHeadNoGrouping) {
+  AttentionCase c{4, 4, 128, {{1, 17}, {4, 4}, {1, 3}}};
+  run_attention_case(*be, c, 1e-5, 1e-5);
+}
+
+TEST_F(CpuKernels, AttentionMultiQueryOddHeadDim) {
+  AttentionCase c{8, 1, 40, {{3, 3}, {1, 6}}};
+  run_attention_case(*be, c, 1e-5, 1e-5);
+}
+
+TEST_F(CpuKernels, AttentionLargeEnoughForThreads) {
+  AttentionCase c{8, 2, 64, {{64, 64}, {32, 96}, {1, 200}, {17, 40}}};
+  run_attention_case(*be, c, 1e-5, 1e-5);
+}
+
+TEST_F(CpuKernels, AttentionBf16) {
+  AttentionCase c{6, 2, 64, {{5, 5}, {1, 9}, {2, 11}}};
+  c.dtype = DType::bf16;
+  run_attention_case(*be, c, 1.0 / 256, 1e-3);
+}
+
+TEST_F(CpuKernels, AttentionFirstPrefillQuerySeesOnlyTheFirstKey) {
+  // Query 0 of a prefill attends to key 0 alone: its output is v[0] exactly. With identical keys
+  // the weights are uniform, so query i's output is the mean of v[0..i].
+  const int64_t Hq = 2, Hkv = 1, D = 4;
+  constexpr int32_t L = 3;
+  TensorBuffer q = test::random_host(Shape{L, Hq, D}, DType::f32, 73);
+  TensorBuffer kc = make(Shape{L, Hkv, D}, DType::f32, std::vector<float>(L * D, 0.5f));
+  TensorBuffer vc = make(Shape{L, Hkv, D}, DType::f32, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  TensorBuffer out = filled(Shape{L, Hq, D}, DType::f32, 0.0f);
+  TensorBuffer qi = test::host_ints({0, L}), ki = test::host_ints({0, L});
+  ops::attention_forward(*be, out, q, kc, vc, qi, ki, {1, L, L}, 0.5f);
+  const std::vector<float> o = read(out);
+  for (int64_t h = 0; h < Hq; ++h)
+    for (int64_t d = 0; d < D; ++d) {
+      EXPECT_EQ(o[(0 * Hq + h) * D + d], static_cast<float>(1 + d));
+      EXPECT_NEAR(o[(1 * Hq + h) * D + d], 3.0 + d, 1e-6);
+      EXPECT_NEAR(o[(2 * Hq + h) * D + d], 5.0 + d, 1e-6);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// sampling
+
+// The documented algorithm, written independently: probabilities in double, stable sort by
+// descending probability, top-k, then top-p on the renormalised kept mass, then the draw.
+int32_t sample_ref(const std::vector<float>& logits, const ops::SamplingParams& p) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  if (p.temperature <= 0) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  std::vector<double> prob(static_cast<size_t>(V));
+  double m = -INFINITY, total = 0;
+  for (int64_t i = 0; i < V; ++i) m = std::max(m, static_cast<double>(logits[i]) / p.temperature);
+  for (int64_t i = 0; i < V; ++i) total += prob[i] = std::exp(static_cast<double>(logits[i]) / p.temperature - m);
+  for (double& x : prob) x /= total;
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return prob[a] > prob[b]; });
+  if (p.top_k > 0 && p.top_k < V) idx.resize(static_cast<size_t>(p.top_k));
+  if (p.top_p < 1.0f) {
+    double kept = 0;
+    for (int32_t i : idx) kept += prob[i];
+    double before = 0;
+    size_t n = 0;
+    while (n < idx.size() && (n == 0 || before < p.top_p)) before += prob[idx[n++]] / kept;
+    idx.resize(n);
+  }
+  double kept = 0;
+  for (int32_t i : idx) kept += prob[i];
+  const double u = ops::sampling_uniform(p.seed, p.step);
+  double cum = 0;
+  for (int32_t i : idx) {
+    cum += prob[i] / kept;
+    if (cum > u) return i;
+  }
+  return idx.back();
+}
+
+class Sampling : public CpuKernels {
+ protected:
+  // Samples `steps` draws (step = 0, 1, ...) from one row of logits and returns the frequencies.
+  std::vector<double> frequencies(const std::vector<float>& logits, ops::SamplingParams p, int steps) {
+    const int64_t V = static_cast<int64_t>(logits.size());
+    TensorBuffer lt = make(Shape{1, V}, DType::f32, logits);
+    TensorBuffer tok = host_empty(Shape{1}, DType::i32);
+    std::vector<double> f(static_cast<size_t>(V), 0.0);
+    for (int s = 0; s < steps; ++s) {
+      p.step = static_cast<uint64_t>(s);
+      ops::sample(*be, tok, lt, {p});
+      const int32_t t = tok.ptr<int32_t>()[0];
+      EXPECT_TRUE(t >= 0 && t < V);
+      f[t] += 1.0 / steps;
+    }
+    return f;
+  }
+  int32_t sample_one(const std::vector<float>& logits, const ops::SamplingParams& p) {
+    TensorBuffer lt = make(Shape{1, static_cast<int64_t>(logits.size())}, DType::f32, logits);
+    TensorBuffer tok = host_empty(Shape{1}, DType::i32);
+    ops::sample(*be, tok, lt, {p});
+    return tok.ptr<int32_t>()[0];
+  }
+};
+
+// Probabilities 0.3, 0.1, 0.4, 0.2 (not in sorted order).
+const std::vector<float> kFourLogits = {std::log(0.3f), std::log(0.1f), std::log(0.4f), std::log(0.2f)};
+
+void expect_frequencies(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "token " << i;
+}
+
+TEST_F(Sampling, GreedyIsArgmaxLowestIndexOnTies) {
+  EXPECT_EQ(sample_one({1, 3, 3, 2}, {0.0f}), 1);
+  EXPECT_EQ(sample_one({1, 3, 3, 2}, {-1.0f}), 1);
+  EXPECT_EQ(sample_one({-kInf, -5, -kInf}, {0.0f}), 1);
+  EXPECT_EQ(sample_one({kNaN, 1, kNaN, 0}, {0.0f}), 1);
+  TensorBuffer logits = test::random_host(Shape{7, 1001}, DType::f32, 80);
+  TensorBuffer tok = host_empty(Shape{7}, DType::i32);
+  ops::sample(*be, tok, logits, std::vector<ops::SamplingParams>(7));
+  for (int64_t b = 0; b < 7; ++b) {
+    const float* row = logits.ptr<float>() + b * 1001;
+    EXPECT_EQ(tok.ptr<int32_t>()[b], std::max_element(row, row + 1001) - row);
+  }
+}
+
+TEST_F(Sampling, TopKOneAndTinyTopPAreArgmax) {
+  TensorBuffer logits = test::random_host(Shape{1, 1001}, DType::f32, 81, 2.0f);
+  const std::vector<float> lv = read(logits);
+  const int32_t best = static_cast<int32_t>(std::max_element(lv.begin(), lv.end()) - lv.begin());
+  for (uint64_t step = 0; step < 50; ++step) {
+    EXPECT_EQ(sample_one(lv, {1.0f, 1, 1.0f, 7, step}), best);
+    EXPECT_EQ(sample_one(lv, {1.5f, 0, 1e-6f, 7, step}), best);
+    EXPECT_EQ(sample_one(lv, {0.7f, 50, 0.0f, 7, step}), best);
+  }
+}
+
+TEST_F(Sampling, DeterministicAndRowsIndependent) {
+  const int64_t B = 3, V = 37;
+  TensorBuffer logits = test::random_host(Shape{B, V}, DType::f32, 82);
+  const std::vector<ops::SamplingParams> params = {
+      {1.0f, 0, 1.0f, 1, 5}, {0.8f, 10, 0.9f, 2, 6}, {0.0f, 0, 1.0f, 3, 7}};
+  TensorBuffer a = host_empty(Shape{B}, DType::i32), b = host_empty(Shape{B}, DType::i32);
+  ops::sample(*be, a, logits, params);
+  ops::sample(*be, b, logits, params);
+  const std::vector<float> lv = read(logits);
+  for (int64_t r = 0; r < B; ++r) {
+    EXPECT_EQ(a.ptr<int32_t>()[r], b.ptr<int32_t>()[r]);
+    const std::vector<float> row(lv.begin() + r * V, lv.begin() + (r + 1) * V);
+    EXPECT_EQ(a.ptr<int32_t>()[r], sample_one(row, params[r]));
+  }
+}
+
+TEST_F(Sampling, MatchesIndependentReferenceOnRandomRows) {
+  const int64_t V = 37;
+  int mismatches = 0;
+  for (int c = 0; c < 600; ++c) {
+    TensorBuffer logits = test::random_host(Shape{1, V}, DType::f32, 1000 + c, 2.0f);
+    const std::vector<float> lv = read(logits);
+    ops::SamplingParams p;
+    p.temperature = static_cast<float>(0.25 + 1.5 * rng::uniform(7, 4 * c));
+    p.top_k = (c % 3 == 0) ? 0 : static_cast<int32_t>(1 + 40 * rng::uniform(7, 4 * c + 1));
+    p.top_p = (c % 4 == 0) ? 1.0f : static_cast<float>(0.05 + 0.95 * rng::uniform(7, 4 * c + 2));
+    p.seed = 99;
+    p.step = static_cast<uint64_t>(c);
+    mismatches += sample_one(lv, p) != sample_ref(lv, p);
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST_F(Sampling, FrequenciesFollowTheDistribution) {
+  expect_frequencies(frequencies(kFourLogits, {1.0f, 0, 1.0f, 1234}, 40000), {0.3, 0.1, 0.4, 0.2}, 0.01);
+  // Temperature 2: p ~ sqrt(p).
+  std::vector<double> want = {std::sqrt(0.3), std::sqrt(0.1), std::sqrt(0.4), std::sqrt(0.2)};
+  const double s = want[0] + want[1] + want[2] + want[3];
+  for (double& w : want) w /= s;
+  expect_frequencies(frequencies(kFourLogits, {2.0f, 0, 1.0f, 77}, 40000), want, 0.01);
+}
+
+TEST_F(Sampling, TopKAndTopPCuts) {
+  // top_k = 2 keeps 0.4 and 0.3 -> 4/7, 3/7.
+  expect_frequencies(frequencies(kFourLogits, {1.0f, 2, 1.0f, 5}, 20000), {3.0 / 7, 0, 4.0 / 7, 0}, 0.012);
+  // top_p = 0.5: mass before 0.3 is 0.4 < 0.5 (kept), before 0.2 is 0.7 (cut) -> 4/7, 3/7.
+  expect_frequencies(frequencies(kFourLogits, {1.0f, 0, 0.5f, 6}, 20000), {3.0 / 7, 0, 4.0 / 7, 0}, 0.012);
+  // top_p = 0.75: mass before 0.2 is 0.7 < 0.75 (kept) -> 0.4, 0.3, 0.2 over 0.9.
+  expect_frequencies(frequencies(kFourLogits, {1.0f, 0, 0.75f, 7}, 20000), {3.0 / 9, 0, 4.0 / 9, 2.0 / 9}, 0.012);
+  // top_k = 3 then top_p = 0.72 on the renormalised mass {4/9, 3/9, 2/9}: before 2/9 is 7/9 > 0.72,
+  // so only two are kept (on the unrenormalised mass 0.7 < 0.72 would have kept three).
+  expect_frequencies(frequencies(kFourLogits, {1.0f, 3, 0.72f, 8}, 20000), {3.0 / 7, 0, 4.0 / 7, 0}, 0.012);
+}
+
+TEST_F(Sampling, TiesScanLowerIndexFirst) {
+  // Uniform over 4 equal logits in index order: the draw u picks token floor(4u).
+  for (uint64_t step = 0; step < 200; ++step) {
+    const double u = ops::sampling_uniform(11, step);
+    EXPECT_EQ(sample_one({0.5f, 0.5f, 0.5f, 0.5f}, {1.0f, 0, 1.0f, 11, step}), static_cast<int32_t>(4 * u));
+  }
+}
+
+TEST_F(Sampling, MaskedAndNanLogitsAreNeverDrawn) {
+  const std::vector<double> f = frequencies({-kInf, 0.0f, kNaN, 0.0f}, {1.0f, 0, 1.0f, 3}, 4000);
+  EXPECT_EQ(f[0], 0.0);
+  EXPECT_EQ(f[2], 0.0);
+  EXPECT_NEAR(f[1], 0.5, 0.04);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,625 @@
+// Every CUDA op of kernels/cuda/cuda_ops.h (except attention) against its CPU twin on random inputs,
+// for several shapes including odd ones (unvectorisable rows, unaligned views), in f32 and bf16
+// (f16 where cheap). Both sides start from the same storage-rounded inputs; tolerances are relative
+// L2 errors: ~1e-5 for f32 outputs, 1e-2 for bf16 outputs. Index-like results (embedding rows, KV
+// writes, casts, greedy and sampled tokens) must match exactly. The last tests replay a captured
+// CUDA graph of the decode-path ops and check that the greedy path allocates nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_backend.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+#include "kernels/rng.h"
+#include "test_util.h"
+
+namespace kiln::test {
+namespace {
+
+constexpr DType kF32 = DType::f32;
+constexpr DType kBF16 = DType::bf16;
+constexpr DType kF16 = DType::f16;
+
+TensorBuffer upload(Backend& be, Tensor host) {
+  Result<TensorBuffer> r = to_device(be, host);
+  KILN_ASSERT(r.ok());
+  return std::move(r).value();
+}
+
+TensorBuffer device_empty(Backend& be, Shape s, DType dt) {
+  Result<TensorBuffer> r = empty(be, s, dt);
+  KILN_ASSERT(r.ok());
+  return std::move(r).value();
+}
+
+double tol_for(DType out) { return out == kF32 ? 1e-5 : 1e-2; }
+
+std::string name(DType dt) { return dtype_name(dt); }
+
+std::vector<int32_t> host_i32(Backend& be, Tensor t) {
+  TensorBuffer h = to_host(be, t);
+  return std::vector<int32_t>(h.ptr<int32_t>(), h.ptr<int32_t>() + h.numel());
+}
+
+// A device tensor whose data pointer is offset by `offset` elements inside a larger buffer: not
+// 16-byte (nor 256-byte) aligned, to exercise the scalar paths and the cuBLASLt alignment handling.
+struct OffsetTensor {
+  TensorBuffer storage;
+  Tensor view;
+};
+OffsetTensor upload_offset(Backend& be, Tensor host, int64_t offset) {
+  const int64_t n = host.numel();
+  OffsetTensor o;
+  o.storage = device_empty(be, Shape{n + offset}, host.dtype);
+  Tensor dst = o.storage.view().rows(offset, n + offset).view(host.shape);
+  be.copy(dst, host);
+  o.view = dst;
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CudaKernels, Embedding) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 1;
+  for (auto [V, H] : std::vector<std::pair<int64_t, int64_t>>{{1003, 37}, {1003, 1536}, {100000, 64}}) {
+    for (DType table_dt : {kF32, kBF16}) {
+      TensorBuffer table = random_host(Shape{V, H}, table_dt, seed++);
+      TensorBuffer d_table = upload(*be, table);
+      for (DType out_dt : {kF32, kBF16, kF16}) {
+        for (int64_t T : {1, 3, 17, 300}) {
+          SCOPED_TRACE("V=" + std::to_string(V) + " H=" + std::to_string(H) + " T=" + std::to_string(T) + " " +
+                       name(table_dt) + "->" + name(out_dt));
+          TensorBuffer ids = random_ints(Shape{T}, 0, static_cast<int32_t>(V), seed++);
+          TensorBuffer d_ids = upload(*be, ids);
+          TensorBuffer out = host_empty(Shape{T, H}, out_dt);
+          cpu::embedding_forward(out, table, ids);
+          TensorBuffer d_out = device_empty(*be, Shape{T, H}, out_dt);
+          ops::embedding_forward(*be, d_out, d_table, d_ids);
+          EXPECT_EQ(max_abs_diff(to_f32(*be, d_out), to_f32(*be, out)), 0.0);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, RmsNorm) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 100;
+  for (int64_t H : {37, 128, 1001, 1536, 4096, 9000, 9001}) {
+    for (int64_t rows : {1, 3, 17, 300}) {
+      for (DType dt : {kF32, kBF16}) {
+        for (DType w_dt : {kF32, kBF16}) {
+          SCOPED_TRACE("H=" + std::to_string(H) + " rows=" + std::to_string(rows) + " x/y " + name(dt) + " w " +
+                       name(w_dt));
+          TensorBuffer x = random_host(Shape{rows, H}, dt, seed++, 2.0f);
+          TensorBuffer w = random_host(Shape{H}, w_dt, seed++);
+          TensorBuffer y = host_empty(Shape{rows, H}, dt);
+          cpu::rmsnorm_forward(y, x, w, 1e-6f);
+          TensorBuffer d_x = upload(*be, x), d_w = upload(*be, w);
+          TensorBuffer d_y = device_empty(*be, Shape{rows, H}, dt);
+          ops::rmsnorm_forward(*be, d_y, d_x, d_w, 1e-6f);
+          EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), tol_for(dt));
+          // In place (y aliases x).
+          ops::rmsnorm_forward(*be, d_x, d_x, d_w, 1e-6f);
+          EXPECT_LT(rel_error(to_f32(*be, d_x), to_f32(*be, y)), tol_for(dt));
+        }
+      }
+    }
+  }
+  // Mixed dtypes and a q/k-norm shape [T, heads, head_dim] with an unaligned view.
+  TensorBuffer x = random_host(Shape{17, 12, 128}, kBF16, 7);
+  TensorBuffer w = random_host(Shape{128}, kF32, 8);
+  TensorBuffer y = host_empty(Shape{17, 12, 128}, kF32);
+  cpu::rmsnorm_forward(y, x, w, 1e-5f);
+  OffsetTensor d_x = upload_offset(*be, x, 3);
+  TensorBuffer d_w = upload(*be, w);
+  TensorBuffer d_y = device_empty(*be, Shape{17, 12, 128}, kF32);
+  ops::rmsnorm_forward(*be, d_y, d_x.view, d_w, 1e-5f);
+  EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), 1e-5);
+}
+
+TEST(CudaKernels, AddRmsNorm) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 200;
+  for (int64_t H : {37, 1001, 1536, 9000}) {
+    for (int64_t rows : {1, 3, 17, 300}) {
+      for (DType dt : {kF32, kBF16}) {
+        SCOPED_TRACE("H=" + std::to_string(H) + " rows=" + std::to_string(rows) + " " + name(dt));
+        TensorBuffer res = random_host(Shape{rows, H}, dt, seed++);
+        TensorBuffer x = random_host(Shape{rows, H}, dt, seed++);
+        TensorBuffer w = random_host(Shape{H}, kBF16, seed++);
+        TensorBuffer d_res = upload(*be, res), d_x = upload(*be, x), d_w = upload(*be, w);
+        TensorBuffer y = host_empty(Shape{rows, H}, dt);
+        cpu::add_rmsnorm_forward(y, res, x, w, 1e-6f);
+        TensorBuffer d_y = device_empty(*be, Shape{rows, H}, dt);
+        ops::add_rmsnorm_forward(*be, d_y, d_res, d_x, d_w, 1e-6f);
+        // The residual sum is one rounding of exact inputs: identical on both devices.
+        EXPECT_EQ(max_abs_diff(to_f32(*be, d_res), to_f32(*be, res)), 0.0);
+        EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), tol_for(dt));
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, Rope) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 300;
+  for (int64_t D : {64, 128, 18}) {
+    TensorBuffer inv_freq = host_empty(Shape{D / 2}, kF32);
+    for (int64_t i = 0; i < D / 2; ++i)
+      inv_freq.ptr<float>()[i] = static_cast<float>(1.0 / std::pow(1e6, 2.0 * static_cast<double>(i) / static_cast<double>(D)));
+    TensorBuffer d_inv = upload(*be, inv_freq);
+    for (int64_t heads : {1, 7}) {
+      for (int64_t T : {1, 3, 17, 300}) {
+        for (DType dt : {kF32, kBF16}) {
+          for (float scaling : {1.0f, 0.8f}) {
+            SCOPED_TRACE("D=" + std::to_string(D) + " heads=" + std::to_string(heads) + " T=" + std::to_string(T) +
+                         " " + name(dt) + " scaling=" + std::to_string(scaling));
+            TensorBuffer x = random_host(Shape{T, heads, D}, dt, seed++);
+            TensorBuffer pos = random_ints(Shape{T}, 0, 32768, seed++);
+            TensorBuffer d_x = upload(*be, x), d_pos = upload(*be, pos);
+            cpu::rope_forward(x, pos, inv_freq, scaling);
+            ops::rope_forward(*be, d_x, d_pos, d_inv, scaling);
+            EXPECT_LT(rel_error(to_f32(*be, d_x), to_f32(*be, x)), dt == kF32 ? 1e-6 : 1e-2);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CudaKernels, LinearBf16) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 400;
+  for (auto [K, N] : std::vector<std::pair<int64_t, int64_t>>{{1536, 2048}, {37, 1001}}) {
+    TensorBuffer w = random_host(Shape{N, K}, kBF16, seed++, 1.0f / std::sqrt(static_cast<float>(K)));
+    TensorBuffer d_w = upload(*be, w);
+    for (int64_t M : {1, 3, 17, 300}) {
+      TensorBuffer x = random_host(Shape{M, K}, kBF16, seed++);
+      TensorBuffer d_x = upload(*be, x);
+      for (DType y_dt : {kBF16, kF32}) {
+        // bias: none, y's dtype (fused epilogue), f32 on a bf16 y (separate kernel).
+        for (int bias_kind = 0; bias_kind < 3; ++bias_kind) {
+          const DType b_dt = bias_kind == 1 ? y_dt : kF32;
+          SCOPED_TRACE("M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) + " y " +
+                       name(y_dt) + " bias " + std::to_string(bias_kind));
+          TensorBuffer bias = random_host(Shape{N}, b_dt, seed++);
+          TensorBuffer d_bias = upload(*be, bias);
+          Tensor hb = bias_kind ? Tensor(bias) : Tensor{};
+          Tensor db = bias_kind ? Tensor(d_bias) : Tensor{};
+          TensorBuffer y = host_empty(Shape{M, N}, y_dt);
+          cpu::linear_forward(y, x, w, hb);
+          TensorBuffer d_y = device_empty(*be, Shape{M, N}, y_dt);
+          ops::linear_forward(*be, d_y, d_x, d_w, db);
+          EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), y_dt == kF32 ? 1e-4 : 1e-2);
+          // Same call again (cached plan).
+          ops::linear_forward(*be, d_y, d_x, d_w, db);
+          EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), y_dt == kF32 ? 1e-4 : 1e-2);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, LinearOtherDtypesAndViews) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 500;
+  // f32 inputs run in true f32 (no TF32): 1e-5.
+  for (auto [M, K, N] : std::vector<std::array<int64_t, 3>>{{1, 37, 1001}, {17, 256, 512}, {300, 1001, 37}}) {
+    SCOPED_TRACE("f32 M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
+    TensorBuffer x = random_host(Shape{M, K}, kF32, seed++), w = random_host(Shape{N, K}, kF32, seed++);
+    TensorBuffer bias = random_host(Shape{N}, kF32, seed++);
+    TensorBuffer y = host_empty(Shape{M, N}, kF32);
+    cpu::linear_forward(y, x, w, bias);
+    TensorBuffer d_x = upload(*be, x), d_w = upload(*be, w), d_b = upload(*be, bias);
+    TensorBuffer d_y = device_empty(*be, Shape{M, N}, kF32);
+    ops::linear_forward(*be, d_y, d_x, d_w, d_b);
+    EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), 1e-5);
+  }
+  // f16 inputs, f16 output; 3-D x.
+  {
+    TensorBuffer x = random_host(Shape{2, 9, 384}, kF16, seed++), w = random_host(Shape{640, 384}, kF16, seed++, 0.05f);
+    TensorBuffer y = host_empty(Shape{2, 9, 640}, kF16);
+    cpu::linear_forward(y, x, w, Tensor{});
+    TensorBuffer d_x = upload(*be, x), d_w = upload(*be, w);
+    TensorBuffer d_y = device_empty(*be, Shape{2, 9, 640}, kF16);
+    ops::linear_forward(*be, d_y, d_x, d_w, Tensor{});
+    EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), 1e-2);
+  }
+  // Unaligned views (2-byte-aligned operands, odd leading dimensions) in bf16.
+  for (auto [M, K, N] : std::vector<std::array<int64_t, 3>>{{3, 37, 1001}, {17, 1536, 2048}}) {
+    SCOPED_TRACE("views M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
+    TensorBuffer x = random_host(Shape{M, K}, kBF16, seed++), w = random_host(Shape{N, K}, kBF16, seed++, 0.05f);
+    TensorBuffer bias = random_host(Shape{N}, kBF16, seed++);
+    TensorBuffer y = host_empty(Shape{M, N}, kBF16);
+    cpu::linear_forward(y, x, w, bias);
+    OffsetTensor d_x = upload_offset(*be, x, 1), d_w = upload_offset(*be, w, 3), d_b = upload_offset(*be, bias, 1);
+    TensorBuffer y_store = device_empty(*be, Shape{M * N + 1}, kBF16);
+    Tensor d_y = y_store.view().rows(1, M * N + 1).view(Shape{M, N});
+    ops::linear_forward(*be, d_y, d_x.view, d_w.view, d_b.view);
+    EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), 1e-2);
+  }
+}
+
+TEST(CudaKernels, GemmAllTransposes) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 600;
+  struct Types {
+    DType ab, c;
+  };
+  for (Types t : {Types{kF32, kF32}, Types{kBF16, kBF16}, Types{kBF16, kF32}}) {
+    for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{17, 33, 45}, {64, 128, 256}, {1, 1001, 37}}) {
+      for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+          for (float beta : {0.0f, 0.25f}) {
+            SCOPED_TRACE("ab " + name(t.ab) + " c " + name(t.c) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                         " K=" + std::to_string(K) + " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                         " beta=" + std::to_string(beta));
+            TensorBuffer a = random_host(ta ? Shape{K, M} : Shape{M, K}, t.ab, seed++);
+            TensorBuffer b = random_host(tb ? Shape{N, K} : Shape{K, N}, t.ab, seed++);
+            TensorBuffer c = random_host(Shape{M, N}, t.c, seed++);
+            TensorBuffer d_a = upload(*be, a), d_b = upload(*be, b), d_c = upload(*be, c);
+            cpu::gemm(c, a, ta, b, tb, 0.5f, beta);
+            ops::gemm(*be, d_c, d_a, ta, d_b, tb, 0.5f, beta);
+            const double tol = t.c == kBF16 ? 1e-2 : (t.ab == kF32 ? 1e-5 : 1e-4);
+            EXPECT_LT(rel_error(to_f32(*be, d_c), to_f32(*be, c)), tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CudaKernels, Swiglu) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 700;
+  for (int64_t I : {37, 1001, 4096}) {
+    for (int64_t T : {1, 3, 17, 300}) {
+      for (DType dt : {kF32, kBF16}) {
+        SCOPED_TRACE("I=" + std::to_string(I) + " T=" + std::to_string(T) + " " + name(dt));
+        TensorBuffer gu = random_host(Shape{T, 2 * I}, dt, seed++, 3.0f);
+        TensorBuffer out = host_empty(Shape{T, I}, dt);
+        cpu::swiglu_forward(out, gu);
+        TensorBuffer d_gu = upload(*be, gu);
+        TensorBuffer d_out = device_empty(*be, Shape{T, I}, dt);
+        ops::swiglu_forward(*be, d_out, d_gu);
+        EXPECT_LT(rel_error(to_f32(*be, d_out), to_f32(*be, out)), tol_for(dt));
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, BiasAdd) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 800;
+  for (auto [M, N] : std::vector<std::pair<int64_t, int64_t>>{{1, 37}, {17, 1001}, {300, 2048}}) {
+    for (DType y_dt : {kF32, kBF16}) {
+      for (DType b_dt : {kF32, kBF16}) {
+        SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " y " + name(y_dt) + " b " + name(b_dt));
+        TensorBuffer y = random_host(Shape{M, N}, y_dt, seed++), bias = random_host(Shape{N}, b_dt, seed++);
+        TensorBuffer d_y = upload(*be, y), d_b = upload(*be, bias);
+        cpu::bias_add_forward(y, bias);
+        ops::bias_add_forward(*be, d_y, d_b);
+        EXPECT_EQ(max_abs_diff(to_f32(*be, d_y), to_f32(*be, y)), 0.0);
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, AddInplace) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 900;
+  struct Types {
+    DType a, b;
+  };
+  for (int64_t n : {1, 7, 37, 1001, 100003, 1 << 20}) {
+    for (Types t : {Types{kF32, kF32}, Types{kBF16, kF32}, Types{kBF16, kBF16}, Types{kF16, kF32}}) {
+      for (int64_t offset : {0, 1}) {
+        SCOPED_TRACE("n=" + std::to_string(n) + " " + name(t.a) + " += " + name(t.b) + " offset " + std::to_string(offset));
+        TensorBuffer a = random_host(Shape{n}, t.a, seed++), b = random_host(Shape{n}, t.b, seed++);
+        OffsetTensor d_a = upload_offset(*be, a, offset);
+        TensorBuffer d_b = upload(*be, b);
+        cpu::add_inplace(a, b);
+        ops::add_inplace(*be, d_a.view, d_b);
+        EXPECT_EQ(max_abs_diff(to_f32(*be, d_a.view), to_f32(*be, a)), 0.0);
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, Cast) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 1000;
+  for (int64_t n : {1, 13, 1001, 100003}) {
+    for (DType src_dt : {kF32, kBF16, kF16}) {
+      for (DType dst_dt : {kF32, kBF16, kF16}) {
+        for (int64_t offset : {0, 1}) {
+          SCOPED_TRACE("n=" + std::to_string(n) + " " + name(src_dt) + "->" + name(dst_dt) + " offset " +
+                       std::to_string(offset));
+          TensorBuffer src = random_host(Shape{n}, src_dt, seed++, 100.0f);
+          OffsetTensor d_src = upload_offset(*be, src, offset);
+          TensorBuffer dst = host_empty(Shape{n}, dst_dt);
+          cpu::cast(dst, src);
+          TensorBuffer d_dst = device_empty(*be, Shape{n}, dst_dt);
+          ops::cast(*be, d_dst, d_src.view);
+          EXPECT_EQ(max_abs_diff(to_f32(*be, d_dst), to_f32(*be, dst)), 0.0);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, FillConstantAndNormal) {
+  KILN_REQUIRE_GPU(be);
+  for (int64_t n : {1, 1001, 1 << 20, 3000017}) {
+    for (DType dt : {kF32, kBF16, kF16}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " " + name(dt));
+      TensorBuffer c = host_empty(Shape{n}, dt);
+      cpu::fill_constant(c, 0.3f);
+      TensorBuffer d_c = device_empty(*be, Shape{n}, dt);
+      ops::fill_constant(*be, d_c, 0.3f);
+      EXPECT_EQ(max_abs_diff(to_f32(*be, d_c), to_f32(*be, c)), 0.0);
+
+      TensorBuffer r = host_empty(Shape{n}, dt);
+      cpu::fill_normal(r, 0.02f, 1234);
+      TensorBuffer d_r = device_empty(*be, Shape{n}, dt);
+      ops::fill_normal(*be, d_r, 0.02f, 1234);
+      const std::vector<float> got = to_f32(*be, d_r), want = to_f32(*be, r);
+      EXPECT_LT(rel_error(got, want), dt == kF32 ? 1e-5 : 1e-2);
+      if (n >= 1000000) {  // and it is a normal distribution with the right scale
+        double s = 0, s2 = 0;
+        for (float v : got) {
+          s += v;
+          s2 += static_cast<double>(v) * v;
+        }
+        const double mean = s / static_cast<double>(n), var = s2 / static_cast<double>(n) - mean * mean;
+        EXPECT_NEAR(mean, 0.0, 1e-4);
+        EXPECT_NEAR(std::sqrt(var), 0.02, 2e-4);
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, SoftmaxAndLogSoftmax) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 1100;
+  for (int64_t V : {37, 1003, 100000, 262144}) {
+    for (int64_t rows : {1, 3, 17}) {
+      for (DType dt : {kF32, kBF16}) {
+        SCOPED_TRACE("V=" + std::to_string(V) + " rows=" + std::to_string(rows) + " " + name(dt));
+        TensorBuffer x = random_host(Shape{rows, V}, dt, seed++, 4.0f);
+        TensorBuffer d_x = upload(*be, x);
+        TensorBuffer y = host_empty(Shape{rows, V}, kF32), ly = host_empty(Shape{rows, V}, kF32);
+        cpu::softmax_forward(y, x);
+        cpu::log_softmax_forward(ly, x);
+        TensorBuffer d_y = device_empty(*be, Shape{rows, V}, kF32), d_ly = device_empty(*be, Shape{rows, V}, kF32);
+        ops::softmax_forward(*be, d_y, d_x);
+        ops::log_softmax_forward(*be, d_ly, d_x);
+        EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), 1e-5);
+        EXPECT_LT(rel_error(to_f32(*be, d_ly), to_f32(*be, ly)), 1e-5);
+        if (dt == kF32) {  // in place
+          ops::log_softmax_forward(*be, d_x, d_x);
+          EXPECT_LT(rel_error(to_f32(*be, d_x), to_f32(*be, ly)), 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, KvCacheWrite) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 1200;
+  const int64_t S = 64;
+  struct Types {
+    DType cache, src;
+  };
+  for (int64_t D : {64, 18}) {
+    for (int64_t Hkv : {1, 2}) {
+      for (int64_t T : {1, 3, 17}) {
+        for (Types t : {Types{kBF16, kBF16}, Types{kF32, kF32}, Types{kBF16, kF32}}) {
+          SCOPED_TRACE("D=" + std::to_string(D) + " Hkv=" + std::to_string(Hkv) + " T=" + std::to_string(T) + " " +
+                       name(t.cache) + "<-" + name(t.src));
+          TensorBuffer kc = random_host(Shape{S, Hkv, D}, t.cache, seed++), vc = random_host(Shape{S, Hkv, D}, t.cache, seed++);
+          TensorBuffer k = random_host(Shape{T, Hkv, D}, t.src, seed++), v = random_host(Shape{T, Hkv, D}, t.src, seed++);
+          std::vector<int32_t> perm(S);
+          std::iota(perm.begin(), perm.end(), 0);
+          for (int64_t i = S - 1; i > 0; --i)  // seeded shuffle: distinct slots
+            std::swap(perm[i], perm[static_cast<size_t>(rng::uniform(seed, static_cast<uint64_t>(i)) * (i + 1))]);
+          ++seed;
+          TensorBuffer slots = host_ints(std::vector<int32_t>(perm.begin(), perm.begin() + T));
+          TensorBuffer d_kc = upload(*be, kc), d_vc = upload(*be, vc), d_k = upload(*be, k), d_v = upload(*be, v),
+                       d_slots = upload(*be, slots);
+          cpu::kv_cache_write(kc, vc, k, v, slots);
+          ops::kv_cache_write(*be, d_kc, d_vc, d_k, d_v, d_slots);
+          EXPECT_EQ(max_abs_diff(to_f32(*be, d_kc), to_f32(*be, kc)), 0.0);
+          EXPECT_EQ(max_abs_diff(to_f32(*be, d_vc), to_f32(*be, vc)), 0.0);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CudaKernels, SampleGreedy) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 1300;
+  for (int64_t V : {1003, 100000, 151936}) {
+    for (int64_t B : {1, 3, 17}) {
+      SCOPED_TRACE("V=" + std::to_string(V) + " B=" + std::to_string(B));
+      TensorBuffer logits = random_host(Shape{B, V}, kF32, seed++, 3.0f);
+      float* l = logits.ptr<float>();
+      // Row 0: a tie for the maximum (the lower index wins); row 1: NaNs; row 2: all -inf.
+      l[V - 5] = 100.0f;
+      l[7] = 100.0f;
+      if (B > 1) {
+        l[V + 3] = NAN;
+        l[V + 11] = 50.0f;
+      }
+      if (B > 2)
+        for (int64_t i = 0; i < V; ++i) l[2 * V + i] = -INFINITY;
+      std::vector<ops::SamplingParams> params(static_cast<size_t>(B));
+      TensorBuffer tokens = host_empty(Shape{B}, DType::i32);
+      cpu::sample(tokens, logits, params);
+      TensorBuffer d_logits = upload(*be, logits);
+      TensorBuffer d_tokens = device_empty(*be, Shape{B}, DType::i32);
+      ops::sample(*be, d_tokens, d_logits, params);
+      const std::vector<int32_t> got = host_i32(*be, d_tokens);
+      EXPECT_EQ(got, std::vector<int32_t>(tokens.ptr<int32_t>(), tokens.ptr<int32_t>() + B));
+      EXPECT_EQ(got[0], 7);
+    }
+  }
+}
+
+TEST(CudaKernels, SampleMatchesCpu) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 1400;
+  struct Setting {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+  };
+  const std::vector<Setting> settings = {{1.0f, 0, 1.0f},  {0.7f, 0, 1.0f},  {1.3f, 40, 1.0f}, {1.0f, 0, 0.9f},
+                                         {0.8f, 50, 0.8f}, {1.0f, 1, 1.0f},  {0.6f, 0, 0.3f},  {1.0f, 0, 0.0f},
+                                         {0.0f, 0, 1.0f},  {2.0f, 5000, 0.95f}};
+  int mismatches = 0, draws = 0;
+  for (int64_t V : {1003, 32000, 151936}) {
+    // 17 rows of a 151936 vocabulary exceed one sort chunk (2M elements): two chunks.
+    const int64_t B = V == 151936 ? 17 : static_cast<int64_t>(settings.size());
+    TensorBuffer logits = random_host(Shape{B, V}, kF32, seed++, 2.5f);
+    TensorBuffer d_logits = upload(*be, logits);
+    TensorBuffer d_tokens = device_empty(*be, Shape{B}, DType::i32);
+    TensorBuffer tokens = host_empty(Shape{B}, DType::i32);
+    const int steps = V == 151936 ? 6 : 25;
+    for (int step = 0; step < steps; ++step) {
+      std::vector<ops::SamplingParams> params(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b) {
+        const Setting& s = settings[static_cast<size_t>(b) % settings.size()];
+        params[b].temperature = s.temperature;
+        params[b].top_k = s.top_k;
+        params[b].top_p = s.top_p;
+        params[b].seed = 1000 + static_cast<uint64_t>(b) * 7919;
+        params[b].step = static_cast<uint64_t>(step);
+      }
+      cpu::sample(tokens, logits, params);
+      ops::sample(*be, d_tokens, d_logits, params);
+      const std::vector<int32_t> got = host_i32(*be, d_tokens);
+      for (int64_t b = 0; b < B; ++b) {
+        ++draws;
+        if (got[b] != tokens.ptr<int32_t>()[b]) {
+          ++mismatches;
+          ADD_FAILURE() << "V=" << V << " row " << b << " step " << step << ": cuda " << got[b] << " cpu "
+                        << tokens.ptr<int32_t>()[b];
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << draws << " draws";
+}
+
+// Special rows of the sampled path: +inf logit, all -inf, NaN (treated as -inf), V = 1.
+TEST(CudaKernels, SampleSpecialRows) {
+  KILN_REQUIRE_GPU(be);
+  const int64_t V = 1003;
+  TensorBuffer logits = random_host(Shape{3, V}, kF32, 1500, 2.0f);
+  float* l = logits.ptr<float>();
+  l[17] = INFINITY;
+  for (int64_t i = 0; i < V; ++i) l[V + i] = -INFINITY;
+  for (int64_t i = 0; i < V; i += 2) l[2 * V + i] = NAN;
+  std::vector<ops::SamplingParams> params(3);
+  for (auto& p : params) {
+    p.temperature = 1.0f;
+    p.seed = 3;
+  }
+  TensorBuffer tokens = host_empty(Shape{3}, DType::i32);
+  cpu::sample(tokens, logits, params);
+  TensorBuffer d_logits = upload(*be, logits);
+  TensorBuffer d_tokens = device_empty(*be, Shape{3}, DType::i32);
+  ops::sample(*be, d_tokens, d_logits, params);
+  EXPECT_EQ(host_i32(*be, d_tokens), std::vector<int32_t>(tokens.ptr<int32_t>(), tokens.ptr<int32_t>() + 3));
+
+  TensorBuffer one = random_host(Shape{2, 1}, kF32, 1501);
+  TensorBuffer d_one = upload(*be, one);
+  TensorBuffer d_two = device_empty(*be, Shape{2}, DType::i32);
+  std::vector<ops::SamplingParams> p2(2);
+  p2[1].temperature = 0.9f;
+  ops::sample(*be, d_two, d_one, p2);
+  EXPECT_EQ(host_i32(*be, d_two), (std::vector<int32_t>{0, 0}));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// The decode-path ops (norm, rope, KV write, linear, swiglu, greedy sampling) captured in a CUDA
+// graph and replayed give the same bits as the eager run, and allocate nothing once warm.
+TEST(CudaKernels, DecodeOpsGraphCaptureAndNoAllocation) {
+  KILN_REQUIRE_GPU(be);
+  CudaBackend& cb = static_cast<CudaBackend&>(*be);
+  const int64_t H = 1536, I = 4096, V = 32000, heads = 12, D = 128, S = 64;
+  uint64_t seed = 1600;
+  TensorBuffer x = upload(*be, random_host(Shape{1, H}, kBF16, seed++));
+  TensorBuffer res = upload(*be, random_host(Shape{1, H}, kBF16, seed++));
+  TensorBuffer norm_w = upload(*be, random_host(Shape{H}, kBF16, seed++));
+  TensorBuffer w_q = upload(*be, random_host(Shape{heads * D, H}, kBF16, seed++, 0.03f));
+  TensorBuffer w_gu = upload(*be, random_host(Shape{2 * I, H}, kBF16, seed++, 0.03f));
+  TensorBuffer w_out = upload(*be, random_host(Shape{V, I}, kBF16, seed++, 0.03f));
+  TensorBuffer inv_freq_h = host_empty(Shape{D / 2}, kF32);
+  for (int64_t i = 0; i < D / 2; ++i) inv_freq_h.ptr<float>()[i] = std::pow(10000.0f, -2.0f * i / D);
+  TensorBuffer inv_freq = upload(*be, inv_freq_h);
+  TensorBuffer pos = upload(*be, host_ints({1234}));
+  TensorBuffer slots = upload(*be, host_ints({5}));
+  TensorBuffer kc = device_empty(*be, Shape{S, heads, D}, kBF16), vc = device_empty(*be, Shape{S, heads, D}, kBF16);
+  be->zero(kc);
+  be->zero(vc);
+  TensorBuffer h = device_empty(*be, Shape{1, H}, kBF16), q = device_empty(*be, Shape{1, heads * D}, kBF16);
+  TensorBuffer gu = device_empty(*be, Shape{1, 2 * I}, kBF16), act = device_empty(*be, Shape{1, I}, kBF16);
+  TensorBuffer logits = device_empty(*be, Shape{1, V}, kF32), tok = device_empty(*be, Shape{1}, DType::i32);
+  std::vector<ops::SamplingParams> greedy(1);
+
+  auto step = [&] {
+    ops::add_rmsnorm_forward(*be, h, res, x, norm_w, 1e-6f);
+    ops::linear_forward(*be, q, h, w_q);
+    Tensor q3 = q.view().view(Shape{1, heads, D});
+    ops::rope_forward(*be, q3, pos, inv_freq, 1.0f);
+    ops::kv_cache_write(*be, kc, vc, q3, q3, slots);
+    ops::linear_forward(*be, gu, h, w_gu);
+    ops::swiglu_forward(*be, act, gu);
+    ops::linear_forward(*be, logits, act, w_out);
+    ops::softmax_forward(*be, logits, logits);
+    ops::sample(*be, tok, logits, greedy);
+  };
+  // Eager (warm-up: plans cached, scratch sized), keeping the residual as it was.
+  TensorBuffer res0 = to_host(*be, res);
+  step();
+  ASSERT_TRUE(be->synchronize().ok());
+  const std::vector<float> eager_logits = to_f32(*be, logits);
+  const std::vector<int32_t> eager_tok = host_i32(*be, tok);
+  be->copy(res, res0);
+
+  const int64_t in_use = cb.allocator().bytes_in_use(), cached = cb.allocator().bytes_cached();
+  Result<std::unique_ptr<CapturedWork>> graph = be->capture(step);
+  ASSERT_TRUE(graph.ok()) << graph.status().message();
+  EXPECT_EQ(cb.allocator().bytes_in_use(), in_use);
+  EXPECT_EQ(cb.allocator().bytes_cached(), cached);
+  be->zero(logits);
+  be->zero(tok);
+  (*graph)->replay();
+  ASSERT_TRUE(be->synchronize().ok());
+  const std::vector<float> graph_logits = to_f32(*be, logits);
+  ASSERT_EQ(graph_logits.size(), eager_logits.size());
+  EXPECT_EQ(0, std::memcmp(graph_logits.data(), eager_logits.data(), graph_logits.size() * sizeof(float)));
+  EXPECT_EQ(host_i32(*be, tok), eager_tok);
+}
+
+}  // namespace
+}  // namespace kiln::test
