@@ -4,7 +4,6 @@
 // TFLOP/s (4 * D * Hq * causal (query, key) pairs). Timing: cudaEvents around `repeats` calls
 // after warm-up, median over `samples` such measurements.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -45,7 +44,7 @@ int main(int argc, char** argv) {
     std::printf("{\"error\": \"no CUDA GPU\"}\n");
     return 1;
   }
-  Result<std::unique_ptr<CudaBackend>> made = CudaBackend::create(0);
+  Result<std::unique_ptr<CudaBackend> > made = CudaBackend::create(0);
   if (!made.ok()) {
     std::printf("{\"error\": \"%s\"}\n", made.status().message().c_str());
     return 1;

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds on the CPU machine the binaries the GPU machine runs: sm_90a CUDA, OpenBLAS linked
 # statically (the GPU image has no Debian packages). The result, build-gpu/, is carried with the
-# `device` tool (carry: ["build-gpu", ".carry"]); scripts/gpu_check.sh runs it there.
+# `device` tool (carry: [".carry"], as .carry/gpu-build.tar.xz); scripts/gpu_check.sh runs it there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_STATIC_BLAS=ON >/dev/null
 ninja -C build-gpu kiln kiln_tests kiln_gpu_tests bench_decode bench_attention
 mkdir -p .carry
 cp ../shared/reference/hf_bench.py .carry/ 2>/dev/null || true
-# Only what the GPU machine runs travels: drop object files from the carried folder's weight.
-du -sh build-gpu/bin build-gpu/tests/kiln_tests build-gpu/tests/kiln_gpu_tests
+# The binaries share most of their bytes (CUDA kernels, static OpenBLAS): one xz archive is ~5 MB.
+tar -cf - build-gpu/bin/kiln build-gpu/bin/bench_decode build-gpu/bin/bench_attention \
+    build-gpu/tests/kiln_tests build-gpu/tests/kiln_gpu_tests | xz -6 -T2 > .carry/gpu-build.tar.xz
+ls -la .carry

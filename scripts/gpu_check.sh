@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the `device` tool) over a build made on the CPU machine with
-#   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as build-gpu/)
+#   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
 # Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|all]
@@ -10,6 +10,7 @@ WHAT=${1:-all}
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-/tmp/kiln-out}
 mkdir -p "$OUT"
+[ -f .carry/gpu-build.tar.xz ] && tar -xJf .carry/gpu-build.tar.xz
 # cuBLASLt comes from the machine's CUDA toolkit or PyTorch's wheel.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do

@@ -99,6 +99,7 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_index_);
   if (stream_) cudaStreamSynchronize(stream_);
   scratch_.reset();
+  retired_scratch_.clear();
   gemm_cache_.reset();
   if (blaslt_) cublasLtDestroy(blaslt_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -166,7 +167,8 @@ void* CudaBackend::scratch(int64_t bytes) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
     KILN_ASSERT(capture == cudaStreamCaptureStatusNone);  // size scratch before capturing a graph
-    scratch_.reset();
+    // A captured graph may hold the old pointer: retire the buffer instead of freeing it.
+    if (scratch_.data()) retired_scratch_.push_back(std::move(scratch_));
     Result<void*> p = allocator_.allocate(bytes);
     KILN_ASSERT(p.ok());
     scratch_ = Buffer(this, *p, bytes);

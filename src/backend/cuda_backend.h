@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -55,8 +56,9 @@ class CudaBackend final : public Backend {
 
   CUstream_st* stream() const { return stream_; }
   cublasLtContext* blaslt() const { return blaslt_; }
-  // Scratch memory for ops (cuBLASLt workspace, split-K partials). Valid until the next call that
-  // asks for more; ops must not hold it across calls. Grows only outside CUDA graph capture.
+  // Scratch memory for ops (cuBLASLt workspace, split-K partials); ops must not hold it across
+  // calls. Grows only outside CUDA graph capture; an outgrown buffer stays allocated until the
+  // backend is destroyed, because captured graphs may still point at it.
   void* scratch(int64_t bytes);
   int multiprocessor_count() const { return sm_count_; }
   CudaCachingAllocator& allocator() { return allocator_; }
@@ -72,6 +74,7 @@ class CudaBackend final : public Backend {
   cublasLtContext* blaslt_ = nullptr;
   CudaCachingAllocator allocator_;
   Buffer scratch_;
+  std::vector<Buffer> retired_scratch_;  // outgrown scratch, kept alive for captured graphs
   std::shared_ptr<void> gemm_cache_;
 };
 

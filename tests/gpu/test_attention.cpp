@@ -30,8 +30,8 @@ struct AttnCase {
   DType dtype = DType::bf16;
   std::vector<int32_t> q_lens, kv_lens;
   int extra_q_bound = 0, extra_kv_bound = 0;  // bounds beyond the true maxima
-  int kv_offset = 0;                           // kv_indptr[0]: leading unused (NaN) slots
-  int pad_slots = 7;                           // unused (NaN) slots after the last request
+  int kv_offset = 0;                          // kv_indptr[0]: leading unused (NaN) slots
+  int pad_slots = 7;                          // unused (NaN) slots after the last request
   float q_std = 1.0f;
   uint64_t seed = 1;
 };
@@ -56,10 +56,17 @@ std::string describe(const AttnCase& c) {
 void fill_nan(const TensorBuffer& t, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     switch (t.view().dtype) {
-      case DType::f32: t.ptr<float>()[i] = std::numeric_limits<float>::quiet_NaN(); break;
-      case DType::bf16: t.ptr<uint16_t>()[i] = 0x7fc0; break;
-      case DType::f16: t.ptr<uint16_t>()[i] = 0x7e00; break;
-      default: KILN_ASSERT(false);
+      case DType::f32:
+        t.ptr<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case DType::bf16:
+        t.ptr<uint16_t>()[i] = 0x7fc0;
+        break;
+      case DType::f16:
+        t.ptr<uint16_t>()[i] = 0x7e00;
+        break;
+      default:
+        KILN_ASSERT(false);
     }
   }
 }

@@ -2,12 +2,14 @@
 // for several shapes including odd ones (unvectorisable rows, unaligned views), in f32 and bf16
 // (f16 where cheap). Both sides start from the same storage-rounded inputs; tolerances are relative
 // L2 errors: ~1e-5 for f32 outputs, 1e-2 for bf16 outputs. Index-like results (embedding rows, KV
-// writes, casts, greedy and sampled tokens) must match exactly. The last tests replay a captured
-// CUDA graph of the decode-path ops and check that the greedy path allocates nothing.
+// writes, casts, greedy and sampled tokens) must match exactly. GemmFallbackKernel forces gemm.cu's
+// SIMT fallback (KILN_GEMM_FALLBACK=1); the last test replays a captured CUDA graph of the
+// decode-path ops and checks that it allocates nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -277,6 +279,43 @@ TEST(CudaKernels, GemmAllTransposes) {
       }
     }
   }
+}
+
+// The SIMT kernel gemm.cu falls back to where cuBLASLt has no algorithm, forced through
+// KILN_GEMM_FALLBACK=1 on a fresh backend (plans are cached per backend).
+TEST(CudaKernels, GemmFallbackKernel) {
+  setenv("KILN_GEMM_FALLBACK", "1", 1);
+  std::string skip_reason;
+  std::unique_ptr<Backend> be = gpu_backend_or_null(&skip_reason);
+  if (!be) {
+    unsetenv("KILN_GEMM_FALLBACK");
+    GTEST_SKIP() << skip_reason;
+  }
+  uint64_t seed = 650;
+  for (auto [M, N, K] : std::vector<std::array<int64_t, 3>>{{17, 33, 45}, {1, 1001, 37}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                     " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+        TensorBuffer a = random_host(ta ? Shape{K, M} : Shape{M, K}, kBF16, seed++);
+        TensorBuffer b = random_host(tb ? Shape{N, K} : Shape{K, N}, kBF16, seed++);
+        TensorBuffer c = random_host(Shape{M, N}, kF32, seed++);
+        TensorBuffer d_a = upload(*be, a), d_b = upload(*be, b), d_c = upload(*be, c);
+        cpu::gemm(c, a, ta, b, tb, 0.5f, 0.25f);
+        ops::gemm(*be, d_c, d_a, ta, d_b, tb, 0.5f, 0.25f);
+        EXPECT_LT(rel_error(to_f32(*be, d_c), to_f32(*be, c)), 1e-5);
+      }
+    }
+    TensorBuffer x = random_host(Shape{M, K}, kBF16, seed++), w = random_host(Shape{N, K}, kBF16, seed++);
+    TensorBuffer bias = random_host(Shape{N}, kBF16, seed++);
+    TensorBuffer y = host_empty(Shape{M, N}, kBF16);
+    cpu::linear_forward(y, x, w, bias);
+    TensorBuffer d_x = upload(*be, x), d_w = upload(*be, w), d_bias = upload(*be, bias);
+    TensorBuffer d_y = device_empty(*be, Shape{M, N}, kBF16);
+    ops::linear_forward(*be, d_y, d_x, d_w, d_bias);
+    EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), 1e-2);
+  }
+  unsetenv("KILN_GEMM_FALLBACK");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,10 +5,10 @@
 //   pos = kv_len - q_len + i,  s_j = scale * <q[i,h], k[j, h / (Hq/Hkv)]>  for keys j = 0..pos,
 //   out[i,h] = sum_j softmax(s)_j v[j, h / (Hq/Hkv)],
 // with q [T,Hq,D] rows q_indptr[b].., keys/values [S,Hkv,D] slots kv_indptr[b]... The softmax is
-// computed online in f32 in the log2 domain (s * scale * log2 e, exp2f); products on tensor cores
+// computed online in f32 in the log2 domain (s * scale * log2 e, ex2.approx); products on tensor cores
 // take bf16/f16 operands (P is rounded to the input type for the PV product) with f32 accumulation.
 //
-// Three kernels families, picked on the host from the bounds (never from device data):
+// Three kernel families, picked on the host from the bounds (never from device data):
 //  1. Decode / short queries (bf16/f16, D in {64,128}, max_q_len * G <= 64 where G = Hq/Hkv):
 //     split-KV "flash decoding". The rows of one kv head's query group are packed as
 //     R = i * G + (h % G) and cut in tiles of 16 rows (one mma M tile), so K/V are read once per
@@ -18,8 +18,8 @@
 //     a layout that feeds mma.sync m16n8k16 without shared memory (the head dimension is permuted
 //     consistently for the QK product and the output dimension for the PV product). The warps'
 //     (m, l, acc) are merged through shared memory; with one split the block writes `out`,
-//     otherwise it writes (acc/l, lse) to scratch and a combine kernel (one warp per output row)
-//     merges the splits (one block per output row; its warps sum interleaved splits).
+//     otherwise it writes (acc/l, lse) to scratch and a combine kernel merges the splits (one
+//     block per (row, head); its warps sum interleaved splits).
 //     Splits: num_splits = clamp(ceil(W / (B * Hkv * row_tiles)), 1, ceil(max_kv_len / 64), 256)
 //     where W = SMs * resident decode blocks per SM (occupancy query: 3 for D=64, 2 for D=128),
 //     i.e. about one full wave of blocks, each block at least 64 keys. Each block computes its key
@@ -27,8 +27,8 @@
 //     steps = ceil(n_keys / 16), ceil(steps / active) steps per split, so a graph captured with
 //     large bounds still spreads a short context over the splits, and gives bit-identical results
 //     to an eager call with tighter max_kv_len (splits past `active` are empty: lse = -inf, o = 0,
-//     and add exact zeros in the combine). Scratch: B*max_q_len*Hq*splits*(D+1) floats, a
-//     function of the bounds only.
+//     and add exact zeros in the combine). Scratch: B*max_q_len*Hq*max_splits*(D+1) floats
+//     (max_splits: the split count without the max_kv_len cap), independent of max_kv_len.
 //  2. Prefill (bf16/f16, D in {64,128}, longer query runs): FlashAttention-2 style. Grid
 //     (ceil(max_q_len / BM), Hq, B) with the heaviest (last) query tiles launched first; block of
 //     4 warps, BM = 128 (D=64, two 16-row M tiles per warp) or 64 (D=128) query rows, BN = 64 keys
@@ -150,8 +150,12 @@ __device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_ca
 __device__ __forceinline__ float2 load2(const __nv_bfloat16* p) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
-__device__ __forceinline__ float2 load2(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
-__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+__device__ __forceinline__ float2 load2(const __half* p) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
+__device__ __forceinline__ void store2(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
 __device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
@@ -186,13 +190,11 @@ constexpr int decode_min_blocks() {
 }
 
 template <typename T, int D, bool kPingPong>
-__global__ void __launch_bounds__(kThreads, decode_min_blocks<D>()) attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o,
-                                                                float* __restrict__ part_lse, const T* __restrict__ q,
-                                                                const T* __restrict__ k_cache,
-                                                                const T* __restrict__ v_cache,
-                                                                const int* __restrict__ q_indptr,
-                                                                const int* __restrict__ kv_indptr, int Hq, int Hkv,
-                                                                int G, int max_q_len, int num_splits, float sl) {
+__global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
+    attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse,
+                       const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                       const int* __restrict__ q_indptr, const int* __restrict__ kv_indptr, int Hq, int Hkv, int G,
+                       int max_q_len, int num_splits, float sl) {
   constexpr int KC = D / 32;  // K chunks per row per thread
   constexpr int VC = D / 64;  // V chunks per row per thread
   constexpr int NT = D / 8;   // PV n tiles
@@ -306,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>()) attn_decode_
         const int key = key0 + nt * 8 + 2 * t + (e & 1);
         if (key >= lim[e >> 1]) s[nt][e] = -INFINITY;
       }
-    // Online softmax (rows g: elements 0,1; row g+8: elements 2,3).
+      // Online softmax (rows g: elements 0,1; row g+8: elements 2,3).
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float mx = fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]), fmaxf(s[1][2 * hf], s[1][2 * hf + 1]));
@@ -451,11 +453,9 @@ constexpr int kDecodeMaxSplits = 256;
 // Merges the splits of the decode kernel: one block per (request, query row, head); warp w sums
 // splits w, w+4, ... (independent loads in flight), then the warps' sums are added.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) attn_combine_kernel(T* __restrict__ out,
-                                                                 const float* __restrict__ part_o,
-                                                                 const float* __restrict__ part_lse,
-                                                                 const int* __restrict__ q_indptr, int Hq,
-                                                                 int max_q_len, int num_splits) {
+__global__ void __launch_bounds__(kThreads)
+    attn_combine_kernel(T* __restrict__ out, const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                        const int* __restrict__ q_indptr, int Hq, int max_q_len, int num_splits) {
   constexpr int PER = D / 32;  // dims per lane
   __shared__ float sm_w[kDecodeMaxSplits];
   __shared__ __align__(16) float sm_o[kWarps][D];
@@ -534,8 +534,8 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(T* __restrict__ 
 
 template <int D, int MT, int BN>
 struct PrefillCfg {
-  static constexpr int kBM = kWarps * 16 * MT;  // query rows per block
-  static constexpr int kChunks = D / 8;         // 16-byte chunks per row
+  static constexpr int kBM = kWarps * 16 * MT;                   // query rows per block
+  static constexpr int kChunks = D / 8;                          // 16-byte chunks per row
   static constexpr int kSmemBytes = (kBM * D + 4 * BN * D) * 2;  // Q + double-buffered K and V
 };
 
@@ -553,13 +553,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   using Cfg = PrefillCfg<D, MT, BN>;
   constexpr int BM = Cfg::kBM;
   constexpr int NC = Cfg::kChunks;
-  constexpr int KS = D / 16;   // k steps of QK
-  constexpr int SN = BN / 8;   // n tiles of S
-  constexpr int DN = D / 8;    // n tiles of O
+  constexpr int KS = D / 16;  // k steps of QK
+  constexpr int SN = BN / 8;  // n tiles of S
+  constexpr int DN = D / 8;   // n tiles of O
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* sK = sQ + BM * D;       // [2][BN][D]
-  T* sV = sK + 2 * BN * D;   // [2][BN][D]
+  T* sK = sQ + BM * D;      // [2][BN][D]
+  T* sV = sK + 2 * BN * D;  // [2][BN][D]
 
   const int b = blockIdx.z;
   const int h = blockIdx.y;
@@ -704,7 +704,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
 
-    // O += P V
+      // O += P V
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       uint32_t pa[MT][4];
@@ -755,12 +755,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 // 3. Generic kernel: one warp per (request, query row, head); any even D <= 256.
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) attn_generic_kernel(T* __restrict__ out, const T* __restrict__ q,
-                                                                 const T* __restrict__ k_cache,
-                                                                 const T* __restrict__ v_cache,
-                                                                 const int* __restrict__ q_indptr,
-                                                                 const int* __restrict__ kv_indptr, int B, int Hq,
-                                                                 int Hkv, int G, int D, int max_q_len, float sl) {
+__global__ void __launch_bounds__(kThreads)
+    attn_generic_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
+                        const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
+                        const int* __restrict__ kv_indptr, int B, int Hq, int Hkv, int G, int D, int max_q_len,
+                        float sl) {
   constexpr int kMaxPairs = 4;  // 4 pairs x 32 lanes = 256 dims
   const int lane = threadIdx.x & 31;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -844,13 +843,16 @@ struct Args {
 };
 
 constexpr int kDecodeMaxRowTiles = 4;  // decode path while max_q_len * G <= 64
-// Splits so that the decode grid is about one full wave of resident blocks.
-int decode_num_splits(int base_blocks, int max_kv_len, int sm_count, int blocks_per_sm) {
+// Splits so that the decode grid is about one full wave of resident blocks; without the length
+// cap this is the most any max_kv_len can ask for (used to size the scratch).
+int decode_max_splits(int base_blocks, int sm_count, int blocks_per_sm) {
   const int target = blocks_per_sm * std::max(sm_count, 1);
-  int s = (target + base_blocks - 1) / base_blocks;
+  return std::clamp((target + base_blocks - 1) / base_blocks, 1, kDecodeMaxSplits);
+}
+
+int decode_num_splits(int max_splits, int max_kv_len) {
   const int by_len = std::max(1, (max_kv_len + kDecodeMinKeysPerSplit - 1) / kDecodeMinKeysPerSplit);
-  s = std::min(s, by_len);
-  return std::clamp(s, 1, kDecodeMaxSplits);
+  return std::clamp(by_len, 1, max_splits);
 }
 
 template <typename T, int D>
@@ -865,25 +867,28 @@ void launch_decode(CudaBackend& be, const Args& a) {
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
     return std::max(n, 1);
   }();
-  const int splits = decode_num_splits(base_blocks, a.max_kv_len, be.multiprocessor_count(), blocks_per_sm);
+  const int max_splits = decode_max_splits(base_blocks, be.multiprocessor_count(), blocks_per_sm);
+  const int splits = decode_num_splits(max_splits, a.max_kv_len);
   float* part_o = nullptr;
   float* part_lse = nullptr;
-  const int64_t n_part = static_cast<int64_t>(a.B) * a.max_q_len * a.Hq * splits;
   if (splits > 1) {
+    // Sized for max_splits, not splits: the scratch request does not depend on max_kv_len, so
+    // graphs captured for different context buckets never make the scratch grow (and move).
+    const int64_t n_part = static_cast<int64_t>(a.B) * a.max_q_len * a.Hq * max_splits;
     const int64_t bytes = n_part * D * 4 + n_part * 4;
     char* scratch = static_cast<char*>(be.scratch(bytes));
     part_o = reinterpret_cast<float*>(scratch);
     part_lse = reinterpret_cast<float*>(scratch + n_part * D * 4);
   }
   dim3 grid(splits, a.Hkv * row_tiles, a.B);
-  kernel<<<grid, kThreads, 0, stream>>>(
-      static_cast<T*>(a.out), part_o, part_lse, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
-      static_cast<const T*>(a.v), a.q_indptr, a.kv_indptr, a.Hq, a.Hkv, a.G, a.max_q_len, splits, a.sl);
+  kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(a.out), part_o, part_lse, static_cast<const T*>(a.q),
+                                        static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.q_indptr, a.kv_indptr,
+                                        a.Hq, a.Hkv, a.G, a.max_q_len, splits, a.sl);
   CUDA_CHECK(cudaGetLastError());
   if (splits > 1) {
     const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.B) * a.max_q_len * a.Hq);
-    attn_combine_kernel<T, D><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(a.out), part_o, part_lse,
-                                                               a.q_indptr, a.Hq, a.max_q_len, splits);
+    attn_combine_kernel<T, D><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(a.out), part_o, part_lse, a.q_indptr,
+                                                               a.Hq, a.max_q_len, splits);
     CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -893,7 +898,8 @@ void launch_prefill(CudaBackend& be, const Args& a) {
   using Cfg = PrefillCfg<D, MT, BN>;
   auto kernel = attn_prefill_kernel<T, D, MT, BN>;
   constexpr int smem = Cfg::kSmemBytes;
-  if constexpr (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if constexpr (smem > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int num_qtiles = (a.max_q_len + Cfg::kBM - 1) / Cfg::kBM;
   dim3 grid(num_qtiles, a.Hq, a.B);
   kernel<<<grid, kThreads, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
@@ -967,8 +973,8 @@ void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Te
   a.max_kv_len = bounds.max_kv_len;
   a.sl = scale * kLog2e;
 
-  const bool fast = (q.dtype == DType::bf16 || q.dtype == DType::f16) && (D == 64 || D == 128) &&
-                    aligned16(a.out) && aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
+  const bool fast = (q.dtype == DType::bf16 || q.dtype == DType::f16) && (D == 64 || D == 128) && aligned16(a.out) &&
+                    aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
   if (fast) {
     if (q.dtype == DType::bf16)
       launch_fast<__nv_bfloat16>(be, a);
@@ -977,10 +983,17 @@ void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Te
     return;
   }
   switch (q.dtype) {
-    case DType::f32: launch_generic<float>(be, a); break;
-    case DType::bf16: launch_generic<__nv_bfloat16>(be, a); break;
-    case DType::f16: launch_generic<__half>(be, a); break;
-    default: KILN_ASSERT(false);
+    case DType::f32:
+      launch_generic<float>(be, a);
+      break;
+    case DType::bf16:
+      launch_generic<__nv_bfloat16>(be, a);
+      break;
+    case DType::f16:
+      launch_generic<__half>(be, a);
+      break;
+    default:
+      KILN_ASSERT(false);
   }
 }
 

@@ -19,10 +19,12 @@
 // transposes, dtypes, bias fusion and the pointer alignments (cuBLASLt assumes 256-byte-aligned
 // operands unless told otherwise; views into larger buffers often are not). Repeated shapes do no
 // host work beyond a map lookup and allocate nothing: the 32 MiB workspace is the backend's scratch,
-// so the calls can be captured in a CUDA graph.
+// so the calls can be captured in a CUDA graph. Should the heuristic offer no algorithm for a shape
+// (not expected), a warning is printed once per shape and a plain tiled SIMT kernel computes it.
 #include <cublasLt.h>
 
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <memory>
 
@@ -84,6 +86,7 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool fused_bias = false;
+  bool fallback = false;  // no cuBLASLt algorithm: the SIMT kernel below
 };
 
 void destroy(Plan& p) {
@@ -166,6 +169,45 @@ bool make_plan(cublasLtHandle_t handle, const Problem& p, bool fuse_bias, Plan* 
   return true;
 }
 
+constexpr int kTile = 16;
+
+// Plain shared-memory-tiled SIMT product in the same column-major terms, f32 accumulation, for the
+// (unexpected) shapes cuBLASLt has no algorithm for. Thread (x, y) computes D(r, c) with
+// r = blockIdx.x * 16 + x (consecutive threads write consecutive elements of D's columns).
+__global__ void __launch_bounds__(kTile* kTile) fallback_gemm_kernel(Problem p) {
+  __shared__ float a_tile[kTile][kTile + 1];  // [k][r]
+  __shared__ float b_tile[kTile][kTile + 1];  // [c][k]
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTile, c0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  float acc = 0.0f;
+  for (int64_t k0 = 0; k0 < p.k; k0 += kTile) {
+    {  // op(A)(r0 + tx, k0 + ty)
+      const int64_t r = r0 + tx, k = k0 + ty;
+      a_tile[ty][tx] = (r < p.m && k < p.k)
+                           ? detail::load1(p.a, p.trans_a ? k + r * p.lda : r + k * p.lda, p.ab_dt)
+                           : 0.0f;
+    }
+    {  // op(B)(k0 + tx, c0 + ty)
+      const int64_t k = k0 + tx, c = c0 + ty;
+      b_tile[ty][tx] = (k < p.k && c < p.n)
+                           ? detail::load1(p.b, p.trans_b ? c + k * p.ldb : k + c * p.ldb, p.ab_dt)
+                           : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTile; ++kk) acc += a_tile[kk][tx] * b_tile[ty][kk];
+    __syncthreads();
+  }
+  const int64_t r = r0 + tx, c = c0 + ty;
+  if (r < p.m && c < p.n) {
+    const int64_t i = r + c * p.ldd;
+    float v = p.alpha * acc;
+    if (p.beta != 0.0f) v += p.beta * detail::load1(p.d, i, p.d_dt);
+    if (p.bias) v += detail::load1(p.bias, r, p.d_dt);
+    detail::store1(p.d, i, p.d_dt, v);
+  }
+}
+
 // Runs the product; returns whether the bias (if any) was added by the epilogue.
 bool run_matmul(CudaBackend& be, const Problem& p) {
   const bool want_bias = p.bias != nullptr;
@@ -177,20 +219,34 @@ bool run_matmul(CudaBackend& be, const Problem& p) {
   auto it = cache.plans.find(key);
   if (it == cache.plans.end()) {
     Plan plan;
-    bool ok = make_plan(handle, p, want_bias, &plan);
-    if (!ok && want_bias) ok = make_plan(handle, p, false, &plan);  // bias added by a separate kernel
+    // KILN_GEMM_FALLBACK=1 forces the fallback kernel (read when a plan is made; for its tests).
+    const char* force = std::getenv("KILN_GEMM_FALLBACK");
+    const bool forced = force != nullptr && force[0] == '1';
+    bool ok = !forced && make_plan(handle, p, want_bias, &plan);
+    if (!ok && !forced && want_bias) ok = make_plan(handle, p, false, &plan);  // bias added by a separate kernel
     if (!ok) {
-      std::fprintf(stderr,
-                   "kiln: cuBLASLt has no algorithm for the matmul m=%lld n=%lld k=%lld (trans %d%d, lda %lld, "
-                   "ldb %lld, ldd %lld, %s inputs, %s output)\n",
-                   static_cast<long long>(p.m), static_cast<long long>(p.n), static_cast<long long>(p.k), p.trans_a,
-                   p.trans_b, static_cast<long long>(p.lda), static_cast<long long>(p.ldb),
-                   static_cast<long long>(p.ldd), dtype_name(p.ab_dt), dtype_name(p.d_dt));
-      std::abort();
+      if (!forced) {
+        std::fprintf(stderr,
+                     "kiln: warning: cuBLASLt has no algorithm for the matmul m=%lld n=%lld k=%lld (trans %d%d, lda %lld, "
+                     "ldb %lld, ldd %lld, %s inputs, %s output); using a slow fallback kernel\n",
+                     static_cast<long long>(p.m), static_cast<long long>(p.n), static_cast<long long>(p.k), p.trans_a,
+                     p.trans_b, static_cast<long long>(p.lda), static_cast<long long>(p.ldb),
+                     static_cast<long long>(p.ldd), dtype_name(p.ab_dt), dtype_name(p.d_dt));
+      }
+      plan = Plan{};
+      plan.fallback = true;
+      plan.fused_bias = want_bias;
     }
     it = cache.plans.emplace(key, plan).first;
   }
   Plan& plan = it->second;
+  if (plan.fallback) {
+    const dim3 grid(static_cast<unsigned>(detail::ceil_div(p.m, kTile)), static_cast<unsigned>(detail::ceil_div(p.n, kTile)));
+    KILN_ASSERT(grid.y <= 65535u);
+    fallback_gemm_kernel<<<grid, dim3(kTile, kTile), 0, detail::stream_of(be)>>>(p);
+    KILN_CUDA_CHECK_LAUNCH();
+    return plan.fused_bias;
+  }
   if (plan.fused_bias)
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
   void* workspace = be.scratch(kWorkspaceBytes);
