@@ -18,13 +18,14 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 done
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
 if ldd "$BUILD/bin/kiln" | grep "not found"; then echo "missing shared libraries"; exit 1; fi
+export KILN_TESTDATA=$PWD/testdata KILN_BINARY=$PWD/$BUILD/bin/kiln
 status=0
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   "$BUILD/tests/kiln_gpu_tests" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |FAILED|error|Failure|rel" | head -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   "$BUILD/tests/kiln_tests" > "$OUT/cpu_tests.log" 2>&1 || status=1
   tail -3 "$OUT/cpu_tests.log"
-  "$BUILD/bin/kiln" generate --device cuda --max-tokens 8 || status=1
+  "$BUILD/bin/kiln" generate --model testdata/tiny-llama --device cuda --max-tokens 8 || status=1
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   CFG=bench/configs/astrai-1b-shape.config.json

@@ -19,7 +19,7 @@ TensorInfo golden_tensor(const SafetensorsFile& f, const std::string& name) {
 }
 
 SafetensorsFile open_golden(const std::string& model) {
-  Result<SafetensorsFile> f = SafetensorsFile::open(std::string(KILN_TESTDATA) + "/" + model + "/golden.safetensors");
+  Result<SafetensorsFile> f = SafetensorsFile::open(testdata_dir() + "/" + model + "/golden.safetensors");
   if (!f.ok()) {
     std::fprintf(stderr, "%s\n", f.status().message().c_str());
     std::abort();
@@ -87,7 +87,7 @@ std::vector<int32_t> golden_ints(const std::string& model, const std::string& na
 }
 
 void check_golden_model(Backend& be, const std::string& model, double tol) {
-  Result<std::unique_ptr<Transformer>> m = Transformer::load(be, std::string(KILN_TESTDATA) + "/" + model);
+  Result<std::unique_ptr<Transformer>> m = Transformer::load(be, testdata_dir() + "/" + model);
   ASSERT_TRUE(m.ok()) << m.status().message();
   const int64_t vocab = (*m)->config().vocab_size;
 

@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "kernels/rng.h"
@@ -71,6 +72,16 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     if (!(d <= m)) m = d;  // NaN propagates as the max
   }
   return m;
+}
+
+std::string testdata_dir() {
+  const char* env = std::getenv("KILN_TESTDATA");
+  return env && *env ? env : KILN_TESTDATA;
+}
+
+std::string kiln_binary() {
+  const char* env = std::getenv("KILN_BINARY");
+  return env && *env ? env : KILN_BINARY;
 }
 
 std::unique_ptr<Backend> gpu_backend_or_null(std::string* reason) {

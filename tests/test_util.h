@@ -24,6 +24,11 @@ std::vector<float> to_f32(Backend& be, Tensor t);
 double rel_error(const std::vector<float>& a, const std::vector<float>& b);
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 
+// testdata/ of the repository and the kiln binary: the paths compiled in, unless the environment
+// variables KILN_TESTDATA / KILN_BINARY say otherwise (binaries run from another checkout).
+std::string testdata_dir();
+std::string kiln_binary();
+
 // The CUDA backend for device 0, or nullptr; tests call GTEST_SKIP() with the reason on nullptr.
 std::unique_ptr<Backend> gpu_backend_or_null(std::string* reason);
 

@@ -160,7 +160,9 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   ws.max_tokens = T;
   ws.max_logit_rows = R;
   KILN_ASSIGN_OR_RETURN(ws.hidden, empty(backend_, {T, H}, dtype_));
-  KILN_ASSIGN_OR_RETURN(ws.residual, empty(backend_, {T, H}, dtype_));
+  // The residual stream stays f32 on every device: it accumulates every sublayer's output, and
+  // rounding it to bf16 after each add costs more accuracy than its bandwidth is worth.
+  KILN_ASSIGN_OR_RETURN(ws.residual, empty(backend_, {T, H}, DType::f32));
   KILN_ASSIGN_OR_RETURN(ws.normed, empty(backend_, {T, H}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.q, empty(backend_, {T, c.num_attention_heads, D}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.k, empty(backend_, {T, c.num_key_value_heads, D}, dtype_));

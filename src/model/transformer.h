@@ -55,7 +55,8 @@ struct ForwardBatch {
   ops::AttentionBounds bounds;  // host-side bounds: B, longest query run, longest context
 };
 
-// Activations for up to `max_tokens` rows and `max_logit_rows` logits rows.
+// Activations for up to `max_tokens` rows and `max_logit_rows` logits rows, in the compute dtype
+// except the residual stream (f32) and the logits (f32).
 struct ForwardWorkspace {
   int64_t max_tokens = 0, max_logit_rows = 0;
   TensorBuffer hidden, residual, normed, q, k, v, attn, proj, gate_up, act, gathered, logits;

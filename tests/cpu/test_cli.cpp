@@ -29,7 +29,7 @@ struct RunResult {
 RunResult run_kiln(const std::string& args) {
   RunResult r;
   std::string err_file = (fs::temp_directory_path() / ("kiln_cli_err_" + std::to_string(::getpid()))).string();
-  std::string cmd = std::string(KILN_BINARY) + " " + args + " 2>" + err_file;
+  std::string cmd = kiln_binary() + " " + args + " 2>" + err_file;
   FILE* p = popen(cmd.c_str(), "r");
   char buf[4096];
   size_t n;
@@ -58,7 +58,7 @@ class ModelCopy {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     for (const char* f : {"config.json", "model.safetensors"})
-      fs::copy_file(fs::path(KILN_TESTDATA) / fixture / f, dir_ / f);
+      fs::copy_file(fs::path(testdata_dir()) / fixture / f, dir_ / f);
   }
   ~ModelCopy() { fs::remove_all(dir_); }
   std::string dir() const { return dir_.string(); }
@@ -111,7 +111,7 @@ void rewrite_weights(const ModelCopy& m, const std::string& name, TensorBuffer* 
 TEST(Cli, GenerateGreedyMatchesGolden) {
   std::vector<int32_t> prompt = golden_ints("tiny-llama", "seq_b.input_ids");
   std::vector<int32_t> expected = golden_ints("tiny-llama", "greedy.new_tokens");
-  RunResult r = run_kiln("generate --model " + std::string(KILN_TESTDATA) + "/tiny-llama --prompt-ids " +
+  RunResult r = run_kiln("generate --model " + testdata_dir() + "/tiny-llama --prompt-ids " +
                          join_ids(prompt) + " --max-tokens 16 --ignore-eos");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   nlohmann::json j = nlohmann::json::parse(r.stdout_only);
@@ -127,7 +127,7 @@ TEST(Cli, GenerateDefaultRuns) {
 }
 
 TEST(Cli, SamplingIsSeeded) {
-  std::string args = "generate --model " + std::string(KILN_TESTDATA) +
+  std::string args = "generate --model " + testdata_dir() +
                      "/tiny-qwen2 --prompt-ids 5,6,7 --max-tokens 12 --temperature 1.0 --top-k 50 --top-p 0.9 --ignore-eos";
   RunResult a = run_kiln(args + " --seed 11"), b = run_kiln(args + " --seed 11");
   ASSERT_EQ(a.exit_code, 0) << a.output;
@@ -139,7 +139,7 @@ TEST(Cli, ScoreMatchesGoldenLogSoftmax) {
     std::vector<int32_t> ids = golden_ints(model, "seq_a.input_ids");
     std::vector<float> logits = golden_floats(model, "seq_a.logits");
     const int64_t vocab = static_cast<int64_t>(logits.size() / ids.size());
-    RunResult r = run_kiln(std::string("score --model ") + KILN_TESTDATA + "/" + model + " --ids " + join_ids(ids) +
+    RunResult r = run_kiln(std::string("score --model ") + testdata_dir() + "/" + model + " --ids " + join_ids(ids) +
                            " --top-logprobs 3");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     nlohmann::json j = nlohmann::json::parse(r.stdout_only);
@@ -231,7 +231,7 @@ TEST(CliErrors, DtypeMismatch) {
 }
 
 TEST(CliErrors, IdsOutOfVocabulary) {
-  std::string model = std::string(KILN_TESTDATA) + "/tiny-llama";
+  std::string model = testdata_dir() + "/tiny-llama";
   expect_clean_failure(run_kiln("generate --model " + model + " --prompt-ids 1,2,384"), "384");
   expect_clean_failure(run_kiln("generate --model " + model + " --prompt-ids 1,-3"), "-3");
   expect_clean_failure(run_kiln("score --model " + model + " --ids 1,2,99999"), "99999");

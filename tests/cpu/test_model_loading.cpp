@@ -24,6 +24,7 @@
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {
@@ -31,8 +32,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::string kTinyLlama = std::string(KILN_TESTDATA) + "/tiny-llama";
-const std::string kTinyQwen2 = std::string(KILN_TESTDATA) + "/tiny-qwen2";
+const std::string kTinyLlama = test::testdata_dir() + "/tiny-llama";
+const std::string kTinyQwen2 = test::testdata_dir() + "/tiny-qwen2";
 
 // A fresh folder under the system temp dir, removed with everything in it at scope exit.
 class TempDir {

@@ -29,7 +29,7 @@ namespace kiln::test {
 // Replaying captured decode steps must give bit-identical logits to running them eagerly.
 TEST(GeneratorGpu, GraphReplayIsBitExact) {
   KILN_REQUIRE_GPU(be);
-  Result<std::unique_ptr<Transformer>> m = Transformer::load(*be, std::string(KILN_TESTDATA) + "/tiny-llama");
+  Result<std::unique_ptr<Transformer>> m = Transformer::load(*be, testdata_dir() + "/tiny-llama");
   ASSERT_TRUE(m.ok()) << m.status().message();
   std::vector<int32_t> prompt = golden_ints("tiny-llama", "seq_a.input_ids");
   auto run = [&](bool graphs) {

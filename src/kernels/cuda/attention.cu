@@ -6,7 +6,8 @@
 //   out[i,h] = sum_j softmax(s)_j v[j, h / (Hq/Hkv)],
 // with q [T,Hq,D] rows q_indptr[b].., keys/values [S,Hkv,D] slots kv_indptr[b]... The softmax is
 // computed online in f32 in the log2 domain (s * scale * log2 e, ex2.approx); products on tensor cores
-// take bf16/f16 operands (P is rounded to the input type for the PV product) with f32 accumulation.
+// take bf16/f16 operands with f32 accumulation; P is rounded to the input type for the PV product,
+// except in the (memory-bound) decode kernel, where bf16 P is carried as hi + lo parts.
 //
 // Three kernel families, picked on the host from the bounds (never from device data):
 //  1. Decode / short queries (bf16/f16, D in {64,128}, max_q_len * G <= 64 where G = Hq/Hkv):
@@ -50,6 +51,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_ops.h"
 
@@ -336,6 +338,18 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
     }
     const uint32_t pa[4] = {Mma<T>::pack(s[0][0], s[0][1]), Mma<T>::pack(s[0][2], s[0][3]),
                             Mma<T>::pack(s[1][0], s[1][1]), Mma<T>::pack(s[1][2], s[1][3])};
+    // bf16 keeps 8 bits of P; decode is bound by memory, not by the tensor cores, so P is carried
+    // as hi + lo (the rounding error, rounded again) in two products: ~16 bits, at no visible cost.
+    constexpr bool kSplitP = std::is_same_v<T, __nv_bfloat16>;
+    uint32_t pl[4] = {0, 0, 0, 0};
+    if constexpr (kSplitP) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float* src = &s[w >> 1][(w & 1) * 2];
+        const float hi_first = __uint_as_float(pa[w] << 16), hi_second = __uint_as_float(pa[w] & 0xffff0000u);
+        pl[w] = Mma<T>::pack(src[0] - hi_first, src[1] - hi_second);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
       const int vc = i / 8, wi = (i % 8) / 2;
@@ -343,6 +357,7 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
       const uint32_t b0 = __byte_perm(word(f.v[0][vc], wi), word(f.v[1][vc], wi), sel);
       const uint32_t b1 = __byte_perm(word(f.v[2][vc], wi), word(f.v[3][vc], wi), sel);
       Mma<T>::mma(acc[i], pa, b0, b1);
+      if constexpr (kSplitP) Mma<T>::mma(acc[i], pl, b0, b1);
     }
   };
 
