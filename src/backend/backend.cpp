@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -11,6 +12,19 @@
 
 namespace kiln {
 namespace {
+
+class CpuEvent final : public Event {
+ public:
+  void record() override { at_ = std::chrono::steady_clock::now(); }
+  Status wait() override { return Status::Ok(); }
+  float elapsed_ms(const Event& start) const override {
+    const auto& s = static_cast<const CpuEvent&>(start);
+    return std::chrono::duration<float, std::milli>(at_ - s.at_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point at_ = std::chrono::steady_clock::now();
+};
 
 class CpuBackend final : public Backend {
  public:
@@ -30,6 +44,7 @@ class CpuBackend final : public Backend {
     if (t.nbytes()) std::memset(t.data, 0, static_cast<size_t>(t.nbytes()));
   }
   Status synchronize() override { return Status::Ok(); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
 };
 
 // Stateless, so one shared instance for host buffers is safe.

@@ -23,6 +23,19 @@ class CapturedWork {
   virtual void replay() = 0;
 };
 
+// A point in a backend's stream of work, for timing and for waiting on part of the work.
+// CPU events are host timestamps (CPU work is synchronous).
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Marks the point after all work issued so far.
+  virtual void record() = 0;
+  // Blocks the host until the work before the recorded point has finished.
+  virtual Status wait() = 0;
+  // Milliseconds from `start`'s recorded point to this one (both recorded and waited for).
+  virtual float elapsed_ms(const Event& start) const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -38,6 +51,7 @@ class Backend {
   virtual void zero(Tensor t) = 0;
   // Waits for all issued work to finish; a device-side fault surfaces here as an error.
   virtual Status synchronize() = 0;
+  virtual std::unique_ptr<Event> create_event() = 0;
   // Records the device work `issue` launches on this backend, without running it. Only backends
   // with graph support (CUDA) implement it; `issue` must not allocate, copy to the host or
   // synchronise.

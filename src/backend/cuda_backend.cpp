@@ -141,7 +141,30 @@ class CudaGraphWork final : public CapturedWork {
   cudaStream_t stream_;
 };
 
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(cudaStream_t stream) : stream_(stream) { CUDA_CHECK(cudaEventCreate(&event_)); }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  void record() override { CUDA_CHECK(cudaEventRecord(event_, stream_)); }
+  Status wait() override {
+    cudaError_t err = cudaEventSynchronize(event_);
+    if (err != cudaSuccess) return Status(StatusCode::internal, std::string("CUDA error: ") + cudaGetErrorString(err));
+    return Status::Ok();
+  }
+  float elapsed_ms(const Event& start) const override {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<const CudaEvent&>(start).event_, event_));
+    return ms;
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t event_ = nullptr;
+};
+
 }  // namespace
+
+std::unique_ptr<Event> CudaBackend::create_event() { return std::make_unique<CudaEvent>(stream_); }
 
 Result<std::unique_ptr<CapturedWork>> CudaBackend::capture(const std::function<void()>& issue) {
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));

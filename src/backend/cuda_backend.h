@@ -52,6 +52,7 @@ class CudaBackend final : public Backend {
   void copy(Tensor dst, Tensor src) override;
   void zero(Tensor t) override;
   Status synchronize() override;
+  std::unique_ptr<Event> create_event() override;
   Result<std::unique_ptr<CapturedWork>> capture(const std::function<void()>& issue) override;
 
   CUstream_st* stream() const { return stream_; }

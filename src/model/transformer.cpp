@@ -1,6 +1,7 @@
 #include "model/transformer.h"
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "model/safetensors.h"
@@ -124,6 +125,11 @@ void Transformer::randomize_weights(uint64_t seed) {
 Result<std::unique_ptr<Transformer>> Transformer::load(Backend& backend, const std::string& model_dir,
                                                        const ModelLoadOptions& options) {
   KILN_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
+  if (config.sliding_window > 0)
+    std::fprintf(stderr,
+                 "kiln: warning: %s asks for sliding-window attention (%lld tokens), which kiln does not implement "
+                 "yet: contexts longer than the window attend to every earlier token\n",
+                 config.source.c_str(), static_cast<long long>(config.sliding_window));
   if (options.random_weights) return random(backend, config, options.seed);
   std::unique_ptr<Transformer> m(new Transformer(backend, std::move(config)));
   KILN_RETURN_IF_ERROR(m->allocate_weights());

@@ -48,11 +48,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
+#include "kernels/cuda/attention_internal.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace kiln::cuda {
@@ -545,27 +548,36 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ------------------------------------------------------------------------------------------------
-// 2. Prefill kernel (FlashAttention-2 style, tensor cores).
+// 2. Prefill kernels (FlashAttention-2 style, tensor cores). Several variants are compiled; the
+// host picks one per call (see PrefillVariant below and kernels/cuda/attention_internal.h).
 
-template <int D, int MT, int BN>
+// 2a. mma.sync kernel. NW warps, each owning MT 16-row M tiles (BM = NW * 16 * MT query rows per
+// block), BN keys per K/V tile (double buffered). kQRegs: Q fragments are loaded into registers
+// once (else re-read from shared memory every tile, which frees registers for BN = 128). kLazy:
+// the accumulator rescale is skipped when no row of the warp changed its running max.
+template <int D, int MT, int BN, int NW>
 struct PrefillCfg {
-  static constexpr int kBM = kWarps * 16 * MT;                   // query rows per block
+  static constexpr int kThreads = NW * 32;
+  static constexpr int kBM = NW * 16 * MT;                       // query rows per block
   static constexpr int kChunks = D / 8;                          // 16-byte chunks per row
   static constexpr int kSmemBytes = (kBM * D + 4 * BN * D) * 2;  // Q + double-buffered K and V
 };
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][D] tile (conflict-free ldmatrix).
+// For D = 64 this is exactly the hardware 128-byte swizzle (chunk ^= row % 8 within 1024-byte
+// atoms), which the wgmma kernel relies on.
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) {
   return r * D + ((c ^ (r & 7)) << 3);
 }
 
-template <typename T, int D, int MT, int BN>
-__global__ void __launch_bounds__(kThreads, 2)
+template <typename T, int D, int MT, int BN, int NW, bool kQRegs, bool kLazy>
+__global__ void __launch_bounds__(NW * 32, 2)
     attn_prefill_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
                         const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
                         const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles, float sl) {
-  using Cfg = PrefillCfg<D, MT, BN>;
+  using Cfg = PrefillCfg<D, MT, BN, NW>;
+  constexpr int NT = Cfg::kThreads;
   constexpr int BM = Cfg::kBM;
   constexpr int NC = Cfg::kChunks;
   constexpr int KS = D / 16;  // k steps of QK
@@ -602,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const T* v_base = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
 
   // Q tile.
-  for (int idx = tid; idx < BM * NC; idx += kThreads) {
+  for (int idx = tid; idx < BM * NC; idx += NT) {
     const int r = idx / NC, c = idx % NC;
     const bool ok = row0 + r < q_len;
     const T* src = q_base + (ok ? static_cast<int64_t>(row0 + r) * q_stride + c * 8 : 0);
@@ -611,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto load_kv = [&](int tile, int buf) {
     T* dk = sK + buf * BN * D;
     T* dv = sV + buf * BN * D;
-    for (int idx = tid; idx < BN * NC; idx += kThreads) {
+    for (int idx = tid; idx < BN * NC; idx += NT) {
       const int r = idx / NC, c = idx % NC;
       const int key = tile * BN + r;
       const bool ok = key < n_keys;
@@ -631,23 +643,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   float m[MT][2], l[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
-  uint32_t qf[MT][KS][4];
+  uint32_t qf[kQRegs ? MT : 1][kQRegs ? KS : 1][4];
 
   const int warp_row0 = warp * 16 * MT;  // first tile row of this warp
+  auto q_frag = [&](uint32_t (&r4)[4], int mt, int kk) {
+    const int r = warp_row0 + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int c = 2 * kk + (lane >> 4);
+    ldmatrix_x4(r4, smem_u32(sQ + swz<D>(r, c)));
+  };
   for (int tile = 0; tile < n_tiles; ++tile) {
     if (tile + 1 < n_tiles) load_kv(tile + 1, (tile + 1) & 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    if (tile == 0) {
+    if constexpr (kQRegs) {
+      if (tile == 0) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-          const int r = warp_row0 + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-          const int c = 2 * kk + (lane >> 4);
-          ldmatrix_x4(qf[mt][kk], smem_u32(sQ + swz<D>(r, c)));
-        }
+          for (int kk = 0; kk < KS; ++kk) q_frag(qf[mt][kk], mt, kk);
+      }
     }
     const T* cK = sK + (tile & 1) * BN * D;
     const T* cV = sV + (tile & 1) * BN * D;
@@ -659,7 +674,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int nt = 0; nt < SN; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk)
+    for (int kk = 0; kk < KS; ++kk) {
+      uint32_t qs[kQRegs ? 1 : MT][4];
+      if constexpr (!kQRegs) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) q_frag(qs[mt], mt, kk);
+      }
 #pragma unroll
       for (int np = 0; np < SN / 2; ++np) {
         uint32_t bk[4];
@@ -668,10 +688,12 @@ __global__ void __launch_bounds__(kThreads, 2)
         ldmatrix_x4(bk, smem_u32(cK + swz<D>(r, c)));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          Mma<T>::mma(s[mt][2 * np], qf[mt][kk], bk[0], bk[1]);
-          Mma<T>::mma(s[mt][2 * np + 1], qf[mt][kk], bk[2], bk[3]);
+          const uint32_t(&qa)[4] = kQRegs ? qf[kQRegs ? mt : 0][kQRegs ? kk : 0] : qs[kQRegs ? 0 : mt];
+          Mma<T>::mma(s[mt][2 * np], qa, bk[0], bk[1]);
+          Mma<T>::mma(s[mt][2 * np + 1], qa, bk[2], bk[3]);
         }
       }
+    }
 
     // Mask tiles that cross the diagonal or the end of the keys.
     const int key0 = tile * BN;
@@ -689,6 +711,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 
     // Online softmax.
+    float alpha[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -700,7 +723,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m[mt][hf], mx * sl);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        const float alpha = fast_exp2(m[mt][hf] - m_use);
+        alpha[mt][hf] = fast_exp2(m[mt][hf] - m_use);
         m[mt][hf] = m_new;
         float sum = 0.0f;
 #pragma unroll
@@ -711,15 +734,28 @@ __global__ void __launch_bounds__(kThreads, 2)
             s[mt][nt][2 * hf + e] = p;
             sum += p;
           }
-        l[mt][hf] = l[mt][hf] * alpha + sum;
+        l[mt][hf] = l[mt][hf] * alpha[mt][hf] + sum;
+      }
+    bool rescale = true;
+    if constexpr (kLazy) {
+      bool changed = false;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) changed |= (alpha[mt][0] != 1.0f) | (alpha[mt][1] != 1.0f);
+      rescale = __any_sync(0xffffffffu, changed);
+    }
+    if (rescale) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int dn = 0; dn < DN; ++dn) {
-          acc[mt][dn][2 * hf] *= alpha;
-          acc[mt][dn][2 * hf + 1] *= alpha;
+          acc[mt][dn][0] *= alpha[mt][0];
+          acc[mt][dn][1] *= alpha[mt][0];
+          acc[mt][dn][2] *= alpha[mt][1];
+          acc[mt][dn][3] *= alpha[mt][1];
         }
-      }
+    }
 
-      // O += P V
+    // O += P V (P stays in registers: S's C fragments are the A fragments of the PV product).
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       uint32_t pa[MT][4];
@@ -764,6 +800,293 @@ __global__ void __launch_bounds__(kThreads, 2)
         *reinterpret_cast<uint32_t*>(dst + dn * 8) =
             Mma<T>::pack(acc[mt][dn][2 * hf] * inv, acc[mt][dn][2 * hf + 1] * inv);
     }
+}
+
+// 2b. Hopper wgmma kernel (D = 64 only, bf16/f16). NWG warpgroups of 4 warps, each owning 64
+// query rows (BM = 64 * NWG), BN keys per K/V tile. Q, K and V tiles use the same 128-byte
+// swizzled layout as above (D = 64: one 128-byte row per key, 1024-byte atoms of 8 rows), which is
+// the canonical wgmma SW128 layout: K-major for Q (A) and K (B) of S = Q K^T, MN-major for V
+// (B of O = P V, "transposed" B). Per 16-wide k step the K-major descriptors advance 32 bytes
+// inside the 128-byte rows; the MN-major V descriptor advances 16 key rows (2048 bytes).
+// S and O live in wgmma accumulator registers (per warp: the mma.sync C layout, n8 tile j in
+// registers 4j..4j+3); P is packed from S into the register A operand of the PV wgmma.
+// Pipeline per key tile: wait for the tile's cp.async group, fence.proxy.async (cp.async writes
+// are generic-proxy, wgmma reads are async-proxy), barrier, prefetch the next tile into the other
+// buffer (its previous readers finished: every warpgroup waits for its wgmmas before the barrier),
+// S wgmma -> wait -> masked online softmax -> PV wgmma -> wait. Tensor cores overlap with the
+// softmax across the resident blocks / warpgroups of an SM.
+template <typename T>
+struct Wgmma;
+
+// (generated wrappers: one asm statement per wgmma shape)
+template <>
+struct Wgmma<__nv_bfloat16> {
+  // D[64x64] (+)= A[64x16] (smem, K-major) * B[16x64] (smem, K-major); scale_d = 0: D = A*B.
+  static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // D[64x128] (+)= A[64x16] (smem, K-major) * B[16x128] (smem, K-major); scale_d = 0: D = A*B.
+  static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // D[64x64] += A[64x16] (registers, per warp the mma.sync m16n8k16 A layout) * B[16x64] (smem, MN-major).
+  static __device__ __forceinline__ void rs64_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+
+template <>
+struct Wgmma<__half> {
+  // D[64x64] (+)= A[64x16] (smem, K-major) * B[16x64] (smem, K-major); scale_d = 0: D = A*B.
+  static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // D[64x128] (+)= A[64x16] (smem, K-major) * B[16x128] (smem, K-major); scale_d = 0: D = A*B.
+  static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // D[64x64] += A[64x16] (registers, per warp the mma.sync m16n8k16 A layout) * B[16x64] (smem, MN-major).
+  static __device__ __forceinline__ void rs64_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+
+// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63), base offset 0
+// (every tile starts on a 1024-byte boundary). Offsets in bytes.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Pins accumulator registers in program order relative to the (volatile) wgmma wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Masked online-softmax step on a wgmma S accumulator (64 x BN; this thread: rows wrow0 and
+// wrow0 + 8, n8 tile j in s[4j..4j+3]). Updates m, l, returns the rescale factors of the rows and
+// P packed as the register A operands of the BN / 16 PV k steps.
+template <typename T, int BN>
+__device__ __forceinline__ void wg_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                           uint32_t (&pa)[BN / 16][4], int key0, int first_masked, int wrow0,
+                                           int delta, int kv_len, int lane, float sl) {
+  if (key0 + BN > first_masked || key0 + BN > kv_len) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = wrow0 + (e >> 1) * 8;
+        const int key = key0 + j * 8 + (lane & 3) * 2 + (e & 1);
+        if (key > delta + row || key >= kv_len) s[4 * j + e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[hf], mx * sl);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[hf] = fast_exp2(m[hf] - m_use);
+    m[hf] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = fast_exp2(fmaf(s[4 * j + 2 * hf + e], sl, -m_use));
+        s[4 * j + 2 * hf + e] = p;
+        sum += p;
+      }
+    l[hf] = l[hf] * alpha[hf] + sum;
+  }
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+template <int BN, int NWG>
+struct WgCfg {
+  static constexpr int kThreads = NWG * 128;
+  static constexpr int kBM = NWG * 64;
+  static constexpr int kSmemBytes = (kBM * 64 + 4 * BN * 64) * 2 + 1024;  // + slack for 1024-byte alignment
+};
+
+template <typename T, int BN, int NWG, int kMinBlocks>
+__global__ void __launch_bounds__(NWG * 128, kMinBlocks)
+    attn_prefill_wgmma_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
+                              const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
+                              const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles, float sl) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = 64;
+  constexpr int NC = D / 8;
+  constexpr int NT = NWG * 128;
+  constexpr int BM = NWG * 64;
+  constexpr int SD = BN / 2;  // S accumulators per thread (64 x BN over 128 threads)
+  extern __shared__ unsigned char smem_wg[];
+  unsigned char* base = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);
+  T* sQ = reinterpret_cast<T*>(base);
+  T* sK = sQ + BM * D;      // [2][BN][D]
+  T* sV = sK + 2 * BN * D;  // [2][BN][D]
+
+  const int b = blockIdx.z;
+  const int h = blockIdx.y;
+  const int qt = num_qtiles - 1 - static_cast<int>(blockIdx.x);  // heaviest tiles first
+  const int q_start = q_indptr[b];
+  const int q_len = q_indptr[b + 1] - q_start;
+  const int row0 = qt * BM;
+  if (row0 >= q_len) return;
+  const int kv_start = kv_indptr[b];
+  const int kv_len = kv_indptr[b + 1] - kv_start;
+  const int kvh = h / G;
+  const int delta = kv_len - q_len;
+  const int row_end = min(q_len, row0 + BM);
+  const int n_keys = max(0, min(kv_len, delta + row_end));
+  const int n_tiles = (n_keys + BN - 1) / BN;
+  const int first_masked = delta + row0 + 1;
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  const int warp = (tid >> 5) & 3;
+  const int lane = tid & 31;
+  const int64_t q_stride = static_cast<int64_t>(Hq) * D;
+  const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
+  const T* q_base = q + (static_cast<int64_t>(q_start) * Hq + h) * D;
+  const T* k_base = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+  const T* v_base = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+
+  for (int idx = tid; idx < BM * NC; idx += NT) {
+    const int r = idx / NC, c = idx % NC;
+    const bool ok = row0 + r < q_len;
+    const T* src = q_base + (ok ? static_cast<int64_t>(row0 + r) * q_stride + c * 8 : 0);
+    cp_async16(smem_u32(sQ + swz<D>(r, c)), src, ok);
+  }
+  auto load_kv = [&](int tile, int buf) {
+    T* dk = sK + buf * BN * D;
+    T* dv = sV + buf * BN * D;
+    for (int idx = tid; idx < BN * NC; idx += NT) {
+      const int r = idx / NC, c = idx % NC;
+      const int key = tile * BN + r;
+      const bool ok = key < n_keys;
+      const int64_t off = ok ? static_cast<int64_t>(key) * kv_stride + c * 8 : 0;
+      cp_async16(smem_u32(dk + swz<D>(r, c)), k_base + off, ok);
+      cp_async16(smem_u32(dv + swz<D>(r, c)), v_base + off, ok);
+    }
+  };
+  if (n_tiles > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  float o[32], s[SD];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < SD; ++i) s[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int wrow0 = row0 + wg * 64 + warp * 16 + (lane >> 2);  // this thread's rows: wrow0, wrow0 + 8
+  const uint32_t q_addr = smem_u32(sQ + wg * 64 * D);
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (tile + 1 < n_tiles) load_kv(tile + 1, (tile + 1) & 1);
+    cp_async_commit();
+    const uint32_t k_addr = smem_u32(sK + (tile & 1) * BN * D);
+    const uint32_t v_addr = smem_u32(sV + (tile & 1) * BN * D);
+
+    // S = Q K^T (4 k steps of 16 dims).
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint64_t da = wgmma_desc(q_addr + kk * 32, 16, 1024);
+      const uint64_t db = wgmma_desc(k_addr + kk * 32, 16, 1024);
+      if constexpr (BN == 128)
+        Wgmma<T>::ss128(s, da, db, kk);
+      else
+        Wgmma<T>::ss64(s, da, db, kk);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+
+    float alpha[2];
+    uint32_t pa[BN / 16][4];
+    wg_softmax<T, BN>(s, m, l, alpha, pa, tile * BN, first_masked, wrow0, delta, kv_len, lane, sl);
+    if (__any_sync(0xffffffffu, (alpha[0] != 1.0f) | (alpha[1] != 1.0f))) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+    }
+
+    // O += P V (BN / 16 k steps of 16 keys; P from registers, V MN-major).
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      Wgmma<T>::rs64_mn(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lsum = l[hf];
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const int row = wrow0 + hf * 8;
+    if (row >= q_len) continue;
+    T* dst = out + (static_cast<int64_t>(q_start + row) * Hq + h) * D + (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<uint32_t*>(dst + j * 8) = Mma<T>::pack(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+  }
+#else
+  __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
+#endif
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -908,18 +1231,75 @@ void launch_decode(CudaBackend& be, const Args& a) {
   }
 }
 
-template <typename T, int D, int MT, int BN>
+// Prefill variants (see kernels/cuda/attention_internal.h). D=128 has no wgmma kernel: variants
+// 3-6 run variant 0's kernel there.
+constexpr int kDefaultPrefillVariant = 3;
+static_assert(kDefaultPrefillVariant >= 0 && kDefaultPrefillVariant < kPrefillVariantCount);
+
+std::atomic<int> g_prefill_variant_override{-1};
+
+int default_prefill_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("KILN_ATTN_PREFILL_VARIANT");
+    if (e == nullptr || *e == '\0') return kDefaultPrefillVariant;
+    char* end = nullptr;
+    const long n = std::strtol(e, &end, 10);
+    if (*end != '\0' || n < 0 || n >= kPrefillVariantCount) {
+      std::fprintf(stderr, "kiln: ignoring KILN_ATTN_PREFILL_VARIANT=%s (want 0..%d)\n", e, kPrefillVariantCount - 1);
+      return kDefaultPrefillVariant;
+    }
+    return static_cast<int>(n);
+  }();
+  return v;
+}
+
+// wgmma kernels are built for sm_90a only; elsewhere the wgmma variants fall back to variant 0.
+bool device_has_wgmma() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+    return major == 9 && minor == 0;
+  }();
+  return ok;
+}
+
+template <typename T, int D, int MT, int BN, int NW, bool kQRegs, bool kLazy>
 void launch_prefill(CudaBackend& be, const Args& a) {
-  using Cfg = PrefillCfg<D, MT, BN>;
-  auto kernel = attn_prefill_kernel<T, D, MT, BN>;
+  using Cfg = PrefillCfg<D, MT, BN, NW>;
+  auto kernel = attn_prefill_kernel<T, D, MT, BN, NW, kQRegs, kLazy>;
   constexpr int smem = Cfg::kSmemBytes;
-  if constexpr (smem > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if constexpr (smem > 48 * 1024) {
+    static const bool attr_set = [kernel] {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      return true;
+    }();
+    (void)attr_set;
+  }
   const int num_qtiles = (a.max_q_len + Cfg::kBM - 1) / Cfg::kBM;
   dim3 grid(num_qtiles, a.Hq, a.B);
-  kernel<<<grid, kThreads, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
-                                                static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.q_indptr,
-                                                a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
+  kernel<<<grid, Cfg::kThreads, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
+                                                     static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                                                     a.q_indptr, a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T, int BN, int NWG, int kMinBlocks>
+void launch_prefill_wgmma(CudaBackend& be, const Args& a) {
+  using Cfg = WgCfg<BN, NWG>;
+  auto kernel = attn_prefill_wgmma_kernel<T, BN, NWG, kMinBlocks>;
+  constexpr int smem = Cfg::kSmemBytes;
+  static const bool attr_set = [kernel] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr_set;
+  const int num_qtiles = (a.max_q_len + Cfg::kBM - 1) / Cfg::kBM;
+  dim3 grid(num_qtiles, a.Hq, a.B);
+  kernel<<<grid, Cfg::kThreads, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
+                                                     static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                                                     a.q_indptr, a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -934,25 +1314,76 @@ void launch_generic(CudaBackend& be, const Args& a) {
 }
 
 template <typename T>
+void launch_prefill_variant(CudaBackend& be, const Args& a, int variant) {
+  if (variant >= 3 && (a.D != 64 || !device_has_wgmma())) variant = 0;
+  if (a.D == 64) {
+    switch (variant) {
+      case 1:
+        return launch_prefill<T, 64, 2, 128, 4, false, true>(be, a);
+      case 2:
+        return launch_prefill<T, 64, 1, 64, 8, true, true>(be, a);
+      case 3:
+        return launch_prefill_wgmma<T, 128, 1, 3>(be, a);
+      case 4:
+        return launch_prefill_wgmma<T, 64, 1, 4>(be, a);
+      case 5:
+        return launch_prefill_wgmma<T, 128, 2, 1>(be, a);
+      case 6:
+        return launch_prefill_wgmma<T, 64, 2, 2>(be, a);
+      default:
+        return launch_prefill<T, 64, 2, 64, 4, true, false>(be, a);
+    }
+  }
+  switch (variant) {
+    case 1:
+      return launch_prefill<T, 128, 1, 64, 4, true, true>(be, a);
+    case 2:
+      return launch_prefill<T, 128, 1, 64, 8, true, true>(be, a);
+    default:
+      return launch_prefill<T, 128, 1, 64, 4, true, false>(be, a);
+  }
+}
+
+template <typename T>
 void launch_fast(CudaBackend& be, const Args& a) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const bool decode = row_tiles <= kDecodeMaxRowTiles;
-  if (a.D == 64) {
-    if (decode)
+  if (decode) {
+    if (a.D == 64)
       launch_decode<T, 64>(be, a);
     else
-      launch_prefill<T, 64, 2, 64>(be, a);
-  } else {
-    if (decode)
       launch_decode<T, 128>(be, a);
-    else
-      launch_prefill<T, 128, 1, 64>(be, a);
+    return;
   }
+  launch_prefill_variant<T>(be, a, prefill_variant());
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
+
+int prefill_variant() {
+  const int v = g_prefill_variant_override.load(std::memory_order_relaxed);
+  return v >= 0 ? v : default_prefill_variant();
+}
+
+void set_prefill_variant_for_testing(int v) {
+  KILN_ASSERT(v < kPrefillVariantCount);
+  g_prefill_variant_override.store(v < 0 ? -1 : v, std::memory_order_relaxed);
+}
+
+const char* prefill_variant_name(int v) {
+  static const char* const kNames[kPrefillVariantCount] = {
+      "mma.sync 4w x32 rows, BN64, Q regs (original)",
+      "mma.sync 4w x32 rows, BN128, Q smem, lazy rescale",
+      "mma.sync 8w x16 rows, BN64, lazy rescale",
+      "wgmma 1 WG BM64, BN128",
+      "wgmma 1 WG BM64, BN64",
+      "wgmma 2 WG BM128, BN128",
+      "wgmma 2 WG BM128, BN64",
+  };
+  return v >= 0 && v < kPrefillVariantCount ? kNames[v] : "?";
+}
 
 void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
                        Tensor kv_indptr, ops::AttentionBounds bounds, float scale) {
