@@ -3,6 +3,8 @@
 // path (other head sizes, f32), and replay of a captured CUDA graph for other lengths.
 // Outputs are poisoned with NaN first and cache slots outside every request hold NaN, so a row
 // left unwritten or a key read out of range shows up as a non-finite error.
+// Cases that reach the prefill path run once per compiled prefill variant (see
+// kernels/cuda/attention_internal.h), each against the same CPU reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda_backend.h"
+#include "kernels/cuda/attention_internal.h"
 #endif
 
 namespace kiln::test {
@@ -127,8 +130,37 @@ int64_t count_nonfinite(const std::vector<float>& x) {
   return std::count_if(x.begin(), x.end(), [](float v) { return !std::isfinite(v); });
 }
 
-// Runs one case on the GPU and checks it against the CPU twin.
-void check_case(Backend& be, const AttnCase& c, double tol) {
+// Prefill variants to run a case with: every compiled one (CUDA builds), else the default (-1).
+std::vector<int> prefill_variants(bool all) {
+#ifdef KILN_WITH_CUDA
+  if (all) {
+    std::vector<int> v;
+    for (int i = 0; i < cuda::kPrefillVariantCount; ++i) v.push_back(i);
+    return v;
+  }
+#endif
+  (void)all;
+  return {-1};
+}
+
+// Selects a prefill variant for the scope (-1: the default).
+struct PrefillVariantScope {
+  explicit PrefillVariantScope(int v) {
+#ifdef KILN_WITH_CUDA
+    cuda::set_prefill_variant_for_testing(v);
+#endif
+    (void)v;
+  }
+  ~PrefillVariantScope() {
+#ifdef KILN_WITH_CUDA
+    cuda::set_prefill_variant_for_testing(-1);
+#endif
+  }
+};
+
+// Runs one case on the GPU and checks it against the CPU twin; with all_variants, once per
+// prefill variant.
+void check_case(Backend& be, const AttnCase& c, double tol, bool all_variants = false) {
   SCOPED_TRACE(describe(c));
   Inputs in = make_inputs(c);
   std::vector<float> want = cpu_reference(in);
@@ -136,15 +168,22 @@ void check_case(Backend& be, const AttnCase& c, double tol) {
 
   TensorBuffer q = device_copy(be, in.q), k = device_copy(be, in.k), v = device_copy(be, in.v);
   TensorBuffer qi = device_copy(be, in.qi), kvi = device_copy(be, in.kvi);
-  TensorBuffer out = device_copy(be, nan_host(in.q.shape(), c.dtype));
-  ops::attention_forward(be, out, q, k, v, qi, kvi, in.bounds, in.scale);
-  Status st = be.synchronize();
-  ASSERT_TRUE(st.ok()) << st.message();
-  std::vector<float> got = to_f32(be, out);
-  EXPECT_EQ(count_nonfinite(got), 0) << "rows left unwritten or NaN read from unused cache slots";
-  const double err = rel_error(got, want);
-  EXPECT_LE(err, tol) << "max abs diff " << max_abs_diff(got, want);
+  for (int variant : prefill_variants(all_variants)) {
+    SCOPED_TRACE("prefill variant " + std::to_string(variant));
+    PrefillVariantScope scope(variant);
+    TensorBuffer out = device_copy(be, nan_host(in.q.shape(), c.dtype));
+    ops::attention_forward(be, out, q, k, v, qi, kvi, in.bounds, in.scale);
+    Status st = be.synchronize();
+    ASSERT_TRUE(st.ok()) << st.message();
+    std::vector<float> got = to_f32(be, out);
+    EXPECT_EQ(count_nonfinite(got), 0) << "rows left unwritten or NaN read from unused cache slots";
+    const double err = rel_error(got, want);
+    EXPECT_LE(err, tol) << "max abs diff " << max_abs_diff(got, want);
+  }
 }
+
+// Every prefill variant.
+void check_prefill(Backend& be, const AttnCase& c, double tol) { check_case(be, c, tol, true); }
 
 constexpr double kTolBf16 = 1e-2;
 constexpr double kTolF32 = 1e-5;
@@ -237,27 +276,43 @@ TEST(AttentionGpu, DecodeLooseBounds) {
 
 TEST(AttentionGpu, PrefillSingleRequest) {
   KILN_REQUIRE_GPU(be);
-  for (int n : {1, 17, 64, 127, 128, 129, 300, 1030}) check_case(*be, prefill_case(n, n), kTolBf16);
+  for (int n : {1, 17, 64, 127, 128, 129, 300, 1030}) check_prefill(*be, prefill_case(n, n), kTolBf16);
 }
 
 TEST(AttentionGpu, PrefillHeadDim128) {
   KILN_REQUIRE_GPU(be);
-  for (int n : {17, 64, 65, 300, 1030}) check_case(*be, prefill_case(n, n, 8, 2, 128), kTolBf16);
+  for (int n : {17, 64, 65, 300, 1030}) check_prefill(*be, prefill_case(n, n, 8, 2, 128), kTolBf16);
 }
 
 TEST(AttentionGpu, PrefillPeakedScores) {
   KILN_REQUIRE_GPU(be);
   AttnCase c = prefill_case(300, 300);
   c.q_std = 4.0f;
-  check_case(*be, c, kTolBf16);
+  check_prefill(*be, c, kTolBf16);
+}
+
+// Longer runs: many 64/128-key tiles, the diagonal at every offset inside a tile, two requests of
+// different lengths, bounds past the true lengths, GQA group 8, peaked scores.
+TEST(AttentionGpu, PrefillLongerRuns) {
+  KILN_REQUIRE_GPU(be);
+  AttnCase c;
+  c.q_lens = {1500, 333};
+  c.kv_lens = {1500, 2011};
+  c.extra_q_bound = 70;
+  c.kv_offset = 9;
+  check_prefill(*be, c, kTolBf16);
+  AttnCase g8 = prefill_case(517, 1203, 32, 4, 64);
+  g8.q_std = 3.0f;
+  g8.seed = 5;
+  check_prefill(*be, g8, kTolBf16);
 }
 
 // Chunked prefill: queries continue a cached prefix (q_len < kv_len).
 TEST(AttentionGpu, PrefillWithCachedPrefix) {
   KILN_REQUIRE_GPU(be);
-  check_case(*be, prefill_case(200, 1500), kTolBf16);
-  check_case(*be, prefill_case(130, 194), kTolBf16);
-  check_case(*be, prefill_case(70, 1000, 8, 2, 128), kTolBf16);
+  check_prefill(*be, prefill_case(200, 1500), kTolBf16);
+  check_prefill(*be, prefill_case(130, 194), kTolBf16);
+  check_prefill(*be, prefill_case(70, 1000, 8, 2, 128), kTolBf16);
 }
 
 // Prefill and decode requests (and one with no query this step) in one call.
@@ -267,12 +322,12 @@ TEST(AttentionGpu, MixedBatch) {
   c.q_lens = {1, 300, 0, 1, 45, 1};
   c.kv_lens = {1000, 300, 10, 64, 545, 2};
   c.kv_offset = 5;
-  check_case(*be, c, kTolBf16);
+  check_prefill(*be, c, kTolBf16);
   c.Hq = 16;
   c.Hkv = 4;
   c.D = 128;
   c.seed = 3;
-  check_case(*be, c, kTolBf16);
+  check_prefill(*be, c, kTolBf16);
 }
 
 TEST(AttentionGpu, PrefillLooseBounds) {
@@ -282,14 +337,14 @@ TEST(AttentionGpu, PrefillLooseBounds) {
   c.kv_lens = {100, 70, 400};
   c.extra_q_bound = 300;  // whole query tiles past every request
   c.extra_kv_bound = 1000;
-  check_case(*be, c, kTolBf16);
+  check_prefill(*be, c, kTolBf16);
 }
 
 TEST(AttentionGpu, MultiHeadAttention) {
   KILN_REQUIRE_GPU(be);
   check_case(*be, decode_case(3000, 8, 8, 64), kTolBf16);
-  check_case(*be, prefill_case(257, 257, 8, 8, 64), kTolBf16);
-  check_case(*be, prefill_case(100, 150, 4, 4, 128), kTolBf16);
+  check_prefill(*be, prefill_case(257, 257, 8, 8, 64), kTolBf16);
+  check_prefill(*be, prefill_case(100, 150, 4, 4, 128), kTolBf16);
 }
 
 TEST(AttentionGpu, Float16) {
@@ -298,7 +353,7 @@ TEST(AttentionGpu, Float16) {
   c.dtype = DType::f16;
   c.q_lens = {1, 200, 1};
   c.kv_lens = {2000, 200, 33};
-  check_case(*be, c, kTolBf16);
+  check_prefill(*be, c, kTolBf16);
   AttnCase d = decode_case(5000);
   d.dtype = DType::f16;
   check_case(*be, d, kTolBf16);

@@ -37,6 +37,13 @@
 //     buffered, rows past the end zero-filled), ldmatrix(.trans) fragments, mma.sync m16n8k16.
 //     Key tiles past the block's last query position are skipped; only tiles that cross the
 //     diagonal (or the end of the keys) are masked.
+//     That is variant 0; more variants are compiled and one is picked per call (default
+//     kDefaultPrefillVariant, environment KILN_ATTN_PREFILL_VARIANT=N read once, tests/benchmarks:
+//     set_prefill_variant_for_testing; list in kernels/cuda/attention_internal.h): mma.sync with
+//     128-key tiles or 8 warps, and for D=64 on sm_90a Hopper wgmma kernels (S = Q K^T with both
+//     operands from shared-memory descriptors, O += P V with P from registers and V as an
+//     MN-major descriptor), plain or software-pipelined (the QK of tile t+1 and the PV of tile t
+//     run on the tensor cores during the softmax of tile t+1). D=128 has no wgmma kernel.
 //  3. Generic (any even D <= 256, f32/bf16/f16, or unaligned pointers): one warp per (query row,
 //     head), online softmax over keys one at a time. Slow; for correctness on other shapes.
 // Every launch goes on the backend's stream; no host synchronisation and no allocation other than
@@ -572,7 +579,7 @@ __device__ __forceinline__ int swz(int r, int c) {
 }
 
 template <typename T, int D, int MT, int BN, int NW, bool kQRegs, bool kLazy>
-__global__ void __launch_bounds__(NW * 32, 2)
+__global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
     attn_prefill_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
                         const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
                         const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles, float sl) {
@@ -899,9 +906,14 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 // wrow0 + 8, n8 tile j in s[4j..4j+3]). Updates m, l, returns the rescale factors of the rows and
 // P packed as the register A operands of the BN / 16 PV k steps.
 template <typename T, int BN>
-__device__ __forceinline__ void wg_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+__device__ __forceinline__ void wg_softmax(const float (&s_in)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                            uint32_t (&pa)[BN / 16][4], int key0, int first_masked, int wrow0,
                                            int delta, int kv_len, int lane, float sl) {
+  // Work on a copy: the accumulator registers are wgmma inputs, and writing them while another
+  // wgmma is in flight would make ptxas serialize the pipeline.
+  float s[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = s_in[i];
   if (key0 + BN > first_masked || key0 + BN > kv_len) {
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
@@ -1089,6 +1101,191 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
 #endif
 }
 
+// 2c. Software-pipelined wgmma kernel (D = 64): as 2b, but within a warpgroup the tensor cores
+// overlap the softmax (FlashAttention-3 style "intra-warpgroup" pipelining). Per key tile t:
+//   issue S(t+1) = Q K(t+1)^T; issue O += P(t) V(t); wait for S(t+1); softmax(t+1) -> P(t+1)
+//   (other registers than P(t), which the PV wgmma is still reading); wait for PV(t); rescale O.
+// ST K/V stages: at tile t (after the barrier) tile t + ST - 1 is prefetched into the buffer of
+// tile t - 1, whose readers (S(t-1), PV(t-1)) every warpgroup waited for before the barrier.
+template <int BN, int NWG, int ST>
+struct WgPipeCfg {
+  static constexpr int kThreads = NWG * 128;
+  static constexpr int kBM = NWG * 64;
+  static constexpr int kSmemBytes = (kBM * 64 + 2 * ST * BN * 64) * 2 + 1024;
+};
+
+template <typename T, int BN, int NWG, int ST, int kMinBlocks>
+__global__ void __launch_bounds__(NWG * 128, kMinBlocks)
+    attn_prefill_wgmma_pipe_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
+                                   const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
+                                   const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles,
+                                   float sl) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(ST >= 3);
+  constexpr int D = 64;
+  constexpr int NC = D / 8;
+  constexpr int NT = NWG * 128;
+  constexpr int BM = NWG * 64;
+  constexpr int SD = BN / 2;
+  extern __shared__ unsigned char smem_wgp[];
+  unsigned char* base = smem_wgp + ((1024u - (smem_u32(smem_wgp) & 1023u)) & 1023u);
+  T* sQ = reinterpret_cast<T*>(base);
+  T* sK = sQ + BM * D;       // [ST][BN][D]
+  T* sV = sK + ST * BN * D;  // [ST][BN][D]
+
+  const int b = blockIdx.z;
+  const int h = blockIdx.y;
+  const int qt = num_qtiles - 1 - static_cast<int>(blockIdx.x);  // heaviest tiles first
+  const int q_start = q_indptr[b];
+  const int q_len = q_indptr[b + 1] - q_start;
+  const int row0 = qt * BM;
+  if (row0 >= q_len) return;
+  const int kv_start = kv_indptr[b];
+  const int kv_len = kv_indptr[b + 1] - kv_start;
+  const int kvh = h / G;
+  const int delta = kv_len - q_len;
+  const int row_end = min(q_len, row0 + BM);
+  const int n_keys = max(0, min(kv_len, delta + row_end));
+  const int n_tiles = (n_keys + BN - 1) / BN;
+  const int first_masked = delta + row0 + 1;
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  const int warp = (tid >> 5) & 3;
+  const int lane = tid & 31;
+  const int64_t q_stride = static_cast<int64_t>(Hq) * D;
+  const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
+  const T* q_base = q + (static_cast<int64_t>(q_start) * Hq + h) * D;
+  const T* k_base = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+  const T* v_base = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+
+  for (int idx = tid; idx < BM * NC; idx += NT) {
+    const int r = idx / NC, c = idx % NC;
+    const bool ok = row0 + r < q_len;
+    const T* src = q_base + (ok ? static_cast<int64_t>(row0 + r) * q_stride + c * 8 : 0);
+    cp_async16(smem_u32(sQ + swz<D>(r, c)), src, ok);
+  }
+  auto load_kv = [&](int tile) {
+    T* dk = sK + (tile % ST) * BN * D;
+    T* dv = sV + (tile % ST) * BN * D;
+    for (int idx = tid; idx < BN * NC; idx += NT) {
+      const int r = idx / NC, c = idx % NC;
+      const int key = tile * BN + r;
+      const bool ok = key < n_keys;
+      const int64_t off = ok ? static_cast<int64_t>(key) * kv_stride + c * 8 : 0;
+      cp_async16(smem_u32(dk + swz<D>(r, c)), k_base + off, ok);
+      cp_async16(smem_u32(dv + swz<D>(r, c)), v_base + off, ok);
+    }
+  };
+  // Prologue: tiles 0 .. ST-2, one group each (the Q tile joins group 0).
+#pragma unroll
+  for (int t = 0; t < ST - 1; ++t) {
+    if (t < n_tiles) load_kv(t);
+    cp_async_commit();
+  }
+
+  float o[32], s[SD];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < SD; ++i) s[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int wrow0 = row0 + wg * 64 + warp * 16 + (lane >> 2);
+  const uint32_t q_addr = smem_u32(sQ + wg * 64 * D);
+  auto issue_s = [&](int tile) {
+    const uint32_t k_addr = smem_u32(sK + (tile % ST) * BN * D);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint64_t da = wgmma_desc(q_addr + kk * 32, 16, 1024);
+      const uint64_t db = wgmma_desc(k_addr + kk * 32, 16, 1024);
+      if constexpr (BN == 128)
+        Wgmma<T>::ss128(s, da, db, kk);
+      else
+        Wgmma<T>::ss64(s, da, db, kk);
+    }
+  };
+
+  if (n_tiles > 0) {
+    uint32_t pa[BN / 16][4];
+    float alpha[2];
+    // Tile 0: S(0) and its softmax.
+    cp_async_wait<ST - 2>();
+    fence_proxy_async();
+    __syncthreads();
+    wgmma_fence();
+    issue_s(0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+    wg_softmax<T, BN>(s, m, l, alpha, pa, 0, first_masked, wrow0, delta, kv_len, lane, sl);
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const bool more = tile + 1 < n_tiles;  // block-uniform
+      if (more) {
+        cp_async_wait<ST - 3>();  // tile + 1 has landed
+        fence_proxy_async();
+        __syncthreads();
+        if (tile + ST - 1 < n_tiles) load_kv(tile + ST - 1);
+        cp_async_commit();
+      }
+      const uint64_t dv = wgmma_desc(smem_u32(sV + (tile % ST) * BN * D), BN * 128, 1024);
+      wgmma_fence();
+      if (more) issue_s(tile + 1);
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T>::rs64_mn(o, pa[kk], dv + kk * (16 * 128 / 16));
+      wgmma_commit();
+      if (more) {
+        uint32_t pn[BN / 16][4];
+        wgmma_wait<1>();  // S(tile + 1) done; PV(tile) may still run
+        fence_regs(s);
+        wg_softmax<T, BN>(s, m, l, alpha, pn, (tile + 1) * BN, first_masked, wrow0, delta, kv_len, lane, sl);
+        wgmma_wait<0>();
+        fence_regs(o);
+        if (__any_sync(0xffffffffu, (alpha[0] != 1.0f) | (alpha[1] != 1.0f))) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            o[4 * j] *= alpha[0];
+            o[4 * j + 1] *= alpha[0];
+            o[4 * j + 2] *= alpha[1];
+            o[4 * j + 3] *= alpha[1];
+          }
+        }
+        // pa is read by the PV wgmma until the wait above; the empty asm keeps it live until here,
+        // so the compiler cannot build pn in pa's registers (ptxas would serialize the wgmmas).
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            asm volatile("" : "+r"(pa[kk][i])::"memory");
+            pa[kk][i] = pn[kk][i];
+          }
+      } else {
+        wgmma_wait<0>();
+        fence_regs(o);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lsum = l[hf];
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const int row = wrow0 + hf * 8;
+    if (row >= q_len) continue;
+    T* dst = out + (static_cast<int64_t>(q_start + row) * Hq + h) * D + (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<uint32_t*>(dst + j * 8) = Mma<T>::pack(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+  }
+#else
+  __trap();
+#endif
+}
+
 // ------------------------------------------------------------------------------------------------
 // 3. Generic kernel: one warp per (request, query row, head); any even D <= 256.
 
@@ -1233,7 +1430,7 @@ void launch_decode(CudaBackend& be, const Args& a) {
 
 // Prefill variants (see kernels/cuda/attention_internal.h). D=128 has no wgmma kernel: variants
 // 3-6 run variant 0's kernel there.
-constexpr int kDefaultPrefillVariant = 3;
+constexpr int kDefaultPrefillVariant = 7;
 static_assert(kDefaultPrefillVariant >= 0 && kDefaultPrefillVariant < kPrefillVariantCount);
 
 std::atomic<int> g_prefill_variant_override{-1};
@@ -1303,6 +1500,24 @@ void launch_prefill_wgmma(CudaBackend& be, const Args& a) {
   CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename T, int BN, int NWG, int ST, int kMinBlocks>
+void launch_prefill_wgmma_pipe(CudaBackend& be, const Args& a) {
+  using Cfg = WgPipeCfg<BN, NWG, ST>;
+  auto kernel = attn_prefill_wgmma_pipe_kernel<T, BN, NWG, ST, kMinBlocks>;
+  constexpr int smem = Cfg::kSmemBytes;
+  static const bool attr_set = [kernel] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr_set;
+  const int num_qtiles = (a.max_q_len + Cfg::kBM - 1) / Cfg::kBM;
+  dim3 grid(num_qtiles, a.Hq, a.B);
+  kernel<<<grid, Cfg::kThreads, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
+                                                     static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                                                     a.q_indptr, a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 template <typename T>
 void launch_generic(CudaBackend& be, const Args& a) {
   const int64_t rows = static_cast<int64_t>(a.B) * a.max_q_len * a.Hq;
@@ -1330,6 +1545,12 @@ void launch_prefill_variant(CudaBackend& be, const Args& a, int variant) {
         return launch_prefill_wgmma<T, 128, 2, 1>(be, a);
       case 6:
         return launch_prefill_wgmma<T, 64, 2, 2>(be, a);
+      case 7:
+        return launch_prefill_wgmma_pipe<T, 64, 1, 4, 3>(be, a);
+      case 8:
+        return launch_prefill_wgmma_pipe<T, 128, 1, 3, 2>(be, a);
+      case 9:
+        return launch_prefill_wgmma_pipe<T, 64, 2, 4, 1>(be, a);
       default:
         return launch_prefill<T, 64, 2, 64, 4, true, false>(be, a);
     }
@@ -1338,7 +1559,7 @@ void launch_prefill_variant(CudaBackend& be, const Args& a, int variant) {
     case 1:
       return launch_prefill<T, 128, 1, 64, 4, true, true>(be, a);
     case 2:
-      return launch_prefill<T, 128, 1, 64, 8, true, true>(be, a);
+      return launch_prefill<T, 128, 1, 64, 8, false, true>(be, a);
     default:
       return launch_prefill<T, 128, 1, 64, 4, true, false>(be, a);
   }
@@ -1381,6 +1602,9 @@ const char* prefill_variant_name(int v) {
       "wgmma 1 WG BM64, BN64",
       "wgmma 2 WG BM128, BN128",
       "wgmma 2 WG BM128, BN64",
+      "wgmma pipelined 1 WG BM64, BN64, 4 stages",
+      "wgmma pipelined 1 WG BM64, BN128, 3 stages",
+      "wgmma pipelined 2 WG BM128, BN64, 4 stages",
   };
   return v >= 0 && v < kPrefillVariantCount ? kNames[v] : "?";
 }

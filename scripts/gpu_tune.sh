@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One GPU call for kernel work: more fixtures from transformers, all GPU tests, every prefill
+# attention variant, and the model benchmark with the old and new default variants.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kiln-out}; mkdir -p "$OUT"
+tar -xJf .carry/gpu-build.tar.xz
+export KILN_TESTDATA=$PWD/testdata KILN_BINARY=$PWD/build-gpu/bin/kiln
+for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
+  [ -e "$d/libcublasLt.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" && break
+done
+(cd /tmp && OUT=$OUT PYTHONUNBUFFERED=1 timeout 120 python3 $OLDPWD/tests/reference/make_model_fixtures.py > $OUT/fixtures.log 2>&1; tail -5 $OUT/fixtures.log)
+build-gpu/tests/kiln_gpu_tests > $OUT/gpu_tests.log 2>&1; grep -E "FAILED|PASSED" $OUT/gpu_tests.log | head -30
+timeout 150 build-gpu/bin/bench_attention > $OUT/bench_attention.json 2>&1; tail -40 $OUT/bench_attention.json
+for v in 0 7; do
+  KILN_ATTN_PREFILL_VARIANT=$v timeout 100 build-gpu/bin/bench_decode --config bench/configs/astrai-1b-shape.config.json \
+    --contexts 1024,8192,30000 --steps 32 > $OUT/bench_decode_v$v.json 2>&1; echo "variant $v"; grep -A4 prefill_ms $OUT/bench_decode_v$v.json
+done
