@@ -30,6 +30,9 @@ fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   CFG=bench/configs/astrai-1b-shape.config.json
   "$BUILD/bin/bench_attention" > "$OUT/bench_attention.json" 2>&1; cat "$OUT/bench_attention.json"
+  "$BUILD/bin/bench_ops" --config $CFG --tokens 8192 --context 30000 > "$OUT/bench_ops_prefill.json" 2>&1
+  "$BUILD/bin/bench_ops" --config $CFG --tokens 1 --context 1024 > "$OUT/bench_ops_decode.json" 2>&1
+  grep -E '"(layer_us|model_ms_excluding_embedding_and_head)"' "$OUT"/bench_ops_*.json
   "$BUILD/bin/bench_decode" --config $CFG --contexts 1024,8192,30000 > "$OUT/bench_decode.json" 2> "$OUT/bench_decode.err" || status=1
   cat "$OUT/bench_decode.json"
   if [ -f .carry/hf_bench.py ]; then

@@ -12,7 +12,8 @@ done
 (cd /tmp && OUT=$OUT PYTHONUNBUFFERED=1 timeout 120 python3 $OLDPWD/tests/reference/make_model_fixtures.py > $OUT/fixtures.log 2>&1; tail -5 $OUT/fixtures.log)
 build-gpu/tests/kiln_gpu_tests > $OUT/gpu_tests.log 2>&1; grep -E "FAILED|PASSED" $OUT/gpu_tests.log | head -30
 timeout 150 build-gpu/bin/bench_attention > $OUT/bench_attention.json 2>&1; tail -40 $OUT/bench_attention.json
-for v in 0 7; do
+build-gpu/bin/bench_ops --config bench/configs/astrai-1b-shape.config.json --tokens 8192 --context 30000 > $OUT/bench_ops.json 2>&1; cat $OUT/bench_ops.json
+for v in ${VARIANTS:-0}; do
   KILN_ATTN_PREFILL_VARIANT=$v timeout 100 build-gpu/bin/bench_decode --config bench/configs/astrai-1b-shape.config.json \
     --contexts 1024,8192,30000 --steps 32 > $OUT/bench_decode_v$v.json 2>&1; echo "variant $v"; grep -A4 prefill_ms $OUT/bench_decode_v$v.json
 done

@@ -16,4 +16,26 @@ TEST(GoldenCpu, TinyQwen2) {
   check_golden_model(*be, "tiny-qwen2", 1e-5);
 }
 
+// Made by tests/reference/make_model_fixtures.py (transformers 5.17): more architectures and
+// checkpoint forms.
+TEST(GoldenCpu, TinyQwen3QkNormExplicitHeadDim) {
+  auto be = make_cpu_backend();
+  check_golden_model(*be, "tiny-qwen3", 1e-5);
+}
+
+TEST(GoldenCpu, TinyMistralSharded) {
+  auto be = make_cpu_backend();
+  check_golden_model(*be, "tiny-mistral", 1e-5);
+}
+
+TEST(GoldenCpu, TinyLlamaBiasesLinearRope) {
+  auto be = make_cpu_backend();
+  check_golden_model(*be, "tiny-llama-biased", 1e-5);
+}
+
+TEST(GoldenCpu, TinyQwen2StoredInBf16) {
+  auto be = make_cpu_backend();
+  check_golden_model(*be, "tiny-qwen2-bf16", 1e-5);
+}
+
 }  // namespace kiln::test

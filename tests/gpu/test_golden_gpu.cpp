@@ -19,6 +19,14 @@ TEST(GoldenGpu, TinyQwen2) {
   check_golden_model(*be, "tiny-qwen2", 2e-2);
 }
 
+TEST(GoldenGpu, MoreArchitectures) {
+  KILN_REQUIRE_GPU(be);
+  for (const char* model : {"tiny-qwen3", "tiny-mistral", "tiny-llama-biased", "tiny-qwen2-bf16"}) {
+    SCOPED_TRACE(model);
+    check_golden_model(*be, model, 2e-2);
+  }
+}
+
 }  // namespace kiln::test
 
 #include "infer/generator.h"

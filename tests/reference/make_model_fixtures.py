@@ -26,7 +26,11 @@ def randomize(m):
 def golden(name, cfg, M, save_dtype=torch.float32, shard=None):
     m = M(cfg).float().eval(); randomize(m); d = os.path.join(root, name); os.makedirs(d)
     if save_dtype != torch.float32:
-        m = m.to(save_dtype); m.save_pretrained(d, safe_serialization=True); m = m.float()
+        # Round the weights through the stored dtype, then run them in a fresh fp32 model: m.to(bf16)
+        # would also round the rotary inv_freq buffer, which a model loaded for fp32 use recomputes.
+        m.to(save_dtype).save_pretrained(d, safe_serialization=True)
+        rounded = {k: v.to(save_dtype).float() for k, v in m.state_dict().items()}
+        m = M(cfg).float().eval(); m.load_state_dict(rounded)
     elif shard:
         m.save_pretrained(d, safe_serialization=True, max_shard_size=shard)
     else:
