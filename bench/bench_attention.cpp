@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
 
   std::printf("{\n  \"hq\": %d, \"hkv\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"sms\": %d,\n", hq, hkv, d,
               be.multiprocessor_count());
-  std::printf("  \"default_prefill_variant\": %d,\n  \"variants\": [", cuda::prefill_variant());
+  std::printf("  \"default_prefill_variant\": %d,\n  \"variants\": [", cuda::prefill_variant_for_head_dim(d));
   for (size_t i = 0; i < variants.size(); ++i)
     std::printf("%s\n    {\"variant\": %d, \"name\": \"%s\"}", i ? "," : "", variants[i],
                 cuda::prefill_variant_name(variants[i]));

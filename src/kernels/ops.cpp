@@ -132,6 +132,19 @@ void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tenso
   cpu::kv_cache_write(k_cache, v_cache, k, v, slots);
 }
 
+void qkv_rope_cache_write(Backend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor positions,
+                          Tensor slots, Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm,
+                          float eps) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda())
+    return cuda::qkv_rope_cache_write(cuda_backend(be), q_out, k_cache, v_cache, qkv, positions, slots, inv_freq,
+                                      attention_scaling, q_norm, k_norm, eps);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::qkv_rope_cache_write(q_out, k_cache, v_cache, qkv, positions, slots, inv_freq, attention_scaling, q_norm, k_norm,
+                            eps);
+}
+
 void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, Tensor kv_indptr, AttentionBounds bounds, float scale) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda()) return cuda::attention_forward(cuda_backend(be), out, q, k_cache, v_cache, q_indptr, kv_indptr, bounds, scale);

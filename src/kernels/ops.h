@@ -75,6 +75,17 @@ void fill_constant(Backend& be, Tensor t, float value);
 // k, v: [T, Hkv, D], k_cache, v_cache: [S, Hkv, D], slots: [T] i32 (slot < S).
 void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tensor v, Tensor slots);
 
+// The attention block's input stage, fused: splits the packed q/k/v projection, applies the
+// optional per-head RMSNorm of q and k (Qwen3), rotary embedding to q and k, and writes q to
+// `q_out` and k, v into the cache slots. Same arithmetic as rmsnorm_forward (rounded to the
+// output dtype) followed by rope_forward and kv_cache_write, in one pass.
+// qkv:     [T, (Hq + 2 Hkv) * D]  each row: Hq query heads, then Hkv key heads, then Hkv value heads
+// q_out:   [T, Hq, D];  k_cache, v_cache: [S, Hkv, D];  positions, slots: [T] i32
+// inv_freq: [D/2] f32; q_norm, k_norm: [D] or absent (data == nullptr)
+void qkv_rope_cache_write(Backend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor positions,
+                          Tensor slots, Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm,
+                          float eps);
+
 // Host-side sizes of an attention call. The kernels read each request's true lengths from the
 // device indptr arrays; these bounds fix the launch shape (so a captured CUDA graph can be
 // replayed for other lengths up to the bounds).

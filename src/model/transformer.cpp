@@ -32,14 +32,8 @@ Status Transformer::allocate_weights() {
   layers_.resize(c.num_hidden_layers);
   for (LayerWeights& L : layers_) {
     KILN_RETURN_IF_ERROR(alloc(L.input_norm, {H}));
-    KILN_RETURN_IF_ERROR(alloc(L.q_proj, {Hq * D, H}));
-    KILN_RETURN_IF_ERROR(alloc(L.k_proj, {Hkv * D, H}));
-    KILN_RETURN_IF_ERROR(alloc(L.v_proj, {Hkv * D, H}));
-    if (c.attention_bias) {
-      KILN_RETURN_IF_ERROR(alloc(L.q_bias, {Hq * D}));
-      KILN_RETURN_IF_ERROR(alloc(L.k_bias, {Hkv * D}));
-      KILN_RETURN_IF_ERROR(alloc(L.v_bias, {Hkv * D}));
-    }
+    KILN_RETURN_IF_ERROR(alloc(L.qkv_proj, {(Hq + 2 * Hkv) * D, H}));
+    if (c.attention_bias) KILN_RETURN_IF_ERROR(alloc(L.qkv_bias, {(Hq + 2 * Hkv) * D}));
     if (c.o_proj_bias) KILN_RETURN_IF_ERROR(alloc(L.o_bias, {H}));
     if (c.qk_norm) {
       KILN_RETURN_IF_ERROR(alloc(L.q_norm, {D}));
@@ -62,8 +56,9 @@ Status Transformer::allocate_weights() {
   return Status::Ok();
 }
 
-// HF names of every weight with the tensor it fills. The fused gate_up_proj appears as its two
-// halves ("gate_proj" rows first, then "up_proj"), likewise its bias.
+// HF names of every weight with the tensor it fills. The fused projections appear as their parts:
+// qkv_proj as q_proj, k_proj, v_proj rows; gate_up_proj as gate_proj then up_proj rows; likewise
+// their biases.
 std::vector<std::pair<std::string, Tensor>> Transformer::named_weights() const {
   std::vector<std::pair<std::string, Tensor>> out;
   out.emplace_back("model.embed_tokens.weight", embed_tokens_);
@@ -72,13 +67,17 @@ std::vector<std::pair<std::string, Tensor>> Transformer::named_weights() const {
     const std::string p = layer_prefix(i);
     const int64_t I = config_.intermediate_size;
     out.emplace_back(p + "input_layernorm.weight", L.input_norm);
-    out.emplace_back(p + "self_attn.q_proj.weight", L.q_proj);
-    out.emplace_back(p + "self_attn.k_proj.weight", L.k_proj);
-    out.emplace_back(p + "self_attn.v_proj.weight", L.v_proj);
-    if (L.q_bias.allocated()) {
-      out.emplace_back(p + "self_attn.q_proj.bias", L.q_bias);
-      out.emplace_back(p + "self_attn.k_proj.bias", L.k_bias);
-      out.emplace_back(p + "self_attn.v_proj.bias", L.v_bias);
+    const int64_t q_rows = config_.num_attention_heads * config_.head_dim;
+    const int64_t kv_rows = config_.num_key_value_heads * config_.head_dim;
+    const Tensor qkv = L.qkv_proj.view();
+    out.emplace_back(p + "self_attn.q_proj.weight", qkv.rows(0, q_rows));
+    out.emplace_back(p + "self_attn.k_proj.weight", qkv.rows(q_rows, q_rows + kv_rows));
+    out.emplace_back(p + "self_attn.v_proj.weight", qkv.rows(q_rows + kv_rows, q_rows + 2 * kv_rows));
+    if (L.qkv_bias.allocated()) {
+      const Tensor b = L.qkv_bias.view();
+      out.emplace_back(p + "self_attn.q_proj.bias", b.rows(0, q_rows));
+      out.emplace_back(p + "self_attn.k_proj.bias", b.rows(q_rows, q_rows + kv_rows));
+      out.emplace_back(p + "self_attn.v_proj.bias", b.rows(q_rows + kv_rows, q_rows + 2 * kv_rows));
     }
     if (L.q_norm.allocated()) {
       out.emplace_back(p + "self_attn.q_norm.weight", L.q_norm);
@@ -170,9 +169,8 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   // rounding it to bf16 after each add costs more accuracy than its bandwidth is worth.
   KILN_ASSIGN_OR_RETURN(ws.residual, empty(backend_, {T, H}, DType::f32));
   KILN_ASSIGN_OR_RETURN(ws.normed, empty(backend_, {T, H}, dtype_));
+  KILN_ASSIGN_OR_RETURN(ws.qkv, empty(backend_, {T, (c.num_attention_heads + 2 * c.num_key_value_heads) * D}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.q, empty(backend_, {T, c.num_attention_heads, D}, dtype_));
-  KILN_ASSIGN_OR_RETURN(ws.k, empty(backend_, {T, c.num_key_value_heads, D}, dtype_));
-  KILN_ASSIGN_OR_RETURN(ws.v, empty(backend_, {T, c.num_key_value_heads, D}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.attn, empty(backend_, {T, c.num_attention_heads * D}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.proj, empty(backend_, {T, H}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.gate_up, empty(backend_, {T, 2 * c.intermediate_size}, dtype_));
@@ -195,10 +193,9 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   Tensor residual = ws.residual.view().rows(0, T);  // the residual stream x
   Tensor hidden = ws.hidden.view().rows(0, T);      // a sublayer's output, added into x
   Tensor normed = ws.normed.view().rows(0, T);
-  Tensor q = ws.q.view().rows(0, T), k = ws.k.view().rows(0, T), v = ws.v.view().rows(0, T);
+  Tensor qkv = ws.qkv.view().rows(0, T), q = ws.q.view().rows(0, T);
   Tensor attn = ws.attn.view().rows(0, T), proj = ws.proj.view().rows(0, T);
   Tensor gate_up = ws.gate_up.view().rows(0, T), act = ws.act.view().rows(0, T);
-  Tensor q2 = q.view({T, Hq * D}), k2 = k.view({T, Hkv * D}), v2 = v.view({T, Hkv * D});
 
   ops::embedding_forward(be, residual, embed_tokens_, batch.ids);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
@@ -207,16 +204,9 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
       ops::rmsnorm_forward(be, normed, residual, L.input_norm, eps);
     else
       ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
-    ops::linear_forward(be, q2, normed, L.q_proj, L.q_bias);
-    ops::linear_forward(be, k2, normed, L.k_proj, L.k_bias);
-    ops::linear_forward(be, v2, normed, L.v_proj, L.v_bias);
-    if (c.qk_norm) {
-      ops::rmsnorm_forward(be, q, q, L.q_norm, eps);
-      ops::rmsnorm_forward(be, k, k, L.k_norm, eps);
-    }
-    ops::rope_forward(be, q, batch.positions, inv_freq_, rope_attention_scaling_);
-    ops::rope_forward(be, k, batch.positions, inv_freq_, rope_attention_scaling_);
-    ops::kv_cache_write(be, cache.k[i], cache.v[i], k, v, batch.slots);
+    ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
+    ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, inv_freq_,
+                              rope_attention_scaling_, L.q_norm, L.k_norm, eps);
     ops::attention_forward(be, attn.view({T, Hq, D}), q, cache.k[i], cache.v[i], batch.q_indptr, batch.kv_indptr,
                            batch.bounds, scale);
     ops::linear_forward(be, proj, attn, L.o_proj, L.o_bias);

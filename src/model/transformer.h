@@ -26,8 +26,8 @@ namespace kiln {
 
 struct LayerWeights {
   TensorBuffer input_norm;     // [H]
-  TensorBuffer q_proj, k_proj, v_proj;  // [Hq*D, H], [Hkv*D, H], [Hkv*D, H]
-  TensorBuffer q_bias, k_bias, v_bias;  // [Hq*D], [Hkv*D], [Hkv*D] (Qwen2 / attention_bias)
+  TensorBuffer qkv_proj;                // [(Hq + 2 Hkv) * D, H]: q, k, v rows (one GEMM for all three)
+  TensorBuffer qkv_bias;                // [(Hq + 2 Hkv) * D] (Qwen2 / attention_bias)
   TensorBuffer q_norm, k_norm;          // [D] (Qwen3)
   TensorBuffer o_proj;                  // [H, Hq*D]
   TensorBuffer o_bias;                  // [H] (attention_bias on Llama-style configs)
@@ -59,7 +59,7 @@ struct ForwardBatch {
 // except the residual stream (f32) and the logits (f32).
 struct ForwardWorkspace {
   int64_t max_tokens = 0, max_logit_rows = 0;
-  TensorBuffer hidden, residual, normed, q, k, v, attn, proj, gate_up, act, gathered, logits;
+  TensorBuffer hidden, residual, normed, qkv, q, attn, proj, gate_up, act, gathered, logits;
 };
 
 struct ModelLoadOptions {

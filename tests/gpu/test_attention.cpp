@@ -281,7 +281,18 @@ TEST(AttentionGpu, PrefillSingleRequest) {
 
 TEST(AttentionGpu, PrefillHeadDim128) {
   KILN_REQUIRE_GPU(be);
-  for (int n : {17, 64, 65, 300, 1030}) check_prefill(*be, prefill_case(n, n, 8, 2, 128), kTolBf16);
+  for (int n : {17, 64, 65, 128, 129, 300, 1030}) check_prefill(*be, prefill_case(n, n, 8, 2, 128), kTolBf16);
+  // Llama/Qwen-8B-like heads (G = 4), peaked scores, a cached prefix, two requests.
+  AttnCase c;
+  c.Hq = 32;
+  c.Hkv = 8;
+  c.D = 128;
+  c.q_lens = {700, 129};
+  c.kv_lens = {1900, 129};
+  c.q_std = 3.0f;
+  c.kv_offset = 5;
+  c.seed = 11;
+  check_prefill(*be, c, kTolBf16);
 }
 
 TEST(AttentionGpu, PrefillPeakedScores) {

@@ -1,29 +1,29 @@
 // Internal hooks of the CUDA attention kernels (kernels/cuda/attention.cu), for tests and
 // benchmarks only; the model code goes through ops::attention_forward.
 //
-// The prefill (tensor-core, long query runs) path has several compiled variants:
+// The prefill (tensor-core, long query runs) path has several compiled variants (D = 64 / 128):
 //   0  mma.sync m16n8k16, 4 warps x 32 query rows (D=128: 4 x 16), 64-key tiles, Q in registers
-//      (the original kernel; the reference the others are checked against)
-//   1  mma.sync, 4 warps x 32 rows, 128-key tiles, Q re-read from shared memory per tile, lazy
-//      rescale (D=128: variant 0's tiles with lazy rescale)
-//   2  mma.sync, 8 warps x 16 rows (BM=128), 64-key tiles, lazy rescale (D=128: Q from smem)
-//   3  Hopper wgmma, 1 warpgroup (BM=64), 128-key tiles          (D=64 only; D=128 runs 0)
-//   4  wgmma, 1 warpgroup (BM=64), 64-key tiles                    (D=64 only)
-//   5  wgmma, 2 warpgroups sharing K/V tiles (BM=128), 128-key tiles (D=64 only)
-//   6  wgmma, 2 warpgroups (BM=128), 64-key tiles                  (D=64 only)
-//   7  wgmma software-pipelined (S of tile t+1 and P(t) V(t) on the tensor cores while the
-//      softmax of tile t+1 runs), 1 warpgroup, 64-key tiles, 4 K/V stages (D=64 only)
-//   8  as 7 with 128-key tiles, 3 stages                             (D=64 only)
-//   9  as 7 with 2 warpgroups (BM=128)                               (D=64 only)
-// The environment variable KILN_ATTN_PREFILL_VARIANT=N (read once, on the first call) sets the
-// default; set_prefill_variant_for_testing() overrides it.
+//      (the original kernel; the reference the others are checked against, and the fallback on
+//      devices without wgmma, i.e. anything but sm_90)
+//   1  Hopper wgmma, 1 warpgroup (BM=64), 128-key tiles (D=128: 64-key tiles), S wait -> softmax
+//      -> PV wait per tile; overlap only across resident blocks (3 per SM for D=64)
+//   2  wgmma, 2 warpgroups sharing the K/V tiles (BM=128), 64-key tiles
+//   3  wgmma software-pipelined FA3-style inside the warpgroup (S(t+1) and P(t) V(t) run on the
+//      tensor cores while the softmax of tile t+1 runs), same tiles / shared memory as 1
+//   4  as 3 with 2 warpgroups (BM=128), 64-key tiles (the tiles of 2)
+// Defaults: variant 1 (D=64 and D=128). The environment variable KILN_ATTN_PREFILL_VARIANT=N
+// (read once, on the first call) overrides the default for both head sizes;
+// set_prefill_variant_for_testing() overrides both.
 #pragma once
 
 namespace kiln::cuda {
 
-constexpr int kPrefillVariantCount = 10;
+constexpr int kPrefillVariantCount = 5;
 
-// The variant that prefill calls use now (override if set, else the environment/default).
+// The variant that prefill calls with head dimension D use now (override if set, else the
+// environment, else the default for D).
+int prefill_variant_for_head_dim(int head_dim);
+// prefill_variant_for_head_dim(64).
 int prefill_variant();
 // v in [0, kPrefillVariantCount): use variant v from now on; v < 0: back to the default.
 void set_prefill_variant_for_testing(int v);
