@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   time_op("rope_q", 0, 2 * e2 * T * Hq * D, [&] { ops::rope_forward(be, q, positions, inv_freq, 1.0f); });
   time_op("rope_k", 0, 2 * e2 * T * Hkv * D, [&] { ops::rope_forward(be, k, positions, inv_freq, 1.0f); });
   time_op("kv_cache_write", 0, 4 * e2 * T * Hkv * D,
-          [&] { ops::kv_cache_write(be, kc.view().rows(context - T, context), vc.view().rows(context - T, context), k, v, positions); });
+          [&] { ops::kv_cache_write(be, kc, vc, k, v, positions); });
   const double attn_flops = 4.0 * D * Hq * (static_cast<double>(T) * (context - T) + 0.5 * T * T);
   time_op("attention", attn_flops, 0, [&] {
     ops::attention_forward(be, attn, q, kc, vc, q_indptr, kv_indptr, {1, static_cast<int32_t>(T), static_cast<int32_t>(context)},

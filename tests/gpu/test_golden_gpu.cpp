@@ -19,11 +19,15 @@ TEST(GoldenGpu, TinyQwen2) {
   check_golden_model(*be, "tiny-qwen2", 2e-2);
 }
 
+// The fixtures of tests/reference/make_model_fixtures.py. tiny-qwen3's very first greedy step is a
+// near-tie in the reference (logits 0.0006 apart at a scale of 1.7), which bf16 cannot resolve, so
+// tokens are compared up to the first such tie; logits are compared at every step before it and in
+// full forwards over the reference continuation.
 TEST(GoldenGpu, MoreArchitectures) {
   KILN_REQUIRE_GPU(be);
   for (const char* model : {"tiny-qwen3", "tiny-mistral", "tiny-llama-biased", "tiny-qwen2-bf16"}) {
     SCOPED_TRACE(model);
-    check_golden_model(*be, model, 2e-2);
+    check_golden_model(*be, model, 2e-2, GreedyCheck::until_near_tie);
   }
 }
 

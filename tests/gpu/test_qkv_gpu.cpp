@@ -16,13 +16,12 @@ TEST(CudaFusedKernels, QkvRopeCacheWrite) {
                         Case{300, 32, 8, 128, true, DType::bf16}, Case{5, 6, 2, 48, true, DType::f32},
                         Case{3, 4, 1, 256, false, DType::f32}}) {
     SCOPED_TRACE(testing::Message() << "T=" << c.T << " Hq=" << c.Hq << " D=" << c.D);
-    const int64_t W = (c.Hq + 2 * c.Hkv) * c.D, S = c.T + 9, half = c.D / 2;
+    const int64_t W = (c.Hq + 2 * c.Hkv) * c.D, S = 2 * c.T + 9, half = c.D / 2;
     TensorBuffer qkv = random_host({c.T, W}, c.dt, 21), qn = random_host({c.D}, c.dt, 22), kn = random_host({c.D}, c.dt, 23);
     TensorBuffer inv = host_empty({half}, DType::f32);
     for (int64_t i = 0; i < half; ++i) inv.ptr<float>()[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / c.D));
     std::vector<int32_t> pos(c.T), slot(c.T);
-    for (int64_t t = 0; t < c.T; ++t) pos[t] = static_cast<int32_t>(29000 + t), slot[t] = static_cast<int32_t>((t * 7) % S);
-    // distinct slots: 7 and S are coprime for these sizes
+    for (int64_t t = 0; t < c.T; ++t) pos[t] = static_cast<int32_t>(29000 + t), slot[t] = static_cast<int32_t>(S - 2 - 2 * t);
     TensorBuffer positions = host_ints(pos), slots = host_ints(slot);
     TensorBuffer kc = random_host({S, c.Hkv, c.D}, c.dt, 24), vc = random_host({S, c.Hkv, c.D}, c.dt, 25);
     TensorBuffer q = host_empty({c.T, c.Hq, c.D}, c.dt);
