@@ -6,7 +6,7 @@
 namespace kiln {
 namespace {
 
-constexpr int64_t kHeader = 8;  // q_indptr(2) kv_indptr(2) logit_rows(1) pad(3)
+constexpr int64_t kHeader = 8;  // q_indptr(2) kv_indptr(2) logit_rows(1) last_rows_indptr(2) pad(1)
 
 int32_t context_bucket(int32_t kv_len, int32_t max_context) {
   int32_t b = 256;
@@ -50,7 +50,9 @@ void Generator::stage_inputs(const std::vector<int32_t>& ids, bool ids_from_devi
   h[2] = 0;
   h[3] = length_ + n;
   h[4] = n - 1;  // logits of the last new token
-  h[5] = h[6] = h[7] = 0;
+  h[5] = 0;      // last_rows_indptr: the final layer runs only that token's row
+  h[6] = 1;
+  h[7] = 0;
   for (int32_t i = 0; i < n; ++i) {
     h[kHeader + i] = length_ + i;      // position
     h[kHeader + n + i] = length_ + i;  // cache slot (one sequence: slot == position)
@@ -70,6 +72,7 @@ ForwardBatch Generator::batch_for(int32_t n, bool ids_from_device, int32_t kv_bo
   b.slots = d.rows(kHeader + n, kHeader + 2 * n);
   b.ids = ids_from_device ? token_dev_.view() : d.rows(kHeader + 2 * n, kHeader + 3 * n);
   b.bounds = {1, n, kv_bound};
+  if (n > 1) b.last_rows_indptr = d.rows(5, 7);  // a single row gains nothing from trimming
   return b;
 }
 

@@ -177,13 +177,15 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   KILN_ASSIGN_OR_RETURN(ws.act, empty(backend_, {T, c.intermediate_size}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.gathered, empty(backend_, {R, H}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.logits, empty(backend_, {R, c.vocab_size}, DType::f32));
+  KILN_ASSIGN_OR_RETURN(ws.last_q, empty(backend_, {R, c.num_attention_heads * D}, dtype_));
+  KILN_ASSIGN_OR_RETURN(ws.last_residual, empty(backend_, {R, H}, DType::f32));
   return ws;
 }
 
 Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const {
   const ModelConfig& c = config_;
   const int64_t T = batch.ids.numel(), R = batch.logit_rows.numel();
-  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int64_t D = c.head_dim, Hq = c.num_attention_heads;
   KILN_ASSERT(T > 0 && T <= ws.max_tokens && R > 0 && R <= ws.max_logit_rows);
   KILN_ASSERT(static_cast<int>(cache.k.size()) == c.num_hidden_layers);
   Backend& be = backend_;
@@ -197,6 +199,11 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   Tensor attn = ws.attn.view().rows(0, T), proj = ws.proj.view().rows(0, T);
   Tensor gate_up = ws.gate_up.view().rows(0, T), act = ws.act.view().rows(0, T);
 
+  const bool trim_last_layer = batch.last_rows_indptr.data != nullptr;
+  int64_t rows = T;  // rows the current layer's attention output and MLP run on
+  Tensor q_indptr = batch.q_indptr;
+  ops::AttentionBounds attention_bounds = batch.bounds;
+
   ops::embedding_forward(be, residual, embed_tokens_, batch.ids);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = layers_[i];
@@ -207,8 +214,22 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
     ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, inv_freq_,
                               rope_attention_scaling_, L.q_norm, L.k_norm, eps);
-    ops::attention_forward(be, attn.view({T, Hq, D}), q, cache.k[i], cache.v[i], batch.q_indptr, batch.kv_indptr,
-                           batch.bounds, scale);
+    if (trim_last_layer && i == c.num_hidden_layers - 1) {
+      // Only the logit rows go on: gather their queries and residuals (row gathers), attend as the
+      // last query of each request, and run the rest of the layer on R rows.
+      Tensor last_q = ws.last_q.view().rows(0, R);
+      ops::embedding_forward(be, last_q, q.view({T, Hq * D}), batch.logit_rows);
+      ops::embedding_forward(be, ws.last_residual.view().rows(0, R), residual, batch.logit_rows);
+      residual = ws.last_residual.view().rows(0, R);
+      q = last_q.view({R, Hq, D});
+      q_indptr = batch.last_rows_indptr;
+      attention_bounds.max_q_len = 1;
+      rows = R;
+      attn = attn.rows(0, R), proj = proj.rows(0, R), normed = normed.rows(0, R);
+      gate_up = gate_up.rows(0, R), act = act.rows(0, R), hidden = hidden.rows(0, R);
+    }
+    ops::attention_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], q_indptr, batch.kv_indptr,
+                           attention_bounds, scale);
     ops::linear_forward(be, proj, attn, L.o_proj, L.o_bias);
     ops::add_rmsnorm_forward(be, normed, residual, proj, L.post_norm, eps);
     ops::linear_forward(be, gate_up, normed, L.gate_up_proj, L.gate_up_bias);
@@ -216,11 +237,13 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     ops::linear_forward(be, hidden, act, L.down_proj, L.down_bias);
   }
   ops::add_rmsnorm_forward(be, normed, residual, hidden, final_norm_, eps);
-  Tensor gathered = ws.gathered.view().rows(0, R);
-  ops::embedding_forward(be, gathered, normed, batch.logit_rows);  // row gather
+  Tensor final_rows = normed;
+  if (!trim_last_layer) {  // gather the logit rows
+    final_rows = ws.gathered.view().rows(0, R);
+    ops::embedding_forward(be, final_rows, normed, batch.logit_rows);
+  }
   Tensor logits = ws.logits.view().rows(0, R);
-  ops::linear_forward(be, logits, gathered, lm_head_.allocated() ? lm_head_.view() : embed_tokens_.view());
-  (void)H;
+  ops::linear_forward(be, logits, final_rows, lm_head_.allocated() ? lm_head_.view() : embed_tokens_.view());
   return logits;
 }
 

@@ -53,6 +53,10 @@ struct ForwardBatch {
   Tensor kv_indptr;  // [B+1]  request b's context is cache slots kv_indptr[b] .. kv_indptr[b+1]
   Tensor logit_rows; // [R]    rows of T whose logits are wanted (e.g. the last token of each request)
   ops::AttentionBounds bounds;  // host-side bounds: B, longest query run, longest context
+  // Optional [B+1] = 0, 1, .., B. When given, logit_rows must be exactly each request's last row (in
+  // request order), and the final layer runs its attention output, MLP and norm for those rows only:
+  // the other rows' final hidden states feed nothing (their keys/values are still cached).
+  Tensor last_rows_indptr;
 };
 
 // Activations for up to `max_tokens` rows and `max_logit_rows` logits rows, in the compute dtype
@@ -60,6 +64,7 @@ struct ForwardBatch {
 struct ForwardWorkspace {
   int64_t max_tokens = 0, max_logit_rows = 0;
   TensorBuffer hidden, residual, normed, qkv, q, attn, proj, gate_up, act, gathered, logits;
+  TensorBuffer last_q, last_residual;  // [R, Hq*D], [R, H] f32: the final layer's trimmed rows
 };
 
 struct ModelLoadOptions {

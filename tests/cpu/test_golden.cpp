@@ -39,3 +39,40 @@ TEST(GoldenCpu, TinyQwen2StoredInBf16) {
 }
 
 }  // namespace kiln::test
+
+#include "model/transformer.h"
+#include "test_util.h"
+
+namespace kiln::test {
+
+// Trimming the final layer to the logit rows (ForwardBatch::last_rows_indptr) must not change the
+// logits of those rows: two requests packed in one step, each with its last row wanted.
+TEST(Transformer, FinalLayerTrimKeepsLastRowLogits) {
+  auto be = make_cpu_backend();
+  for (const char* model : {"tiny-llama", "tiny-qwen3"}) {
+    Result<std::unique_ptr<Transformer>> m = Transformer::load(*be, testdata_dir() + "/" + model);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    const std::vector<int32_t> ids = {5, 9, 13, 17, 21, 3, 7, 11};  // request 0: 5 tokens, request 1: 3
+    auto run = [&](bool trim) {
+      Result<KVCache> cache = (*m)->make_kv_cache(8);
+      Result<ForwardWorkspace> ws = (*m)->make_workspace(8, 2);
+      TensorBuffer d_ids = host_ints(ids), pos = host_ints({0, 1, 2, 3, 4, 0, 1, 2}),
+                   slots = host_ints({0, 1, 2, 3, 4, 5, 6, 7}), q_indptr = host_ints({0, 5, 8}),
+                   rows = host_ints({4, 7}), last = host_ints({0, 1, 2});
+      ForwardBatch b;
+      b.ids = d_ids;
+      b.positions = pos;
+      b.slots = slots;
+      b.q_indptr = q_indptr;
+      b.kv_indptr = q_indptr;
+      b.logit_rows = rows;
+      b.bounds = {2, 5, 5};
+      if (trim) b.last_rows_indptr = last;
+      return to_f32(*be, (*m)->forward(b, *cache, *ws));
+    };
+    std::vector<float> full = run(false), trimmed = run(true);
+    EXPECT_LE(rel_error(trimmed, full), 1e-6) << model;
+  }
+}
+
+}  // namespace kiln::test

@@ -44,7 +44,9 @@
 //     kernels/cuda/attention_internal.h; environment KILN_ATTN_PREFILL_VARIANT=N read once,
 //     tests/benchmarks: set_prefill_variant_for_testing): 2 warpgroups sharing K/V tiles, and
 //     software-pipelined versions (S of tile t+1 and PV of tile t on the tensor cores during the
-//     softmax of tile t+1).
+//     softmax of tile t+1). For D=64 the plain variants 1 and 2 run kernel 2d, the D=64-only
+//     kernel first written and measured (kept instruction for instruction); the D-generic
+//     kernels 2b/2c serve D=128 and the pipelined variants.
 //  3. Generic (any even D <= 256, f32/bf16/f16, or unaligned pointers): one warp per (query row,
 //     head), online softmax over keys one at a time. Slow; for correctness on other shapes.
 // Every launch goes on the backend's stream; no host synchronisation and no allocation other than
@@ -1013,26 +1015,54 @@ struct WgTile {
   int64_t q_stride, kv_stride;
   int row0, q_len, n_keys, tid;
 
+  // cp.async tile loads. Thread tid always copies 16-byte chunk c = tid % NC of rows
+  // tid / NC + i * RS (RS = NT / NC, a multiple of 8, so the swizzle term row % 8 and the chunk's
+  // column block are the same for all i): fully unrolled loops whose per-row work is one
+  // predicate, one address add and the copy. (A `for (idx = tid; idx < rows * NC; idx += NT)`
+  // loop with the index math per row, run separately for K and V, cost these issue-bound
+  // kernels ~200 integer instructions per key tile, ~20% of the time at D = 64.)
+  static constexpr int RS = NT / NC;
+  static_assert(RS % 8 == 0 && BN % RS == 0 && BM % RS == 0, "load mapping");
+
   __device__ __forceinline__ void load_q() const {
-    for (int idx = tid; idx < BM * NC; idx += NT) {
-      const int r = idx / NC, c = idx % NC;
-      const bool ok = row0 + r < q_len;
-      const T* src = q_base + (ok ? static_cast<int64_t>(row0 + r) * q_stride + c * 8 : 0);
-      cp_async16(smem_u32(sQ + wg_off<BM>(r, c)), src, ok);
+    const int r0 = tid / NC, c = tid % NC;
+    const uint32_t d0 = smem_u32(sQ + wg_off<BM>(r0, c));
+    const T* src = q_base + static_cast<int64_t>(row0 + r0) * q_stride + c * 8;
+#pragma unroll
+    for (int i = 0; i < BM / RS; ++i) {
+      const bool ok = row0 + r0 + i * RS < q_len;
+      cp_async16(d0 + i * RS * 128, ok ? src + i * RS * q_stride : q_base, ok);
     }
   }
-  // One BN-row tile of K or V (rows past n_keys zero-filled) into stage `buf`.
-  __device__ __forceinline__ void load_tile(T* dst, const T* src_base, int tile) const {
-    for (int idx = tid; idx < BN * NC; idx += NT) {
-      const int r = idx / NC, c = idx % NC;
-      const int key = tile * BN + r;
-      const bool ok = key < n_keys;
-      const int64_t off = ok ? static_cast<int64_t>(key) * kv_stride + c * 8 : 0;
-      cp_async16(smem_u32(dst + wg_off<BN>(r, c)), src_base + off, ok);
+  // K and/or V tiles (rows past n_keys zero-filled): K tile k_tile into stage k_buf when
+  // k_tile >= 0, V tile v_tile into stage v_buf when v_tile >= 0.
+  __device__ __forceinline__ void load_kv(int k_tile, int k_buf, int v_tile, int v_buf) const {
+    const int r0 = tid / NC, c = tid % NC;
+    const uint32_t off0 = static_cast<uint32_t>(wg_off<BN>(r0, c) * sizeof(T));  // bytes
+    const int64_t step = RS * kv_stride;
+    if (k_tile >= 0) {
+      const uint32_t d0 = smem_u32(sK + k_buf * kTileElems) + off0;
+      const int key0 = k_tile * BN + r0;
+      const T* src = k_base + static_cast<int64_t>(key0) * kv_stride + c * 8;
+#pragma unroll
+      for (int i = 0; i < BN / RS; ++i) {
+        const bool ok = key0 + i * RS < n_keys;
+        cp_async16(d0 + i * RS * 128, ok ? src + i * step : k_base, ok);
+      }
+    }
+    if (v_tile >= 0) {
+      const uint32_t d0 = smem_u32(sV + v_buf * kTileElems) + off0;
+      const int key0 = v_tile * BN + r0;
+      const T* src = v_base + static_cast<int64_t>(key0) * kv_stride + c * 8;
+#pragma unroll
+      for (int i = 0; i < BN / RS; ++i) {
+        const bool ok = key0 + i * RS < n_keys;
+        cp_async16(d0 + i * RS * 128, ok ? src + i * step : v_base, ok);
+      }
     }
   }
-  __device__ __forceinline__ void load_k(int tile, int buf) const { load_tile(sK + buf * kTileElems, k_base, tile); }
-  __device__ __forceinline__ void load_v(int tile, int buf) const { load_tile(sV + buf * kTileElems, v_base, tile); }
+  __device__ __forceinline__ void load_k(int tile, int buf) const { load_kv(tile, buf, -1, 0); }
+  __device__ __forceinline__ void load_v(int tile, int buf) const { load_kv(-1, 0, tile, buf); }
 
   // S = Q_wg K^T (D / 16 k steps; K-major descriptors advance 32 bytes per step inside a 64-dim
   // column block, then jump to the next block).
@@ -1137,8 +1167,7 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
   KILN_WG_SETUP(Tile)
   t_.load_q();
   if (n_tiles > 0) {
-    t_.load_k(0, 0);
-    t_.load_v(0, 0);
+    t_.load_kv(0, 0, 0, 0);
   }
   cp_async_commit();
 
@@ -1154,8 +1183,7 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
     fence_proxy_async();
     __syncthreads();
     if (tile + 1 < n_tiles) {
-      t_.load_k(tile + 1, (tile + 1) & 1);
-      t_.load_v(tile + 1, (tile + 1) & 1);
+      t_.load_kv(tile + 1, (tile + 1) & 1, tile + 1, (tile + 1) & 1);
     }
     cp_async_commit();
 
@@ -1240,8 +1268,7 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
       cp_async_wait<0>();  // K(tile + 1), V(tile)
       fence_proxy_async();
       __syncthreads();
-      if (tile + 2 < n_tiles) t_.load_k(tile + 2, tile & 1);
-      t_.load_v(tile + 1, (tile + 1) & 1);
+      t_.load_kv(tile + 2 < n_tiles ? tile + 2 : -1, tile & 1, tile + 1, (tile + 1) & 1);
       cp_async_commit();
 
       wgmma_fence();
@@ -1274,6 +1301,221 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
 #endif
 }
 #undef KILN_WG_SETUP
+
+// ------------------------------------------------------------------------------------------------
+// 2d. D = 64 plain wgmma kernel, kept exactly as first written and measured (round 1 variants 3
+// and 6: L=30000 causal 7.60 ms on the H200). The D-generic kernel 2b above is the same algorithm
+// but was measured ~20% slower at D = 64 (9.29 ms): its K and V tile loads ran two separate
+// runtime-bounded loops with the full index math per row (twice the integer instructions of this
+// kernel's one combined K+V loop in the per-tile path), and this kernel is issue-bound (the
+// softmax does not overlap its own wgmmas). The D = 64 non-pipelined variants run this code, so
+// they are the round-1 kernels by construction; edit it only with a measurement.
+// NWG warpgroups of 4 warps, each owning 64 query rows (BM = 64 * NWG), BN keys per K/V tile.
+// Q, K and V tiles use the swz<64> layout (one 128-byte row per key, 1024-byte atoms of 8 rows),
+// the canonical wgmma SW128 layout: K-major for Q (A) and K (B) of S = Q K^T, MN-major for V
+// (B of O = P V, "transposed" B). Per 16-wide k step the K-major descriptors advance 32 bytes
+// inside the 128-byte rows; the MN-major V descriptor advances 16 key rows (2048 bytes).
+// Pipeline per key tile: wait for the tile's cp.async group, fence.proxy.async, barrier, prefetch
+// the next tile into the other buffer, S wgmma -> wait -> masked online softmax -> PV wgmma -> wait.
+
+// Masked online-softmax step on a wgmma S accumulator (64 x BN; this thread: rows wrow0 and
+// wrow0 + 8, n8 tile j in s[4j..4j+3]). Updates m, l, returns the rescale factors of the rows and
+// P packed as the register A operands of the BN / 16 PV k steps.
+template <typename T, int BN>
+__device__ __forceinline__ void wg64_softmax(const float (&s_in)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                           uint32_t (&pa)[BN / 16][4], int key0, int first_masked, int wrow0,
+                                           int delta, int kv_len, int lane, float sl) {
+  // Work on a copy: the accumulator registers are wgmma inputs, and writing them while another
+  // wgmma is in flight would make ptxas serialize the pipeline.
+  float s[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = s_in[i];
+  if (key0 + BN > first_masked || key0 + BN > kv_len) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = wrow0 + (e >> 1) * 8;
+        const int key = key0 + j * 8 + (lane & 3) * 2 + (e & 1);
+        if (key > delta + row || key >= kv_len) s[4 * j + e] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[hf], mx * sl);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[hf] = fast_exp2(m[hf] - m_use);
+    m[hf] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = fast_exp2(fmaf(s[4 * j + 2 * hf + e], sl, -m_use));
+        s[4 * j + 2 * hf + e] = p;
+        sum += p;
+      }
+    l[hf] = l[hf] * alpha[hf] + sum;
+  }
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+template <int BN, int NWG>
+struct Wg64Cfg {
+  static constexpr int kThreads = NWG * 128;
+  static constexpr int kBM = NWG * 64;
+  static constexpr int kSmemBytes = (kBM * 64 + 4 * BN * 64) * 2 + 1024;  // + slack for 1024-byte alignment
+};
+
+template <typename T, int BN, int NWG, int kMinBlocks>
+__global__ void __launch_bounds__(NWG * 128, kMinBlocks)
+    attn_prefill_wgmma64_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
+                              const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
+                              const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles, float sl) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = 64;
+  constexpr int NC = D / 8;
+  constexpr int NT = NWG * 128;
+  constexpr int BM = NWG * 64;
+  constexpr int SD = BN / 2;  // S accumulators per thread (64 x BN over 128 threads)
+  extern __shared__ unsigned char smem_wg64[];
+  unsigned char* base = smem_wg64 + ((1024u - (smem_u32(smem_wg64) & 1023u)) & 1023u);
+  T* sQ = reinterpret_cast<T*>(base);
+  T* sK = sQ + BM * D;      // [2][BN][D]
+  T* sV = sK + 2 * BN * D;  // [2][BN][D]
+
+  const int b = blockIdx.z;
+  const int h = blockIdx.y;
+  const int qt = num_qtiles - 1 - static_cast<int>(blockIdx.x);  // heaviest tiles first
+  const int q_start = q_indptr[b];
+  const int q_len = q_indptr[b + 1] - q_start;
+  const int row0 = qt * BM;
+  if (row0 >= q_len) return;
+  const int kv_start = kv_indptr[b];
+  const int kv_len = kv_indptr[b + 1] - kv_start;
+  const int kvh = h / G;
+  const int delta = kv_len - q_len;
+  const int row_end = min(q_len, row0 + BM);
+  const int n_keys = max(0, min(kv_len, delta + row_end));
+  const int n_tiles = (n_keys + BN - 1) / BN;
+  const int first_masked = delta + row0 + 1;
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  const int warp = (tid >> 5) & 3;
+  const int lane = tid & 31;
+  const int64_t q_stride = static_cast<int64_t>(Hq) * D;
+  const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
+  const T* q_base = q + (static_cast<int64_t>(q_start) * Hq + h) * D;
+  const T* k_base = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+  const T* v_base = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+
+  for (int idx = tid; idx < BM * NC; idx += NT) {
+    const int r = idx / NC, c = idx % NC;
+    const bool ok = row0 + r < q_len;
+    const T* src = q_base + (ok ? static_cast<int64_t>(row0 + r) * q_stride + c * 8 : 0);
+    cp_async16(smem_u32(sQ + swz<D>(r, c)), src, ok);
+  }
+  auto load_kv = [&](int tile, int buf) {
+    T* dk = sK + buf * BN * D;
+    T* dv = sV + buf * BN * D;
+    for (int idx = tid; idx < BN * NC; idx += NT) {
+      const int r = idx / NC, c = idx % NC;
+      const int key = tile * BN + r;
+      const bool ok = key < n_keys;
+      const int64_t off = ok ? static_cast<int64_t>(key) * kv_stride + c * 8 : 0;
+      cp_async16(smem_u32(dk + swz<D>(r, c)), k_base + off, ok);
+      cp_async16(smem_u32(dv + swz<D>(r, c)), v_base + off, ok);
+    }
+  };
+  if (n_tiles > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  float o[32], s[SD];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < SD; ++i) s[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const int wrow0 = row0 + wg * 64 + warp * 16 + (lane >> 2);  // this thread's rows: wrow0, wrow0 + 8
+  const uint32_t q_addr = smem_u32(sQ + wg * 64 * D);
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (tile + 1 < n_tiles) load_kv(tile + 1, (tile + 1) & 1);
+    cp_async_commit();
+    const uint32_t k_addr = smem_u32(sK + (tile & 1) * BN * D);
+    const uint32_t v_addr = smem_u32(sV + (tile & 1) * BN * D);
+
+    // S = Q K^T (4 k steps of 16 dims).
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint64_t da = wgmma_desc(q_addr + kk * 32, 16, 1024);
+      const uint64_t db = wgmma_desc(k_addr + kk * 32, 16, 1024);
+      if constexpr (BN == 128)
+        Wgmma<T>::ss128(s, da, db, kk);
+      else
+        Wgmma<T>::ss64(s, da, db, kk);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+
+    float alpha[2];
+    uint32_t pa[BN / 16][4];
+    wg64_softmax<T, BN>(s, m, l, alpha, pa, tile * BN, first_masked, wrow0, delta, kv_len, lane, sl);
+    if (__any_sync(0xffffffffu, (alpha[0] != 1.0f) | (alpha[1] != 1.0f))) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
+    }
+
+    // O += P V (BN / 16 k steps of 16 keys; P from registers, V MN-major).
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      Wgmma<T>::rs64_mn(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lsum = l[hf];
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const int row = wrow0 + hf * 8;
+    if (row >= q_len) continue;
+    T* dst = out + (static_cast<int64_t>(q_start + row) * Hq + h) * D + (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<uint32_t*>(dst + j * 8) = Mma<T>::pack(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+  }
+#else
+  __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
+#endif
+}
 
 // ------------------------------------------------------------------------------------------------
 // 3. Generic kernel: one warp per (request, query row, head); any even D <= 256.
@@ -1418,7 +1660,8 @@ void launch_decode(CudaBackend& be, const Args& a) {
 }
 
 // Prefill variants (see kernels/cuda/attention_internal.h). Variant 1 (plain wgmma, 1 warpgroup,
-// 128-key tiles) measured best on the H200 for D=64 (L=30000 causal: 7.60 ms vs 9.15 ms for 0).
+// 128-key tiles; for D=64 kernel 2d) measured best on the H200 for D=64 (L=30000 causal: 7.60 ms
+// vs 9.15 ms for 0).
 // D=128 without an explicit choice (environment / test override) uses kDefaultPrefillVariantD128.
 constexpr int kDefaultPrefillVariant = 1;
 constexpr int kDefaultPrefillVariantD128 = 1;
@@ -1478,8 +1721,13 @@ void launch_prefill(CudaBackend& be, const Args& a) {
 template <typename T, int D, int BN, int NWG, int kMinBlocks, bool kPipe>
 void launch_prefill_wgmma(CudaBackend& be, const Args& a) {
   using Tile = WgTile<T, D, BN, NWG>;
-  auto kernel = kPipe ? attn_prefill_wgmma_pipe_kernel<T, D, BN, NWG, kMinBlocks>
-                      : attn_prefill_wgmma_kernel<T, D, BN, NWG, kMinBlocks>;
+  // Only the launched kernel is instantiated.
+  auto kernel = [] {
+    if constexpr (kPipe)
+      return attn_prefill_wgmma_pipe_kernel<T, D, BN, NWG, kMinBlocks>;
+    else
+      return attn_prefill_wgmma_kernel<T, D, BN, NWG, kMinBlocks>;
+  }();
   constexpr int smem = Tile::kSmemBytes;
   static_assert(smem * kMinBlocks <= 228 * 1024, "shared memory per SM");
   static const bool attr_set = [kernel] {
@@ -1492,6 +1740,26 @@ void launch_prefill_wgmma(CudaBackend& be, const Args& a) {
   kernel<<<grid, Tile::NT, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
                                                 static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.q_indptr,
                                                 a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// The D = 64 plain wgmma kernel (2d), launched as first written.
+template <typename T, int BN, int NWG, int kMinBlocks>
+void launch_prefill_wgmma64(CudaBackend& be, const Args& a) {
+  using Cfg = Wg64Cfg<BN, NWG>;
+  auto kernel = attn_prefill_wgmma64_kernel<T, BN, NWG, kMinBlocks>;
+  constexpr int smem = Cfg::kSmemBytes;
+  static_assert(smem * kMinBlocks <= 228 * 1024, "shared memory per SM");
+  static const bool attr_set = [kernel] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr_set;
+  const int num_qtiles = (a.max_q_len + Cfg::kBM - 1) / Cfg::kBM;
+  dim3 grid(num_qtiles, a.Hq, a.B);
+  kernel<<<grid, Cfg::kThreads, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
+                                                     static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                                                     a.q_indptr, a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1510,10 +1778,10 @@ void launch_prefill_variant(CudaBackend& be, const Args& a, int variant) {
   if (variant != 0 && !device_has_wgmma()) variant = 0;
   if (a.D == 64) {
     switch (variant) {
-      case 1:
-        return launch_prefill_wgmma<T, 64, 128, 1, 3, false>(be, a);
-      case 2:
-        return launch_prefill_wgmma<T, 64, 64, 2, 2, false>(be, a);
+      case 1:  // = round 1's variant 3
+        return launch_prefill_wgmma64<T, 128, 1, 3>(be, a);
+      case 2:  // = round 1's variant 6
+        return launch_prefill_wgmma64<T, 64, 2, 2>(be, a);
       case 3:
         return launch_prefill_wgmma<T, 64, 128, 1, 3, true>(be, a);
       case 4:

@@ -8,6 +8,8 @@
 //   1  Hopper wgmma, 1 warpgroup (BM=64), 128-key tiles (D=128: 64-key tiles), S wait -> softmax
 //      -> PV wait per tile; overlap only across resident blocks (3 per SM for D=64)
 //   2  wgmma, 2 warpgroups sharing the K/V tiles (BM=128), 64-key tiles
+//      (D=64: variants 1 and 2 run the dedicated D=64 kernel, identical to the first measured
+//      wgmma kernels; D=128 runs the D-generic kernel)
 //   3  wgmma software-pipelined FA3-style inside the warpgroup (S(t+1) and P(t) V(t) run on the
 //      tensor cores while the softmax of tile t+1 runs), same tiles / shared memory as 1
 //   4  as 3 with 2 warpgroups (BM=128), 64-key tiles (the tiles of 2)
