@@ -69,6 +69,15 @@ __device__ __forceinline__ void store1(void* p, int64_t i, DType dt, float v) {
   }
 }
 
+// Rotary (cos, sin) * scaling for one position and frequency, the arithmetic every rope kernel
+// shares with the CPU twin: an f32 angle product, cos/sin in double rounded to f32, f32 scaling.
+__device__ __forceinline__ float2 rope_cos_sin(float pos, float inv_freq, float scaling) {
+  const float angle = __fmul_rn(pos, inv_freq);
+  double s, c;
+  sincos(static_cast<double>(angle), &s, &c);
+  return make_float2(__fmul_rn(static_cast<float>(c), scaling), __fmul_rn(static_cast<float>(s), scaling));
+}
+
 // v rounded to dt's precision (identity for f32).
 __device__ __forceinline__ float round_to(DType dt, float v) {
   switch (dt) {

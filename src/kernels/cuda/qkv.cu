@@ -30,10 +30,7 @@ __global__ void __launch_bounds__(kThreads)
   const int half = D / 2;
   const float pos = static_cast<float>(positions[t]);
   for (int i = threadIdx.x; i < half; i += kThreads) {
-    const float angle = __fmul_rn(pos, inv_freq[i]);
-    double s, c;
-    sincos(static_cast<double>(angle), &s, &c);
-    cs[i] = make_float2(__fmul_rn(static_cast<float>(c), scaling), __fmul_rn(static_cast<float>(s), scaling));
+    cs[i] = detail::rope_cos_sin(pos, inv_freq[i], scaling);
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -25,10 +25,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(positions[t]);
   for (int64_t i = threadIdx.x; i < half; i += kThreads) {
-    const float angle = __fmul_rn(pos, inv_freq[i]);
-    double s, c;
-    sincos(static_cast<double>(angle), &s, &c);
-    cs[i] = make_float2(__fmul_rn(static_cast<float>(c), scaling), __fmul_rn(static_cast<float>(s), scaling));
+    cs[i] = detail::rope_cos_sin(pos, inv_freq[i], scaling);
   }
   __syncthreads();
   const int64_t D = 2 * half;
