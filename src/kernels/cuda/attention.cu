@@ -1786,6 +1786,8 @@ void launch_prefill_variant(CudaBackend& be, const Args& a, int variant) {
         return launch_prefill_wgmma<T, 64, 128, 1, 3, true>(be, a);
       case 4:
         return launch_prefill_wgmma<T, 64, 64, 2, 2, true>(be, a);
+      case 5:  // variant 1's shapes on the D-generic kernel 2b (unrolled loads), to measure against 1
+        return launch_prefill_wgmma<T, 64, 128, 1, 3, false>(be, a);
       default:
         return launch_prefill<T, 64, 2, 64, 4, true, false>(be, a);
     }
@@ -1799,6 +1801,8 @@ void launch_prefill_variant(CudaBackend& be, const Args& a, int variant) {
       return launch_prefill_wgmma<T, 128, 64, 1, 2, true>(be, a);
     case 4:
       return launch_prefill_wgmma<T, 128, 64, 2, 1, true>(be, a);
+    case 5:  // D=128: variant 1's kernel
+      return launch_prefill_wgmma<T, 128, 64, 1, 2, false>(be, a);
     default:
       return launch_prefill<T, 128, 1, 64, 4, true, false>(be, a);
   }
@@ -1844,6 +1848,7 @@ const char* prefill_variant_name(int v) {
       "wgmma 2 WG BM128, BN64",
       "wgmma pipelined (S(t+1), PV(t) overlap softmax) 1 WG BM64, BN128 (D=128: BN64)",
       "wgmma pipelined 2 WG BM128, BN64",
+      "wgmma 1 WG BM64, BN128, D-generic kernel (D=128: as 1)",
   };
   return v >= 0 && v < kPrefillVariantCount ? kNames[v] : "?";
 }

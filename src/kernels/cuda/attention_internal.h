@@ -13,6 +13,8 @@
 //   3  wgmma software-pipelined FA3-style inside the warpgroup (S(t+1) and P(t) V(t) run on the
 //      tensor cores while the softmax of tile t+1 runs), same tiles / shared memory as 1
 //   4  as 3 with 2 warpgroups (BM=128), 64-key tiles (the tiles of 2)
+//   5  D=64: variant 1's shapes on the D-generic kernel (fully unrolled loads; fewer instructions
+//      per key tile than 1's kernel, not yet measured); D=128: the same kernel as 1
 // Defaults: variant 1 (D=64 and D=128). The environment variable KILN_ATTN_PREFILL_VARIANT=N
 // (read once, on the first call) overrides the default for both head sizes;
 // set_prefill_variant_for_testing() overrides both.
@@ -20,7 +22,7 @@
 
 namespace kiln::cuda {
 
-constexpr int kPrefillVariantCount = 5;
+constexpr int kPrefillVariantCount = 6;
 
 // The variant that prefill calls with head dimension D use now (override if set, else the
 // environment, else the default for D).
