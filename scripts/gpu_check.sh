@@ -29,7 +29,10 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   CFG=bench/configs/astrai-1b-shape.config.json
-  "$BUILD/bin/bench_attention" > "$OUT/bench_attention.json" 2>&1; cat "$OUT/bench_attention.json"
+  "$BUILD/bin/bench_attention" > "$OUT/bench_attention.json" 2>&1
+  grep -E "best_valid" "$OUT/bench_attention.json" | tail -1
+  "$BUILD/bin/bench_attention" --head-dim 128 --hq 32 --hkv 8 --decode 1024 --prefill 1024 8192 --chunked 2048 8192 \
+    > "$OUT/bench_attention_d128.json" 2>&1; grep -E "best_valid" "$OUT/bench_attention_d128.json" | tail -1
   "$BUILD/bin/bench_ops" --config $CFG --tokens 8192 --context 30000 > "$OUT/bench_ops_prefill.json" 2>&1
   "$BUILD/bin/bench_ops" --config $CFG --tokens 1 --context 1024 > "$OUT/bench_ops_decode.json" 2>&1
   grep -E '"(layer_us|model_ms_excluding_embedding_and_head)"' "$OUT"/bench_ops_*.json
