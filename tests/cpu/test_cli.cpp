@@ -162,6 +162,19 @@ TEST(Cli, ScoreMatchesGoldenLogSoftmax) {
   }
 }
 
+TEST(Cli, RandomWeightsNeedOnlyTheConfig) {
+  ModelCopy m("tiny-qwen2");
+  fs::remove(m.path("model.safetensors"));
+  std::string args = "generate --model " + m.dir() + " --random-weights --weight-seed 3 --max-tokens 6 --ignore-eos";
+  RunResult a = run_kiln(args), b = run_kiln(args);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  std::vector<int32_t> ids = nlohmann::json::parse(a.stdout_only)["ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(ids.size(), 6u);
+  EXPECT_EQ(ids, nlohmann::json::parse(b.stdout_only)["ids"].get<std::vector<int32_t>>());
+  // without --random-weights the missing safetensors is an error naming the folder
+  expect_clean_failure(run_kiln("generate --model " + m.dir()), "model.safetensors");
+}
+
 TEST(CliErrors, MissingModelDirectory) {
   expect_clean_failure(run_kiln("generate --model /nonexistent/kiln-model"), "/nonexistent/kiln-model");
 }
