@@ -37,16 +37,16 @@
 //     buffered, rows past the end zero-filled), ldmatrix(.trans) fragments, mma.sync m16n8k16.
 //     Key tiles past the block's last query position are skipped; only tiles that cross the
 //     diagonal (or the end of the keys) are masked.
-//     That is variant 0 (the fallback off sm_90). On sm_90a Hopper the default is a wgmma kernel
-//     (variant 1): one warpgroup per 64 query rows, S = Q K^T with both operands from
-//     shared-memory descriptors, O += P V with P from registers and V as an MN-major descriptor,
-//     128-key tiles for D=64 (64 for D=128). Other variants (list in
-//     kernels/cuda/attention_internal.h; environment KILN_ATTN_PREFILL_VARIANT=N read once,
-//     tests/benchmarks: set_prefill_variant_for_testing): 2 warpgroups sharing K/V tiles, and
-//     software-pipelined versions (S of tile t+1 and PV of tile t on the tensor cores during the
-//     softmax of tile t+1). For D=64 the plain variants 1 and 2 run kernel 2d, the D=64-only
-//     kernel first written and measured (kept instruction for instruction); the D-generic
-//     kernels 2b/2c serve D=128 and the pipelined variants.
+//     That is variant 0 (the fallback off sm_90). On sm_90a Hopper one wgmma kernel (2b, for
+//     D=64 and D=128) serves variants 1 and 2: a warpgroup per 64 query rows, S = Q K^T with both
+//     operands from shared-memory descriptors, O += P V with P from registers and V as an
+//     MN-major descriptor, K/V double buffered. Variant 1: 1 warpgroup (BM=64), 128-key tiles for
+//     D=64 (64 for D=128); variant 2: 2 warpgroups sharing the K/V tiles (BM=128), 64-key tiles.
+//     Defaults from the H200 measurements (causal bf16, ms per call; figures in
+//     kernels/cuda/attention_internal.h): D=64 -> 1 (fastest at every length: L=30000 6.99 ms vs
+//     9.18 for 0), D=128 -> 2 (L=8192 1.17 ms vs 1.36 for 1 and 2.10 for 0). The environment
+//     variable KILN_ATTN_PREFILL_VARIANT=N (read once) overrides the default for both head sizes;
+//     tests/benchmarks: set_prefill_variant_for_testing.
 //  3. Generic (any even D <= 256, f32/bf16/f16, or unaligned pointers): one warp per (query row,
 //     head), online softmax over keys one at a time. Slow; for correctness on other shapes.
 // Every launch goes on the backend's stream; no host synchronisation and no allocation other than
@@ -558,8 +558,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ------------------------------------------------------------------------------------------------
-// 2. Prefill kernels (FlashAttention-2 style, tensor cores). Several variants are compiled; the
-// host picks one per call (see PrefillVariant below and kernels/cuda/attention_internal.h).
+// 2. Prefill kernels (FlashAttention-2 style, tensor cores). Three variants are compiled; the
+// host picks one per call (see launch_prefill_variant below and kernels/cuda/attention_internal.h).
 
 // 2a. mma.sync kernel. NW warps, each owning MT 16-row M tiles (BM = NW * 16 * MT query rows per
 // block), BN keys per K/V tile (double buffered). kQRegs: Q fragments are loaded into registers
@@ -575,7 +575,7 @@ struct PrefillCfg {
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][D] tile (conflict-free ldmatrix).
 // For D = 64 this is exactly the hardware 128-byte swizzle (chunk ^= row % 8 within 1024-byte
-// atoms), which the wgmma kernel relies on.
+// atoms), the layout of the wgmma tiles (wg_off below).
 template <int D>
 __device__ __forceinline__ int swz(int r, int c) {
   return r * D + ((c ^ (r & 7)) << 3);
@@ -1061,8 +1061,6 @@ struct WgTile {
       }
     }
   }
-  __device__ __forceinline__ void load_k(int tile, int buf) const { load_kv(tile, buf, -1, 0); }
-  __device__ __forceinline__ void load_v(int tile, int buf) const { load_kv(-1, 0, tile, buf); }
 
   // S = Q_wg K^T (D / 16 k steps; K-major descriptors advance 32 bytes per step inside a 64-dim
   // column block, then jump to the next block).
@@ -1212,310 +1210,7 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
 #endif
 }
 
-// 2c. Software-pipelined wgmma kernel (FlashAttention-3 style intra-warpgroup overlap), same
-// shapes and the same shared memory as 2b (two K and two V stages, so as many resident blocks).
-// Per key tile t (P(t) already packed in registers):
-//   issue S(t+1) = Q K(t+1)^T (commit);  issue O += P(t) V(t) (commit);
-//   wait_group 1 -> S(t+1) is done while PV(t) still runs on the tensor cores;
-//   softmax(t+1) in place on the S registers (the SFU/FMA work overlaps PV(t));
-//   wait_group 0; O *= alpha(t+1); pack P(t+1) (only now: PV(t) read the P registers).
-// Live accumulators: S (BN/2) + P (BN/4) + O (D/2) registers, no second copy of S or P.
-// K runs one tile ahead of V: the cp.async group committed at tile t holds K(t+2) and V(t+1),
-// written into K(t)'s stage (S(t) finished before the barrier) and V(t-1)'s stage (PV(t-1)
-// finished before the barrier); it is waited for at the top of tile t+1, so every load has one
-// full tile of time to land, as in 2b.
-template <typename T, int D, int BN, int NWG, int kMinBlocks>
-__global__ void __launch_bounds__(NWG * 128, kMinBlocks)
-    attn_prefill_wgmma_pipe_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
-                                   const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
-                                   const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles,
-                                   float sl) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tile = WgTile<T, D, BN, NWG>;
-  KILN_WG_SETUP(Tile)
-  // Group A: Q, K(0). Group B: K(1), V(0).
-  t_.load_q();
-  if (n_tiles > 0) t_.load_k(0, 0);
-  cp_async_commit();
-  if (n_tiles > 1) t_.load_k(1, 1);
-  if (n_tiles > 0) t_.load_v(0, 0);
-  cp_async_commit();
-
-  float o[Tile::OD], s[Tile::SD];
-#pragma unroll
-  for (int i = 0; i < Tile::OD; ++i) o[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < Tile::SD; ++i) s[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-  if (n_tiles > 0) {
-    uint32_t pa[BN / 16][4];
-    float alpha[2];
-    cp_async_wait<1>();  // group A
-    fence_proxy_async();
-    __syncthreads();
-    wgmma_fence();
-    t_.issue_s(s, q_addr, 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-    wg_softmax<BN>(s, m, l, alpha, 0, first_masked, wrow0, delta, kv_len, lane, sl);
-    wg_pack_p<T, BN>(s, pa);  // O is zero: no rescale
-
-    // All tiles but the last: no branch inside the pipelined region (ptxas serializes the
-    // wgmmas when the issue sequence is split by control flow).
-    for (int tile = 0; tile + 1 < n_tiles; ++tile) {
-      cp_async_wait<0>();  // K(tile + 1), V(tile)
-      fence_proxy_async();
-      __syncthreads();
-      t_.load_kv(tile + 2 < n_tiles ? tile + 2 : -1, tile & 1, tile + 1, (tile + 1) & 1);
-      cp_async_commit();
-
-      wgmma_fence();
-      t_.issue_s(s, q_addr, (tile + 1) & 1);
-      wgmma_commit();
-      t_.issue_pv(o, pa, tile & 1);
-      wgmma_commit();
-      wgmma_wait<1>();  // S(tile + 1) done; PV(tile) may still run
-      fence_regs(s);
-      wg_softmax<BN>(s, m, l, alpha, (tile + 1) * BN, first_masked, wrow0, delta, kv_len, lane, sl);
-      wgmma_wait<0>();
-      fence_regs(o);
-      wg_rescale(o, alpha);
-      wg_pack_p<T, BN>(s, pa);
-    }
-    // Last tile: PV only.
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
-    wgmma_fence();
-    t_.issue_pv(o, pa, (n_tiles - 1) & 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(o);
-  }
-  cp_async_wait<0>();
-  wg_store<T, D>(out, o, l, wrow0, q_start, q_len, Hq, h, lane);
-#else
-  __trap();
-#endif
-}
 #undef KILN_WG_SETUP
-
-// ------------------------------------------------------------------------------------------------
-// 2d. D = 64 plain wgmma kernel, kept exactly as first written and measured (round 1 variants 3
-// and 6: L=30000 causal 7.60 ms on the H200). The D-generic kernel 2b above is the same algorithm
-// but was measured ~20% slower at D = 64 (9.29 ms): its K and V tile loads ran two separate
-// runtime-bounded loops with the full index math per row (twice the integer instructions of this
-// kernel's one combined K+V loop in the per-tile path), and this kernel is issue-bound (the
-// softmax does not overlap its own wgmmas). The D = 64 non-pipelined variants run this code, so
-// they are the round-1 kernels by construction; edit it only with a measurement.
-// NWG warpgroups of 4 warps, each owning 64 query rows (BM = 64 * NWG), BN keys per K/V tile.
-// Q, K and V tiles use the swz<64> layout (one 128-byte row per key, 1024-byte atoms of 8 rows),
-// the canonical wgmma SW128 layout: K-major for Q (A) and K (B) of S = Q K^T, MN-major for V
-// (B of O = P V, "transposed" B). Per 16-wide k step the K-major descriptors advance 32 bytes
-// inside the 128-byte rows; the MN-major V descriptor advances 16 key rows (2048 bytes).
-// Pipeline per key tile: wait for the tile's cp.async group, fence.proxy.async, barrier, prefetch
-// the next tile into the other buffer, S wgmma -> wait -> masked online softmax -> PV wgmma -> wait.
-
-// Masked online-softmax step on a wgmma S accumulator (64 x BN; this thread: rows wrow0 and
-// wrow0 + 8, n8 tile j in s[4j..4j+3]). Updates m, l, returns the rescale factors of the rows and
-// P packed as the register A operands of the BN / 16 PV k steps.
-template <typename T, int BN>
-__device__ __forceinline__ void wg64_softmax(const float (&s_in)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                           uint32_t (&pa)[BN / 16][4], int key0, int first_masked, int wrow0,
-                                           int delta, int kv_len, int lane, float sl) {
-  // Work on a copy: the accumulator registers are wgmma inputs, and writing them while another
-  // wgmma is in flight would make ptxas serialize the pipeline.
-  float s[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) s[i] = s_in[i];
-  if (key0 + BN > first_masked || key0 + BN > kv_len) {
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = wrow0 + (e >> 1) * 8;
-        const int key = key0 + j * 8 + (lane & 3) * 2 + (e & 1);
-        if (key > delta + row || key >= kv_len) s[4 * j + e] = -INFINITY;
-      }
-  }
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[hf], mx * sl);
-    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[hf] = fast_exp2(m[hf] - m_use);
-    m[hf] = m_new;
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float p = fast_exp2(fmaf(s[4 * j + 2 * hf + e], sl, -m_use));
-        s[4 * j + 2 * hf + e] = p;
-        sum += p;
-      }
-    l[hf] = l[hf] * alpha[hf] + sum;
-  }
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) {
-    pa[kk][0] = Mma<T>::pack(s[8 * kk + 0], s[8 * kk + 1]);
-    pa[kk][1] = Mma<T>::pack(s[8 * kk + 2], s[8 * kk + 3]);
-    pa[kk][2] = Mma<T>::pack(s[8 * kk + 4], s[8 * kk + 5]);
-    pa[kk][3] = Mma<T>::pack(s[8 * kk + 6], s[8 * kk + 7]);
-  }
-}
-
-template <int BN, int NWG>
-struct Wg64Cfg {
-  static constexpr int kThreads = NWG * 128;
-  static constexpr int kBM = NWG * 64;
-  static constexpr int kSmemBytes = (kBM * 64 + 4 * BN * 64) * 2 + 1024;  // + slack for 1024-byte alignment
-};
-
-template <typename T, int BN, int NWG, int kMinBlocks>
-__global__ void __launch_bounds__(NWG * 128, kMinBlocks)
-    attn_prefill_wgmma64_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
-                              const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
-                              const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles, float sl) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = 64;
-  constexpr int NC = D / 8;
-  constexpr int NT = NWG * 128;
-  constexpr int BM = NWG * 64;
-  constexpr int SD = BN / 2;  // S accumulators per thread (64 x BN over 128 threads)
-  extern __shared__ unsigned char smem_wg64[];
-  unsigned char* base = smem_wg64 + ((1024u - (smem_u32(smem_wg64) & 1023u)) & 1023u);
-  T* sQ = reinterpret_cast<T*>(base);
-  T* sK = sQ + BM * D;      // [2][BN][D]
-  T* sV = sK + 2 * BN * D;  // [2][BN][D]
-
-  const int b = blockIdx.z;
-  const int h = blockIdx.y;
-  const int qt = num_qtiles - 1 - static_cast<int>(blockIdx.x);  // heaviest tiles first
-  const int q_start = q_indptr[b];
-  const int q_len = q_indptr[b + 1] - q_start;
-  const int row0 = qt * BM;
-  if (row0 >= q_len) return;
-  const int kv_start = kv_indptr[b];
-  const int kv_len = kv_indptr[b + 1] - kv_start;
-  const int kvh = h / G;
-  const int delta = kv_len - q_len;
-  const int row_end = min(q_len, row0 + BM);
-  const int n_keys = max(0, min(kv_len, delta + row_end));
-  const int n_tiles = (n_keys + BN - 1) / BN;
-  const int first_masked = delta + row0 + 1;
-
-  const int tid = threadIdx.x;
-  const int wg = tid >> 7;
-  const int warp = (tid >> 5) & 3;
-  const int lane = tid & 31;
-  const int64_t q_stride = static_cast<int64_t>(Hq) * D;
-  const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
-  const T* q_base = q + (static_cast<int64_t>(q_start) * Hq + h) * D;
-  const T* k_base = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
-  const T* v_base = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
-
-  for (int idx = tid; idx < BM * NC; idx += NT) {
-    const int r = idx / NC, c = idx % NC;
-    const bool ok = row0 + r < q_len;
-    const T* src = q_base + (ok ? static_cast<int64_t>(row0 + r) * q_stride + c * 8 : 0);
-    cp_async16(smem_u32(sQ + swz<D>(r, c)), src, ok);
-  }
-  auto load_kv = [&](int tile, int buf) {
-    T* dk = sK + buf * BN * D;
-    T* dv = sV + buf * BN * D;
-    for (int idx = tid; idx < BN * NC; idx += NT) {
-      const int r = idx / NC, c = idx % NC;
-      const int key = tile * BN + r;
-      const bool ok = key < n_keys;
-      const int64_t off = ok ? static_cast<int64_t>(key) * kv_stride + c * 8 : 0;
-      cp_async16(smem_u32(dk + swz<D>(r, c)), k_base + off, ok);
-      cp_async16(smem_u32(dv + swz<D>(r, c)), v_base + off, ok);
-    }
-  };
-  if (n_tiles > 0) load_kv(0, 0);
-  cp_async_commit();
-
-  float o[32], s[SD];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < SD; ++i) s[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int wrow0 = row0 + wg * 64 + warp * 16 + (lane >> 2);  // this thread's rows: wrow0, wrow0 + 8
-  const uint32_t q_addr = smem_u32(sQ + wg * 64 * D);
-
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
-    if (tile + 1 < n_tiles) load_kv(tile + 1, (tile + 1) & 1);
-    cp_async_commit();
-    const uint32_t k_addr = smem_u32(sK + (tile & 1) * BN * D);
-    const uint32_t v_addr = smem_u32(sV + (tile & 1) * BN * D);
-
-    // S = Q K^T (4 k steps of 16 dims).
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint64_t da = wgmma_desc(q_addr + kk * 32, 16, 1024);
-      const uint64_t db = wgmma_desc(k_addr + kk * 32, 16, 1024);
-      if constexpr (BN == 128)
-        Wgmma<T>::ss128(s, da, db, kk);
-      else
-        Wgmma<T>::ss64(s, da, db, kk);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-
-    float alpha[2];
-    uint32_t pa[BN / 16][4];
-    wg64_softmax<T, BN>(s, m, l, alpha, pa, tile * BN, first_masked, wrow0, delta, kv_len, lane, sl);
-    if (__any_sync(0xffffffffu, (alpha[0] != 1.0f) | (alpha[1] != 1.0f))) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        o[4 * j] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
-    }
-
-    // O += P V (BN / 16 k steps of 16 keys; P from registers, V MN-major).
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      Wgmma<T>::rs64_mn(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(o);
-  }
-  cp_async_wait<0>();
-
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float lsum = l[hf];
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    const int row = wrow0 + hf * 8;
-    if (row >= q_len) continue;
-    T* dst = out + (static_cast<int64_t>(q_start + row) * Hq + h) * D + (lane & 3) * 2;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      *reinterpret_cast<uint32_t*>(dst + j * 8) = Mma<T>::pack(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
-  }
-#else
-  __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
-#endif
-}
 
 // ------------------------------------------------------------------------------------------------
 // 3. Generic kernel: one warp per (request, query row, head); any even D <= 256.
@@ -1659,12 +1354,13 @@ void launch_decode(CudaBackend& be, const Args& a) {
   }
 }
 
-// Prefill variants (see kernels/cuda/attention_internal.h). Variant 1 (plain wgmma, 1 warpgroup,
-// 128-key tiles; for D=64 kernel 2d) measured best on the H200 for D=64 (L=30000 causal: 7.60 ms
-// vs 9.15 ms for 0).
+// Prefill variants (see kernels/cuda/attention_internal.h; figures there). Defaults from the H200
+// measurements: D=64 -> 1 (1 warpgroup, 128-key tiles; fastest at every length, L=30000 causal
+// 6.99 ms vs 9.18 ms for 0), D=128 -> 2 (2 warpgroups, 64-key tiles; L=8192 causal 1.17 ms vs
+// 1.36 ms for 1 and 2.10 ms for 0).
 // D=128 without an explicit choice (environment / test override) uses kDefaultPrefillVariantD128.
 constexpr int kDefaultPrefillVariant = 1;
-constexpr int kDefaultPrefillVariantD128 = 1;
+constexpr int kDefaultPrefillVariantD128 = 2;
 static_assert(kDefaultPrefillVariant >= 0 && kDefaultPrefillVariant < kPrefillVariantCount);
 static_assert(kDefaultPrefillVariantD128 >= 0 && kDefaultPrefillVariantD128 < kPrefillVariantCount);
 
@@ -1718,16 +1414,10 @@ void launch_prefill(CudaBackend& be, const Args& a) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename T, int D, int BN, int NWG, int kMinBlocks, bool kPipe>
+template <typename T, int D, int BN, int NWG, int kMinBlocks>
 void launch_prefill_wgmma(CudaBackend& be, const Args& a) {
   using Tile = WgTile<T, D, BN, NWG>;
-  // Only the launched kernel is instantiated.
-  auto kernel = [] {
-    if constexpr (kPipe)
-      return attn_prefill_wgmma_pipe_kernel<T, D, BN, NWG, kMinBlocks>;
-    else
-      return attn_prefill_wgmma_kernel<T, D, BN, NWG, kMinBlocks>;
-  }();
+  auto kernel = attn_prefill_wgmma_kernel<T, D, BN, NWG, kMinBlocks>;
   constexpr int smem = Tile::kSmemBytes;
   static_assert(smem * kMinBlocks <= 228 * 1024, "shared memory per SM");
   static const bool attr_set = [kernel] {
@@ -1740,26 +1430,6 @@ void launch_prefill_wgmma(CudaBackend& be, const Args& a) {
   kernel<<<grid, Tile::NT, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
                                                 static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.q_indptr,
                                                 a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
-  CUDA_CHECK(cudaGetLastError());
-}
-
-// The D = 64 plain wgmma kernel (2d), launched as first written.
-template <typename T, int BN, int NWG, int kMinBlocks>
-void launch_prefill_wgmma64(CudaBackend& be, const Args& a) {
-  using Cfg = Wg64Cfg<BN, NWG>;
-  auto kernel = attn_prefill_wgmma64_kernel<T, BN, NWG, kMinBlocks>;
-  constexpr int smem = Cfg::kSmemBytes;
-  static_assert(smem * kMinBlocks <= 228 * 1024, "shared memory per SM");
-  static const bool attr_set = [kernel] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)attr_set;
-  const int num_qtiles = (a.max_q_len + Cfg::kBM - 1) / Cfg::kBM;
-  dim3 grid(num_qtiles, a.Hq, a.B);
-  kernel<<<grid, Cfg::kThreads, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
-                                                     static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-                                                     a.q_indptr, a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1778,31 +1448,19 @@ void launch_prefill_variant(CudaBackend& be, const Args& a, int variant) {
   if (variant != 0 && !device_has_wgmma()) variant = 0;
   if (a.D == 64) {
     switch (variant) {
-      case 1:  // = round 1's variant 3
-        return launch_prefill_wgmma64<T, 128, 1, 3>(be, a);
-      case 2:  // = round 1's variant 6
-        return launch_prefill_wgmma64<T, 64, 2, 2>(be, a);
-      case 3:
-        return launch_prefill_wgmma<T, 64, 128, 1, 3, true>(be, a);
-      case 4:
-        return launch_prefill_wgmma<T, 64, 64, 2, 2, true>(be, a);
-      case 5:  // variant 1's shapes on the D-generic kernel 2b (unrolled loads), to measure against 1
-        return launch_prefill_wgmma<T, 64, 128, 1, 3, false>(be, a);
+      case 1:  // 1 warpgroup, 128-key tiles, 3 blocks per SM (the previous variant 5)
+        return launch_prefill_wgmma<T, 64, 128, 1, 3>(be, a);
+      case 2:  // 2 warpgroups, 64-key tiles, 2 blocks per SM
+        return launch_prefill_wgmma<T, 64, 64, 2, 2>(be, a);
       default:
         return launch_prefill<T, 64, 2, 64, 4, true, false>(be, a);
     }
   }
   switch (variant) {
-    case 1:
-      return launch_prefill_wgmma<T, 128, 64, 1, 2, false>(be, a);
-    case 2:
-      return launch_prefill_wgmma<T, 128, 64, 2, 2, false>(be, a);
-    case 3:
-      return launch_prefill_wgmma<T, 128, 64, 1, 2, true>(be, a);
-    case 4:
-      return launch_prefill_wgmma<T, 128, 64, 2, 1, true>(be, a);
-    case 5:  // D=128: variant 1's kernel
-      return launch_prefill_wgmma<T, 128, 64, 1, 2, false>(be, a);
+    case 1:  // 1 warpgroup, 64-key tiles, 2 blocks per SM (the previous variants 1 and 5)
+      return launch_prefill_wgmma<T, 128, 64, 1, 2>(be, a);
+    case 2:  // 2 warpgroups, 64-key tiles, 2 blocks per SM (the previous variant 2)
+      return launch_prefill_wgmma<T, 128, 64, 2, 2>(be, a);
     default:
       return launch_prefill<T, 128, 1, 64, 4, true, false>(be, a);
   }
@@ -1843,12 +1501,9 @@ void set_prefill_variant_for_testing(int v) {
 
 const char* prefill_variant_name(int v) {
   static const char* const kNames[kPrefillVariantCount] = {
-      "mma.sync 4 warps, BN64, Q regs (original; D=64 32 rows/warp, D=128 16)",
+      "mma.sync 4 warps, BN64, Q regs (fallback off sm_90; D=64 32 rows/warp, D=128 16)",
       "wgmma 1 WG BM64, BN128 (D=128: BN64)",
       "wgmma 2 WG BM128, BN64",
-      "wgmma pipelined (S(t+1), PV(t) overlap softmax) 1 WG BM64, BN128 (D=128: BN64)",
-      "wgmma pipelined 2 WG BM128, BN64",
-      "wgmma 1 WG BM64, BN128, D-generic kernel (D=128: as 1)",
   };
   return v >= 0 && v < kPrefillVariantCount ? kNames[v] : "?";
 }
