@@ -9,25 +9,19 @@
 //      -> PV wait per tile; overlap only across resident blocks (3 per SM for D=64, 2 for D=128)
 //   2  the same wgmma kernel with 2 warpgroups sharing the K/V tiles (BM=128), 64-key tiles,
 //      2 blocks per SM
-// Defaults: D=64 -> 1, D=128 -> 2. H200 measurements, causal bf16, ms per call, before the
-// variants were pruned (old numbering: v1 and v2 = today's variants 1 and 2 for D=128, but for
-// D=64 they ran a deleted D=64-only wgmma kernel; v3/v4 = deleted software-pipelined versions of
-// v1/v2; v5 = today's variant 1 for D=64, and the same kernel as v1 for D=128):
-//   D=64 (Hq=24, Hkv=4)      v0     v1     v2     v3     v4     v5
-//     L=1024              .0340  .0218  .0309  .0203  .0301  .0194
-//     L=8192              .8067  .6302  .6792  .6109  .6499  .5642
-//     L=30000             9.176  7.319  7.559  7.212  7.168  6.987
-//     q8192 / kv30000     4.435  3.527  3.682  3.467  3.421  3.157
+// Defaults: D=64 -> 1, D=128 -> 2, the fastest measured on the H200 (bench_attention, causal bf16,
+// ms per call, 2026-11-30; docs/perf-notes.md):
+//   D=64 (Hq=24, Hkv=4)       v0      v1      v2
+//     L=1024               .0337   .0194   .0273
+//     L=8192               .7966   .5639   .5996
+//     L=30000              9.092   6.561   6.633
+//     q8192 / kv30000      4.431   3.156   3.209
 //   D=128 (Hq=32, Hkv=8)
-//     L=1024              .0567  .0410  .0407  .0437  .0460  .0412
-//     L=8192              2.098  1.356  1.171  1.451  1.396  1.360
-//     q2048 / kv8192      .941   .604   .513   .647   .613   .607
-// So variant 1 (old v5) is the fastest D=64 kernel at every length, and variant 2 (old v2) the
-// fastest D=128 kernel for long runs (at L=1024, within 1% of variant 1). Variant 2 at D=64 now
-// runs the D-generic kernel (old v2 ran the deleted D=64-only kernel), a shape not measured on
-// it yet. The environment variable KILN_ATTN_PREFILL_VARIANT=N (read once, on the
-// first call) overrides the default for both head sizes; set_prefill_variant_for_testing()
-// overrides both.
+//     L=1024               .0564   .0408   .0403
+//     L=8192               2.089   1.353   1.170
+//     q2048 / kv8192       .941    .604    .511
+// The environment variable KILN_ATTN_PREFILL_VARIANT=N (read once, on the first call) overrides the
+// default for both head sizes; set_prefill_variant_for_testing() overrides both.
 #pragma once
 
 namespace kiln::cuda {
