@@ -1,6 +1,11 @@
 #include "test_util.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <cstdlib>
 #include <limits>
 
@@ -82,6 +87,28 @@ std::string testdata_dir() {
 std::string kiln_binary() {
   const char* env = std::getenv("KILN_BINARY");
   return env && *env ? env : KILN_BINARY;
+}
+
+RunResult run_kiln(const std::string& args, const std::string& stdin_text) {
+  RunResult r;
+  const std::string tag = std::to_string(::getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(&r));
+  const std::string err_file = (std::filesystem::temp_directory_path() / ("kiln_cli_err_" + tag)).string();
+  const std::string in_file = (std::filesystem::temp_directory_path() / ("kiln_cli_in_" + tag)).string();
+  std::ofstream(in_file, std::ios::binary) << stdin_text;
+  std::string cmd = kiln_binary() + " " + args + " <" + in_file + " 2>" + err_file;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.stdout_only.append(buf, n);
+  int status = pclose(p);
+  std::ifstream err(err_file);
+  std::string err_text((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(err_file);
+  std::filesystem::remove(in_file);
+  r.output = r.stdout_only + err_text;
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 128)) r.crashed = true;
+  return r;
 }
 
 std::unique_ptr<Backend> gpu_backend_or_null(std::string* reason) {

@@ -29,6 +29,16 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 std::string testdata_dir();
 std::string kiln_binary();
 
+// Runs the kiln binary with `args` (a shell command line tail, e.g. "generate --model X"), optionally
+// feeding `stdin_text`; captures stdout, and stdout + stderr together.
+struct RunResult {
+  int exit_code = -1;
+  bool crashed = false;       // killed by a signal or exited with a code >= 128
+  std::string output;         // stdout + stderr
+  std::string stdout_only;
+};
+RunResult run_kiln(const std::string& args, const std::string& stdin_text = "");
+
 // The CUDA backend for device 0, or nullptr; tests call GTEST_SKIP() with the reason on nullptr.
 std::unique_ptr<Backend> gpu_backend_or_null(std::string* reason);
 

@@ -19,31 +19,6 @@ namespace fs = std::filesystem;
 namespace kiln::test {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;
-  bool crashed = false;
-  std::string output;  // stdout + stderr
-  std::string stdout_only;
-};
-
-RunResult run_kiln(const std::string& args) {
-  RunResult r;
-  std::string err_file = (fs::temp_directory_path() / ("kiln_cli_err_" + std::to_string(::getpid()))).string();
-  std::string cmd = kiln_binary() + " " + args + " 2>" + err_file;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.stdout_only.append(buf, n);
-  int status = pclose(p);
-  std::ifstream err(err_file);
-  std::string err_text((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
-  fs::remove(err_file);
-  r.output = r.stdout_only + err_text;
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 128)) r.crashed = true;
-  return r;
-}
-
 std::string join_ids(const std::vector<int32_t>& ids) {
   std::string s;
   for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);

@@ -1,0 +1,103 @@
+// libFuzzer target for the tokenizer: random bytes go to encode/decode of both golden tokenizers
+// (testdata/tokenizers). No input may crash; for valid UTF-8 input, the byte-level BPE tokenizer
+// must round-trip (decode(encode(s)) == s), and streaming must give decode()'s text. Each input is
+// used as raw bytes and as random Unicode (3 bytes per code point). The input is
+// also read as little-endian int32 ids for decode (ids outside the vocabulary must be errors).
+// Not part of the default build: scripts/fuzz.sh compiles it with clang++ -fsanitize=fuzzer,address.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "model/tokenizer.h"
+
+namespace {
+
+struct Tokenizers {
+  std::unique_ptr<kiln::Tokenizer> bytelevel, sentencepiece;
+};
+
+const Tokenizers& tokenizers() {
+  static const Tokenizers t = [] {
+    const char* env = std::getenv("KILN_TESTDATA");
+    std::string dir = std::string(env ? env : KILN_TESTDATA) + "/tokenizers/";
+    Tokenizers r;
+    auto a = kiln::Tokenizer::from_file(dir + "bytelevel-bpe.tokenizer.json");
+    auto b = kiln::Tokenizer::from_file(dir + "sentencepiece-bpe.tokenizer.json");
+    if (!a.ok() || !b.ok()) {
+      std::fprintf(stderr, "tokenizer_fuzz: cannot load the golden tokenizers from %s\n", dir.c_str());
+      std::abort();
+    }
+    r.bytelevel = std::move(a).value();
+    r.sentencepiece = std::move(b).value();
+    return r;
+  }();
+  return t;
+}
+
+}  // namespace
+
+// Random Unicode: every 3 input bytes name a code point (surrogates folded away), as UTF-8.
+std::string as_unicode(const uint8_t* data, size_t size) {
+  std::string u;
+  for (size_t i = 0; i + 3 <= size; i += 3) {
+    uint32_t cp = (uint32_t{data[i]} | uint32_t{data[i + 1]} << 8 | uint32_t{data[i + 2]} << 16) % 0x110000;
+    if (data[i + 2] & 0x80) cp %= 0x3000;  // favour the common planes
+    if (cp >= 0xD800 && cp <= 0xDFFF) cp -= 0x800;
+    if (cp < 0x80) u.push_back(static_cast<char>(cp));
+    else if (cp < 0x800) { u.push_back(static_cast<char>(0xC0 | (cp >> 6))); u.push_back(static_cast<char>(0x80 | (cp & 0x3F))); }
+    else if (cp < 0x10000) {
+      u.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+      u.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      u.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+      u.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+      u.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+      u.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      u.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+  }
+  return u;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const Tokenizers& t = tokenizers();
+  std::string raw_text(reinterpret_cast<const char*>(data), size);
+  std::string unicode_text = as_unicode(data, size);
+  for (const kiln::Tokenizer* tok : {t.bytelevel.get(), t.sentencepiece.get()}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const std::string& s = variant < 2 ? raw_text : unicode_text;
+      bool special = variant % 2 == 1;
+      auto ids = tok->encode(s, special);
+      if (!ids.ok()) continue;  // invalid UTF-8
+      auto text = tok->decode(ids.value(), false);
+      if (!text.ok()) std::abort();
+      // Round trip, unless the text spells a special token (encode then maps it to one id, and its
+      // decode is that token's text too, so equality still holds; it is checked all the same).
+      if (tok == t.bytelevel.get() && !special && text.value() != s) {
+        std::fprintf(stderr, "byte-level round trip differs\n");
+        std::abort();
+      }
+      kiln::StreamingDecoder stream(*tok, false);
+      std::string all;
+      for (int32_t id : ids.value()) all += stream.push(id).value();
+      all += stream.finish();
+      if (all != text.value()) {
+        std::fprintf(stderr, "stream differs from decode\n");
+        std::abort();
+      }
+    }
+    // The bytes as ids.
+    std::vector<int32_t> raw(size / 4);
+    if (!raw.empty()) std::memcpy(raw.data(), data, raw.size() * 4);
+    bool in_range = true;
+    for (int32_t id : raw) in_range = in_range && id >= 0 && id < tok->vocab_size();
+    auto d = tok->decode(raw, true);
+    if (d.ok() != in_range) std::abort();
+    for (int32_t& id : raw) id = static_cast<int32_t>(static_cast<uint32_t>(id) % static_cast<uint32_t>(tok->vocab_size()));
+    if (!tok->decode(raw, false).ok()) std::abort();
+  }
+  return 0;
+}

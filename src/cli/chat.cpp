@@ -1,0 +1,115 @@
+// kiln chat: an interactive conversation with a model through its chat template, the reply
+// streaming as it is generated. One user message per input line; /reset clears the conversation,
+// /exit (or end of input) quits. Each turn renders the whole conversation and prefills it again
+// (prefix reuse comes with the paged engine).
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <random>
+
+#include "cli/common.h"
+#include "infer/generator.h"
+
+namespace kiln::cli {
+
+Runner add_chat(CLI::App& app) {
+  struct Flags {
+    ModelFlags model;
+    std::string system, template_name;
+    int32_t max_tokens = 512;
+    float temperature = 0.7f;
+    int32_t top_k = 0;
+    float top_p = 0.95f;
+    int64_t seed = -1;
+    bool json = false;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* c = app.add_subcommand("chat", "chat with a model: one user message per line of input, replies stream");
+  f->model.add(c, "");
+  c->add_option("--system", f->system, "a system prompt");
+  c->add_option("--template", f->template_name, "a named chat template of the folder");
+  c->add_option("--max-tokens", f->max_tokens, "most new tokens per reply")->capture_default_str();
+  c->add_option("--temperature", f->temperature, "sampling temperature; 0 is greedy")->capture_default_str();
+  c->add_option("--top-k", f->top_k, "keep the k most likely tokens (0: all)")->capture_default_str();
+  c->add_option("--top-p", f->top_p, "nucleus sampling mass")->capture_default_str();
+  c->add_option("--seed", f->seed, "sampling seed (default: random)");
+  c->add_flag("--json", f->json, "print one JSON object per turn (prompt, ids, reply) instead of streaming");
+  return [f]() -> int {
+    if (f->model.model_dir.empty()) return fail(invalid_argument("kiln chat needs --model DIR"));
+    if (f->temperature < 0) return fail(invalid_argument("--temperature must be >= 0 (0 is greedy)"));
+    if (f->top_p <= 0 || f->top_p > 1) return fail(invalid_argument("--top-p must be in (0, 1]"));
+    Result<LoadedModel> l = load_model(f->model);
+    if (!l.ok()) return fail(l.status());
+    Result<ModelText> text = ModelText::load(f->model.model_dir);
+    if (!text.ok()) return fail(text.status());
+    Result<const ChatTemplate*> tmpl = text->chat_template(f->template_name, false);
+    if (!tmpl.ok()) return fail(tmpl.status());
+
+    GenerateOptions opts;
+    opts.max_new_tokens = f->max_tokens;
+    opts.sampling.temperature = f->temperature;
+    opts.sampling.top_k = f->top_k;
+    opts.sampling.top_p = f->top_p;
+    opts.sampling.seed = f->seed >= 0 ? static_cast<uint64_t>(f->seed) : std::random_device{}();
+    opts.stop_ids = text->stop_ids();
+    for (int32_t id : l->model->config().eos_token_ids) opts.stop_ids.push_back(id);
+
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!f->system.empty()) messages.push_back({{"role", "system"}, {"content", f->system}});
+    const bool interactive = isatty(STDIN_FILENO);
+    std::string line;
+    for (uint64_t turn = 0;; ++turn) {
+      if (interactive) std::fprintf(stderr, "> "), std::fflush(stderr);
+      if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
+      if (line == "/reset") {
+        messages.erase(messages.begin() + (f->system.empty() ? 0 : 1), messages.end());
+        continue;
+      }
+      messages.push_back({{"role", "user"}, {"content", line}});
+      Result<std::string> prompt = text->render_chat(messages, nullptr, true, f->template_name);
+      if (!prompt.ok()) return fail(prompt.status());
+      Result<std::vector<int32_t>> ids = text->tokenizer().encode(*prompt, /*add_special_tokens=*/false);
+      if (!ids.ok()) return fail(ids.status());
+      Status valid = check_token_ids(*ids, l->model->config().vocab_size, "the rendered conversation");
+      if (!valid.ok()) return fail(valid);
+      Result<std::unique_ptr<Generator>> gen =
+          Generator::create(*l->model, static_cast<int32_t>(ids->size()) + std::max(opts.max_new_tokens, 1));
+      if (!gen.ok()) return fail(gen.status());
+      StreamingDecoder stream(text->tokenizer(), /*skip_special_tokens=*/true);
+      Status stream_status = Status::Ok();
+      opts.sampling.seed += turn;  // a fresh draw sequence per turn, still reproducible from --seed
+      Result<GenerateResult> r = (*gen)->generate(*ids, opts, [&](int32_t id) {
+        if (f->json) return true;
+        Result<std::string> piece = stream.push(id);
+        if (!piece.ok()) {
+          stream_status = piece.status();
+          return false;
+        }
+        std::fwrite(piece->data(), 1, piece->size(), stdout);
+        std::fflush(stdout);
+        return true;
+      });
+      if (!r.ok()) return fail(r.status());
+      if (!stream_status.ok()) return fail(stream_status);
+      Result<std::string> reply = text->tokenizer().decode(r->tokens, /*skip_special_tokens=*/true);
+      if (!reply.ok()) return fail(reply.status());
+      if (f->json) {
+        nlohmann::ordered_json out = {{"prompt", *prompt}, {"ids", r->tokens}, {"reply", *reply},
+                                      {"finish_reason", r->finish_reason}};
+        std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << std::endl;
+      } else {
+        std::string rest = stream.finish();
+        std::fwrite(rest.data(), 1, rest.size(), stdout);
+        std::fputc('\n', stdout);
+        std::fflush(stdout);
+      }
+      messages.push_back({{"role", "assistant"}, {"content", *reply}});
+    }
+    return 0;
+  };
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,69 @@
+#include "cli/common.h"
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace kiln::cli {
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "kiln: error: %s\n", s.message().c_str());
+  return 1;
+}
+
+Result<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag) {
+  std::vector<int32_t> ids;
+  if (text.find_first_not_of(" \t") == std::string::npos) return ids;  // "" is the empty list
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    item = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    char* end = nullptr;
+    errno = 0;
+    long long v = item.empty() ? 0 : std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0 || v < INT32_MIN || v > INT32_MAX)
+      return invalid_argument(std::string(flag) + ": '" + item + "' is not an integer token id (expected e.g. 1,2,3)");
+    ids.push_back(static_cast<int32_t>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+Result<std::string> read_text(const std::string& path) {
+  std::stringstream ss;
+  if (path == "-") {
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found("cannot read " + path);
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void ModelFlags::add(CLI::App* cmd, const std::string& default_model) {
+  model_dir = default_model;
+  cmd->add_option("--model", model_dir, "Hugging Face model folder (config.json + safetensors)")->capture_default_str();
+  cmd->add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_flag("--random-weights", random_weights, "build the model from config.json alone with seeded random weights");
+  cmd->add_option("--weight-seed", weight_seed, "seed of --random-weights");
+}
+
+Result<LoadedModel> load_model(const ModelFlags& f) {
+  LoadedModel l;
+  KILN_ASSIGN_OR_RETURN(Device device, parse_device(f.device));
+  KILN_ASSIGN_OR_RETURN(l.backend, make_backend(device));
+  ModelLoadOptions opts;
+  opts.random_weights = f.random_weights;
+  opts.seed = f.weight_seed;
+  KILN_ASSIGN_OR_RETURN(l.model, Transformer::load(*l.backend, f.model_dir, opts));
+  return l;
+}
+
+}  // namespace kiln::cli

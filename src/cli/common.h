@@ -1,0 +1,47 @@
+// Helpers shared by the kiln subcommands: error printing, id-list parsing, loading a model (and its
+// text side) from flags. Subcommands parse flags and call the layers below; nothing else lives here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model_text.h"
+#include "model/transformer.h"
+
+namespace kiln::cli {
+
+// Prints "kiln: error: <message>" on stderr; returns the exit code 1.
+int fail(const Status& s);
+// "1, 2,3" -> {1, 2, 3}; an error naming `flag` on anything that is not an integer.
+Result<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag);
+// Reads a whole file, or stdin for "-".
+Result<std::string> read_text(const std::string& path);
+
+struct ModelFlags {
+  std::string model_dir;
+  std::string device = "cpu";
+  bool random_weights = false;
+  uint64_t weight_seed = 0;
+  void add(CLI::App* cmd, const std::string& default_model);
+};
+
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Transformer> model;
+};
+Result<LoadedModel> load_model(const ModelFlags& f);
+
+// Each subcommand registers its flags and returns the function that runs it once parsed.
+using Runner = std::function<int()>;
+Runner add_generate(CLI::App& app);
+Runner add_score(CLI::App& app);
+Runner add_tokenize(CLI::App& app);
+Runner add_detokenize(CLI::App& app);
+Runner add_chat_template(CLI::App& app);
+Runner add_chat(CLI::App& app);
+
+}  // namespace kiln::cli

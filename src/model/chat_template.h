@@ -1,0 +1,49 @@
+// Hugging Face chat templates: a Jinja2 interpreter that renders exactly like transformers'
+// apply_chat_template (jinja2 with trim_blocks, lstrip_blocks, loopcontrols, transformers' tojson,
+// raise_exception and strftime_now). The implementation lives in src/model/jinja/.
+// Thread safety: a ChatTemplate is immutable after parse(); render() may run on several threads.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+
+namespace kiln {
+
+namespace jinja {
+struct Program;
+}
+
+// A compiled chat template. Immutable after parse(); render() is safe from several threads.
+class ChatTemplate {
+ public:
+  // Syntax errors name the template and line: "chat template NAME, line N: ...".
+  static Result<ChatTemplate> parse(const std::string& source, const std::string& name);
+  // Renders with the variables in `context` (a JSON object: messages, tools, add_generation_prompt,
+  // bos_token, eos_token, and any extra keys). A template that calls raise_exception(msg) returns an
+  // error whose message is msg (prefixed by nothing else, so the CLI can print it).
+  Result<std::string> render(const nlohmann::ordered_json& context) const;
+  const std::string& name() const;
+
+ private:
+  std::shared_ptr<const jinja::Program> program_;
+};
+
+struct ChatTemplateInputs {
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;  // null when absent
+  bool add_generation_prompt = false;
+  std::string bos_token, eos_token;
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+};
+
+// What transformers' apply_chat_template(tokenize=False) passes to the template: messages, tools
+// (None when not given, as transformers passes tools=None), documents=None, add_generation_prompt,
+// bos/eos and the other special tokens as strings (put pad_token etc. into `extra`), plus extra kwargs
+// (which override the special tokens, as in transformers).
+Result<std::string> apply_chat_template(const ChatTemplate& tmpl, const ChatTemplateInputs& in);
+
+}  // namespace kiln

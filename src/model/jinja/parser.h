@@ -1,0 +1,57 @@
+// The Jinja syntax tree and its front end: a lexer that applies trim_blocks, lstrip_blocks and the
+// -/+ whitespace markers exactly as jinja2's lexer does, and a recursive-descent parser with Jinja's
+// operator precedence (filters and tests bind tighter than arithmetic).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/jinja/value.h"
+
+namespace kiln::jinja {
+
+struct Expr;
+using ExprP = std::unique_ptr<Expr>;
+
+enum class EK { Const, Name, List, Tuple, Dict, Attr, Item, Slice, Call, Filter, Test, Neg, Pos, Not, Binary, Compare,
+                And, Or, Cond };
+
+struct Expr {
+  EK kind;
+  int line = 0;
+  Value cval;                  // Const
+  std::string name;            // Name; Attr; Filter/Test name; Binary operator
+  std::vector<ExprP> ch;       // operands: Attr/Item/Filter/Test/Call: ch[0] is the object, then the args
+  std::vector<std::pair<std::string, ExprP>> kwargs;  // Call/Filter/Test keyword args
+  std::vector<std::string> ops;  // Compare: ops[k] between ch[k] and ch[k+1]
+  bool negate = false;           // Test: `is not`
+};
+
+struct Node;
+using NodeP = std::unique_ptr<Node>;
+using Body = std::vector<NodeP>;
+
+enum class NK { Text, Output, If, For, Set, SetBlock, Macro, Break, Continue, FilterBlock, Scope, With };
+
+struct Node {
+  NK kind;
+  int line = 0;
+  std::string text;                  // Text; Macro name; Set: namespace attribute (ns.attr) when non-empty
+  ExprP expr;                        // Output; If test; For iterable; Set value; FilterBlock filter chain
+  std::vector<std::string> targets;  // For/Set names (several: tuple unpacking); Macro parameters
+  std::vector<ExprP> defaults;       // Macro parameter defaults (nullptr: required); With values
+  ExprP cond;                        // For ... if cond
+  Body body, else_body;
+};
+
+struct Program {
+  std::string name;
+  Body body;
+};
+
+// Parses a template; errors read "chat template NAME, line N: ...".
+Result<std::shared_ptr<Program>> parse_program(const std::string& source, const std::string& name);
+
+}  // namespace kiln::jinja

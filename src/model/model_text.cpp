@@ -1,0 +1,157 @@
+#include "model/model_text.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+Result<std::string> read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return io_error("cannot read " + p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Result<nlohmann::ordered_json> read_json(const fs::path& p) {
+  KILN_ASSIGN_OR_RETURN(std::string text, read_file(p));
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument(p.string() + " is not valid JSON; fix or remove the file");
+  return j;
+}
+
+// A special token in tokenizer_config.json: a string, or an AddedToken object {"content": ...}.
+std::string token_string(const nlohmann::ordered_json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
+Status add_template(std::map<std::string, std::shared_ptr<const ChatTemplate>>& out, const std::string& name,
+                    const std::string& source, const std::string& where) {
+  KILN_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::parse(source, where));
+  out[name] = std::make_shared<const ChatTemplate>(std::move(t));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ModelText> ModelText::load_tokenizer_file(const std::string& tokenizer_json) {
+  ModelText m;
+  m.source_ = tokenizer_json;
+  if (!fs::exists(tokenizer_json)) return not_found(tokenizer_json + " does not exist; pass a tokenizer.json file");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::from_file(tokenizer_json));
+  m.tokenizer_ = std::move(tok);
+  return m;
+}
+
+Result<ModelText> ModelText::load(const std::string& model_dir) {
+  const fs::path dir(model_dir);
+  if (!fs::is_directory(dir)) return not_found("model folder " + model_dir + " does not exist");
+  const fs::path tok_path = dir / "tokenizer.json";
+  if (!fs::exists(tok_path))
+    return not_found(tok_path.string() + " does not exist: kiln reads Hugging Face fast tokenizers (tokenizer.json)");
+  KILN_ASSIGN_OR_RETURN(ModelText m, load_tokenizer_file(tok_path.string()));
+  m.source_ = model_dir;
+
+  const fs::path cfg_path = dir / "tokenizer_config.json";
+  if (fs::exists(cfg_path)) {
+    KILN_ASSIGN_OR_RETURN(nlohmann::ordered_json cfg, read_json(cfg_path));
+    if (!cfg.is_object()) return invalid_argument(cfg_path.string() + " must hold a JSON object");
+    if (cfg.contains("bos_token")) m.special_.bos = token_string(cfg["bos_token"]);
+    if (cfg.contains("eos_token")) m.special_.eos = token_string(cfg["eos_token"]);
+    if (cfg.contains("pad_token")) m.special_.pad = token_string(cfg["pad_token"]);
+    if (cfg.contains("unk_token")) m.special_.unk = token_string(cfg["unk_token"]);
+    if (cfg.contains("chat_template")) {
+      const auto& ct = cfg["chat_template"];
+      const std::string where = cfg_path.string() + ": chat_template";
+      if (ct.is_string()) {
+        KILN_RETURN_IF_ERROR(add_template(m.templates_, "default", ct.get<std::string>(), where));
+      } else if (ct.is_array()) {
+        for (const auto& entry : ct) {
+          if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") || !entry["name"].is_string() ||
+              !entry["template"].is_string())
+            return invalid_argument(where + " must be a string or a list of {\"name\", \"template\"} objects");
+          KILN_RETURN_IF_ERROR(add_template(m.templates_, entry["name"].get<std::string>(),
+                                            entry["template"].get<std::string>(),
+                                            where + " '" + entry["name"].get<std::string>() + "'"));
+        }
+      } else if (!ct.is_null()) {
+        return invalid_argument(where + " must be a string or a list of {\"name\", \"template\"} objects");
+      }
+    }
+  }
+  const fs::path jinja_path = dir / "chat_template.jinja";
+  if (fs::exists(jinja_path)) {
+    KILN_ASSIGN_OR_RETURN(std::string source, read_file(jinja_path));
+    KILN_RETURN_IF_ERROR(add_template(m.templates_, "default", source, jinja_path.string()));
+  }
+  const fs::path extra_dir = dir / "additional_chat_templates";
+  if (fs::is_directory(extra_dir)) {
+    for (const auto& e : fs::directory_iterator(extra_dir)) {
+      if (e.path().extension() != ".jinja") continue;
+      KILN_ASSIGN_OR_RETURN(std::string source, read_file(e.path()));
+      KILN_RETURN_IF_ERROR(add_template(m.templates_, e.path().stem().string(), source, e.path().string()));
+    }
+  }
+
+  const fs::path gen_path = dir / "generation_config.json";
+  if (fs::exists(gen_path)) {
+    KILN_ASSIGN_OR_RETURN(nlohmann::ordered_json gen, read_json(gen_path));
+    if (gen.is_object() && gen.contains("eos_token_id")) {
+      const auto& e = gen["eos_token_id"];
+      auto add = [&](const nlohmann::ordered_json& v) -> Status {
+        if (!v.is_number_integer()) return invalid_argument(gen_path.string() + ": eos_token_id must be an id or a list of ids");
+        m.stop_ids_.push_back(v.get<int32_t>());
+        return Status::Ok();
+      };
+      if (e.is_array()) {
+        for (const auto& v : e) KILN_RETURN_IF_ERROR(add(v));
+      } else if (!e.is_null()) {
+        KILN_RETURN_IF_ERROR(add(e));
+      }
+    }
+  }
+  if (m.stop_ids_.empty() && !m.special_.eos.empty()) {
+    if (std::optional<int32_t> id = m.tokenizer_->token_to_id(m.special_.eos)) m.stop_ids_.push_back(*id);
+  }
+  return m;
+}
+
+Result<const ChatTemplate*> ModelText::chat_template(const std::string& name, bool with_tools) const {
+  if (templates_.empty())
+    return not_found(source_ + " has no chat template (chat_template.jinja or tokenizer_config.json's chat_template)");
+  if (!name.empty()) {
+    auto it = templates_.find(name);
+    if (it == templates_.end()) return not_found(source_ + " has no chat template named '" + name + "'");
+    return it->second.get();
+  }
+  if (with_tools) {
+    auto it = templates_.find("tool_use");
+    if (it != templates_.end()) return it->second.get();
+  }
+  auto it = templates_.find("default");
+  if (it != templates_.end()) return it->second.get();
+  if (templates_.size() == 1) return templates_.begin()->second.get();
+  return invalid_argument(source_ + " has several chat templates and none named 'default'; pick one by name");
+}
+
+Result<std::string> ModelText::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                           bool add_generation_prompt, const std::string& template_name) const {
+  KILN_ASSIGN_OR_RETURN(const ChatTemplate* tmpl, chat_template(template_name, !tools.is_null()));
+  ChatTemplateInputs in;
+  in.messages = messages;
+  in.tools = tools;
+  in.add_generation_prompt = add_generation_prompt;
+  in.bos_token = special_.bos;
+  in.eos_token = special_.eos;
+  if (!special_.pad.empty()) in.extra["pad_token"] = special_.pad;
+  if (!special_.unk.empty()) in.extra["unk_token"] = special_.unk;
+  return apply_chat_template(*tmpl, in);
+}
+
+}  // namespace kiln

@@ -1,0 +1,64 @@
+// Hugging Face tokenizer.json, natively: encode and decode exactly like the Python `tokenizers`
+// library (0.23), plus an incremental decoder for streaming output.
+// Ownership: a Tokenizer owns its components; a StreamingDecoder borrows a Tokenizer, which must
+// outlive it. Thread safety: a Tokenizer is immutable after loading (its word cache is guarded by
+// a mutex), so encode/decode may run from several threads at once. A StreamingDecoder is one
+// stream's state: use it from one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace kiln {
+
+namespace tok {
+struct TokenizerImpl;
+}
+
+class Tokenizer {
+ public:
+  // Parses a tokenizer.json; unknown component types (normalizer/pre_tokenizer/model/post_processor/
+  // decoder "type") fail with a message naming the type and the file.
+  static Result<std::unique_ptr<Tokenizer>> from_file(const std::string& path);
+  static Result<std::unique_ptr<Tokenizer>> from_json_text(const std::string& text, const std::string& source_name);
+  ~Tokenizer();
+
+  // Invalid UTF-8 input -> error (the Python library only takes str).
+  Result<std::vector<int32_t>> encode(std::string_view text, bool add_special_tokens) const;
+  // An id outside [0, vocab_size()) -> error naming it.
+  Result<std::string> decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
+  int32_t vocab_size() const;  // model vocab + added tokens (max id + 1)
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  std::optional<std::string> id_to_token(int32_t id) const;
+  bool is_special(int32_t id) const;  // added token with special=true
+
+ private:
+  explicit Tokenizer(std::unique_ptr<tok::TokenizerImpl> impl);
+  std::unique_ptr<tok::TokenizerImpl> impl_;
+};
+
+// Incremental detokenization for streaming (like HF's DecodeStream): push ids one at a time; push
+// returns only text that is complete UTF-8 and will not change with later tokens. The concatenation
+// of all push() results plus finish() equals tokenizer.decode(all ids).
+class StreamingDecoder {
+ public:
+  StreamingDecoder(const Tokenizer& tok, bool skip_special_tokens);
+  Result<std::string> push(int32_t id);
+  // The text still held back (an unfinished character at the end shows as U+FFFD, as in decode).
+  std::string finish();
+
+ private:
+  const Tokenizer& tok_;
+  bool skip_special_;
+  std::vector<int32_t> ids_;  // the sliding window: ids_[0, prefix_index_) is context already emitted
+  size_t prefix_index_ = 0;
+  std::string prefix_;        // decode(ids_[0, prefix_index_ ... ]) as of the last emission
+};
+
+}  // namespace kiln

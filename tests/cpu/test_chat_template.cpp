@@ -1,0 +1,174 @@
+// Tests of the Jinja chat-template interpreter against references rendered by transformers/jinja2:
+// the shared golden cases (testdata/chat_templates/golden.json over the model folders there), the
+// cases of tests/reference/make_template_cases.py (testdata/chat_templates/more/cases.json: real
+// model-family templates and language-feature micro-templates), and syntax/raise_exception errors.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/chat_template.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << "cannot open " << path;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A special token in tokenizer_config.json: a string or {"content": ...}.
+std::string token_string(const ojson& cfg, const char* key) {
+  if (!cfg.contains(key) || cfg[key].is_null()) return "";
+  const ojson& t = cfg[key];
+  return t.is_string() ? t.get<std::string>() : t.value("content", "");
+}
+
+// The reference records errors as "TemplateError: message"; kiln's message is the bare message.
+std::string strip_error_type(const std::string& e) {
+  size_t p = e.find(": ");
+  return p == std::string::npos ? e : e.substr(p + 2);
+}
+
+TEST(ChatTemplate, SharedGoldenCases) {
+  std::string dir = test::testdata_dir() + "/chat_templates";
+  ojson golden = ojson::parse(read_file(dir + "/golden.json"));
+  int passed = 0, total = 0;
+  for (const ojson& c : golden["cases"]) {
+    std::string name = c["template"].get<std::string>(), label = name + "/" + c["case"].get<std::string>();
+    std::string folder = dir + "/models/" + name;
+    auto tmpl = ChatTemplate::parse(read_file(folder + "/chat_template.jinja"), name);
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
+    ojson cfg = ojson::parse(read_file(folder + "/tokenizer_config.json"));
+    ChatTemplateInputs in;
+    in.messages = c["messages"];
+    in.tools = c["tools"];
+    in.add_generation_prompt = c["add_generation_prompt"].get<bool>();
+    in.bos_token = token_string(cfg, "bos_token");
+    in.eos_token = token_string(cfg, "eos_token");
+    for (const char* k : {"unk_token", "pad_token"})
+      if (cfg.contains(k)) in.extra[k] = token_string(cfg, k);
+    auto r = apply_chat_template(tmpl.value(), in);
+    ++total;
+    if (c.contains("error")) {
+      ASSERT_FALSE(r.ok()) << label << " rendered but the reference raised";
+      EXPECT_EQ(r.status().message(), strip_error_type(c["error"].get<std::string>())) << label;
+    } else {
+      ASSERT_TRUE(r.ok()) << label << ": " << r.status().message();
+      EXPECT_EQ(r.value(), c["rendered"].get<std::string>()) << label;
+    }
+    passed += !::testing::Test::HasFailure();
+  }
+  EXPECT_GE(total, 48);
+  std::printf("chat template golden cases: %d/%d\n", passed, total);
+}
+
+TEST(ChatTemplate, OwnReferenceCases) {
+  std::string dir = test::testdata_dir() + "/chat_templates/more";
+  ojson cases = ojson::parse(read_file(dir + "/cases.json"));
+  int total = 0, failed = 0;
+  for (const ojson& c : cases["cases"]) {
+    std::string label = c["name"].get<std::string>();
+    std::string source = c.contains("template_file") ? read_file(dir + "/" + c["template_file"].get<std::string>())
+                                                     : c["source"].get<std::string>();
+    auto tmpl = ChatTemplate::parse(source, label);
+    ++total;
+    if (!tmpl.ok()) {
+      ++failed;
+      ADD_FAILURE() << label << ": parse failed: " << tmpl.status().message();
+      continue;
+    }
+    Result<std::string> r = std::string();
+    if (c.contains("inputs")) {  // through apply_chat_template
+      const ojson& x = c["inputs"];
+      ChatTemplateInputs in;
+      in.messages = x["messages"];
+      in.tools = x.value("tools", ojson());
+      in.add_generation_prompt = x.value("add_generation_prompt", false);
+      in.bos_token = x.value("bos_token", "");
+      in.eos_token = x.value("eos_token", "");
+      if (x.contains("extra")) in.extra = x["extra"];
+      r = apply_chat_template(tmpl.value(), in);
+    } else {
+      r = tmpl.value().render(c["context"]);
+    }
+    if (c.contains("error")) {
+      if (r.ok()) { ++failed; ADD_FAILURE() << label << " rendered " << r.value() << " but the reference raised"; }
+      else if (c.value("error_exact", false) && r.status().message() != c["error"].get<std::string>()) {
+        ++failed;
+        ADD_FAILURE() << label << ": message " << r.status().message() << " vs " << c["error"];
+      }
+    } else if (!r.ok()) {
+      ++failed;
+      ADD_FAILURE() << label << ": " << r.status().message();
+    } else if (r.value() != c["expected"].get<std::string>()) {
+      ++failed;
+      EXPECT_EQ(r.value(), c["expected"].get<std::string>()) << label;
+    }
+  }
+  EXPECT_GE(total, 100);
+  std::printf("chat template own cases: %d/%d pass\n", total - failed, total);
+}
+
+TEST(ChatTemplate, SyntaxErrorsNameTemplateAndLine) {
+  struct Case { const char* src; int line; const char* fragment; };
+  const Case cases[] = {
+      {"hello\n{% if x %}\nno end", 2, "endif"},
+      {"a\nb\n{% frobnicate %}", 3, "unknown tag 'frobnicate'"},
+      {"{{ 1 + }}", 1, "unexpected"},
+      {"line1\n{{ foo(1, }}", 2, "unexpected"},
+      {"{% for x in %}{% endfor %}", 1, "unexpected"},
+      {"{% for x in y %}\n{% endif %}", 2, "unknown tag 'endif'"},
+      {"{# unclosed comment", 1, "comment"},
+      {"{{ 'abc }}", 1, "unexpected"},
+      {"\n\n{% set x = (1, 2 %}", 3, "unexpected"},
+      {"{% macro m(a=1, b) %}{% endmacro %}", 1, "non-default"},
+  };
+  for (const Case& c : cases) {
+    auto t = ChatTemplate::parse(c.src, "my-model");
+    ASSERT_FALSE(t.ok()) << c.src;
+    const std::string& m = t.status().message();
+    EXPECT_NE(m.find("my-model"), std::string::npos) << m;
+    EXPECT_NE(m.find("line " + std::to_string(c.line)), std::string::npos) << c.src << " -> " << m;
+    EXPECT_NE(m.find(c.fragment), std::string::npos) << c.src << " -> " << m;
+  }
+}
+
+TEST(ChatTemplate, RaiseExceptionPassesMessageThrough) {
+  auto t = ChatTemplate::parse("{% if messages[0].role != 'user' %}{{ raise_exception('Only user messages: ' ~ messages[0].role) }}{% endif %}ok", "t");
+  ASSERT_TRUE(t.ok());
+  auto r = t.value().render(ojson{{"messages", ojson::array({ojson{{"role", "system"}, {"content", "x"}}})}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "Only user messages: system");
+  auto ok = t.value().render(ojson{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "x"}}})}});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok.value(), "ok");
+  // Runtime errors other than raise_exception name the template and line.
+  auto bad = ChatTemplate::parse("a\n{{ 1 + 'x' }}", "tmpl-name");
+  ASSERT_TRUE(bad.ok());
+  auto e = bad.value().render(ojson::object());
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("tmpl-name, line 2"), std::string::npos) << e.status().message();
+}
+
+TEST(ChatTemplate, StrftimeNowAndThreadSafeRender) {
+  auto t = ChatTemplate::parse("{{ strftime_now('%Y') }}|{% for m in messages %}{{ m.content }}{% endfor %}", "t");
+  ASSERT_TRUE(t.ok());
+  ojson ctx{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "é"}}})}};
+  auto r = t.value().render(ctx);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().size(), 4u + 1 + 2);
+  EXPECT_EQ(r.value().substr(0, 2), "20");
+}
+
+}  // namespace
+}  // namespace kiln
