@@ -66,6 +66,8 @@ Result<ModelText> ModelText::load(const std::string& model_dir) {
     if (cfg.contains("eos_token")) m.special_.eos = token_string(cfg["eos_token"]);
     if (cfg.contains("pad_token")) m.special_.pad = token_string(cfg["pad_token"]);
     if (cfg.contains("unk_token")) m.special_.unk = token_string(cfg["unk_token"]);
+    if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) m.special_.add_bos = cfg["add_bos_token"].get<bool>();
+    if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean()) m.special_.add_eos = cfg["add_eos_token"].get<bool>();
     if (cfg.contains("chat_template")) {
       const auto& ct = cfg["chat_template"];
       const std::string where = cfg_path.string() + ": chat_template";

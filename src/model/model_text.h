@@ -24,6 +24,10 @@ namespace kiln {
 
 struct SpecialTokens {
   std::string bos, eos, pad, unk;  // empty when the folder names none
+  // tokenizer_config.json's add_bos_token / add_eos_token when present. Encoding with special
+  // tokens follows tokenizer.json's post-processor, as transformers 5's tokenizers backend does
+  // (it leaves these flags without effect there: checked against transformers 5.17).
+  std::optional<bool> add_bos, add_eos;
 };
 
 class ModelText {
