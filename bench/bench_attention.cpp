@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
 
   std::printf("{\n  \"hq\": %d, \"hkv\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"sms\": %d,\n", hq, hkv, d,
               be.multiprocessor_count());
-  std::printf("  \"default_prefill_variant\": %d,\n  \"variants\": [", cuda::prefill_variant_for_head_dim(d));
+  std::printf("  \"default_prefill_variant\": %d,\n  \"variants\": [", cuda::prefill_variant_for_head_dim(be, d));
   for (size_t i = 0; i < variants.size(); ++i)
     std::printf("%s\n    {\"variant\": %d, \"name\": \"%s\"}", i ? "," : "", variants[i],
                 cuda::prefill_variant_name(variants[i]));
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
     const double pairs =
         static_cast<double>(c.q_len) * (c.kv_len - c.q_len) + static_cast<double>(c.q_len) * (c.q_len + 1) / 2.0;
     const double flop = 4.0 * d * hq * pairs;
-    cuda::set_prefill_variant_for_testing(0);
+    be.set_attention_prefill_variant(0);
     const std::vector<float> ref = run_once(c.q_len, c.kv_len);
     double ref_norm = 0;
     for (float x : ref) ref_norm += static_cast<double>(x) * x;
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
     double best_ms = 0;
     for (size_t vi = 0; vi < variants.size(); ++vi) {
       const int var = variants[vi];
-      cuda::set_prefill_variant_for_testing(var);
+      be.set_attention_prefill_variant(var);
       const std::vector<float> got = run_once(c.q_len, c.kv_len);
       double max_abs = 0, diff2 = 0;
       int64_t nonfinite = 0;
@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
     std::snprintf(buf, sizeof(buf), "\"%d/%d\": %d", c.q_len, c.kv_len, best_v);
     best.push_back(buf);
   }
-  cuda::set_prefill_variant_for_testing(-1);
+  be.set_attention_prefill_variant(-1);
   std::printf("\n  ],\n  \"best_valid_variant\": {");
   for (size_t i = 0; i < best.size(); ++i) std::printf("%s%s", i ? ", " : "", best[i].c_str());
   std::printf("}\n}\n");

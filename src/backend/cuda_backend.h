@@ -62,6 +62,10 @@ class CudaBackend final : public Backend {
   // backend is destroyed, because captured graphs may still point at it.
   void* scratch(int64_t bytes);
   int multiprocessor_count() const { return sm_count_; }
+  // The prefill attention kernel variant ops run with (kernels/cuda/attention_internal.h); -1 means
+  // the kernel's default (or KILN_ATTN_PREFILL_VARIANT). For tests and benchmarks.
+  int attention_prefill_variant() const { return attention_prefill_variant_; }
+  void set_attention_prefill_variant(int v) { attention_prefill_variant_ = v < 0 ? -1 : v; }
   CudaCachingAllocator& allocator() { return allocator_; }
   // Opaque state the CUDA kernels keep per backend (kernels/cuda/gemm.cu: cached cuBLASLt matmul
   // plans). Created by the kernels on first use; released before the cuBLASLt handle.
@@ -71,6 +75,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device_index);
   int device_index_;
   int sm_count_ = 0;
+  int attention_prefill_variant_ = -1;
   CUstream_st* stream_ = nullptr;
   cublasLtContext* blaslt_ = nullptr;
   CudaCachingAllocator allocator_;

@@ -143,19 +143,17 @@ std::vector<int> prefill_variants(bool all) {
   return {-1};
 }
 
-// Selects a prefill variant for the scope (-1: the default).
+// Selects a prefill variant on the backend for the scope (-1: the default).
 struct PrefillVariantScope {
-  explicit PrefillVariantScope(int v) {
+  PrefillVariantScope(Backend& be, int v) : be_(be) { set(v); }
+  ~PrefillVariantScope() { set(-1); }
+  void set(int v) {
 #ifdef KILN_WITH_CUDA
-    cuda::set_prefill_variant_for_testing(v);
+    if (be_.device().is_cuda()) static_cast<CudaBackend&>(be_).set_attention_prefill_variant(v);
 #endif
     (void)v;
   }
-  ~PrefillVariantScope() {
-#ifdef KILN_WITH_CUDA
-    cuda::set_prefill_variant_for_testing(-1);
-#endif
-  }
+  Backend& be_;
 };
 
 // Runs one case on the GPU and checks it against the CPU twin; with all_variants, once per
@@ -170,7 +168,7 @@ void check_case(Backend& be, const AttnCase& c, double tol, bool all_variants = 
   TensorBuffer qi = device_copy(be, in.qi), kvi = device_copy(be, in.kvi);
   for (int variant : prefill_variants(all_variants)) {
     SCOPED_TRACE("prefill variant " + std::to_string(variant));
-    PrefillVariantScope scope(variant);
+    PrefillVariantScope scope(be, variant);
     TensorBuffer out = device_copy(be, nan_host(in.q.shape(), c.dtype));
     ops::attention_forward(be, out, q, k, v, qi, kvi, in.bounds, in.scale);
     Status st = be.synchronize();

@@ -46,7 +46,7 @@
 //     kernels/cuda/attention_internal.h): D=64 -> 1 (fastest at every length: L=30000 6.99 ms vs
 //     9.18 for 0), D=128 -> 2 (L=8192 1.17 ms vs 1.36 for 1 and 2.10 for 0). The environment
 //     variable KILN_ATTN_PREFILL_VARIANT=N (read once) overrides the default for both head sizes;
-//     tests/benchmarks: set_prefill_variant_for_testing.
+//     tests/benchmarks: CudaBackend::set_attention_prefill_variant.
 //  3. Generic (any even D <= 256, f32/bf16/f16, or unaligned pointers): one warp per (query row,
 //     head), online softmax over keys one at a time. Slow; for correctness on other shapes.
 // Every launch goes on the backend's stream; no host synchronisation and no allocation other than
@@ -1364,8 +1364,6 @@ constexpr int kDefaultPrefillVariantD128 = 2;
 static_assert(kDefaultPrefillVariant >= 0 && kDefaultPrefillVariant < kPrefillVariantCount);
 static_assert(kDefaultPrefillVariantD128 >= 0 && kDefaultPrefillVariantD128 < kPrefillVariantCount);
 
-std::atomic<int> g_prefill_variant_override{-1};
-
 // The environment's choice, -1 if none.
 int env_prefill_variant() {
   static const int v = [] {
@@ -1477,26 +1475,22 @@ void launch_fast(CudaBackend& be, const Args& a) {
       launch_decode<T, 128>(be, a);
     return;
   }
-  launch_prefill_variant<T>(be, a, prefill_variant_for_head_dim(a.D));
+  launch_prefill_variant<T>(be, a, prefill_variant_for_head_dim(be, a.D));
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
 
-int prefill_variant_for_head_dim(int head_dim) {
-  const int v = g_prefill_variant_override.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
+int prefill_variant_for_head_dim(const CudaBackend& be, int head_dim) {
+  const int v = be.attention_prefill_variant();
+  if (v >= 0) {
+    KILN_ASSERT(v < kPrefillVariantCount);
+    return v;
+  }
   const int e = env_prefill_variant();
   if (e >= 0) return e;
   return head_dim == 128 ? kDefaultPrefillVariantD128 : kDefaultPrefillVariant;
-}
-
-int prefill_variant() { return prefill_variant_for_head_dim(64); }
-
-void set_prefill_variant_for_testing(int v) {
-  KILN_ASSERT(v < kPrefillVariantCount);
-  g_prefill_variant_override.store(v < 0 ? -1 : v, std::memory_order_relaxed);
 }
 
 const char* prefill_variant_name(int v) {

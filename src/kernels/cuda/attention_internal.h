@@ -21,20 +21,19 @@
 //     L=8192               2.089   1.353   1.170
 //     q2048 / kv8192       .941    .604    .511
 // The environment variable KILN_ATTN_PREFILL_VARIANT=N (read once, on the first call) overrides the
-// default for both head sizes; set_prefill_variant_for_testing() overrides both.
+// default for both head sizes; CudaBackend::set_attention_prefill_variant() overrides both.
 #pragma once
+
+#include "backend/cuda_backend.h"
 
 namespace kiln::cuda {
 
 constexpr int kPrefillVariantCount = 3;
 
-// The variant that prefill calls with head dimension D use now (override if set, else the
-// environment, else the default for D).
-int prefill_variant_for_head_dim(int head_dim);
-// prefill_variant_for_head_dim(64).
-int prefill_variant();
-// v in [0, kPrefillVariantCount): use variant v from now on; v < 0: back to the default.
-void set_prefill_variant_for_testing(int v);
+// The variant prefill calls with head dimension D run with on `be` (the backend's override if set,
+// else the environment, else the default for D). Tests and benchmarks pick one with
+// CudaBackend::set_attention_prefill_variant().
+int prefill_variant_for_head_dim(const CudaBackend& be, int head_dim);
 // Short description of variant v.
 const char* prefill_variant_name(int v);
 
