@@ -150,6 +150,8 @@ micro = [
   ("string_multiply_join", "{{ '=' * 5 }}{{ ['a'] * 2 }}"),
   ("loop_over_items_tuple", "{% for pair in d|dictsort %}{{ pair[0] }}={{ pair[1] }} {% endfor %}{% for (k, v) in d.items() %}{{ k }}{% endfor %}"),
   ("strftime_static", "{{ strftime_now('%Y')|length }}"),
+  ("in_undefined", "{{ 'a' in missing }}|{{ 'a' not in missing }}|{{ 'x' in d.nope }}|{{ 'a' is in missing }}|{% if 'citations' in missing and t %}c{% else %}n{% endif %}"),
+  ("error_undefined_in_string", "{{ missing in 'abc' }}"),
 ]
 env_render = lambda src, c: _compile_jinja_template(src).render(**c)
 for name, src in micro:

@@ -259,7 +259,7 @@ struct Interp {
       return false;
     }
     if (container.is_dict()) return item.is_str() && container.d->find(item.s) != nullptr;
-    if (container.is_undef()) return fail(container.s.empty() ? "argument of type 'Undefined' is not iterable" : "'" + container.s + "' is undefined");
+    if (container.is_undef()) return false;  // jinja2's Undefined iterates as empty: `x in undefined` is False
     return fail(std::string("argument of type '") + type_name(container) + "' is not iterable");
   }
   // Items of an iterable value (dict: keys, str: characters).
