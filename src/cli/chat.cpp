@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <iostream>
-#include <random>
 
 #include "cli/common.h"
 #include "infer/generator.h"
@@ -20,10 +19,7 @@ Runner add_chat(CLI::App& app) {
     ModelFlags model;
     std::string system, template_name;
     int32_t max_tokens = 512;
-    float temperature = 0.7f;
-    int32_t top_k = 0;
-    float top_p = 0.95f;
-    int64_t seed = -1;
+    SamplingFlags sampling{0.7f, 0.95f};
     bool json = false;
   };
   auto f = std::make_shared<Flags>();
@@ -32,15 +28,12 @@ Runner add_chat(CLI::App& app) {
   c->add_option("--system", f->system, "a system prompt");
   c->add_option("--template", f->template_name, "a named chat template of the folder");
   c->add_option("--max-tokens", f->max_tokens, "most new tokens per reply")->capture_default_str();
-  c->add_option("--temperature", f->temperature, "sampling temperature; 0 is greedy")->capture_default_str();
-  c->add_option("--top-k", f->top_k, "keep the k most likely tokens (0: all)")->capture_default_str();
-  c->add_option("--top-p", f->top_p, "nucleus sampling mass")->capture_default_str();
-  c->add_option("--seed", f->seed, "sampling seed (default: random)");
+  f->sampling.add(c);
   c->add_flag("--json", f->json, "print one JSON object per turn (prompt, ids, reply) instead of streaming");
   return [f]() -> int {
     if (f->model.model_dir.empty()) return fail(invalid_argument("kiln chat needs --model DIR"));
-    if (f->temperature < 0) return fail(invalid_argument("--temperature must be >= 0 (0 is greedy)"));
-    if (f->top_p <= 0 || f->top_p > 1) return fail(invalid_argument("--top-p must be in (0, 1]"));
+    Result<ops::SamplingParams> sampling = f->sampling.params();
+    if (!sampling.ok()) return fail(sampling.status());
     Result<LoadedModel> l = load_model(f->model);
     if (!l.ok()) return fail(l.status());
     Result<ModelText> text = ModelText::load(f->model.model_dir);
@@ -50,10 +43,7 @@ Runner add_chat(CLI::App& app) {
 
     GenerateOptions opts;
     opts.max_new_tokens = f->max_tokens;
-    opts.sampling.temperature = f->temperature;
-    opts.sampling.top_k = f->top_k;
-    opts.sampling.top_p = f->top_p;
-    opts.sampling.seed = f->seed >= 0 ? static_cast<uint64_t>(f->seed) : std::random_device{}();
+    opts.sampling = *sampling;
     opts.stop_ids = text->stop_ids();
     for (int32_t id : l->model->config().eos_token_ids) opts.stop_ids.push_back(id);
 
@@ -78,22 +68,12 @@ Runner add_chat(CLI::App& app) {
       Result<std::unique_ptr<Generator>> gen =
           Generator::create(*l->model, static_cast<int32_t>(ids->size()) + std::max(opts.max_new_tokens, 1));
       if (!gen.ok()) return fail(gen.status());
-      StreamingDecoder stream(text->tokenizer(), /*skip_special_tokens=*/true);
-      Status stream_status = Status::Ok();
+      TextStreamer stream(text->tokenizer());
       opts.sampling.seed += turn;  // a fresh draw sequence per turn, still reproducible from --seed
-      Result<GenerateResult> r = (*gen)->generate(*ids, opts, [&](int32_t id) {
-        if (f->json) return true;
-        Result<std::string> piece = stream.push(id);
-        if (!piece.ok()) {
-          stream_status = piece.status();
-          return false;
-        }
-        std::fwrite(piece->data(), 1, piece->size(), stdout);
-        std::fflush(stdout);
-        return true;
-      });
+      Result<GenerateResult> r =
+          (*gen)->generate(*ids, opts, [&](int32_t id) { return f->json ? true : stream.push(id); });
       if (!r.ok()) return fail(r.status());
-      if (!stream_status.ok()) return fail(stream_status);
+      if (!stream.status().ok()) return fail(stream.status());
       Result<std::string> reply = text->tokenizer().decode(r->tokens, /*skip_special_tokens=*/true);
       if (!reply.ok()) return fail(reply.status());
       if (f->json) {
@@ -101,10 +81,7 @@ Runner add_chat(CLI::App& app) {
                                       {"finish_reason", r->finish_reason}};
         std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << std::endl;
       } else {
-        std::string rest = stream.finish();
-        std::fwrite(rest.data(), 1, rest.size(), stdout);
-        std::fputc('\n', stdout);
-        std::fflush(stdout);
+        stream.finish();
       }
       messages.push_back({{"role", "assistant"}, {"content", *reply}});
     }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <sstream>
 
 namespace kiln::cli {
@@ -53,6 +54,42 @@ void ModelFlags::add(CLI::App* cmd, const std::string& default_model) {
   cmd->add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_flag("--random-weights", random_weights, "build the model from config.json alone with seeded random weights");
   cmd->add_option("--weight-seed", weight_seed, "seed of --random-weights");
+}
+
+void SamplingFlags::add(CLI::App* cmd) {
+  cmd->add_option("--temperature", temperature, "sampling temperature; 0 is greedy")->capture_default_str();
+  cmd->add_option("--top-k", top_k, "keep the k most likely tokens (0: all)")->capture_default_str();
+  cmd->add_option("--top-p", top_p, "nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--seed", seed, "sampling seed (default: random)");
+}
+
+Result<ops::SamplingParams> SamplingFlags::params() const {
+  if (temperature < 0) return invalid_argument("--temperature must be >= 0 (0 is greedy)");
+  if (top_p <= 0 || top_p > 1) return invalid_argument("--top-p must be in (0, 1]");
+  ops::SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
+  return p;
+}
+
+bool TextStreamer::push(int32_t id) {
+  Result<std::string> piece = decoder_.push(id);
+  if (!piece.ok()) {
+    status_ = piece.status();
+    return false;
+  }
+  std::fwrite(piece->data(), 1, piece->size(), stdout);
+  std::fflush(stdout);
+  return true;
+}
+
+void TextStreamer::finish() {
+  std::string rest = decoder_.finish();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
 }
 
 Result<LoadedModel> load_model(const ModelFlags& f) {

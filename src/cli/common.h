@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "kernels/ops.h"
 #include "model/model_text.h"
 #include "model/transformer.h"
 
@@ -27,6 +28,34 @@ struct ModelFlags {
   bool random_weights = false;
   uint64_t weight_seed = 0;
   void add(CLI::App* cmd, const std::string& default_model);
+};
+
+// Sampling flags shared by generate and chat.
+struct SamplingFlags {
+  float temperature;
+  int32_t top_k = 0;
+  float top_p;
+  int64_t seed = -1;
+  SamplingFlags(float default_temperature, float default_top_p)
+      : temperature(default_temperature), top_p(default_top_p) {}
+  void add(CLI::App* cmd);
+  // Validated parameters; a random seed when --seed was not given.
+  Result<ops::SamplingParams> params() const;
+};
+
+// Prints decoded text to stdout as tokens arrive (only complete UTF-8; special tokens skipped).
+class TextStreamer {
+ public:
+  explicit TextStreamer(const Tokenizer& tokenizer) : decoder_(tokenizer, /*skip_special_tokens=*/true) {}
+  // Prints what `id` completes; false (stop generating) on a decoding error, kept in status().
+  bool push(int32_t id);
+  // Prints the rest and a newline.
+  void finish();
+  const Status& status() const { return status_; }
+
+ private:
+  StreamingDecoder decoder_;
+  Status status_;
 };
 
 struct LoadedModel {

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <random>
 
 #include "cli/common.h"
 #include "infer/generator.h"
@@ -27,17 +26,14 @@ struct GenerateFlags {
   bool prompt_given = false;
   bool json = false;
   int32_t max_tokens = 16;
-  float temperature = 0.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  int64_t seed = -1;
+  SamplingFlags sampling{0.0f, 1.0f};
   bool ignore_eos = false;
   bool no_graphs = false;
 };
 
 int run_generate(const GenerateFlags& f) {
-  if (f.temperature < 0) return fail(invalid_argument("--temperature must be >= 0 (0 is greedy)"));
-  if (f.top_p <= 0 || f.top_p > 1) return fail(invalid_argument("--top-p must be in (0, 1]"));
+  Result<ops::SamplingParams> sampling = f.sampling.params();
+  if (!sampling.ok()) return fail(sampling.status());
   if (f.max_tokens < 0) return fail(invalid_argument("--max-tokens must be >= 0"));
   auto t0 = std::chrono::steady_clock::now();
   Result<LoadedModel> l = load_model(f.model);
@@ -65,10 +61,7 @@ int run_generate(const GenerateFlags& f) {
 
   GenerateOptions opts;
   opts.max_new_tokens = f.max_tokens;
-  opts.sampling.temperature = f.temperature;
-  opts.sampling.top_k = f.top_k;
-  opts.sampling.top_p = f.top_p;
-  opts.sampling.seed = f.seed >= 0 ? static_cast<uint64_t>(f.seed) : std::random_device{}();
+  opts.sampling = *sampling;
   opts.use_graphs = !f.no_graphs;
   if (!f.ignore_eos) {
     opts.stop_ids = l->model->config().eos_token_ids;
@@ -79,30 +72,16 @@ int run_generate(const GenerateFlags& f) {
   Result<std::unique_ptr<Generator>> gen = Generator::create(*l->model, context);
   if (!gen.ok()) return fail(gen.status());
 
-  std::optional<StreamingDecoder> stream;
-  const bool stream_text = text && !f.json;
-  if (stream_text) stream.emplace(text->tokenizer(), /*skip_special_tokens=*/true);
-  Status stream_status = Status::Ok();
-  auto on_token = [&](int32_t id) {
-    if (!stream_text) return true;
-    Result<std::string> piece = stream->push(id);
-    if (!piece.ok()) {
-      stream_status = piece.status();
-      return false;
-    }
-    std::fwrite(piece->data(), 1, piece->size(), stdout);
-    std::fflush(stdout);
-    return true;
-  };
+  std::optional<TextStreamer> stream;
+  if (text && !f.json) stream.emplace(text->tokenizer());
+  auto on_token = [&](int32_t id) { return stream ? stream->push(id) : true; };
   auto t1 = std::chrono::steady_clock::now();
   Result<GenerateResult> r = (*gen)->generate(prompt, opts, on_token);
   if (!r.ok()) return fail(r.status());
-  if (!stream_status.ok()) return fail(stream_status);
+  if (stream && !stream->status().ok()) return fail(stream->status());
   double gen_s = seconds_since(t1);
-  if (stream_text) {
-    std::string rest = stream->finish();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
-    std::fputc('\n', stdout);
+  if (stream) {
+    stream->finish();
     std::fprintf(stderr, "kiln: %zu prompt tokens, %zu new tokens (%s) in %.3f s\n", prompt.size(), r->tokens.size(),
                  r->finish_reason.c_str(), gen_s);
     return 0;
@@ -120,7 +99,7 @@ int run_generate(const GenerateFlags& f) {
     if (!decoded.ok()) return fail(decoded.status());
     out["text"] = *decoded;
   }
-  std::cout << out.dump() << std::endl;
+  std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   return 0;
 }
 
@@ -162,10 +141,7 @@ Runner add_generate(CLI::App& app) {
   g->add_option("--prompt", f->prompt_text, "prompt text: encoded with the folder's tokenizer, the reply streams as text");
   g->add_flag("--json", f->json, "with --prompt: print JSON (ids and text) instead of streaming text");
   g->add_option("--max-tokens", f->max_tokens, "new tokens to generate")->capture_default_str();
-  g->add_option("--temperature", f->temperature, "sampling temperature; 0 is greedy")->capture_default_str();
-  g->add_option("--top-k", f->top_k, "keep the k most likely tokens (0: all)")->capture_default_str();
-  g->add_option("--top-p", f->top_p, "nucleus sampling mass")->capture_default_str();
-  g->add_option("--seed", f->seed, "sampling seed (default: random)");
+  f->sampling.add(g);
   g->add_flag("--ignore-eos", f->ignore_eos, "do not stop at the model's EOS token");
   g->add_flag("--no-graphs", f->no_graphs, "run every decode step eagerly (no CUDA graph replay)");
   return [f, g] {
