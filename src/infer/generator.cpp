@@ -6,7 +6,43 @@
 namespace kiln {
 namespace {
 
-constexpr int64_t kHeader = 8;  // q_indptr(2) kv_indptr(2) logit_rows(1) last_rows_indptr(2) pad(1)
+// One step of a single request, packed in one i32 buffer so that it moves to the device in one copy:
+//   [q_indptr(2) kv_indptr(2) last_rows_indptr(2) pad(2) | positions(n) | slots(n) | ids(n) | logit_rows(r)]
+// The request holds `context` tokens before the step and adds n; its cache slot is its position.
+// logit_rows is the last new token (r = 1; the final layer is then trimmed to it) or every new token
+// (r = n, for scoring).
+constexpr int64_t kHeader = 8;
+
+int64_t step_size(int64_t n, bool all_rows) { return kHeader + 3 * n + (all_rows ? n : 1); }
+
+// Fills `h`; `ids` may be null when the ids come from elsewhere (the sampler's buffer).
+void pack_step(int32_t* h, int32_t context, int32_t n, const int32_t* ids, bool all_rows) {
+  h[0] = 0, h[1] = n;                  // q_indptr
+  h[2] = 0, h[3] = context + n;        // kv_indptr
+  h[4] = 0, h[5] = 1, h[6] = h[7] = 0;  // last_rows_indptr
+  int32_t* rows = h + kHeader + 3 * n;
+  for (int32_t i = 0; i < n; ++i) {
+    h[kHeader + i] = context + i;      // position
+    h[kHeader + n + i] = context + i;  // cache slot
+    if (ids) h[kHeader + 2 * n + i] = ids[i];
+    if (all_rows) rows[i] = i;
+  }
+  if (!all_rows) rows[0] = n - 1;
+}
+
+// Views of a packed step on the device.
+ForwardBatch step_batch(Tensor d, int32_t n, bool all_rows, int32_t kv_bound) {
+  ForwardBatch b;
+  b.q_indptr = d.rows(0, 2);
+  b.kv_indptr = d.rows(2, 4);
+  b.positions = d.rows(kHeader, kHeader + n);
+  b.slots = d.rows(kHeader + n, kHeader + 2 * n);
+  b.ids = d.rows(kHeader + 2 * n, kHeader + 3 * n);
+  b.logit_rows = d.rows(kHeader + 3 * n, step_size(n, all_rows));
+  b.bounds = {1, n, kv_bound};
+  if (!all_rows && n > 1) b.last_rows_indptr = d.rows(4, 6);  // a single row gains nothing from trimming
+  return b;
+}
 
 int32_t context_bucket(int32_t kv_len, int32_t max_context) {
   int32_t b = 256;
@@ -35,44 +71,22 @@ Status Generator::init() {
   const int64_t chunk = std::min<int64_t>(max_context_, 8192);
   KILN_ASSIGN_OR_RETURN(cache_, model_.make_kv_cache(max_context_));
   KILN_ASSIGN_OR_RETURN(ws_, model_.make_workspace(chunk, 1));
-  KILN_ASSIGN_OR_RETURN(inputs_dev_, empty(be(), {kHeader + 3 * chunk}, DType::i32));
-  inputs_host_ = host_empty({kHeader + 3 * chunk}, DType::i32);
+  KILN_ASSIGN_OR_RETURN(inputs_dev_, empty(be(), {step_size(chunk, false)}, DType::i32));
+  inputs_host_ = host_empty({step_size(chunk, false)}, DType::i32);
   KILN_ASSIGN_OR_RETURN(token_dev_, empty(be(), {1}, DType::i32));
   return Status::Ok();
 }
 
-// Host layout for a step of n new tokens: header, positions(n), slots(n), ids(n).
 void Generator::stage_inputs(const std::vector<int32_t>& ids, bool ids_from_device) {
   const int32_t n = static_cast<int32_t>(ids_from_device ? 1 : ids.size());
-  int32_t* h = inputs_host_.ptr<int32_t>();
-  h[0] = 0;
-  h[1] = n;
-  h[2] = 0;
-  h[3] = length_ + n;
-  h[4] = n - 1;  // logits of the last new token
-  h[5] = 0;      // last_rows_indptr: the final layer runs only that token's row
-  h[6] = 1;
-  h[7] = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    h[kHeader + i] = length_ + i;      // position
-    h[kHeader + n + i] = length_ + i;  // cache slot (one sequence: slot == position)
-    if (!ids_from_device) h[kHeader + 2 * n + i] = ids[i];
-  }
-  const int64_t count = kHeader + (ids_from_device ? 2 : 3) * static_cast<int64_t>(n);
+  pack_step(inputs_host_.ptr<int32_t>(), length_, n, ids_from_device ? nullptr : ids.data(), false);
+  const int64_t count = step_size(n, false);
   be().copy(inputs_dev_.view().rows(0, count), inputs_host_.view().rows(0, count));
 }
 
 ForwardBatch Generator::batch_for(int32_t n, bool ids_from_device, int32_t kv_bound) {
-  Tensor d = inputs_dev_.view();
-  ForwardBatch b;
-  b.q_indptr = d.rows(0, 2);
-  b.kv_indptr = d.rows(2, 4);
-  b.logit_rows = d.rows(4, 5);
-  b.positions = d.rows(kHeader, kHeader + n);
-  b.slots = d.rows(kHeader + n, kHeader + 2 * n);
-  b.ids = ids_from_device ? token_dev_.view() : d.rows(kHeader + 2 * n, kHeader + 3 * n);
-  b.bounds = {1, n, kv_bound};
-  if (n > 1) b.last_rows_indptr = d.rows(5, 7);  // a single row gains nothing from trimming
+  ForwardBatch b = step_batch(inputs_dev_.view(), n, false, kv_bound);
+  if (ids_from_device) b.ids = token_dev_.view();
   return b;
 }
 
@@ -172,30 +186,15 @@ Result<ScoreResult> score(const Transformer& model, const std::vector<int32_t>& 
   KILN_ASSIGN_OR_RETURN(KVCache cache, model.make_kv_cache(n));
   KILN_ASSIGN_OR_RETURN(ForwardWorkspace ws, model.make_workspace(c, c));
   KILN_ASSIGN_OR_RETURN(TensorBuffer logprobs, empty(be, {c, vocab}, DType::f32));
-  TensorBuffer host = host_empty({kHeader + 4 * c}, DType::i32);
-  KILN_ASSIGN_OR_RETURN(TensorBuffer dev, empty(be, {kHeader + 4 * c}, DType::i32));
+  TensorBuffer host = host_empty({step_size(c, true)}, DType::i32);
+  KILN_ASSIGN_OR_RETURN(TensorBuffer dev, empty(be, {step_size(c, true)}, DType::i32));
   ScoreResult out;
   for (int32_t start = 0; start < n - 1; start += c) {
     const int32_t m = std::min(c, n - start);
-    int32_t* h = host.ptr<int32_t>();
-    h[0] = 0, h[1] = m, h[2] = 0, h[3] = start + m;
-    for (int32_t i = 0; i < m; ++i) {
-      h[kHeader + i] = start + i;          // positions
-      h[kHeader + m + i] = start + i;      // slots
-      h[kHeader + 2 * m + i] = ids[start + i];
-      h[kHeader + 3 * m + i] = i;          // every row's logits
-    }
-    const int64_t count = kHeader + 4 * static_cast<int64_t>(m);
+    pack_step(host.ptr<int32_t>(), start, m, ids.data() + start, true);
+    const int64_t count = step_size(m, true);
     be.copy(dev.view().rows(0, count), host.view().rows(0, count));
-    Tensor d = dev.view();
-    ForwardBatch b;
-    b.q_indptr = d.rows(0, 2);
-    b.kv_indptr = d.rows(2, 4);
-    b.positions = d.rows(kHeader, kHeader + m);
-    b.slots = d.rows(kHeader + m, kHeader + 2 * m);
-    b.ids = d.rows(kHeader + 2 * m, kHeader + 3 * m);
-    b.logit_rows = d.rows(kHeader + 3 * m, kHeader + 4 * m);
-    b.bounds = {1, m, start + m};
+    ForwardBatch b = step_batch(dev.view(), m, true, start + m);
     Tensor logits = model.forward(b, cache, ws);
     Tensor lp = logprobs.view().rows(0, m);
     ops::log_softmax_forward(be, lp, logits);

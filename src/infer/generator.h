@@ -74,8 +74,7 @@ class Generator {
   LogitsCallback on_logits_;
   KVCache cache_;
   ForwardWorkspace ws_;
-  // Device i32 buffer: [ids(max_context) | positions(max_context) | slots(max_context) |
-  //                     q_indptr(2) | kv_indptr(2) | logit_rows(1)], and its host staging twin.
+  // The packed step inputs (layout in generator.cpp: pack_step) on the device and their host twin.
   TensorBuffer inputs_dev_, inputs_host_;
   TensorBuffer token_dev_;     // [1] i32: the sampled token, fed back as the next step's id
   Tensor logits_;              // [1, vocab] f32 view of the last forward's logits
