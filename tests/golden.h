@@ -10,7 +10,8 @@
 
 namespace kiln::test {
 
-// A golden tensor as f32 (float tensors) or i32 (int tensors) values.
+// A golden tensor as f32 (float tensors) or i32 (int tensors) values, from
+// testdata/<model>/golden.safetensors, or from testdata/<model> when `model` names a .safetensors file.
 std::vector<float> golden_floats(const std::string& model, const std::string& name);
 std::vector<int32_t> golden_ints(const std::string& model, const std::string& name);
 
@@ -26,5 +27,18 @@ enum class GreedyCheck {
 // relative-error tolerance for logits, and compares greedy tokens as `greedy` says.
 void check_golden_model(Backend& be, const std::string& model, double logits_tolerance,
                         GreedyCheck greedy = GreedyCheck::exact);
+
+// Tolerances (relative L2 errors) of a training check.
+struct TrainingTolerances {
+  double loss = 0, grads = 0, params = 0;
+};
+
+// The training checks of a fixture: `golden` (a .safetensors under testdata/) holds a batch
+// (<prefix>.input_ids [rows, n], <prefix>.labels, optionally <prefix>.position_ids), its loss
+// <prefix>.loss, every parameter's gradient grad.<name> and, when present, the parameters after one
+// torch.optim.AdamW(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1) step (adamw_step1.<name>)
+// and the loss after it (train.loss_after_step1). testdata/<model> is the checkpoint trained.
+void check_training_golden(Backend& be, const std::string& model, const std::string& golden, const std::string& prefix,
+                           const TrainingTolerances& tol);
 
 }  // namespace kiln::test

@@ -72,5 +72,6 @@ Runner add_tokenize(CLI::App& app);
 Runner add_detokenize(CLI::App& app);
 Runner add_chat_template(CLI::App& app);
 Runner add_chat(CLI::App& app);
+Runner add_train(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   add(kiln::cli::add_detokenize);
   add(kiln::cli::add_chat_template);
   add(kiln::cli::add_chat);
+  add(kiln::cli::add_train);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,118 @@
+#include "train/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/ops.h"
+#include "model/safetensors.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Files of a model folder that are not weights: tokenizer, templates, generation defaults.
+constexpr const char* kCopiedFiles[] = {
+    "tokenizer.json",     "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json",         "merges.txt",            "added_tokens.json",       "chat_template.jinja",
+    "chat_template.json", "generation_config.json",
+};
+constexpr const char* kCopiedDirs[] = {"additional_chat_templates"};
+
+Status write_file_atomic(const fs::path& path, const std::string& text) {
+  const fs::path partial = path.string() + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    if (!out) return io_error("cannot write '" + partial.string() + "'");
+    out << text;
+    out.flush();
+    if (!out) return io_error("error writing '" + partial.string() + "' (disk full?)");
+  }
+  std::error_code ec;
+  fs::rename(partial, path, ec);
+  if (ec) return io_error("cannot rename '" + partial.string() + "' to '" + path.string() + "': " + ec.message());
+  return Status::Ok();
+}
+
+Status copy_file_atomic(const fs::path& src, const fs::path& dst) {
+  std::ifstream in(src, std::ios::binary);
+  if (!in) return io_error("cannot read '" + src.string() + "'");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return write_file_atomic(dst, text);
+}
+
+const char* torch_dtype_name(DType dt) {
+  switch (dt) {
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
+    default: return "float32";
+  }
+}
+
+}  // namespace
+
+Status prepare_output_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    return io_error("cannot create the output directory '" + dir + "'" + (ec ? ": " + ec.message() : ""));
+  const fs::path probe = fs::path(dir) / ".kiln-write-test";
+  {
+    std::ofstream out(probe, std::ios::binary | std::ios::trunc);
+    if (!out || !(out << "ok") || !out.flush())
+      return io_error("the output directory '" + dir + "' is not writable");
+  }
+  fs::remove(probe, ec);
+  return Status::Ok();
+}
+
+Status save_hf_checkpoint(Backend& be, const ParameterSet& params, const std::string& source_dir, const std::string& output_dir, DType dtype) {
+  KILN_RETURN_IF_ERROR(prepare_output_dir(output_dir));
+  // The weights: master (f32) -> dtype on the device, then one copy to the host.
+  KILN_ASSIGN_OR_RETURN(TensorBuffer converted, empty(be, {params.size()}, dtype));
+  ops::cast(be, converted, params.master());
+  TensorBuffer host = to_host(be, converted);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const HfTensor& t : params.layout().hf) tensors.emplace_back(t.name, params.hf_view(host.view(), t));
+  KILN_RETURN_IF_ERROR(write_safetensors((fs::path(output_dir) / "model.safetensors").string(), tensors,
+                                         {{"format", "pt"}}));
+  // A stale index from an earlier sharded save would point transformers at missing shards.
+  std::error_code ec;
+  fs::remove(fs::path(output_dir) / "model.safetensors.index.json", ec);
+
+  // config.json: the source's, with the dtype entries naming what was written.
+  const fs::path src_config = fs::path(source_dir) / "config.json";
+  nlohmann::json cfg;
+  if (fs::exists(src_config)) {
+    std::ifstream in(src_config);
+    try {
+      cfg = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+      return invalid_argument("cannot re-read '" + src_config.string() + "': " + e.what());
+    }
+  }
+  if (cfg.contains("dtype") || !cfg.contains("torch_dtype")) cfg["dtype"] = torch_dtype_name(dtype);
+  if (cfg.contains("torch_dtype")) cfg["torch_dtype"] = torch_dtype_name(dtype);
+  KILN_RETURN_IF_ERROR(write_file_atomic(fs::path(output_dir) / "config.json", cfg.dump(2) + "\n"));
+
+  if (fs::equivalent(fs::path(source_dir), fs::path(output_dir), ec)) return Status::Ok();
+  for (const char* name : kCopiedFiles) {
+    const fs::path src = fs::path(source_dir) / name;
+    if (fs::is_regular_file(src)) KILN_RETURN_IF_ERROR(copy_file_atomic(src, fs::path(output_dir) / name));
+  }
+  for (const char* name : kCopiedDirs) {
+    const fs::path src = fs::path(source_dir) / name;
+    if (!fs::is_directory(src)) continue;
+    fs::create_directories(fs::path(output_dir) / name, ec);
+    for (const fs::directory_entry& e : fs::directory_iterator(src))
+      if (e.is_regular_file())
+        KILN_RETURN_IF_ERROR(copy_file_atomic(e.path(), fs::path(output_dir) / name / e.path().filename()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace kiln

@@ -1,0 +1,54 @@
+// Optimizer: AdamW (torch.optim.AdamW semantics) or plain SGD over a ParameterSet's flat buffers,
+// with global gradient-norm clipping (torch.nn.utils.clip_grad_norm_: coefficient
+// clip / (norm + 1e-6), applied only when below 1). One kernel updates every parameter and
+// refreshes the bf16 compute copy.
+//
+// Ownership: owns the AdamW moments ([N] f32 each, zero-initialised); refers to the ParameterSet,
+// which must outlive it. Thread safety: none.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "train/parameters.h"
+
+namespace kiln {
+
+struct OptimizerOptions {
+  enum class Kind { adamw, sgd };
+  Kind kind = Kind::adamw;
+  float lr = 1e-5f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float clip_norm = 0.0f;  // <= 0: no clipping
+};
+
+struct OptimizerStepInfo {
+  double grad_norm = 0.0;   // global L2 norm of the gradients before clipping
+  float clip_coef = 1.0f;   // the factor the gradients were scaled by
+};
+
+class Optimizer {
+ public:
+  static Result<Optimizer> create(Backend& be, ParameterSet& params, const OptimizerOptions& options);
+
+  // Reads the gradients, clips, updates the parameters and zeroes the gradients. Fails (parameters
+  // untouched) when the gradient norm is not finite.
+  Result<OptimizerStepInfo> step();
+  int64_t steps_taken() const { return step_; }
+  const OptimizerOptions& options() const { return options_; }
+
+ private:
+  Optimizer(Backend& be, ParameterSet& params, const OptimizerOptions& options)
+      : be_(&be), params_(&params), options_(options) {}
+
+  Backend* be_;
+  ParameterSet* params_;
+  OptimizerOptions options_;
+  TensorBuffer m_, v_;  // AdamW moments [N] f32
+  int64_t step_ = 0;
+};
+
+}  // namespace kiln

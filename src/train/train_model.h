@@ -1,0 +1,104 @@
+// TrainModel: the decoder-only causal LM (Llama, Mistral, Qwen2, Qwen3 — the same architecture as
+// model/transformer.h) with a backward pass, over dense micro-batches of B rows x S tokens.
+//
+// Forward per layer, x the f32 residual stream, tokens as [B*S, ...] rows:
+//   n1 = rmsnorm(x) ; qkv = n1 Wqkv^T (+b) ; q, k, v = split + q/k norm + rope -> [B, H, S, D]
+//   a  = attention(q, k, v; causal + documents + padding) -> [B*S, Hq*D] ; x' = x + a Wo^T (+b)
+//   n2 = rmsnorm(x') ; gu = n2 Wgu^T (+b) ; m = swiglu(gu) ; x'' = x' + m Wdown^T (+b)
+// then the final norm and the output head fused with the cross-entropy: only rows with a target
+// are gathered, and their logits exist only a chunk of rows at a time (in the compute dtype), are
+// turned into d loss / d logits in place and immediately fed to the two backward GEMMs.
+// Every activation the backward needs is kept (no recomputation).
+//
+// Precision: on the CPU everything is f32. On CUDA the GEMMs, attention and activations run in
+// bf16 from the parameters' bf16 compute copy, with f32 accumulation; the residual stream, the
+// loss, the norm statistics and all parameter gradients are f32 (ParameterSet: f32 master weights).
+//
+// Ownership: owns its ParameterSet; activations are allocated per call (through the backend's
+// caching allocator on CUDA) and released when the call returns.
+// Thread safety: none; one thread drives a TrainModel and its backend.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "train/parameters.h"
+
+namespace kiln {
+
+// One dense micro-batch in host memory. Row b holds its tokens at [b*S, b*S + S); rows shorter
+// than S are padded at the end (segment -1, target -100).
+struct HostBatch {
+  int32_t batch = 0, seq_len = 0;     // B, S
+  std::vector<int32_t> ids;           // [B*S]
+  std::vector<int32_t> positions;     // [B*S] rotary positions
+  std::vector<int32_t> segments;      // [B*S] document index within the row, -1 = padding; empty: one
+                                      //       document per row and no padding (plain causal mask)
+  std::vector<int32_t> targets;       // [B*S] the token position t is trained to predict; -100: none
+  int64_t tokens() const;             // non-padding tokens
+  int64_t labelled() const;           // targets >= 0
+};
+
+// A HostBatch on the model's device, with the labelled rows gathered.
+struct DeviceBatch {
+  int32_t batch = 0, seq_len = 0;
+  TensorBuffer ids, positions, segments;  // [B*S] i32 (segments absent for plain causal rows)
+  TensorBuffer target_rows, targets;      // [R] i32: rows (of B*S) with a target, and that target
+  int64_t tokens = 0, labelled = 0;
+};
+
+struct TrainModelOptions {
+  std::string no_decay = kDefaultNoDecay;  // see ParameterSet::create
+  float label_smoothing = 0.0f;
+  uint64_t random_seed = 0;  // for TrainModel::random
+};
+
+class TrainModel {
+ public:
+  // config.json and safetensors weights of `model_dir` (any float dtype) as f32 master weights.
+  static Result<std::unique_ptr<TrainModel>> load(Backend& be, const std::string& model_dir,
+                                                  const TrainModelOptions& options);
+  // Seeded random weights (N(0, 0.02) matrices, unit norms, zero biases), e.g. for benchmarks.
+  static Result<std::unique_ptr<TrainModel>> random(Backend& be, const ModelConfig& config,
+                                                    const TrainModelOptions& options);
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() const { return be_; }
+  ParameterSet& params() { return params_; }
+  const ParameterSet& params() const { return params_; }
+
+  // Validates (ids and targets within the vocabulary, positions below max_position_embeddings,
+  // sizes) and copies a batch to the device.
+  Result<DeviceBatch> upload(const HostBatch& batch) const;
+
+  // Forward and backward over one micro-batch: params().grads() += grad_scale * d(sum of the
+  // token losses) / d params. Returns the sum of the token losses (label smoothing included).
+  // With grad_scale = 1 / (labelled tokens of the whole optimizer step) the gradients are those of
+  // Hugging Face's mean loss, accumulated over micro-batches.
+  Result<double> forward_backward(const DeviceBatch& batch, float grad_scale);
+
+  // Forward only: log p(target) for each labelled row, in row order (for DPO / GRPO and scoring).
+  Result<std::vector<float>> target_logprobs(const DeviceBatch& batch);
+
+ private:
+  TrainModel(Backend& be, ModelConfig config, ParameterSet params, const TrainModelOptions& options);
+  Status init_rope();
+  struct Activations;
+  Status forward(const DeviceBatch& batch, Activations& act);
+  Result<double> head_loss(const DeviceBatch& batch, Activations& act, float grad_scale, bool backward,
+                           std::vector<float>* logprobs);
+  Status backward(const DeviceBatch& batch, Activations& act);
+
+  Backend& be_;
+  ModelConfig config_;
+  ParameterSet params_;
+  TrainModelOptions options_;
+  TensorBuffer inv_freq_;  // [D/2] f32
+  float rope_attention_scaling_ = 1.0f;
+};
+
+}  // namespace kiln
