@@ -162,6 +162,8 @@ void check_training_golden(Backend& be, const std::string& model, const std::str
                            const TrainingTolerances& tol) {
   TrainModelOptions options;
   options.no_decay = "";  // torch.optim.AdamW(model.parameters()) decays everything
+  if (golden_has(golden, prefix + ".label_smoothing"))
+    options.label_smoothing = golden_floats(golden, prefix + ".label_smoothing")[0];
   Result<std::unique_ptr<TrainModel>> loaded = TrainModel::load(be, testdata_dir() + "/" + model, options);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   TrainModel& m = **loaded;
@@ -176,10 +178,13 @@ void check_training_golden(Backend& be, const std::string& model, const std::str
   const Shape id_shape = f->find(prefix + ".input_ids")->shape;
   const int64_t rows = id_shape.ndim == 2 ? id_shape[0] : 1, n = id_shape[id_shape.ndim - 1];
   std::vector<TrainExample> examples(rows);
+  std::vector<int32_t> lengths(rows, static_cast<int32_t>(n));  // rows of a ragged batch are shorter
+  if (golden_has(golden, prefix + ".lengths")) lengths = golden_ints(golden, prefix + ".lengths");
   for (int64_t r = 0; r < rows; ++r) {
-    examples[r].input_ids.assign(ids.begin() + r * n, ids.begin() + (r + 1) * n);
-    examples[r].labels.assign(labels.begin() + r * n, labels.begin() + (r + 1) * n);
-    if (!positions.empty()) examples[r].position_ids.assign(positions.begin() + r * n, positions.begin() + (r + 1) * n);
+    const int64_t begin = r * n, end = r * n + lengths[r];
+    examples[r].input_ids.assign(ids.begin() + begin, ids.begin() + end);
+    examples[r].labels.assign(labels.begin() + begin, labels.begin() + end);
+    if (!positions.empty()) examples[r].position_ids.assign(positions.begin() + begin, positions.begin() + end);
   }
   std::vector<const TrainExample*> row_ptrs;
   for (const TrainExample& e : examples) row_ptrs.push_back(&e);
@@ -195,10 +200,13 @@ void check_training_golden(Backend& be, const std::string& model, const std::str
       << golden << ": loss " << *loss_sum / labelled << " vs " << ref_loss[0];
 
   const ParameterSet& P = m.params();
+  // Gradients are grad.<name>, or grad.<prefix>.<name> where one file holds several cases.
+  const std::string grad_key =
+      golden_has(golden, "grad." + prefix + ".model.norm.weight") ? "grad." + prefix + "." : "grad.";
   int checked = 0;
   for (const HfTensor& t : P.layout().hf) {
     const std::vector<float> got = to_f32(be, P.hf_view(P.grads(), t));
-    const double err = rel_error(got, golden_floats(golden, "grad." + t.name));
+    const double err = rel_error(got, golden_floats(golden, grad_key + t.name));
     EXPECT_LE(err, tol.grads) << golden << ": gradient of " << t.name;
     ++checked;
   }
@@ -210,7 +218,7 @@ void check_training_golden(Backend& be, const std::string& model, const std::str
   // in rotary dimensions that barely turn over 16 positions) are f32 rounding noise in both
   // implementations, yet decide a full +-lr move; the gradients themselves were checked above.
   for (const HfTensor& t : P.layout().hf) {
-    const std::vector<float> ref = golden_floats(golden, "grad." + t.name);
+    const std::vector<float> ref = golden_floats(golden, grad_key + t.name);
     TensorBuffer host = host_empty(Shape{static_cast<int64_t>(ref.size())}, DType::f32);
     std::copy(ref.begin(), ref.end(), host.ptr<float>());
     be.copy(P.hf_view(P.grads(), t).view(host.shape()), host);

@@ -38,6 +38,8 @@ struct TrainingTolerances {
 // <prefix>.loss, every parameter's gradient grad.<name> and, when present, the parameters after one
 // torch.optim.AdamW(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1) step (adamw_step1.<name>)
 // and the loss after it (train.loss_after_step1). testdata/<model> is the checkpoint trained.
+// Optional: <prefix>.lengths (rows shorter than the stored width: a padded batch),
+// <prefix>.label_smoothing, gradients under grad.<prefix>.<name> (several cases in one file).
 void check_training_golden(Backend& be, const std::string& model, const std::string& golden, const std::string& prefix,
                            const TrainingTolerances& tol);
 
