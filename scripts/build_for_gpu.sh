@@ -5,10 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_STATIC_BLAS=ON >/dev/null
-ninja -C build-gpu kiln kiln_tests kiln_gpu_tests bench_decode bench_attention bench_ops
+BINS="bench_decode bench_attention bench_ops bench_train bench_attention_train"
+ninja -C build-gpu kiln kiln_tests kiln_gpu_tests $BINS
 mkdir -p .carry
 cp ../shared/reference/hf_bench.py .carry/ 2>/dev/null || true
 # The binaries share most of their bytes (CUDA kernels, static OpenBLAS): one xz archive is ~5 MB.
-tar -cf - build-gpu/bin/kiln build-gpu/bin/bench_decode build-gpu/bin/bench_attention build-gpu/bin/bench_ops \
+tar -cf - build-gpu/bin/kiln $(for b in $BINS; do echo build-gpu/bin/$b; done) \
     build-gpu/tests/kiln_tests build-gpu/tests/kiln_gpu_tests | xz -6 -T2 > .carry/gpu-build.tar.xz
 ls -la .carry

@@ -3,7 +3,10 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|train|all]
+#   train: the training fixtures (tests/reference/make_train_fixtures.py), the training GPU tests,
+#          kiln train on CUDA with the result loaded by transformers, and the training benchmarks
+#          beside hf_bench.py's training figure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
@@ -42,6 +45,34 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
     PYTHONUNBUFFERED=1 python3 .carry/hf_bench.py --config $CFG --contexts 1024,8192,30000 --skip train \
       --out "$OUT/hf_bench.json" > "$OUT/hf_bench.log" 2>&1 || status=1
     cat "$OUT/hf_bench.json"
+  fi
+fi
+if [ "$WHAT" = train ] || [ "$WHAT" = all ]; then
+  OUT=$OUT python3 tests/reference/make_train_fixtures.py > "$OUT/train_fixtures.log" 2>&1 || status=1
+  tail -2 "$OUT/train_fixtures.log"
+  "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${TRAIN_FILTER:-*Train*:*LossOptim*}" 2>&1 | tee "$OUT/gpu_train_tests.log" \
+    | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|rel|error" | head -80
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # kiln train on the GPU; transformers must load the result and agree with kiln score on it.
+  python3 -c 'import json
+for i in range(24):
+    s = 3 + (i * 37) % 300; st = 1 + i % 3
+    print(json.dumps({"input_ids": [3 + (s + st * t) % 380 for t in range(24)]}))' > "$OUT/synthetic.jsonl"
+  "$BUILD/bin/kiln" train --model testdata/tiny-llama --data "$OUT/synthetic.jsonl" --output "$OUT/trained" \
+    --device cuda --steps 100 --batch-size 4 --lr 3e-3 --shuffle > "$OUT/kiln_train.log" 2>&1 || status=1
+  sed -n '2p;$p' "$OUT/kiln_train.log"; tail -1 "$OUT/kiln_train.log"
+  IDS=3,40,41,42,43,44,45,46,47,48,49,50
+  "$BUILD/bin/kiln" score --model "$OUT/trained" --ids $IDS > "$OUT/kiln_score.json" 2>&1 || status=1
+  python3 tests/reference/check_trained_checkpoint.py "$OUT/trained" --ids $IDS > "$OUT/hf_score.json" 2>&1 || status=1
+  cat "$OUT/kiln_score.json" "$OUT/hf_score.json"
+  "$BUILD/bin/bench_attention_train" > "$OUT/bench_attention_train.json" 2>&1; cat "$OUT/bench_attention_train.json"
+  "$BUILD/bin/bench_train" --config bench/configs/llama-1b-shape.config.json --batch 8x2048 \
+    > "$OUT/bench_train.json" 2>&1 || status=1
+  cat "$OUT/bench_train.json"
+  if [ -f .carry/hf_bench.py ]; then
+    PYTHONUNBUFFERED=1 python3 .carry/hf_bench.py --config bench/configs/llama-1b-shape.config.json --skip static \
+      --contexts 1024 --out "$OUT/hf_bench_train.json" > "$OUT/hf_bench_train.log" 2>&1 || status=1
+    cat "$OUT/hf_bench_train.json"
   fi
 fi
 exit $status

@@ -1,6 +1,7 @@
 #include "train/train_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "kernels/ops.h"
@@ -313,11 +314,24 @@ Status TrainModel::backward(const DeviceBatch& batch, Activations& act) {
 }
 
 Result<double> TrainModel::forward_backward(const DeviceBatch& batch, float grad_scale) {
+  using Clock = std::chrono::steady_clock;
+  auto mark = [&](Clock::time_point* t) -> Status {
+    if (profile_phases_) KILN_RETURN_IF_ERROR(be_.synchronize());
+    *t = Clock::now();
+    return Status::Ok();
+  };
+  auto ms = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  Clock::time_point t0, t1, t2, t3;
+  KILN_RETURN_IF_ERROR(mark(&t0));
   Activations act;
   KILN_RETURN_IF_ERROR(forward(batch, act));
+  KILN_RETURN_IF_ERROR(mark(&t1));
   KILN_ASSIGN_OR_RETURN(double loss_sum, head_loss(batch, act, grad_scale, /*backward=*/true, nullptr));
+  KILN_RETURN_IF_ERROR(mark(&t2));
   KILN_RETURN_IF_ERROR(backward(batch, act));
   KILN_RETURN_IF_ERROR(be_.synchronize());
+  t3 = Clock::now();
+  phase_times_ = {ms(t0, t1), ms(t1, t2), ms(t2, t3)};
   return loss_sum;
 }
 

@@ -57,6 +57,11 @@ struct TrainModelOptions {
   uint64_t random_seed = 0;  // for TrainModel::random
 };
 
+// Wall-clock milliseconds of the last forward_backward's phases (when profile_phases is set).
+struct PhaseTimes {
+  double forward_ms = 0, head_ms = 0, backward_ms = 0;
+};
+
 class TrainModel {
  public:
   // config.json and safetensors weights of `model_dir` (any float dtype) as f32 master weights.
@@ -84,6 +89,10 @@ class TrainModel {
   // Forward only: log p(target) for each labelled row, in row order (for DPO / GRPO and scoring).
   Result<std::vector<float>> target_logprobs(const DeviceBatch& batch);
 
+  // Benchmarks: synchronise between the phases of forward_backward and record their times.
+  void set_profile_phases(bool on) { profile_phases_ = on; }
+  const PhaseTimes& last_phase_times() const { return phase_times_; }
+
  private:
   TrainModel(Backend& be, ModelConfig config, ParameterSet params, const TrainModelOptions& options);
   Status init_rope();
@@ -99,6 +108,8 @@ class TrainModel {
   TrainModelOptions options_;
   TensorBuffer inv_freq_;  // [D/2] f32
   float rope_attention_scaling_ = 1.0f;
+  bool profile_phases_ = false;
+  PhaseTimes phase_times_;
 };
 
 }  // namespace kiln
