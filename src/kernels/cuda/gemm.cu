@@ -87,6 +87,10 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
   bool fused_bias = false;
   bool fallback = false;  // no cuBLASLt algorithm: the SIMT kernel below
+  // The heuristic's other usable algorithms, timed against `algo` on the first large call (then
+  // cleared); see autotune().
+  cublasLtMatmulAlgo_t candidates[kHeuristicAlgos] = {};
+  int num_candidates = 0;
 };
 
 void destroy(Plan& p) {
@@ -154,8 +158,10 @@ bool make_plan(cublasLtHandle_t handle, const Problem& p, bool fuse_bias, Plan* 
   if (st == CUBLAS_STATUS_SUCCESS) {
     for (int i = 0; i < returned; ++i) {
       if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= static_cast<size_t>(kWorkspaceBytes)) {
-        chosen = i;
-        break;
+        if (chosen < 0)
+          chosen = i;
+        else
+          plan.candidates[plan.num_candidates++] = results[i].algo;
       }
     }
   }
@@ -208,6 +214,64 @@ __global__ void __launch_bounds__(kTile* kTile) fallback_gemm_kernel(Problem p) 
   }
 }
 
+// Products of at least this many FLOPs (~20 us on an H200) are worth timing the heuristic's
+// candidates for: the first choice is often a few percent off the best on large training shapes.
+constexpr double kAutotuneFlops = 1.6e10;
+
+// Times plan.algo and each candidate on this problem (one warm-up and two timed runs each, CUDA
+// events on the backend's stream) and keeps the fastest. Runs once per plan, only outside CUDA-graph
+// capture; with beta != 0 the timed runs write a scratch output so C is not accumulated into.
+// KILN_GEMM_AUTOTUNE=0 keeps the heuristic's first choice (bitwise reproducible across runs: the
+// timing decides between algorithms that round differently).
+// Milliseconds of two runs of `algo` after a warm-up run, or -1 when cuBLASLt refuses it.
+float time_algo(cublasLtHandle_t handle, const Problem& p, const Plan& plan, const cublasLtMatmulAlgo_t& algo, void* out,
+                void* workspace, cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop) {
+  for (int i = 0; i < 3; ++i) {
+    if (i == 1) CUDA_CHECK(cudaEventRecord(start, stream));
+    const cublasStatus_t st = cublasLtMatmul(handle, plan.op, &p.alpha, p.a, plan.a, p.b, plan.b, &p.beta, out, plan.d,
+                                             out, plan.d, &algo, workspace, static_cast<size_t>(kWorkspaceBytes), stream);
+    if (st != CUBLAS_STATUS_SUCCESS) return -1.0f;
+  }
+  CUDA_CHECK(cudaEventRecord(stop, stream));
+  CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  return ms;
+}
+
+void autotune(CudaBackend& be, cublasLtHandle_t handle, const Problem& p, Plan& plan) {
+  const int num_candidates = plan.num_candidates;
+  plan.num_candidates = 0;  // tuned once
+  const char* env = std::getenv("KILN_GEMM_AUTOTUNE");
+  if (num_candidates == 0 || (env != nullptr && env[0] == '0')) return;
+  if (2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k) < kAutotuneFlops) return;
+  cudaStream_t stream = detail::stream_of(be);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
+  void* out = p.d;
+  TensorBuffer scratch_out;
+  if (p.beta != 0.0f) {
+    Result<TensorBuffer> r = empty(be, Shape{p.ldd * p.n}, p.d_dt);
+    if (!r.ok()) return;  // no memory to spare: keep the first choice
+    scratch_out = std::move(r).value();
+    out = scratch_out.view().data;
+  }
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  void* workspace = be.scratch(kWorkspaceBytes);
+  float best = time_algo(handle, p, plan, plan.algo, out, workspace, stream, start, stop);
+  for (int i = 0; i < num_candidates; ++i) {
+    const float ms = time_algo(handle, p, plan, plan.candidates[i], out, workspace, stream, start, stop);
+    if (ms > 0.0f && (best < 0.0f || ms < best)) {
+      best = ms;
+      plan.algo = plan.candidates[i];
+    }
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+}
+
 // Runs the product; returns whether the bias (if any) was added by the epilogue.
 bool run_matmul(CudaBackend& be, const Problem& p) {
   const bool want_bias = p.bias != nullptr;
@@ -249,6 +313,7 @@ bool run_matmul(CudaBackend& be, const Problem& p) {
   }
   if (plan.fused_bias)
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+  if (plan.num_candidates > 0) autotune(be, handle, p, plan);
   void* workspace = be.scratch(kWorkspaceBytes);
   KILN_CUBLAS_CHECK(cublasLtMatmul(handle, plan.op, &p.alpha, p.a, plan.a, p.b, plan.b, &p.beta, p.d, plan.d, p.d,
                                    plan.d, &plan.algo, workspace, static_cast<size_t>(kWorkspaceBytes),
