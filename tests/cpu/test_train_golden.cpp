@@ -9,7 +9,9 @@
 #include "backend/backend.h"
 #include "golden.h"
 #include "test_util.h"
+#include "model/config.h"
 #include "train/data.h"
+#include "train/parameters.h"
 #include "train/train_model.h"
 
 namespace kiln::test {
@@ -60,6 +62,70 @@ TEST(TrainGolden, TargetLogprobsMatchReferenceLogits) {
     ref.push_back(static_cast<float>(row[ids[t + 1]] - mx - std::log(sum)));
   }
   EXPECT_LE(rel_error(*lp, ref), 1e-5);
+}
+
+// Gradient accumulation: two micro-batches of one row each, scaled by the labelled tokens of the
+// whole step, give the gradients of the one two-row batch (the reference's).
+TEST(TrainGolden, GradientAccumulationMatchesOneBatch) {
+  auto be = make_cpu_backend();
+  Result<std::unique_ptr<TrainModel>> loaded = TrainModel::load(*be, testdata_dir() + "/tiny-llama", {});
+  ASSERT_TRUE(loaded.ok());
+  TrainModel& m = **loaded;
+  const std::vector<int32_t> ids = golden_ints("tiny-llama", "train.input_ids");
+  const std::vector<int32_t> labels = golden_ints("tiny-llama", "train.labels");
+  std::vector<TrainExample> rows(2);
+  for (int r = 0; r < 2; ++r) {
+    rows[r].input_ids.assign(ids.begin() + 16 * r, ids.begin() + 16 * (r + 1));
+    rows[r].labels.assign(labels.begin() + 16 * r, labels.begin() + 16 * (r + 1));
+  }
+  const HostBatch first = make_host_batch({&rows[0]}), second = make_host_batch({&rows[1]});
+  const float scale = 1.0f / static_cast<float>(first.labelled() + second.labelled());
+  double loss_sum = 0;
+  for (const HostBatch* hb : {&first, &second}) {
+    Result<DeviceBatch> db = m.upload(*hb);
+    ASSERT_TRUE(db.ok());
+    Result<double> sum = m.forward_backward(*db, scale);
+    ASSERT_TRUE(sum.ok());
+    loss_sum += *sum;
+  }
+  EXPECT_LE(rel_error({static_cast<float>(loss_sum * scale)}, golden_floats("tiny-llama", "train.loss")), 1e-5);
+  const ParameterSet& P = m.params();
+  for (const HfTensor& t : P.layout().hf)
+    EXPECT_LE(rel_error(to_f32(*be, P.hf_view(P.grads(), t)), golden_floats("tiny-llama", "grad." + t.name)), 1e-4)
+        << t.name;
+}
+
+// The parameter layout: Hugging Face names are views of kiln's fused tensors, the default no-decay
+// set is norms, biases and embeddings (decayed tensors first), and an expression that would split a
+// fused tensor is refused.
+TEST(TrainGolden, ParameterLayoutAndNoDecay) {
+  auto be = make_cpu_backend();
+  Result<ModelConfig> c = load_model_config(testdata_dir() + "/tiny-qwen2");
+  ASSERT_TRUE(c.ok());
+  Result<ParameterSet> p = ParameterSet::create(*be, *c, kDefaultNoDecay, false);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  int64_t real = 0;
+  for (const auto& [name, shape] : p->layout().fused) {
+    const Tensor t = p->master(name);
+    const int64_t offset = (static_cast<float*>(t.data) - p->master().ptr<float>());
+    const bool exempt = name.find("norm") != std::string::npos || name.find("bias") != std::string::npos ||
+                        name == "embed_tokens";
+    EXPECT_EQ(offset < p->decay_end(), !exempt) << name;
+    EXPECT_EQ(offset % 128, 0) << name;
+    real += shape.numel();
+  }
+  EXPECT_EQ(real, p->parameter_count());
+  for (const std::string& n : p->no_decay_names())
+    EXPECT_TRUE(n.find("norm") != std::string::npos || n.find(".bias") != std::string::npos ||
+                n.find("embed_tokens") != std::string::npos)
+        << n;
+  Result<ParameterSet> all = ParameterSet::create(*be, *c, "", false);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->decay_end(), all->size());
+  EXPECT_TRUE(all->no_decay_names().empty());
+  Result<ParameterSet> split = ParameterSet::create(*be, *c, "k_proj", false);
+  ASSERT_FALSE(split.ok());
+  EXPECT_NE(split.status().message().find("k_proj"), std::string::npos) << split.status().message();
 }
 
 }  // namespace
