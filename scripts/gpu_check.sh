@@ -3,7 +3,7 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|train|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|train|profile|all]
 #   train: the training fixtures (tests/reference/make_train_fixtures.py), the training GPU tests,
 #          kiln train on CUDA with the result loaded by transformers, and the training benchmarks
 #          beside hf_bench.py's training figure.
@@ -77,5 +77,13 @@ for i in range(24):
       --contexts 1024 --out "$OUT/hf_bench_train.json" > "$LOGS/hf_bench_train.log" 2>&1 || status=1
     cat "$OUT/hf_bench_train.json"
   fi
+fi
+if [ "$WHAT" = profile ]; then
+  # Per-kernel times of training steps (Nsight Compute, durations only; first-choice GEMM algorithms).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  KILN_GEMM_AUTOTUNE=0 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+    "$BUILD/bin/bench_train" --config bench/configs/llama-1b-shape.config.json --batch 8x2048 --steps 1 --warmup 1 \
+    > /tmp/ncu.csv 2> /tmp/ncu.err || { tail -5 /tmp/ncu.err; status=1; }
+  python3 scripts/ncu_summary.py /tmp/ncu.csv --steps 3 --top 30 | tee "$OUT/ncu_summary.txt"
 fi
 exit $status

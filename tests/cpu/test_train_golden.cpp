@@ -36,6 +36,35 @@ TEST(TrainGolden, TinyLlamaPackedDocuments) {
   check_training_golden(*be, "tiny-llama", "tiny-llama-packed/packed.safetensors", "packed", kCpuF32);
 }
 
+// More architectures (tests/reference/make_train_fixtures.py): q/k norms with head_dim != hidden /
+// heads and one KV head (tiny-qwen3), q/k/v/o and MLP biases with linear RoPE (tiny-llama-biased),
+// Mistral with a sharded checkpoint; and for tiny-llama a padded batch of rows of 11, 16 and 5 tokens
+// and a loss with label smoothing 0.1.
+TEST(TrainGolden, TinyQwen3QkNorm) {
+  auto be = make_cpu_backend();
+  check_training_golden(*be, "tiny-qwen3", "tiny-qwen3/train_golden.safetensors", "train", kCpuF32);
+}
+
+TEST(TrainGolden, TinyLlamaBiased) {
+  auto be = make_cpu_backend();
+  check_training_golden(*be, "tiny-llama-biased", "tiny-llama-biased/train_golden.safetensors", "train", kCpuF32);
+}
+
+TEST(TrainGolden, TinyMistral) {
+  auto be = make_cpu_backend();
+  check_training_golden(*be, "tiny-mistral", "tiny-mistral/train_golden.safetensors", "train", kCpuF32);
+}
+
+TEST(TrainGolden, TinyLlamaPaddedBatch) {
+  auto be = make_cpu_backend();
+  check_training_golden(*be, "tiny-llama", "tiny-llama/train_golden.safetensors", "ragged", kCpuF32);
+}
+
+TEST(TrainGolden, TinyLlamaLabelSmoothing) {
+  auto be = make_cpu_backend();
+  check_training_golden(*be, "tiny-llama", "tiny-llama/train_golden.safetensors", "smooth", kCpuF32);
+}
+
 // Per-token log-probabilities through the training path (the fused head, no gradient) against the
 // log-softmax of the reference logits of seq_a.
 TEST(TrainGolden, TargetLogprobsMatchReferenceLogits) {

@@ -4,6 +4,8 @@
 // fixtures as the CPU test, including the packed row of three documents.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "golden.h"
 #include "test_util.h"
 
@@ -27,6 +29,18 @@ TEST(TrainGoldenGpu, TinyQwen2) {
 TEST(TrainGoldenGpu, TinyLlamaPackedDocuments) {
   KILN_REQUIRE_GPU(be);
   check_training_golden(*be, "tiny-llama", "tiny-llama-packed/packed.safetensors", "packed", kGpuBf16);
+}
+
+TEST(TrainGoldenGpu, MoreArchitectures) {
+  KILN_REQUIRE_GPU(be);
+  for (const char* model : {"tiny-qwen3", "tiny-llama-biased", "tiny-mistral"})
+    check_training_golden(*be, model, std::string(model) + "/train_golden.safetensors", "train", kGpuBf16);
+}
+
+TEST(TrainGoldenGpu, PaddedBatchAndLabelSmoothing) {
+  KILN_REQUIRE_GPU(be);
+  check_training_golden(*be, "tiny-llama", "tiny-llama/train_golden.safetensors", "ragged", kGpuBf16);
+  check_training_golden(*be, "tiny-llama", "tiny-llama/train_golden.safetensors", "smooth", kGpuBf16);
 }
 
 }  // namespace
