@@ -6,12 +6,18 @@
 // the FLOPs are still counted as for the unpacked causal case (so TFLOP/s shows the skipping gain).
 // Timing: cudaEvents around `iters` calls after `warmup` calls, median over `samples` such runs;
 // the backward time includes its prep (delta, lse2, dQ accumulator zeroing) and dQ conversion.
-// Prints one JSON object: per case ms and TFLOP/s for the forward, the backward and both.
+// Each case runs once per tensor-core variant (--variants; KILN_ATTN_TRAIN_VARIANT: 1 = wgmma, the
+// default on the H200; 2 = wgmma with the overlapped backward; 0 = mma.sync), and the variants'
+// outputs (out, dq, dk, dv) are compared with the first variant's (relative L2 error; outputs are
+// poisoned with NaN first, so a non-finite result marks a variant invalid).
+// Prints one JSON object: per case and variant ms and TFLOP/s for the forward, the backward and both.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,12 +36,14 @@ int main(int argc, char** argv) {
   std::vector<int> cases_flat = {8, 2048, 32, 8, 64, 4, 4096, 32, 8, 128};
   int warmup = 3, iters = 20, samples = 5, doc_len = 0;
   bool non_causal = false;
+  std::vector<int> variants = {1, 2, 0};
   app.add_option("--cases", cases_flat, "cases as B S Hq Hkv D tuples");
   app.add_option("--warmup", warmup, "untimed calls before timing");
   app.add_option("--iters", iters, "calls per timed sample");
   app.add_option("--samples", samples, "timed samples (median reported)");
   app.add_option("--doc-len", doc_len, "pack each row as documents of this many tokens (segment ids); 0: none");
   app.add_flag("--non-causal", non_causal, "full (bidirectional) attention");
+  app.add_option("--variants", variants, "tensor-core variants to time (1 wgmma, 2 overlapped bwd, 0 mma.sync)");
   CLI11_PARSE(app, argc, argv);
 
 #ifndef KILN_WITH_CUDA
@@ -129,19 +137,63 @@ int main(int argc, char** argv) {
     auto bwd = [&] {
       ops::attention_train_backward(be, dq, dk, dv, dout, q, k, v, out, lse, seg_view, causal, scale);
     };
-    const double fwd_ms = time_ms(fwd);
-    const double bwd_ms = time_ms(bwd);
-    Status st = be.synchronize();
-    KILN_ASSERT(st.ok());
+    // Outputs of one forward + backward (after NaN poisoning) as floats.
+    auto outputs = [&] {
+      std::vector<std::vector<float>> res;
+      for (Tensor t : {out.view(), dq.view(), dk.view(), dv.view()}) {
+        CUDA_CHECK(cudaMemsetAsync(t.data, 0xff, static_cast<size_t>(t.nbytes()), stream));  // bf16 NaN
+      }
+      fwd();
+      bwd();
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      for (Tensor t : {out.view(), dq.view(), dk.view(), dv.view()}) {
+        std::vector<uint16_t> h(static_cast<size_t>(t.numel()));
+        CUDA_CHECK(cudaMemcpy(h.data(), t.data, h.size() * 2, cudaMemcpyDeviceToHost));
+        std::vector<float> f(h.size());
+        for (size_t i = 0; i < h.size(); ++i) f[i] = bf16_to_f32(h[i]);
+        res.push_back(std::move(f));
+      }
+      return res;
+    };
+    auto rel_err = [](const std::vector<float>& a, const std::vector<float>& b) -> double {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+        num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+        den += static_cast<double>(b[i]) * b[i];
+      }
+      return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    };
     const double fwd_flops =
         4.0 * B * Hq * static_cast<double>(S) * static_cast<double>(S) * D / (causal ? 2.0 : 1.0);
     const double bwd_flops = 2.5 * fwd_flops;
     auto tflops = [](double flops, double ms) { return flops / (ms * 1e-3) / 1e12; };
-    std::printf(
-        "    {\"B\": %d, \"S\": %d, \"Hq\": %d, \"Hkv\": %d, \"D\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, "
-        "\"bwd_ms\": %.4f, \"bwd_tflops\": %.1f, \"fwd_bwd_ms\": %.4f, \"fwd_bwd_tflops\": %.1f}%s\n",
-        B, S, Hq, Hkv, D, fwd_ms, tflops(fwd_flops, fwd_ms), bwd_ms, tflops(bwd_flops, bwd_ms), fwd_ms + bwd_ms,
-        tflops(fwd_flops + bwd_flops, fwd_ms + bwd_ms), ci + 5 < cases_flat.size() ? "," : "");
+    std::vector<std::vector<float>> first;
+    std::printf("    {\"B\": %d, \"S\": %d, \"Hq\": %d, \"Hkv\": %d, \"D\": %d, \"variants\": [\n", B, S, Hq, Hkv, D);
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      setenv("KILN_ATTN_TRAIN_VARIANT", std::to_string(variants[vi]).c_str(), 1);
+      std::vector<std::vector<float>> res = outputs();
+      double err = 0.0;
+      if (first.empty()) {
+        first = res;
+        for (const auto& r : res) err = std::max(err, rel_err(r, r));
+      } else {
+        for (size_t i = 0; i < res.size(); ++i) err = std::max(err, rel_err(res[i], first[i]));
+      }
+      const double fwd_ms = time_ms(fwd);
+      const double bwd_ms = time_ms(bwd);
+      Status st = be.synchronize();
+      KILN_ASSERT(st.ok());
+      std::printf(
+          "      {\"variant\": %d, \"fwd_ms\": %.4f, \"fwd_tflops\": %.1f, \"bwd_ms\": %.4f, \"bwd_tflops\": %.1f, "
+          "\"fwd_bwd_ms\": %.4f, \"fwd_bwd_tflops\": %.1f, \"max_rel_err_vs_first\": %.2e, \"valid\": %s}%s\n",
+          variants[vi], fwd_ms, tflops(fwd_flops, fwd_ms), bwd_ms, tflops(bwd_flops, bwd_ms), fwd_ms + bwd_ms,
+          tflops(fwd_flops + bwd_flops, fwd_ms + bwd_ms), err, err <= 1e-2 ? "true" : "false",
+          vi + 1 < variants.size() ? "," : "");
+      std::fflush(stdout);
+    }
+    unsetenv("KILN_ATTN_TRAIN_VARIANT");
+    std::printf("    ]}%s\n", ci + 5 < cases_flat.size() ? "," : "");
     std::fflush(stdout);
   }
   std::printf("  ]\n}\n");

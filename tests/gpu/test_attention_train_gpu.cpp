@@ -4,6 +4,8 @@
 // dv, by relative L2 error (bf16: <= 1e-2, lse <= 1e-3; f32 generic path: <= 1e-4). GPU outputs
 // are poisoned with NaN first, so an element left unwritten shows up; padded queries must give
 // out = 0 and dq = 0, padded keys dk = dv = 0, exactly.
+// Tensor-core cases run once per variant (KILN_ATTN_TRAIN_VARIANT: 1 wgmma, 2 wgmma with the
+// overlapped backward, 0 mma.sync).
 // Cases: the tensor-core path (D = 64, 128) and the generic path (D = 32, 96; f32); S not a
 // multiple of any tile (200, 1000) and S = 2048 with several heads per group; B = 2; GQA and MHA;
 // causal with and without segment ids (3 documents + padding), non-causal with and without; many
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
@@ -92,6 +95,24 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   EXPECT_LE(err, tol) << what << ": max abs diff " << max_abs_diff(got, want);
 }
 
+// Sets KILN_ATTN_TRAIN_VARIANT for the scope (restores the previous value).
+struct VariantScope {
+  explicit VariantScope(const char* v) {
+    const char* prev = std::getenv("KILN_ATTN_TRAIN_VARIANT");
+    had_ = prev != nullptr;
+    if (had_) prev_ = prev;
+    setenv("KILN_ATTN_TRAIN_VARIANT", v, 1);
+  }
+  ~VariantScope() {
+    if (had_)
+      setenv("KILN_ATTN_TRAIN_VARIANT", prev_.c_str(), 1);
+    else
+      unsetenv("KILN_ATTN_TRAIN_VARIANT");
+  }
+  bool had_ = false;
+  std::string prev_;
+};
+
 void check_case(Backend& gpu, const TrainAttnCase& c) {
   SCOPED_TRACE(describe(c));
   auto cpu = make_cpu_backend();
@@ -118,7 +139,8 @@ void check_case(Backend& gpu, const TrainAttnCase& c) {
   ops::attention_train_backward(*cpu, dq_ref, dk_ref, dv_ref, dout, q, k, v, out_ref, lse_ref, seg_cpu, c.causal,
                                 scale);
 
-  // GPU.
+  // GPU, once per tensor-core variant (KILN_ATTN_TRAIN_VARIANT: 0 mma.sync, 1 wgmma, 2 wgmma with
+  // the overlapped backward; the generic path ignores it).
   TensorBuffer gq = device_copy(gpu, q), gk = device_copy(gpu, k), gv = device_copy(gpu, v);
   TensorBuffer gdout = device_copy(gpu, dout);
   TensorBuffer gseg;
@@ -127,56 +149,63 @@ void check_case(Backend& gpu, const TrainAttnCase& c) {
     gseg = device_copy(gpu, seg_host);
     seg_gpu = gseg.view().view(Shape{c.B, c.S});
   }
-  TensorBuffer gout = device_copy(gpu, nan_host(o_shape, c.dtype));
-  TensorBuffer glse = device_copy(gpu, nan_host(lse_shape, DType::f32));
-  ops::attention_train_forward(gpu, gout, glse, gq, gk, gv, seg_gpu, c.causal, scale);
-  TensorBuffer gdq = device_copy(gpu, nan_host(q_shape, c.dtype));
-  TensorBuffer gdk = device_copy(gpu, nan_host(kv_shape, c.dtype));
-  TensorBuffer gdv = device_copy(gpu, nan_host(kv_shape, c.dtype));
-  ops::attention_train_backward(gpu, gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, seg_gpu, c.causal, scale);
-  Status st = gpu.synchronize();
-  ASSERT_TRUE(st.ok()) << st.message();
+  const std::vector<float> out_want = to_f32(*cpu, out_ref), dq_want = to_f32(*cpu, dq_ref),
+                           dk_want = to_f32(*cpu, dk_ref), dv_want = to_f32(*cpu, dv_ref),
+                           lse_want = to_f32(*cpu, lse_ref);
+  for (const char* variant : {"1", "2", "0"}) {
+    SCOPED_TRACE(std::string("KILN_ATTN_TRAIN_VARIANT=") + variant);
+    VariantScope scope(variant);
+    TensorBuffer gout = device_copy(gpu, nan_host(o_shape, c.dtype));
+    TensorBuffer glse = device_copy(gpu, nan_host(lse_shape, DType::f32));
+    ops::attention_train_forward(gpu, gout, glse, gq, gk, gv, seg_gpu, c.causal, scale);
+    TensorBuffer gdq = device_copy(gpu, nan_host(q_shape, c.dtype));
+    TensorBuffer gdk = device_copy(gpu, nan_host(kv_shape, c.dtype));
+    TensorBuffer gdv = device_copy(gpu, nan_host(kv_shape, c.dtype));
+    ops::attention_train_backward(gpu, gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, seg_gpu, c.causal, scale);
+    Status st = gpu.synchronize();
+    ASSERT_TRUE(st.ok()) << st.message();
 
-  const double tol = c.dtype == DType::f32 ? 1e-4 : 1e-2;
-  const std::vector<float> out = to_f32(gpu, gout), dq = to_f32(gpu, gdq), dk = to_f32(gpu, gdk),
-                           dv = to_f32(gpu, gdv);
-  expect_close(out, to_f32(*cpu, out_ref), tol, "out");
-  expect_close(dq, to_f32(*cpu, dq_ref), tol, "dq");
-  expect_close(dk, to_f32(*cpu, dk_ref), tol, "dk");
-  expect_close(dv, to_f32(*cpu, dv_ref), tol, "dv");
+    const double tol = c.dtype == DType::f32 ? 1e-4 : 1e-2;
+    const std::vector<float> out = to_f32(gpu, gout), dq = to_f32(gpu, gdq), dk = to_f32(gpu, gdk),
+                             dv = to_f32(gpu, gdv);
+    expect_close(out, out_want, tol, "out");
+    expect_close(dq, dq_want, tol, "dq");
+    expect_close(dk, dk_want, tol, "dk");
+    expect_close(dv, dv_want, tol, "dv");
 
-  // lse: -inf exactly where the reference has it (queries that see nothing), close elsewhere.
-  const std::vector<float> lse = to_f32(gpu, glse), lse_want = to_f32(*cpu, lse_ref);
-  std::vector<float> lse_fin, lse_want_fin;
-  int64_t bad_inf = 0;
-  for (size_t i = 0; i < lse.size(); ++i) {
-    if (std::isinf(lse_want[i])) {
-      bad_inf += !(std::isinf(lse[i]) && lse[i] < 0);
-    } else {
-      lse_fin.push_back(lse[i]);
-      lse_want_fin.push_back(lse_want[i]);
-    }
-  }
-  EXPECT_EQ(bad_inf, 0) << "lse of queries that see nothing must be -inf";
-  expect_close(lse_fin, lse_want_fin, c.dtype == DType::f32 ? 1e-5 : 1e-3, "lse");
-
-  // Padding gives exact zeros.
-  int64_t nonzero = 0;
-  for (int b = 0; b < c.B && !ids.empty(); ++b)
-    for (int s = 0; s < c.S; ++s) {
-      if (ids[static_cast<size_t>(b) * c.S + s] >= 0) continue;
-      for (int d = 0; d < c.D; ++d) {
-        for (int h = 0; h < c.Hq; ++h) {
-          nonzero += out[((static_cast<int64_t>(b) * c.S + s) * c.Hq + h) * c.D + d] != 0.0f;
-          nonzero += dq[((static_cast<int64_t>(b) * c.Hq + h) * c.S + s) * c.D + d] != 0.0f;
-        }
-        for (int h = 0; h < c.Hkv; ++h) {
-          nonzero += dk[((static_cast<int64_t>(b) * c.Hkv + h) * c.S + s) * c.D + d] != 0.0f;
-          nonzero += dv[((static_cast<int64_t>(b) * c.Hkv + h) * c.S + s) * c.D + d] != 0.0f;
-        }
+    // lse: -inf exactly where the reference has it (queries that see nothing), close elsewhere.
+    const std::vector<float> lse = to_f32(gpu, glse);
+    std::vector<float> lse_fin, lse_want_fin;
+    int64_t bad_inf = 0;
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(lse_want[i])) {
+        bad_inf += !(std::isinf(lse[i]) && lse[i] < 0);
+      } else {
+        lse_fin.push_back(lse[i]);
+        lse_want_fin.push_back(lse_want[i]);
       }
     }
-  EXPECT_EQ(nonzero, 0) << "padded tokens must give zero out / dq / dk / dv";
+    EXPECT_EQ(bad_inf, 0) << "lse of queries that see nothing must be -inf";
+    expect_close(lse_fin, lse_want_fin, c.dtype == DType::f32 ? 1e-5 : 1e-3, "lse");
+
+    // Padding gives exact zeros.
+    int64_t nonzero = 0;
+    for (int b = 0; b < c.B && !ids.empty(); ++b)
+      for (int s = 0; s < c.S; ++s) {
+        if (ids[static_cast<size_t>(b) * c.S + s] >= 0) continue;
+        for (int d = 0; d < c.D; ++d) {
+          for (int h = 0; h < c.Hq; ++h) {
+            nonzero += out[((static_cast<int64_t>(b) * c.S + s) * c.Hq + h) * c.D + d] != 0.0f;
+            nonzero += dq[((static_cast<int64_t>(b) * c.Hq + h) * c.S + s) * c.D + d] != 0.0f;
+          }
+          for (int h = 0; h < c.Hkv; ++h) {
+            nonzero += dk[((static_cast<int64_t>(b) * c.Hkv + h) * c.S + s) * c.D + d] != 0.0f;
+            nonzero += dv[((static_cast<int64_t>(b) * c.Hkv + h) * c.S + s) * c.D + d] != 0.0f;
+          }
+        }
+      }
+    EXPECT_EQ(nonzero, 0) << "padded tokens must give zero out / dq / dk / dv";
+  }
 }
 
 TrainAttnCase make(int D, int S, bool causal, bool segments, int Hq = 4, int Hkv = 2, int B = 2) {

@@ -16,29 +16,42 @@
 //            dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dout_i (sums over the G query heads
 //            of a kv head for dk, dv).
 //
-// Fast path (bf16, D = 64 or 128, 16-byte aligned tensors): FlashAttention-2 style kernels on
-// mma.sync m16n8k16 (bf16 operands, f32 accumulation); tiles in shared memory with rows padded to
-// D + 8 elements (conflict-free ldmatrix for any D that is a multiple of 16), filled by cp.async
-// (rows past S zero-filled), fragments by ldmatrix(.trans).
+// Fast path (bf16, D = 64 or 128, 16-byte aligned tensors), two tensor-core variants:
+//  1 (default on sm_90a Hopper) wgmma, FlashAttention-3-like tiling without warp specialisation:
+//  * Forward: the inference prefill design of kernels/cuda/attention.cu (measured fastest there):
+//    D=64: 1 warpgroup, BM = 64 query rows, 128-key tiles, 3 blocks per SM; D=128: 2 warpgroups,
+//    BM = 128, 64-key tiles, 2 blocks per SM. Q/K/V tiles in 128-byte-swizzled shared memory
+//    (cp.async, K/V double buffered); S = Q K^T and O += P V on wgmma (P from registers).
+//  * Backward main kernel: 2 warpgroups, 128 keys per block (64 per warpgroup: dK, dV in
+//    registers), 64 queries per step: S^T = K Q^T and dP^T = V dO^T (keys as M), P^T / dS^T in
+//    registers feed dV += P^T dO and dK += dS^T Q as register A operands; dS^T is stored
+//    transposed with stmatrix for dQ_w = dS_w K_w; the two warpgroups' dQ partials are summed
+//    through shared memory and added to the f32 accumulator with 16-byte vector atomics in a
+//    permuted, fully coalesced layout (undone by the convert kernel).
+//  0 mma.sync m16n8k16 (any sm_80+ GPU; the fallback), FlashAttention-2 style: tiles in shared
+//    memory with rows padded to D + 8 elements (conflict-free ldmatrix), fragments by
+//    ldmatrix(.trans).
 //  * Forward: grid (ceil(S / BM), Hq, B), heaviest (last) query tiles first; 4 warps, each owning
 //    16 * MT query rows (D=64: MT=2, BM=128; D=128: MT=1, BM=64), BN=64 keys per K/V tile, K/V
 //    double buffered. Q fragments stay in registers; S = Q K^T, online softmax, O += P V with P
-//    reused from S's accumulator registers as the A operand. Tiles past the block's last query
-//    (causal) are never visited; tiles whose segment-id ranges cannot meet the query block's are
-//    skipped; only tiles that cross the diagonal, the end of the sequence or a segment boundary are
-//    masked elementwise.
-//  * Backward, three kernels: (1) prep: one warp per query row computes delta = rowsum(dout * out),
-//    lse2, and zeroes the f32 dQ accumulator (scratch, [B, Hq, S_pad, D]); (2) main: grid
-//    (ceil(S / BN), Hkv, B), key block 0 (the heaviest under causal) first; 8 warps, BN = 128 keys
-//    per block, each warp owning 16 keys whose dK, dV accumulate in registers over every query
-//    block (BM = 64 for D=64, 32 for D=128) of every query head of the group. Per query block:
-//    S^T = K Q^T and dP^T = V dO^T (keys as the M dimension, so P^T and dS^T come out in the
-//    accumulator layout that is the A operand of dV += P^T dO and dK += dS^T Q), dS^T is written
-//    to shared memory (bf16) and dQ_partial = dS K is added into the accumulator with f32 vector
-//    atomics. Q / dO / lse2 / delta of the next query block are prefetched (cp.async, double
-//    buffered) while the current one computes. Causal blocks start at the first query block that
-//    reaches the keys; segment skipping and elementwise masks as in the forward.
-//    (3) convert: dq = scale * accumulator in q's dtype.
+//    reused from S's accumulator registers as the A operand.
+//  * Backward main kernel: grid (ceil(S / BN), Hkv, B), key block 0 (the heaviest under causal)
+//    first; 8 warps, BN = 128 keys per block, each warp owning 16 keys whose dK, dV accumulate in
+//    registers over every query block (BM = 64 for D=64, 32 for D=128) of every query head of the
+//    group. Per query block: S^T = K Q^T and dP^T = V dO^T (keys as the M dimension, so P^T and
+//    dS^T come out in the accumulator layout that is the A operand of dV += P^T dO and
+//    dK += dS^T Q), dS^T is written to shared memory (bf16) and dQ_partial = dS K is added into the
+//    row-major f32 accumulator with f32x2 atomics.
+//  Common to both: tiles past the block's last query (causal) are never visited; tile pairs whose
+//  segment-id ranges cannot meet are skipped; only tiles that cross the diagonal, the end of the
+//  sequence or a segment boundary are masked elementwise. The backward runs three kernels:
+//  (1) prep: one warp per query row computes delta = rowsum(dout * out), lse2, and zeroes the f32
+//  dQ accumulator (scratch, [B, Hq, S_pad, D]); (2) the main kernel, whose Q / dO / lse2 / delta
+//  tiles of the next query block are prefetched (cp.async, double buffered) while the current one
+//  computes; (3) convert: dq = scale * accumulator in q's dtype.
+//  2 is variant 1 with the backward's elementwise work overlapped with the tensor cores (S^T and
+//  dP^T in separate commit groups: P^T is computed while dP^T runs; dV += P^T dO is issued before
+//  dS^T is computed). KILN_ATTN_TRAIN_VARIANT=0/1/2 (read on every call) selects the variant.
 //  Segment skipping uses per-32-token granule summaries computed by a small kernel: (min id, max
 //  id) over the non-padding tokens and whether any padding occurs. A tile pair whose id ranges do
 //  not intersect cannot see each other; one where both sides are a single id with no padding needs
@@ -57,7 +70,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_train_ops.h"
 #include "kernels/cuda/kernel_util.cuh"
@@ -786,8 +801,690 @@ __global__ void __launch_bounds__(NW * 32, 1)
   }
 }
 
-// dq[b, h, i, :] = scale * dq_acc[b, h, i, :] (accumulator rows padded to S_pad), in pairs.
-template <typename T>
+// ------------------------------------------------------------------------------------------------
+// Hopper wgmma kernels (sm_90a; bf16, D = 64 or 128). Tiles are stored as D / 64 column blocks of
+// [rows][64] with 128-byte rows and the hardware 128-byte swizzle (16-byte chunk ^= row % 8 inside
+// 1024-byte atoms): the canonical wgmma SW128 layout, read K-major or MN-major ("transposed") by
+// shared-memory descriptors. Descriptor conventions, the asm wrappers and the fence discipline are
+// those of the inference prefill kernels in kernels/cuda/attention.cu (measured on the H200):
+// K-major operands advance 32 bytes per 16-wide k step inside a column block, then jump to the next
+// block; MN-major operands advance 16 rows (2048 bytes) per k step, their column blocks one
+// leading-byte-offset apart. Accumulators: per warp the mma.sync C layout (n8 tile j in registers
+// 4j .. 4j + 3: rows 16 * warp + g and + 8, columns 8j + 2t, + 1).
+
+struct WgmmaBf16 {
+  // (generated wrappers: one asm statement per wgmma shape; ss*: A and B from shared memory,
+  //  rs*: A from registers; _mn: B MN-major)
+  // D[64x64] (+)= A[64x16] (smem, K-major) * B[16x64] (smem, K-major); scale_d = 0: D = A*B.
+  static __device__ __forceinline__ void ss64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // D[64x64] (+)= A[64x16] (smem, K-major) * B[16x64] (smem, MN-major); scale_d = 0: D = A*B.
+  static __device__ __forceinline__ void ss64_mn(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // D[64x64] += A[64x16] (registers, per warp the mma.sync A layout) * B[16x64] (smem, MN-major).
+  static __device__ __forceinline__ void rs64_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+  // D[64x128] (+)= A[64x16] (smem, K-major) * B[16x128] (smem, K-major); scale_d = 0: D = A*B.
+  static __device__ __forceinline__ void ss128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // D[64x128] (+)= A[64x16] (smem, K-major) * B[16x128] (smem, MN-major); scale_d = 0: D = A*B.
+  static __device__ __forceinline__ void ss128_mn(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+  }
+  // D[64x128] += A[64x16] (registers, per warp the mma.sync A layout) * B[16x128] (smem, MN-major).
+  static __device__ __forceinline__ void rs128_mn(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+
+// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63), base offset 0
+// (every tile starts on a 1024-byte boundary). Offsets in bytes.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy shared-memory writes (cp.async, st.shared, stmatrix) made visible to wgmma reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Pins registers in program order relative to the (volatile) wgmma wait: accumulators are not
+// read, and register A operands not reused, before the wgmmas that use them have completed.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+// Barrier of the 128 threads of one warpgroup (ids 1, 2; id 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_barrier(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+// Four 8x8 b16 matrices from registers to shared memory, transposed: lane l gives the address of
+// row l % 8 of matrix l / 8; register j of thread (g, t) holds row g, columns 2t, 2t + 1 of matrix
+// j, stored as column g, rows 2t, 2t + 1.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+// dst[0..4) += v (16-byte aligned global f32), one vector reduction.
+__device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(dst), make_float4(a, b, c, d));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+  atomicAdd(dst + 2, c);
+  atomicAdd(dst + 3, d);
+#endif
+}
+
+// Element offset of 16-byte chunk c of row r in a wgmma tile of ROWS rows x D dims: D / 64 column
+// blocks of [ROWS][64] (128-byte rows, 128-byte swizzle inside 1024-byte atoms of 8 rows).
+template <int ROWS>
+__device__ __forceinline__ int wg_off(int r, int c) {
+  return (c >> 3) * (ROWS * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+
+// cp.async of `rows` rows (row0 + r < limit, else zero-filled) of a [.., D] row-major global matrix
+// (row stride `stride` elements) into a wg_off<ROWS> tile. Thread tid copies chunk tid % (D / 8) of
+// rows tid / (D / 8) + i * RS (RS = NT / (D / 8), a multiple of 8: one swizzle pattern per thread).
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void wg_load_rows(bf16* tile, const bf16* base, int64_t stride, int row0, int limit,
+                                             int tid) {
+  constexpr int NC = D / 8;
+  constexpr int RS = NT / NC;
+  static_assert(RS % 8 == 0 && ROWS % RS == 0, "load mapping");
+  const int r0 = tid / NC, c = tid % NC;
+  const uint32_t d0 = smem_u32(tile + wg_off<ROWS>(r0, c));
+  const bf16* src = base + static_cast<int64_t>(row0 + r0) * stride + c * 8;
+#pragma unroll
+  for (int i = 0; i < ROWS / RS; ++i) {
+    const bool ok = row0 + r0 + i * RS < limit;
+    cp_async16(d0 + i * RS * 128, ok ? src + i * RS * stride : base, ok);
+  }
+}
+
+// Forward (wgmma): NWG warpgroups, each owning 64 query rows (BM = 64 * NWG), BN keys per K/V tile,
+// K/V double buffered and shared by the warpgroups. Per key tile: wait for the tile's cp.async
+// group, fence.proxy.async, barrier, prefetch the next (non-skipped) tile into the other stage,
+// S = Q K^T (wgmma, both operands K-major) -> wait -> masked online softmax -> O += P V (P from
+// registers, V MN-major) -> wait.
+template <int D, int BN, int NWG>
+struct FwdWgCfg {
+  static constexpr int NT = NWG * 128;
+  static constexpr int BM = NWG * 64;
+  static constexpr int SD = BN / 2;  // S accumulators per thread
+  static constexpr int OD = D / 2;   // O accumulators per thread
+  static constexpr int kTile = BN * D;
+  // Q, two K and two V stages, two stages of key segment ids, + slack for the 1024-byte alignment.
+  static constexpr int kSmemBytes = (BM * D + 4 * kTile) * 2 + 2 * BN * 4 + 1024;
+  static_assert(D == 64 || D == 128, "head dim");
+  static_assert(BN == 64 || BN == 128, "key tile");
+};
+
+template <int D, int BN, int NWG, int kMinBlocks>
+__global__ void __launch_bounds__(NWG * 128, kMinBlocks)
+    attn_train_fwd_wg_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
+                             const bf16* __restrict__ k, const bf16* __restrict__ v, const int* __restrict__ seg,
+                             const int4* __restrict__ seg_ranges, int Hq, int Hkv, int S, int n_gran,
+                             int num_qtiles, int causal, float sl) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = FwdWgCfg<D, BN, NWG>;
+  constexpr int NT = Cfg::NT;
+  constexpr int BM = Cfg::BM;
+  constexpr int SD = Cfg::SD;
+  constexpr int OD = Cfg::OD;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem_base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  bf16* sQ = reinterpret_cast<bf16*>(smem_base);            // wg_off<BM> tile
+  bf16* sK = sQ + BM * D;                                   // [2] wg_off<BN> tiles
+  bf16* sV = sK + 2 * Cfg::kTile;                           // [2] wg_off<BN> tiles
+  int* sSegK = reinterpret_cast<int*>(sV + 2 * Cfg::kTile);  // [2][BN]
+
+  const int b = blockIdx.z;
+  const int h = blockIdx.y;
+  const int qt = num_qtiles - 1 - static_cast<int>(blockIdx.x);  // heaviest tiles first
+  const int row0 = qt * BM;
+  const int kvh = h / (Hq / Hkv);
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  const int warp = (tid >> 5) & 3;
+  const int lane = tid & 31;
+  const int t = lane & 3;
+  const int wrow0 = row0 + wg * 64 + warp * 16 + (lane >> 2);  // this thread's rows: wrow0, wrow0 + 8
+
+  const bf16* q_base = q + static_cast<int64_t>(b * Hq + h) * S * D;
+  const bf16* k_base = k + static_cast<int64_t>(b * Hkv + kvh) * S * D;
+  const bf16* v_base = v + static_cast<int64_t>(b * Hkv + kvh) * S * D;
+  const bool use_seg = seg != nullptr;
+  const int* seg_row = use_seg ? seg + static_cast<int64_t>(b) * S : nullptr;
+  const int4* rng_row = use_seg ? seg_ranges + static_cast<int64_t>(b) * n_gran : nullptr;
+
+  const int row_end = min(S, row0 + BM);
+  const int kt_end = causal ? (row_end + BN - 1) / BN : (S + BN - 1) / BN;
+  const int4 q_rng = use_seg ? seg_union(rng_row, row0, row_end) : make_int4(0, 0, 0, 0);
+  auto tile_ok = [&](int kt) { return !use_seg || seg_meet(q_rng, seg_union(rng_row, kt * BN, min(S, kt * BN + BN))); };
+  auto next_tile = [&](int kt) {
+    while (kt < kt_end && !tile_ok(kt)) ++kt;
+    return kt;
+  };
+  auto load_kv = [&](int kt, int buf) {
+    wg_load_rows<D, BN, NT>(sK + buf * Cfg::kTile, k_base, D, kt * BN, S, tid);
+    wg_load_rows<D, BN, NT>(sV + buf * Cfg::kTile, v_base, D, kt * BN, S, tid);
+    if (use_seg) {
+      for (int i = tid; i < BN; i += NT) {
+        const int key = kt * BN + i;
+        cp_async4(smem_u32(sSegK + buf * BN + i), seg_row + (key < S ? key : 0), key < S);
+      }
+    }
+  };
+
+  wg_load_rows<D, BM, NT>(sQ, q_base, D, row0, S, tid);
+  int kt = next_tile(0);
+  if (kt < kt_end) load_kv(kt, 0);
+  cp_async_commit();
+
+  int sq[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = wrow0 + 8 * hf;
+    sq[hf] = (use_seg && row < S) ? seg_row[row] : -1;
+  }
+  float o[OD], s[SD];
+#pragma unroll
+  for (int i = 0; i < OD; ++i) o[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < SD; ++i) s[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const uint32_t q_addr = smem_u32(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows (per column block)
+
+  int buf = 0;
+  while (kt < kt_end) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // tile kt landed; every warpgroup is done with the other stage
+    const int kt_next = next_tile(kt + 1);
+    if (kt_next < kt_end) load_kv(kt_next, buf ^ 1);
+    cp_async_commit();
+
+    // S = Q K^T
+    const uint32_t k_addr = smem_u32(sK + buf * Cfg::kTile);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint64_t da = wgmma_desc(q_addr + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
+      const uint64_t db = wgmma_desc(k_addr + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+      if constexpr (BN == 128)
+        WgmmaBf16::ss128(s, da, db, kk);
+      else
+        WgmmaBf16::ss64(s, da, db, kk);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+
+    // Mask (tiles that cross the diagonal, the end of the keys or a segment edge), online softmax.
+    const int key0 = kt * BN;
+    const int* cSeg = sSegK + buf * BN;
+    const bool seg_mask = use_seg && !seg_same(q_rng, seg_union(rng_row, key0, min(S, key0 + BN)));
+    if (key0 + BN > S || (causal && key0 + BN - 1 > row0) || seg_mask) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = wrow0 + (e >> 1) * 8;
+          const int kl = j * 8 + 2 * t + (e & 1);
+          const int key = key0 + kl;
+          const int sr = sq[e >> 1];
+          if (key >= S || (causal && key > row) || (seg_mask && (sr < 0 || cSeg[kl] != sr))) s[4 * j + e] = -INFINITY;
+        }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[hf], mx * sl);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[hf] = fast_exp2(m[hf] - m_use);
+      m[hf] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = fast_exp2(fmaf(s[4 * j + 2 * hf + e], sl, -m_use));
+          s[4 * j + 2 * hf + e] = p;
+          sum += p;
+        }
+      l[hf] = l[hf] * alpha[hf] + sum;
+    }
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+#pragma unroll
+    for (int j = 0; j < OD / 4; ++j) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+
+    // O += P V
+    const uint32_t v_addr = smem_u32(sV + buf * Cfg::kTile);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint64_t dv = wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024);
+      if constexpr (D == 128)
+        WgmmaBf16::rs128_mn(o, pa[kk], dv);
+      else
+        WgmmaBf16::rs64_mn(o, pa[kk], dv);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+    kt = kt_next;
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: normalise, store out rows < S and their lse.
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lsum = l[hf];
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const int row = wrow0 + hf * 8;
+    if (row >= S) continue;
+    bf16* dst = out + (static_cast<int64_t>(b) * S + row) * Hq * D + static_cast<int64_t>(h) * D + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+    if (t == 0) lse[static_cast<int64_t>(b * Hq + h) * S + row] = lsum > 0.0f ? (m[hf] + log2f(lsum)) * kLn2 : -INFINITY;
+  }
+#else
+  __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
+#endif
+}
+
+// Backward (wgmma): 2 warpgroups, BN = 128 keys per block (warpgroup w owns keys 64w .. 64w + 63,
+// whose dK, dV accumulate in registers over every step), BM = 64 queries per step. Per step, in
+// each warpgroup:
+//   S^T = K_w Q^T, dP^T = V_w dO^T   (wgmma SS, M = the 64 keys, N = the 64 queries, K-major)
+//   P^T = 2^(S^T sl - lse2), dS^T = P^T (dP^T - delta) in the accumulators (masked where needed);
+//   dS^T stored transposed (stmatrix.trans) as dS_w [64 queries][64 keys], a K-major tile;
+//   dV += P^T dO, dK += dS^T Q      (wgmma RS: P^T, dS^T as register A operands, dO / Q MN-major)
+//   dQ_w = dS_w K_w                  (wgmma SS, K MN-major): the warpgroup's partial over its keys.
+// The two partials are summed through shared memory (each warpgroup hands over the half of its
+// accumulator registers that the other one owns), then each warpgroup adds its half into the f32
+// dQ accumulator with 16-byte vector atomics in a permuted layout: per (b, h, 64-query tile) a
+// contiguous [D / 8][128][4] block (n8 tile j, warpgroup thread, element e of the tile), so a
+// warp's atomics cover 512 contiguous bytes; attn_train_dq_convert_kernel maps it back.
+template <int D>
+struct BwdWgCfg {
+  static constexpr int NT = 256;
+  static constexpr int BN = 128;
+  static constexpr int BM = 64;
+  static constexpr int SD = BM / 2;  // S^T / dP^T accumulators per thread
+  static constexpr int OD = D / 2;   // dK / dV / dQ accumulators per thread
+  static constexpr int XH = OD / 2;  // dQ registers handed to the other warpgroup
+  static constexpr int kKV = BN * D;
+  static constexpr int kQ = BM * D;
+  static constexpr int kDS = 64 * 64;
+  // K, V, two Q and two dO stages, dS per warpgroup (bf16); the dQ exchange (f32); lse2, delta,
+  // query segment ids (two stages each); + slack for the 1024-byte alignment.
+  static constexpr int kSmemBytes = (2 * kKV + 4 * kQ + 2 * kDS) * 2 + 2 * XH * 128 * 4 + 3 * 2 * BM * 4 + 1024;
+  static_assert(D == 64 || D == 128, "head dim");
+};
+
+template <int D, bool kOverlap>
+__global__ void __launch_bounds__(256, 1)
+    attn_train_bwd_wg_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
+                             const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                             const bf16* __restrict__ dout, const float* __restrict__ lse2,
+                             const float* __restrict__ delta, const int* __restrict__ seg,
+                             const int4* __restrict__ seg_ranges, int Hq, int Hkv, int S, int S_pad, int n_gran,
+                             int causal, float sl, float scale) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = BwdWgCfg<D>;
+  constexpr int NT = Cfg::NT;
+  constexpr int BN = Cfg::BN;
+  constexpr int BM = Cfg::BM;
+  constexpr int SD = Cfg::SD;
+  constexpr int OD = Cfg::OD;
+  constexpr int XH = Cfg::XH;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem_base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  bf16* sK = reinterpret_cast<bf16*>(smem_base);  // wg_off<BN> tile
+  bf16* sV = sK + Cfg::kKV;                        // wg_off<BN> tile
+  bf16* sQ = sV + Cfg::kKV;                        // [2] wg_off<BM> tiles
+  bf16* sdO = sQ + 2 * Cfg::kQ;                    // [2] wg_off<BM> tiles
+  bf16* sdS = sdO + 2 * Cfg::kQ;                   // [2 warpgroups] wg_off<64> tiles [64 queries][64 keys]
+  float* sX = reinterpret_cast<float*>(sdS + 2 * Cfg::kDS);  // [2 warpgroups][XH][128]
+  float* sLse2 = sX + 2 * XH * 128;                          // [2][BM]
+  float* sDelta = sLse2 + 2 * BM;                            // [2][BM]
+  int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * BM);      // [2][BM]
+
+  const int kb0 = static_cast<int>(blockIdx.x) * BN;  // key block 0 (heaviest under causal) first
+  const int kvh = blockIdx.y;
+  const int b = blockIdx.z;
+  const int G = Hq / Hkv;
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  const int wt = tid & 127;  // thread within the warpgroup
+  const int warp = (tid >> 5) & 3;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int kw0 = wg * 64 + warp * 16 + g;  // this thread's key rows in the block: kw0, kw0 + 8
+
+  const int64_t kv_off = static_cast<int64_t>(b * Hkv + kvh) * S * D;
+  const bool use_seg = seg != nullptr;
+  const int* seg_row = use_seg ? seg + static_cast<int64_t>(b) * S : nullptr;
+  const int4* rng_row = use_seg ? seg_ranges + static_cast<int64_t>(b) * n_gran : nullptr;
+
+  wg_load_rows<D, BN, NT>(sK, k + kv_off, D, kb0, S, tid);
+  wg_load_rows<D, BN, NT>(sV, v + kv_off, D, kb0, S, tid);
+
+  const int4 k_rng = use_seg ? seg_union(rng_row, kb0, min(S, kb0 + BN)) : make_int4(0, 0, 0, 0);
+  const int n_qb = (S + BM - 1) / BM;
+  const int qb_begin = causal ? kb0 / BM : 0;
+  auto qb_ok = [&](int qb) {
+    return !use_seg || seg_meet(seg_union(rng_row, qb * BM, min(S, qb * BM + BM)), k_rng);
+  };
+  // The step after (hi, qb): the next query block that can see these keys, over heads hi of the group.
+  auto advance = [&](int& hi, int& qb) {
+    ++qb;
+    while (true) {
+      while (qb < n_qb && !qb_ok(qb)) ++qb;
+      if (qb < n_qb) return;
+      if (++hi >= G) return;
+      qb = qb_begin;
+    }
+  };
+  auto load_q = [&](int hi, int qb, int buf) {
+    const int h = kvh * G + hi;
+    const int q0 = qb * BM;
+    wg_load_rows<D, BM, NT>(sQ + buf * Cfg::kQ, q + static_cast<int64_t>(b * Hq + h) * S * D, D, q0, S, tid);
+    wg_load_rows<D, BM, NT>(sdO + buf * Cfg::kQ, dout + static_cast<int64_t>(b) * S * Hq * D + static_cast<int64_t>(h) * D,
+                            static_cast<int64_t>(Hq) * D, q0, S, tid);
+    // lse2 / delta rows are padded to S_pad (rows past S hold +inf / 0), so no bound is needed.
+    const int64_t stat = static_cast<int64_t>(b * Hq + h) * S_pad + q0;
+    for (int i = tid; i < BM; i += NT) {
+      cp_async4(smem_u32(sLse2 + buf * BM + i), lse2 + stat + i, true);
+      cp_async4(smem_u32(sDelta + buf * BM + i), delta + stat + i, true);
+      if (use_seg) cp_async4(smem_u32(sSegQ + buf * BM + i), seg_row + min(q0 + i, S - 1), q0 + i < S);
+    }
+  };
+
+  int hi = 0, qb = qb_begin - 1;
+  advance(hi, qb);
+  if (hi < G) load_q(hi, qb, 0);
+  cp_async_commit();
+
+  int sk[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = kb0 + kw0 + 8 * hf;
+    sk[hf] = (use_seg && key < S) ? seg_row[key] : -1;
+  }
+  float dk_acc[OD], dv_acc[OD];
+#pragma unroll
+  for (int i = 0; i < OD; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
+  const uint32_t k_rows = smem_u32(sK) + wg * 64 * 128;  // the warpgroup's 64 keys (per column block)
+  const uint32_t v_rows = smem_u32(sV) + wg * 64 * 128;
+  const uint32_t ds_addr = smem_u32(sdS + wg * Cfg::kDS);
+
+  int buf = 0;
+  while (hi < G) {
+    int nhi = hi, nqb = qb;
+    advance(nhi, nqb);
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // this step's tiles landed; the previous step is done with the other stage, dS, sX
+    if (nhi < G) load_q(nhi, nqb, buf ^ 1);
+    cp_async_commit();
+
+    const int h = kvh * G + hi;
+    const int q0 = qb * BM;
+    const uint32_t q_addr = smem_u32(sQ + buf * Cfg::kQ);
+    const uint32_t do_addr = smem_u32(sdO + buf * Cfg::kQ);
+    const float* cL = sLse2 + buf * BM;
+    const float* cDl = sDelta + buf * BM;
+    const int* cSq = sSegQ + buf * BM;
+
+    // S^T = K_w Q^T and dP^T = V_w dO^T (two commit groups when overlapping: P^T is computed, and
+    // dV += P^T dO issued, while dP^T is still on the tensor cores).
+    float st[SD], dpt[SD];
+#pragma unroll
+    for (int i = 0; i < SD; ++i) st[i] = dpt[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t koff = (kk >> 2) * (BN * 128) + (kk & 3) * 32, qoff = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+      WgmmaBf16::ss64(st, wgmma_desc(k_rows + koff, 16, 1024), wgmma_desc(q_addr + qoff, 16, 1024), kk);
+    }
+    if constexpr (kOverlap) wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t koff = (kk >> 2) * (BN * 128) + (kk & 3) * 32, qoff = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+      WgmmaBf16::ss64(dpt, wgmma_desc(v_rows + koff, 16, 1024), wgmma_desc(do_addr + qoff, 16, 1024), kk);
+    }
+    wgmma_commit();
+    if constexpr (kOverlap) {
+      wgmma_wait<1>();  // S^T done, dP^T may still run
+    } else {
+      wgmma_wait<0>();
+      fence_regs(dpt);
+    }
+    fence_regs(st);
+
+    // P^T in place. Element 4j + e: key kw0 + 8 (e >> 1), query 8j + 2t + (e & 1) of the step.
+    bool seg_mask = false;
+    if (use_seg) seg_mask = !seg_same(seg_union(rng_row, q0, min(S, q0 + BM)), k_rng);
+    const bool need_mask = kb0 + BN > S || (causal && kb0 + BN - 1 > q0) || seg_mask;
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ql = 8 * j + 2 * t + (e & 1);
+        float p = fast_exp2(fmaf(st[4 * j + e], sl, -cL[ql]));
+        if (need_mask) {
+          const int key = kb0 + kw0 + 8 * (e >> 1);
+          const bool masked = key >= S || (causal && key > q0 + ql) || (seg_mask && sk[e >> 1] != cSq[ql]);
+          if (masked) p = 0.0f;
+        }
+        st[4 * j + e] = p;
+      }
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) pa[kk][x] = pack_bf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
+
+    // dV += P^T dO (issued now when overlapping: it runs while dS^T is computed).
+    auto issue_dv = [&] {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        const uint64_t bo = wgmma_desc(do_addr + kk * 16 * 128, BM * 128, 1024);
+        if constexpr (D == 128)
+          WgmmaBf16::rs128_mn(dv_acc, pa[kk], bo);
+        else
+          WgmmaBf16::rs64_mn(dv_acc, pa[kk], bo);
+      }
+      wgmma_commit();
+    };
+    if constexpr (kOverlap) {
+      issue_dv();
+      wgmma_wait<1>();  // dP^T done (groups complete in order), dV may still run
+      fence_regs(dpt);
+    }
+
+    // dS^T = P^T (dP^T - delta).
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ql = 8 * j + 2 * t + (e & 1);
+        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - cDl[ql]);
+      }
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) da[kk][x] = pack_bf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
+
+    // dS^T -> dS_w [64 queries][64 keys]: matrix jm of k step kk holds keys warp*16 + 8 (jm & 1) ..,
+    // queries 16 kk + 8 (jm >> 1) ..; lane l addresses query row 16 kk + 8 (jm >> 1) + l % 8.
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      const int jm = lane >> 3;
+      const int q_row = 16 * kk + 8 * (jm >> 1) + (lane & 7);
+      stmatrix_x4_trans(ds_addr + wg_off<64>(q_row, warp * 2 + (jm & 1)) * 2, da[kk]);
+    }
+
+    // dK += dS^T Q (and dV here when not overlapping).
+    if constexpr (!kOverlap) issue_dv();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      const uint64_t bq = wgmma_desc(q_addr + kk * 16 * 128, BM * 128, 1024);
+      if constexpr (D == 128)
+        WgmmaBf16::rs128_mn(dk_acc, da[kk], bq);
+      else
+        WgmmaBf16::rs64_mn(dk_acc, da[kk], bq);
+    }
+    wgmma_commit();
+    fence_proxy_async();    // the stmatrix writes, visible to the dQ wgmma
+    warpgroup_barrier(wg);  // the warpgroup's dS tile is complete
+    wgmma_wait<0>();
+    fence_regs(dv_acc);
+    fence_regs(dk_acc);
+    fence_regs(pa);
+    fence_regs(da);
+
+    // dQ_w = dS_w K_w (4 k steps over the warpgroup's 64 keys).
+    float dq[OD];
+#pragma unroll
+    for (int i = 0; i < OD; ++i) dq[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t a = wgmma_desc(ds_addr + kk * 32, 16, 1024);
+      const uint64_t bk = wgmma_desc(k_rows + kk * 16 * 128, BN * 128, 1024);
+      if constexpr (D == 128)
+        WgmmaBf16::ss128_mn(dq, a, bk, kk);
+      else
+        WgmmaBf16::ss64_mn(dq, a, bk, kk);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dq);
+
+    // Sum the two partials: warpgroup w owns registers [w * XH, (w + 1) * XH). (Register indices
+    // stay compile-time constants: one branch per warpgroup.)
+    {
+      float* tile = dq_acc + (static_cast<int64_t>(b * Hq + h) * S_pad + q0) * D;
+      auto exchange = [&](auto own_tag) {
+        constexpr int kOwn = decltype(own_tag)::value, kOther = 1 - kOwn;
+        float* give = sX + kOwn * XH * 128;
+#pragma unroll
+        for (int i = 0; i < XH; ++i) give[i * 128 + wt] = dq[kOther * XH + i];
+        __syncthreads();
+        const float* take = sX + kOther * XH * 128;
+#pragma unroll
+        for (int i = 0; i < XH; i += 4) {
+          constexpr int kBase = kOwn * XH;
+          const int r = kBase + i;  // = 4 j: n8 tile j of the accumulator
+          red_add4(tile + (r / 4) * 512 + wt * 4, dq[r] + take[i * 128 + wt], dq[r + 1] + take[(i + 1) * 128 + wt],
+                   dq[r + 2] + take[(i + 2) * 128 + wt], dq[r + 3] + take[(i + 3) * 128 + wt]);
+        }
+      };
+      if (wg == 0)
+        exchange(std::integral_constant<int, 0>());
+      else
+        exchange(std::integral_constant<int, 1>());
+    }
+    hi = nhi;
+    qb = nqb;
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+
+  // dK (scaled) and dV of the thread's keys; keys no query sees get zeros.
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = kb0 + kw0 + 8 * hf;
+    if (key >= S) continue;
+    const int64_t off = kv_off + static_cast<int64_t>(key) * D + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dk + off + j * 8) =
+          pack_bf16(dk_acc[4 * j + 2 * hf] * scale, dk_acc[4 * j + 2 * hf + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + off + j * 8) = pack_bf16(dv_acc[4 * j + 2 * hf], dv_acc[4 * j + 2 * hf + 1]);
+    }
+  }
+#else
+  __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------
+// dq[b, h, i, :] = scale * dq_acc (accumulator rows padded to S_pad), in pairs. kPermuted: the
+// accumulator layout of attn_train_bwd_wg_kernel (per 64-query tile [D / 8][128][4]: element
+// (r, d) of the tile, r = 16 w + 8 hi + g, d = 8 j + 2 t + c, at j * 512 + (32 w + 4 g + t) * 4 +
+// 2 hi + c); otherwise row-major [.., S_pad, D].
+template <typename T, bool kPermuted>
 __global__ void attn_train_dq_convert_kernel(T* __restrict__ dq, const float* __restrict__ dq_acc, int64_t n_pairs,
                                              int S, int S_pad, int D, float scale) {
   const int half_d = D / 2;
@@ -797,7 +1494,15 @@ __global__ void attn_train_dq_convert_kernel(T* __restrict__ dq, const float* __
     const int d = static_cast<int>(pidx % half_d) * 2;
     const int64_t bh = row / S;
     const int i = static_cast<int>(row % S);
-    const float2 x = load2(dq_acc + (bh * S_pad + i) * D + d);
+    int64_t src;
+    if constexpr (kPermuted) {
+      const int r = i % 64, w = r / 16, hi = (r / 8) % 2, g = r % 8;
+      const int j = d / 8, t = (d % 8) / 2;
+      src = (bh * S_pad + (i - r)) * D + j * 512 + (32 * w + 4 * g + t) * 4 + 2 * hi;
+    } else {
+      src = (bh * S_pad + i) * D + d;
+    }
+    const float2 x = load2(dq_acc + src);
     store2(dq + row * D + d, x.x * scale, x.y * scale);
   }
 }
@@ -1033,6 +1738,29 @@ TensorBuffer segment_ranges(CudaBackend& be, const Geometry& g, Tensor segment_i
   return r;
 }
 
+// Tensor-core variants: 0 = mma.sync (any sm_80+ GPU), 1 = wgmma (sm_90a Hopper, the default there),
+// 2 = wgmma with the overlapped backward (P^T computed while dP^T runs, dV issued before dS^T).
+// KILN_ATTN_TRAIN_VARIANT=0/1/2 (read on every call, for tests and benchmarks) overrides the
+// default; 1 and 2 fall back to 0 on devices without wgmma.
+constexpr int kDefaultTrainVariant = 1;  // until the H200 numbers say otherwise
+
+bool device_has_wgmma() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+    return major == 9 && minor == 0;
+  }();
+  return ok;
+}
+int train_variant() {
+  const char* e = std::getenv("KILN_ATTN_TRAIN_VARIANT");
+  int want = kDefaultTrainVariant;
+  if (e != nullptr && (e[0] == '0' || e[0] == '1' || e[0] == '2') && e[1] == '\0') want = e[0] - '0';
+  return want >= 1 && device_has_wgmma() ? want : 0;
+}
+
 bool fast_path(const Geometry& g, DType dtype, std::initializer_list<const void*> ptrs) {
   if (dtype != DType::bf16 || (g.D != 64 && g.D != 128)) return false;
   for (const void* p : ptrs)
@@ -1060,6 +1788,43 @@ void launch_fwd(CudaBackend& be, const Geometry& g, Tensor out, Tensor lse, Tens
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, detail::stream_of(be)>>>(
       out.ptr<bf16>(), lse.ptr<float>(), q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(), seg, ranges,
       g.Hq, g.Hkv, g.S, n_gran, num_qtiles, causal ? 1 : 0, sl);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <int D, int BN, int NWG, int kMinBlocks>
+void launch_fwd_wg(CudaBackend& be, const Geometry& g, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
+                   const int* seg, const int4* ranges, int n_gran, bool causal, float sl) {
+  using Cfg = FwdWgCfg<D, BN, NWG>;
+  static_assert(Cfg::kSmemBytes * kMinBlocks <= 228 * 1024, "shared memory per SM");
+  auto kernel = attn_train_fwd_wg_kernel<D, BN, NWG, kMinBlocks>;
+  static const bool attr = [kernel] {
+    allow_smem(kernel, Cfg::kSmemBytes);
+    return true;
+  }();
+  (void)attr;
+  const int num_qtiles = (g.S + Cfg::BM - 1) / Cfg::BM;
+  dim3 grid(num_qtiles, g.Hq, g.B);
+  kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
+      out.ptr<bf16>(), lse.ptr<float>(), q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(), seg, ranges,
+      g.Hq, g.Hkv, g.S, n_gran, num_qtiles, causal ? 1 : 0, sl);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <int D, bool kOverlap>
+void launch_bwd_wg(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, float* dq_acc, Tensor q, Tensor k,
+                   Tensor v, Tensor dout, const float* lse2, const float* delta, const int* seg, const int4* ranges,
+                   int n_gran, int S_pad, bool causal, float sl, float scale) {
+  using Cfg = BwdWgCfg<D>;
+  auto kernel = attn_train_bwd_wg_kernel<D, kOverlap>;
+  static const bool attr = [kernel] {
+    allow_smem(kernel, Cfg::kSmemBytes);
+    return true;
+  }();
+  (void)attr;
+  dim3 grid((g.S + Cfg::BN - 1) / Cfg::BN, g.Hkv, g.B);
+  kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
+      dk.ptr<bf16>(), dv.ptr<bf16>(), dq_acc, q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(),
+      dout.ptr<const bf16>(), lse2, delta, seg, ranges, g.Hq, g.Hkv, g.S, S_pad, n_gran, causal ? 1 : 0, sl, scale);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -1139,10 +1904,18 @@ void attention_train_forward(CudaBackend& be, Tensor out, Tensor lse, Tensor q, 
   const float sl = scale * kLog2e;
 
   if (fast_path(g, q.dtype, {out.data, q.data, k.data, v.data})) {
-    if (g.D == 64)
-      launch_fwd<64, 2, 64, 4>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
-    else
-      launch_fwd<128, 1, 64, 4>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
+    const bool wg = train_variant() >= 1;
+    if (g.D == 64) {
+      if (wg)
+        launch_fwd_wg<64, 128, 1, 3>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
+      else
+        launch_fwd<64, 2, 64, 4>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
+    } else {
+      if (wg)
+        launch_fwd_wg<128, 64, 2, 2>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
+      else
+        launch_fwd<128, 1, 64, 4>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
+    }
     return;
   }
   switch (q.dtype) {
@@ -1184,15 +1957,40 @@ void attention_train_backward(CudaBackend& be, Tensor dq, Tensor dk, Tensor dv, 
   if (fast_path(g, q.dtype, {dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data})) {
     TensorBuffer acc = device_scratch(be, Shape{stat_rows, g.D}, DType::f32);  // dQ accumulator [B, Hq, S_pad, D]
     launch_bwd_prep<bf16>(be, g, delta, lse2, acc.ptr<float>(), out, dout, lse, S_pad);
-    if (g.D == 64)
-      launch_bwd<64, 64, 8, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
+    const int variant = train_variant();
+    const bool wg = variant >= 1;
+    if (wg) {
+      if (g.D == 64) {
+        if (variant == 2)
+          launch_bwd_wg<64, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
                                   causal, sl, scale);
-    else
-      launch_bwd<128, 32, 8, false>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
+        else
+          launch_bwd_wg<64, false>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
+                                   causal, sl, scale);
+      } else {
+        if (variant == 2)
+          launch_bwd_wg<128, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
+                                   causal, sl, scale);
+        else
+          launch_bwd_wg<128, false>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
                                     S_pad, causal, sl, scale);
+      }
+    } else {
+      if (g.D == 64)
+        launch_bwd<64, 64, 8, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
+                                    S_pad, causal, sl, scale);
+      else
+        launch_bwd<128, 32, 8, false>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
+                                      S_pad, causal, sl, scale);
+    }
     const int64_t n_pairs = q.numel() / 2;
-    attn_train_dq_convert_kernel<bf16><<<detail::grid_for(be, n_pairs, 256), 256, 0, detail::stream_of(be)>>>(
-        dq.ptr<bf16>(), acc.ptr<const float>(), n_pairs, g.S, S_pad, g.D, scale);
+    const unsigned blocks = detail::grid_for(be, n_pairs, 256);
+    if (wg)
+      attn_train_dq_convert_kernel<bf16, true><<<blocks, 256, 0, detail::stream_of(be)>>>(
+          dq.ptr<bf16>(), acc.ptr<const float>(), n_pairs, g.S, S_pad, g.D, scale);
+    else
+      attn_train_dq_convert_kernel<bf16, false><<<blocks, 256, 0, detail::stream_of(be)>>>(
+          dq.ptr<bf16>(), acc.ptr<const float>(), n_pairs, g.S, S_pad, g.D, scale);
     KILN_CUDA_CHECK_LAUNCH();
     return;
   }
