@@ -28,12 +28,12 @@ void rmsnorm_forward(Backend& be, Tensor y, Tensor x, Tensor w, float eps) {
   cpu::rmsnorm_forward(y, x, w, eps);
 }
 
-void add_rmsnorm_forward(Backend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps) {
+void add_rmsnorm_forward(Backend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps, Tensor residual_in) {
 #ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::add_rmsnorm_forward(cuda_backend(be), y, residual, x, w, eps);
+  if (be.device().is_cuda()) return cuda::add_rmsnorm_forward(cuda_backend(be), y, residual, x, w, eps, residual_in);
 #endif
   KILN_ASSERT(be.device().is_cpu());
-  cpu::add_rmsnorm_forward(y, residual, x, w, eps);
+  cpu::add_rmsnorm_forward(y, residual, x, w, eps, residual_in);
 }
 
 void rope_forward(Backend& be, Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling) {

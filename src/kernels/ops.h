@@ -29,9 +29,12 @@ void embedding_forward(Backend& be, Tensor out, Tensor table, Tensor ids);
 // [T, heads, head_dim] with w: [head_dim].
 void rmsnorm_forward(Backend& be, Tensor y, Tensor x, Tensor w, float eps);
 
-// residual += x; y = rmsnorm(residual) * w. residual, x, y: [..., H]; w: [H].
+// residual = residual_in + x; y = rmsnorm(residual) * w. residual, x, y: [..., H]; w: [H].
+// residual_in (same shape and dtype as residual) defaults to residual itself (residual += x); given,
+// the sum goes to a new tensor and residual_in is kept (training keeps every layer's input).
 // Fuses the transformer's residual add with the next norm (one pass over memory).
-void add_rmsnorm_forward(Backend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps);
+void add_rmsnorm_forward(Backend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps,
+                         Tensor residual_in = {});
 
 // Rotary embedding in place, Hugging Face "rotate half" convention: for pair i < D/2 of each head,
 //   (x[i], x[i + D/2]) <- (x[i] c - x[i + D/2] s, x[i + D/2] c + x[i] s),  angle = pos * inv_freq[i]

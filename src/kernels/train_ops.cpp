@@ -12,12 +12,14 @@ CudaBackend& cuda_backend(Backend& be) { return static_cast<CudaBackend&>(be); }
 #endif
 }  // namespace
 
-void rmsnorm_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx) {
+void rmsnorm_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx,
+                      Tensor dx_copy) {
 #ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::rmsnorm_backward(cuda_backend(be), dx, dw, dy, x, w, eps, accumulate_dx);
+  if (be.device().is_cuda())
+    return cuda::rmsnorm_backward(cuda_backend(be), dx, dw, dy, x, w, eps, accumulate_dx, dx_copy);
 #endif
   KILN_ASSERT(be.device().is_cpu());
-  cpu::rmsnorm_backward(dx, dw, dy, x, w, eps, accumulate_dx);
+  cpu::rmsnorm_backward(dx, dw, dy, x, w, eps, accumulate_dx, dx_copy);
 }
 
 void swiglu_backward(Backend& be, Tensor d_gate_up, Tensor dout, Tensor gate_up) {

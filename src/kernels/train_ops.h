@@ -24,7 +24,10 @@ namespace kiln::ops {
 // dy, x: [..., H] (f32 or bf16; x is the forward input), w: [H].
 // dx: [..., H] f32 or bf16: dx = d loss / dx, added to dx's contents when accumulate_dx.
 // dw: [H] f32: dw += sum over rows of dy * x / rms(x).
-void rmsnorm_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx);
+// dx_copy: absent, or [..., H] of any float dtype that also receives the new dx (rounded): the
+// compute-dtype copy of the residual gradient the next GEMMs read, without another pass.
+void rmsnorm_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx,
+                      Tensor dx_copy = {});
 
 // ---- MLP, embedding, biases ----------------------------------------------------------------------
 

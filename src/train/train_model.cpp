@@ -188,16 +188,15 @@ Status TrainModel::forward(const DeviceBatch& batch, Activations& act) {
     ops::attention_train_forward(be_, act.attn[l].view().view({B, S, Hq, D}), act.lse[l], act.q[l], act.k[l],
                                  act.v[l], segments, /*causal=*/true, scale);
     ops::linear_forward(be_, proj, act.attn[l], w("o_proj"), w("o_bias"));
-    be_.copy(act.x_mid[l], act.x[l]);
-    ops::add_rmsnorm_forward(be_, act.n2[l], act.x_mid[l], proj, w("post_norm"), eps);
+    ops::add_rmsnorm_forward(be_, act.n2[l], act.x_mid[l], proj, w("post_norm"), eps, /*residual_in=*/act.x[l]);
     ops::linear_forward(be_, act.gate_up[l], act.n2[l], w("gate_up_proj"), w("gate_up_bias"));
     ops::swiglu_forward(be_, act.mlp[l], act.gate_up[l]);
     ops::linear_forward(be_, proj, act.mlp[l], w("down_proj"), w("down_bias"));
     // x[l+1] = x_mid + mlp output, normed for the next layer (or the head) in the same pass.
-    be_.copy(act.x[l + 1], act.x_mid[l]);
     const bool last = l + 1 == L;
     ops::add_rmsnorm_forward(be_, last ? act.n_final.view() : act.n1[l + 1].view(), act.x[l + 1], proj,
-                             last ? P.weight("final_norm") : P.weight(layer_name(l + 1, "input_norm")), eps);
+                             last ? P.weight("final_norm") : P.weight(layer_name(l + 1, "input_norm")), eps,
+                             /*residual_in=*/act.x_mid[l]);
   }
   return Status::Ok();
 }
@@ -274,18 +273,15 @@ Status TrainModel::backward(const DeviceBatch& batch, Activations& act) {
   KILN_ASSIGN_OR_RETURN(TensorBuffer dk, empty(be_, {B, Hkv, S, D}, dt));
   KILN_ASSIGN_OR_RETURN(TensorBuffer dv, empty(be_, {B, Hkv, S, D}, dt));
   KILN_ASSIGN_OR_RETURN(TensorBuffer d_qkv, empty(be_, {T, (Hq + 2 * Hkv) * D}, dt));
-  auto to_compute = [&]() {
-    if (dt != DType::f32) ops::cast(be_, d_res_c, d_res);
-  };
 
   const Tensor segments = batch.segments.allocated() ? batch.segments.view().view({B, S}) : Tensor{};
+  // Every rmsnorm backward also writes the compute-dtype copy of d_res the next GEMMs read.
   ops::rmsnorm_backward(be_, d_res, P.grad("final_norm"), act.d_final, act.x[L], P.weight("final_norm"), eps,
-                        /*accumulate_dx=*/false);
+                        /*accumulate_dx=*/false, d_res_c);
   for (int64_t l = L - 1; l >= 0; --l) {
     auto w = [&](const char* what) { return P.weight_or_empty(layer_name(l, what)); };
     auto g = [&](const char* what) { return P.grad_or_empty(layer_name(l, what)); };
     // MLP: x'' = x' + down(swiglu(gate_up(n2)))
-    to_compute();
     ops::gemm(be_, g("down_proj"), dy, true, act.mlp[l], false, 1.0f, 1.0f);  // [H, I] += dy^T m
     if (c.mlp_bias) ops::bias_backward(be_, g("down_bias"), dy);
     ops::gemm(be_, d_mlp, dy, false, w("down_proj"), false, 1.0f, 0.0f);  // [T, I] = dy Wd
@@ -293,9 +289,8 @@ Status TrainModel::backward(const DeviceBatch& batch, Activations& act) {
     ops::gemm(be_, g("gate_up_proj"), d_gate_up, true, act.n2[l], false, 1.0f, 1.0f);  // [2I, H] += dgu^T n2
     if (c.mlp_bias) ops::bias_backward(be_, g("gate_up_bias"), d_gate_up);
     ops::gemm(be_, d_normed, d_gate_up, false, w("gate_up_proj"), false, 1.0f, 0.0f);  // [T, H] = dgu Wgu
-    ops::rmsnorm_backward(be_, d_res, g("post_norm"), d_normed, act.x_mid[l], w("post_norm"), eps, true);
+    ops::rmsnorm_backward(be_, d_res, g("post_norm"), d_normed, act.x_mid[l], w("post_norm"), eps, true, d_res_c);
     // Attention: x' = x + o(attention(rope(split(qkv(n1)))))
-    to_compute();
     ops::gemm(be_, g("o_proj"), dy, true, act.attn[l], false, 1.0f, 1.0f);  // [H, Hq D] += dy^T a
     if (c.o_proj_bias) ops::bias_backward(be_, g("o_bias"), dy);
     ops::gemm(be_, d_attn, dy, false, w("o_proj"), false, 1.0f, 0.0f);  // [T, Hq D] = dy Wo
@@ -307,7 +302,7 @@ Status TrainModel::backward(const DeviceBatch& batch, Activations& act) {
     if (c.attention_bias) ops::bias_backward(be_, g("qkv_bias"), d_qkv);
     ops::gemm(be_, g("qkv_proj"), d_qkv, true, act.n1[l], false, 1.0f, 1.0f);  // [QKV, H] += dqkv^T n1
     ops::gemm(be_, d_normed, d_qkv, false, w("qkv_proj"), false, 1.0f, 0.0f);  // [T, H] = dqkv Wqkv
-    ops::rmsnorm_backward(be_, d_res, g("input_norm"), d_normed, act.x[l], w("input_norm"), eps, true);
+    ops::rmsnorm_backward(be_, d_res, g("input_norm"), d_normed, act.x[l], w("input_norm"), eps, true, d_res_c);
   }
   ops::embedding_backward(be_, P.grad("embed_tokens"), d_res, batch.ids);
   return Status::Ok();

@@ -165,6 +165,21 @@ TEST_F(CpuKernels, AddRmsnormF32) {
   expect_close(read(y), ref, 1e-5, 1e-6 * max_abs(ref), "add_rmsnorm f32");
 }
 
+TEST_F(CpuKernels, AddRmsnormOutOfPlaceKeepsTheInput) {
+  const int64_t H = 37, R = 6;
+  TensorBuffer res = test::random_host(Shape{R, H}, DType::f32, 5);
+  TensorBuffer x = test::random_host(Shape{R, H}, DType::f32, 6);
+  TensorBuffer w = test::random_host(Shape{H}, DType::f32, 7);
+  TensorBuffer y = filled(Shape{R, H}, DType::f32, 0.0f), out = filled(Shape{R, H}, DType::f32, 0.0f);
+  const std::vector<float> r0 = read(res), xv = read(x);
+  ops::add_rmsnorm_forward(*be, y, out, x, w, 1e-6f, res);
+  EXPECT_EQ(read(res), r0);
+  const std::vector<float> r1 = read(out);
+  for (size_t i = 0; i < r0.size(); ++i) ASSERT_EQ(r1[i], r0[i] + xv[i]) << i;
+  const std::vector<double> ref = rmsnorm_ref(r1, read(w), H, 1e-6);
+  expect_close(read(y), ref, 1e-5, 1e-6 * max_abs(ref), "add_rmsnorm out of place");
+}
+
 TEST_F(CpuKernels, AddRmsnormNormReadsTheRoundedResidual) {
   const int64_t H = 37, R = 4;
   TensorBuffer res = test::random_host(Shape{R, H}, DType::bf16, 8);

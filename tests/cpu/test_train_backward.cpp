@@ -128,6 +128,23 @@ TEST_F(TrainBackward, RmsnormMatchesFiniteDifferences) {
   }
 }
 
+// The optional compute-dtype copy of dx is the new dx rounded, and does not change dx.
+TEST_F(TrainBackward, RmsnormWritesTheDxCopy) {
+  const int64_t rows = 5, H = 64;
+  TensorBuffer x = random_host({rows, H}, DType::f32, 111), w = random_host({H}, DType::f32, 112);
+  TensorBuffer dy = random_host({rows, H}, DType::f32, 113), start = random_host({rows, H}, DType::f32, 114);
+  TensorBuffer dx_plain = host_empty({rows, H}, DType::f32), dx = host_empty({rows, H}, DType::f32);
+  TensorBuffer copy = host_empty({rows, H}, DType::bf16);
+  std::memcpy(dx_plain.ptr<float>(), start.ptr<float>(), rows * H * sizeof(float));
+  std::memcpy(dx.ptr<float>(), start.ptr<float>(), rows * H * sizeof(float));
+  ops::rmsnorm_backward(*be, dx_plain, Tensor{}, dy, x, w, 1e-6f, /*accumulate_dx=*/true);
+  ops::rmsnorm_backward(*be, dx, Tensor{}, dy, x, w, 1e-6f, /*accumulate_dx=*/true, copy);
+  for (int64_t i = 0; i < rows * H; ++i) {
+    ASSERT_EQ(dx.ptr<float>()[i], dx_plain.ptr<float>()[i]) << i;
+    ASSERT_EQ(copy.ptr<uint16_t>()[i], f32_to_bf16(dx.ptr<float>()[i])) << i;
+  }
+}
+
 TEST_F(TrainBackward, RmsnormBf16InputsMatchF32OfSameValues) {
   const int64_t rows = 4, H = 24;
   TensorBuffer x = random_host({rows, H}, DType::f32, 111), dy = random_host({rows, H}, DType::f32, 112);

@@ -139,11 +139,19 @@ TEST(CudaKernels, AddRmsNorm) {
         TensorBuffer w = random_host(Shape{H}, kBF16, seed++);
         TensorBuffer d_res = upload(*be, res), d_x = upload(*be, x), d_w = upload(*be, w);
         TensorBuffer y = host_empty(Shape{rows, H}, dt);
-        cpu::add_rmsnorm_forward(y, res, x, w, 1e-6f);
+        // Out of place first (the sum goes to a new tensor, the input is kept), then in place.
+        TensorBuffer y2 = host_empty(Shape{rows, H}, dt), res2 = host_empty(Shape{rows, H}, dt);
+        cpu::add_rmsnorm_forward(y2, res2, x, w, 1e-6f, res);
+        TensorBuffer d_y2 = device_empty(*be, Shape{rows, H}, dt), d_res2 = device_empty(*be, Shape{rows, H}, dt);
+        ops::add_rmsnorm_forward(*be, d_y2, d_res2, d_x, d_w, 1e-6f, d_res);
+        EXPECT_EQ(max_abs_diff(to_f32(*be, d_res2), to_f32(*be, res2)), 0.0);
+        EXPECT_LT(rel_error(to_f32(*be, d_y2), to_f32(*be, y2)), tol_for(dt));
+        cpu::add_rmsnorm_forward(y, res, x, w, 1e-6f, Tensor{});
         TensorBuffer d_y = device_empty(*be, Shape{rows, H}, dt);
         ops::add_rmsnorm_forward(*be, d_y, d_res, d_x, d_w, 1e-6f);
         // The residual sum is one rounding of exact inputs: identical on both devices.
         EXPECT_EQ(max_abs_diff(to_f32(*be, d_res), to_f32(*be, res)), 0.0);
+        EXPECT_EQ(max_abs_diff(to_f32(*be, d_res), to_f32(*be, d_res2)), 0.0);
         EXPECT_LT(rel_error(to_f32(*be, d_y), to_f32(*be, y)), tol_for(dt));
       }
     }

@@ -107,6 +107,28 @@ TEST(TrainBackwardGpu, RmsnormBackward) {
   }
 }
 
+// The bf16 copy of an f32 dx written in the same pass: exactly dx rounded, dx itself unchanged.
+TEST(TrainBackwardGpu, RmsnormBackwardWritesTheDxCopy) {
+  KILN_REQUIRE_GPU(be);
+  for (int64_t H : {2048, 1001, 512}) {
+    SCOPED_TRACE("H=" + std::to_string(H));
+    const int64_t rows = 300;
+    TensorBuffer x = random_host({rows, H}, kF32, 71), dy = random_host({rows, H}, kF32, 72);
+    TensorBuffer w = random_host({H}, kF32, 73, 0.5f), dx0 = random_host({rows, H}, kF32, 74);
+    TensorBuffer gx = upload(*be, x), gdy = upload(*be, dy), gw = upload(*be, w);
+    TensorBuffer plain = upload(*be, dx0), with_copy = upload(*be, dx0);
+    Result<TensorBuffer> copy = empty(*be, {rows, H}, kBF16);
+    ASSERT_TRUE(copy.ok());
+    ops::rmsnorm_backward(*be, plain, Tensor{}, gdy, gx, gw, 1e-6f, true);
+    ops::rmsnorm_backward(*be, with_copy, Tensor{}, gdy, gx, gw, 1e-6f, true, *copy);
+    const std::vector<float> a = to_f32(*be, plain), b = to_f32(*be, with_copy), c = to_f32(*be, *copy);
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i], b[i]) << i;
+      ASSERT_EQ(c[i], bf16_to_f32(f32_to_bf16(b[i]))) << i;
+    }
+  }
+}
+
 TEST(TrainBackwardGpu, RmsnormBackwardInPlaceAndDeterministic) {
   KILN_REQUIRE_GPU(be);
   const int64_t rows = 3000, H = 2048;

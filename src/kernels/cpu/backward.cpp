@@ -83,8 +83,14 @@ QkvDims qkv_dims(Tensor q, Tensor k, Tensor v, Tensor qkv, Tensor positions, Ten
 }  // namespace
 
 // dy, x: [rows, H]; w: [H]; dx: [rows, H] (overwritten or accumulated); dw: [H] f32 (accumulated).
-void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx) {
+void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx,
+                      Tensor dx_copy) {
   detail::check_float(dx);
+  const bool has_copy = dx_copy.data != nullptr;
+  if (has_copy) {
+    detail::check_float(dx_copy);
+    KILN_ASSERT(dx_copy.shape == dx.shape);
+  }
   detail::check_float(dy);
   detail::check_float(x);
   detail::check_float(w);
@@ -108,6 +114,7 @@ void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float
       out[i] = accumulate_dx ? static_cast<float>(out[i] + dxr[i]) : static_cast<float>(dxr[i]);
     }
     detail::store_f32(dx, r * H, H, out.data());
+    if (has_copy) detail::store_f32(dx_copy, r * H, H, out.data());
   }
   if (has_dw) add_to_f32(dw, dw_acc);
 }

@@ -12,7 +12,7 @@ namespace kiln::cpu {
 
 void embedding_forward(Tensor out, Tensor table, Tensor ids);
 void rmsnorm_forward(Tensor y, Tensor x, Tensor w, float eps);
-void add_rmsnorm_forward(Tensor y, Tensor residual, Tensor x, Tensor w, float eps);
+void add_rmsnorm_forward(Tensor y, Tensor residual, Tensor x, Tensor w, float eps, Tensor residual_in);
 void rope_forward(Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling);
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor bias);
 void gemm(Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);

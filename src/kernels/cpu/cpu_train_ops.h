@@ -6,7 +6,8 @@
 
 namespace kiln::cpu {
 
-void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx);
+void rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx,
+                      Tensor dx_copy);
 void swiglu_backward(Tensor d_gate_up, Tensor dout, Tensor gate_up);
 void embedding_backward(Tensor dtable, Tensor dy, Tensor ids);
 void bias_backward(Tensor db, Tensor dy);

@@ -43,12 +43,14 @@ void rmsnorm_forward(Tensor y, Tensor x, Tensor w, float eps) {
   }
 }
 
-void add_rmsnorm_forward(Tensor y, Tensor residual, Tensor x, Tensor w, float eps) {
+void add_rmsnorm_forward(Tensor y, Tensor residual, Tensor x, Tensor w, float eps, Tensor residual_in) {
+  if (residual_in.data == nullptr) residual_in = residual;
   detail::check_float(y);
   detail::check_float(residual);
   detail::check_float(x);
   detail::check_float(w);
-  KILN_ASSERT(x.ndim() >= 1 && residual.shape == x.shape && y.shape == x.shape);
+  detail::check_float(residual_in);
+  KILN_ASSERT(x.ndim() >= 1 && residual.shape == x.shape && y.shape == x.shape && residual_in.shape == x.shape);
   const int64_t H = x.size(-1);
   KILN_ASSERT(w.ndim() == 1 && w.size(0) == H);
   if (H == 0) return;
@@ -57,7 +59,7 @@ void add_rmsnorm_forward(Tensor y, Tensor residual, Tensor x, Tensor w, float ep
   const std::vector<float> wf = detail::to_f32(w);
   std::vector<float> res(static_cast<size_t>(H)), xr(static_cast<size_t>(H));
   for (int64_t r = 0; r < rows; ++r) {
-    detail::load_f32(residual, r * H, H, res.data());
+    detail::load_f32(residual_in, r * H, H, res.data());
     detail::load_f32(x, r * H, H, xr.data());
     // The sum rounded to the residual's storage dtype: what is stored is what the norm reads.
     for (int64_t i = 0; i < H; ++i) res[i] = detail::round_to(residual.dtype, res[i] + xr[i]);

@@ -1479,6 +1479,281 @@ __global__ void __launch_bounds__(256, 1)
 #endif
 }
 
+// Backward (wgmma), one warpgroup per block, D = 64 only (variants 3 and 4). The 2-warpgroup
+// kernel above runs 1 block per SM in lock step (two __syncthreads per step), so for D = 64, where
+// a step's math is small next to its elementwise work and synchronisation, the tensor cores idle
+// while both warpgroups compute P / dS, exchange dQ and issue atomics. Here a block is a single
+// warpgroup owning BN = 64 keys (dK, dV in registers), BM = 64 queries per step, and several blocks
+// share an SM (kMinBlocks: 3 at <= 168 registers, 2 at <= 255), so one block's tensor-core work
+// overlaps another's elementwise work, the way the D = 64 forward does. Per step:
+//   S^T = K Q^T, dP^T = V dO^T            (wgmma SS, M = the 64 keys, N = the 64 queries)
+//   P^T, dS^T in the accumulators (masked where needed); dS^T stored transposed (stmatrix)
+//   one commit group: dV += P^T dO, dK += dS^T Q (RS), dQ_p = dS K (SS, K MN-major)
+//   dQ_p added into the f32 accumulator with 16-byte vector atomics, in the permuted layout of
+//   attn_train_bwd_wg_kernel (per 64-query tile [D / 8][128][4]), no dQ exchange.
+// kDefer: the atomics of a step's dQ_p are issued after the next step's S^T / dP^T wgmmas (they
+// run while the atomics drain; needs the 255-register budget). Blocks are ordered heaviest key
+// block first over the whole grid (grid (Hkv, B, key blocks)). Versus the 2-warpgroup kernel the
+// dQ atomics and the Q / dO tile loads per FLOP double (64 keys per block instead of 128).
+struct BwdWg1Cfg {
+  static constexpr int D = 64;
+  static constexpr int NT = 128;
+  static constexpr int BN = 64;
+  static constexpr int BM = 64;
+  static constexpr int SD = BM / 2;  // S^T / dP^T accumulators per thread
+  static constexpr int OD = D / 2;   // dK / dV / dQ accumulators per thread
+  static constexpr int kKV = BN * D;
+  static constexpr int kQ = BM * D;
+  static constexpr int kDS = BM * BN;
+  // K, V, two Q and two dO stages, dS (bf16); lse2, delta, query segment ids (two stages each);
+  // + slack for the 1024-byte alignment.
+  static constexpr int kSmemBytes = (2 * kKV + 4 * kQ + kDS) * 2 + 3 * 2 * BM * 4 + 1024;
+};
+
+template <int kMinBlocks, bool kDefer>
+__global__ void __launch_bounds__(128, kMinBlocks)
+    attn_train_bwd_wg1_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
+                              const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                              const bf16* __restrict__ dout, const float* __restrict__ lse2,
+                              const float* __restrict__ delta, const int* __restrict__ seg,
+                              const int4* __restrict__ seg_ranges, int Hq, int Hkv, int S, int S_pad, int n_gran,
+                              int causal, float sl, float scale) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = BwdWg1Cfg;
+  constexpr int D = Cfg::D;
+  constexpr int NT = Cfg::NT;
+  constexpr int BN = Cfg::BN;
+  constexpr int BM = Cfg::BM;
+  constexpr int SD = Cfg::SD;
+  constexpr int OD = Cfg::OD;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem_base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  bf16* sK = reinterpret_cast<bf16*>(smem_base);  // wg_off<BN> tile
+  bf16* sV = sK + Cfg::kKV;                        // wg_off<BN> tile
+  bf16* sQ = sV + Cfg::kKV;                        // [2] wg_off<BM> tiles
+  bf16* sdO = sQ + 2 * Cfg::kQ;                    // [2] wg_off<BM> tiles
+  bf16* sdS = sdO + 2 * Cfg::kQ;                   // wg_off<BM> tile [64 queries][64 keys]
+  float* sLse2 = reinterpret_cast<float*>(sdS + Cfg::kDS);  // [2][BM]
+  float* sDelta = sLse2 + 2 * BM;                           // [2][BM]
+  int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * BM);     // [2][BM]
+
+  const int kvh = blockIdx.x;
+  const int b = blockIdx.y;
+  const int kb0 = static_cast<int>(blockIdx.z) * BN;  // key block 0 (heaviest under causal) first
+  const int G = Hq / Hkv;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int kw0 = warp * 16 + g;  // this thread's key rows in the block: kw0, kw0 + 8
+
+  const int64_t kv_off = static_cast<int64_t>(b * Hkv + kvh) * S * D;
+  const bool use_seg = seg != nullptr;
+  const int* seg_row = use_seg ? seg + static_cast<int64_t>(b) * S : nullptr;
+  const int4* rng_row = use_seg ? seg_ranges + static_cast<int64_t>(b) * n_gran : nullptr;
+
+  wg_load_rows<D, BN, NT>(sK, k + kv_off, D, kb0, S, tid);
+  wg_load_rows<D, BN, NT>(sV, v + kv_off, D, kb0, S, tid);
+
+  const int4 k_rng = use_seg ? seg_union(rng_row, kb0, min(S, kb0 + BN)) : make_int4(0, 0, 0, 0);
+  const int n_qb = (S + BM - 1) / BM;
+  const int qb_begin = causal ? kb0 / BM : 0;
+  auto qb_ok = [&](int qb) {
+    return !use_seg || seg_meet(seg_union(rng_row, qb * BM, min(S, qb * BM + BM)), k_rng);
+  };
+  // The step after (hi, qb): the next query block that can see these keys, over heads hi of the group.
+  auto advance = [&](int& hi, int& qb) {
+    ++qb;
+    while (true) {
+      while (qb < n_qb && !qb_ok(qb)) ++qb;
+      if (qb < n_qb) return;
+      if (++hi >= G) return;
+      qb = qb_begin;
+    }
+  };
+  auto load_q = [&](int hi, int qb, int buf) {
+    const int h = kvh * G + hi;
+    const int q0 = qb * BM;
+    wg_load_rows<D, BM, NT>(sQ + buf * Cfg::kQ, q + static_cast<int64_t>(b * Hq + h) * S * D, D, q0, S, tid);
+    wg_load_rows<D, BM, NT>(sdO + buf * Cfg::kQ, dout + static_cast<int64_t>(b) * S * Hq * D + static_cast<int64_t>(h) * D,
+                            static_cast<int64_t>(Hq) * D, q0, S, tid);
+    // lse2 / delta rows are padded to S_pad (rows past S hold +inf / 0), so no bound is needed.
+    const int64_t stat = static_cast<int64_t>(b * Hq + h) * S_pad + q0;
+    if (tid < BM) {
+      cp_async4(smem_u32(sLse2 + buf * BM + tid), lse2 + stat + tid, true);
+      cp_async4(smem_u32(sDelta + buf * BM + tid), delta + stat + tid, true);
+      if (use_seg) cp_async4(smem_u32(sSegQ + buf * BM + tid), seg_row + min(q0 + tid, S - 1), q0 + tid < S);
+    }
+  };
+
+  int hi = 0, qb = qb_begin - 1;
+  advance(hi, qb);
+  if (hi < G) load_q(hi, qb, 0);
+  cp_async_commit();
+
+  int sk[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = kb0 + kw0 + 8 * hf;
+    sk[hf] = (use_seg && key < S) ? seg_row[key] : -1;
+  }
+  float dk_acc[OD], dv_acc[OD];
+#pragma unroll
+  for (int i = 0; i < OD; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
+  const uint32_t k_rows = smem_u32(sK);
+  const uint32_t v_rows = smem_u32(sV);
+  const uint32_t ds_addr = smem_u32(sdS);
+
+  // dQ_p of the previous step (kDefer) and its accumulator tile (nullptr: none pending).
+  float dq[OD];
+  float* dq_tile = nullptr;
+  auto flush_dq = [&] {
+    // Accumulator register 4j + e of thread tid: query row 16 warp + g + 8 (e >> 1), dim 8j + 2t +
+    // (e & 1) -> tile element j * 512 + tid * 4 + e (the permuted layout).
+#pragma unroll
+    for (int j = 0; j < OD / 4; ++j)
+      red_add4(dq_tile + j * 512 + tid * 4, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+  };
+
+  int buf = 0;
+  while (hi < G) {
+    int nhi = hi, nqb = qb;
+    advance(nhi, nqb);
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // this step's tiles landed; the previous step is done with the other stage and dS
+    if (nhi < G) load_q(nhi, nqb, buf ^ 1);
+    cp_async_commit();
+
+    const int h = kvh * G + hi;
+    const int q0 = qb * BM;
+    const uint32_t q_addr = smem_u32(sQ + buf * Cfg::kQ);
+    const uint32_t do_addr = smem_u32(sdO + buf * Cfg::kQ);
+    const float* cL = sLse2 + buf * BM;
+    const float* cDl = sDelta + buf * BM;
+    const int* cSq = sSegQ + buf * BM;
+
+    // S^T = K Q^T and dP^T = V dO^T.
+    float st[SD], dpt[SD];
+#pragma unroll
+    for (int i = 0; i < SD; ++i) st[i] = dpt[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      WgmmaBf16::ss64(st, wgmma_desc(k_rows + kk * 32, 16, 1024), wgmma_desc(q_addr + kk * 32, 16, 1024), kk);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      WgmmaBf16::ss64(dpt, wgmma_desc(v_rows + kk * 32, 16, 1024), wgmma_desc(do_addr + kk * 32, 16, 1024), kk);
+    wgmma_commit();
+    if constexpr (kDefer) {
+      if (dq_tile != nullptr) {  // the previous step's dQ_p drains while S^T / dP^T run
+        fence_regs(dq);
+        flush_dq();
+      }
+    }
+    wgmma_wait<0>();
+    fence_regs(st);
+    fence_regs(dpt);
+
+    // P^T in place. Element 4j + e: key kw0 + 8 (e >> 1), query 8j + 2t + (e & 1) of the step.
+    bool seg_mask = false;
+    if (use_seg) seg_mask = !seg_same(seg_union(rng_row, q0, min(S, q0 + BM)), k_rng);
+    const bool need_mask = kb0 + BN > S || (causal && kb0 + BN - 1 > q0) || seg_mask;
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ql = 8 * j + 2 * t + (e & 1);
+        float p = fast_exp2(fmaf(st[4 * j + e], sl, -cL[ql]));
+        if (need_mask) {
+          const int key = kb0 + kw0 + 8 * (e >> 1);
+          const bool masked = key >= S || (causal && key > q0 + ql) || (seg_mask && sk[e >> 1] != cSq[ql]);
+          if (masked) p = 0.0f;
+        }
+        st[4 * j + e] = p;
+      }
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) pa[kk][x] = pack_bf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
+
+    // dS^T = P^T (dP^T - delta).
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ql = 8 * j + 2 * t + (e & 1);
+        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - cDl[ql]);
+      }
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) da[kk][x] = pack_bf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
+
+    // dS^T -> dS [64 queries][64 keys]: matrix jm of k step kk holds keys warp*16 + 8 (jm & 1) ..,
+    // queries 16 kk + 8 (jm >> 1) ..; lane l addresses query row 16 kk + 8 (jm >> 1) + l % 8.
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      const int jm = lane >> 3;
+      const int q_row = 16 * kk + 8 * (jm >> 1) + (lane & 7);
+      stmatrix_x4_trans(ds_addr + wg_off<BM>(q_row, warp * 2 + (jm & 1)) * 2, da[kk]);
+    }
+    fence_proxy_async();  // the stmatrix writes, visible to the dQ wgmma
+    __syncthreads();      // the dS tile is complete (the block is one warpgroup)
+
+    // dV += P^T dO, dK += dS^T Q, dQ_p = dS K: one commit group.
+#pragma unroll
+    for (int i = 0; i < OD; ++i) dq[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+      WgmmaBf16::rs64_mn(dv_acc, pa[kk], wgmma_desc(do_addr + kk * 16 * 128, BM * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+      WgmmaBf16::rs64_mn(dk_acc, da[kk], wgmma_desc(q_addr + kk * 16 * 128, BM * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      WgmmaBf16::ss64_mn(dq, wgmma_desc(ds_addr + kk * 32, 16, 1024), wgmma_desc(k_rows + kk * 16 * 128, BN * 128, 1024),
+                         kk);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dv_acc);
+    fence_regs(dk_acc);
+    fence_regs(pa);
+    fence_regs(da);
+    fence_regs(dq);
+
+    dq_tile = dq_acc + (static_cast<int64_t>(b * Hq + h) * S_pad + q0) * D;
+    if constexpr (!kDefer) flush_dq();
+    hi = nhi;
+    qb = nqb;
+    buf ^= 1;
+  }
+  if constexpr (kDefer) {
+    if (dq_tile != nullptr) flush_dq();
+  }
+  cp_async_wait<0>();
+
+  // dK (scaled) and dV of the thread's keys; keys no query sees get zeros.
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = kb0 + kw0 + 8 * hf;
+    if (key >= S) continue;
+    const int64_t off = kv_off + static_cast<int64_t>(key) * D + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dk + off + j * 8) =
+          pack_bf16(dk_acc[4 * j + 2 * hf] * scale, dk_acc[4 * j + 2 * hf + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + off + j * 8) = pack_bf16(dv_acc[4 * j + 2 * hf], dv_acc[4 * j + 2 * hf + 1]);
+    }
+  }
+#else
+  __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
+#endif
+}
+
 // ------------------------------------------------------------------------------------------------
 // dq[b, h, i, :] = scale * dq_acc (accumulator rows padded to S_pad), in pairs. kPermuted: the
 // accumulator layout of attn_train_bwd_wg_kernel (per 64-query tile [D / 8][128][4]: element
@@ -1504,6 +1779,36 @@ __global__ void attn_train_dq_convert_kernel(T* __restrict__ dq, const float* __
     }
     const float2 x = load2(dq_acc + src);
     store2(dq + row * D + d, x.x * scale, x.y * scale);
+  }
+}
+
+// The same conversion for the permuted layout, one block per (b, h, 64-query tile) (variants 3 and
+// 4): the tile's accumulator is read as float4s (coalesced), transposed through shared memory, and
+// written as full rows of dq (coalesced), with no 64-bit division per element.
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+    attn_train_dq_convert_tiles_kernel(T* __restrict__ dq, const float* __restrict__ dq_acc, int S, int S_pad,
+                                       int n_tiles, float scale) {
+  __shared__ float2 tile_s[64][D / 2 + 4];  // [query row][dim pair], rows 8 words apart mod 32 banks
+  const int64_t bh = blockIdx.x / n_tiles;
+  const int tile = static_cast<int>(blockIdx.x % n_tiles);
+  const int row0 = tile * 64;
+  const float4* src = reinterpret_cast<const float4*>(dq_acc + (bh * S_pad + row0) * D);
+  // float4 idx = j * 128 + wt: rows 16 w + g and + 8, dims 8 j + 2 t, + 1 (wt = 32 w + 4 g + t).
+  for (int idx = threadIdx.x; idx < D / 8 * 128; idx += 256) {
+    const int j = idx >> 7, wt = idx & 127;
+    const int r = 16 * (wt >> 5) + ((wt >> 2) & 7), pr = 4 * j + (wt & 3);
+    const float4 x = src[idx];
+    tile_s[r][pr] = make_float2(x.x, x.y);
+    tile_s[r + 8][pr] = make_float2(x.z, x.w);
+  }
+  __syncthreads();
+  const int rows = min(64, S - row0);
+  T* dst = dq + (bh * S + row0) * D;
+  for (int idx = threadIdx.x; idx < rows * (D / 2); idx += 256) {
+    const int r = idx / (D / 2), pr = idx % (D / 2);
+    const float2 x = tile_s[r][pr];
+    store2(dst + static_cast<int64_t>(r) * D + 2 * pr, x.x * scale, x.y * scale);
   }
 }
 

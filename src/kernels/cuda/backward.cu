@@ -125,9 +125,9 @@ __device__ __forceinline__ void group_sum(float (&v)[K], float* smem) {
 // partial: [gridDim.x, H] f32, each block writing its own row; null when dw is absent.
 template <int kThreads, int N, int kCache, int kRows>
 __global__ void __launch_bounds__(kBlock)
-    rmsnorm_backward_kernel(void* dx, DType dx_dt, const void* dy, DType dy_dt, const void* x, DType x_dt,
-                            const void* w, DType w_dt, float* partial, int64_t rows, int64_t H,
-                            int64_t rows_per_block, float eps, bool accumulate) {
+    rmsnorm_backward_kernel(void* dx, DType dx_dt, void* dx_copy, DType copy_dt, const void* dy, DType dy_dt,
+                            const void* x, DType x_dt, const void* w, DType w_dt, float* partial, int64_t rows,
+                            int64_t H, int64_t rows_per_block, float eps, bool accumulate) {
   constexpr int kGroups = kBlock / kThreads;
   static_assert(kThreads == 32 || kThreads == kBlock, "a warp or the whole block per row");
   __shared__ float smem[32 * 2 * kRows];
@@ -217,6 +217,7 @@ __global__ void __launch_bounds__(kBlock)
           dwv[k] += dyv[k] * xv[k] * r;
         }
         store_vec<N>(dx, base + i, dx_dt, out);
+        if (dx_copy) store_vec<N>(dx_copy, base + i, copy_dt, out);
       };
 #pragma unroll
       for (int c = 0; c < kCache; ++c) {
@@ -591,8 +592,14 @@ QkvShape qkv_shape(CudaBackend& be, Tensor q, Tensor k, Tensor v, Tensor qkv, Te
 
 }  // namespace
 
-void rmsnorm_backward(CudaBackend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx) {
+void rmsnorm_backward(CudaBackend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx,
+                      Tensor dx_copy) {
   detail::check_float(be, dx);
+  const bool has_copy = dx_copy.data != nullptr;
+  if (has_copy) {
+    detail::check_float(be, dx_copy);
+    KILN_ASSERT(dx_copy.shape == dx.shape);
+  }
   detail::check_float(be, dy);
   detail::check_float(be, x);
   detail::check_float(be, w);
@@ -605,7 +612,7 @@ void rmsnorm_backward(CudaBackend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x
   const int64_t rows = x.numel() / H;
 
   const bool vec = H % 8 == 0 && detail::aligned16(dx.data) && detail::aligned16(dy.data) &&
-                   detail::aligned16(x.data) && detail::aligned16(w.data);
+                   detail::aligned16(x.data) && detail::aligned16(w.data) && (!has_copy || detail::aligned16(dx_copy.data));
   const bool warp_per_row = H <= 1024;
   // The register cache: vectors of 8 -> 1, 2 or 4 per thread as H needs (all of H up to 1024 with a
   // warp, 8192 with the block); scalars -> 32 per lane (warp, all of H) or 8 per thread (block).
@@ -613,8 +620,8 @@ void rmsnorm_backward(CudaBackend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x
   const int64_t sweeps = detail::ceil_div(H, per_sweep);
   const int cache = vec ? (sweeps <= 1 ? 1 : sweeps <= 2 ? 2 : 4) : (warp_per_row ? 32 : 8);
 
-  void (*kernel)(void*, DType, const void*, DType, const void*, DType, const void*, DType, float*, int64_t, int64_t,
-                 int64_t, float, bool) = nullptr;
+  void (*kernel)(void*, DType, void*, DType, const void*, DType, const void*, DType, const void*, DType, float*, int64_t,
+                 int64_t, int64_t, float, bool) = nullptr;
   // Two rows per reduction where a row is one vector per thread (the common H = 2048 block case):
   // twice the loads in flight for the same register budget as the larger caches.
   if (warp_per_row) {
@@ -639,8 +646,8 @@ void rmsnorm_backward(CudaBackend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x
   if (has_dw) partial = scratch_f32(be, blocks * H);
   float* partial_ptr = has_dw ? partial.ptr<float>() : nullptr;
   kernel<<<static_cast<unsigned>(blocks), kBlock, 0, detail::stream_of(be)>>>(
-      dx.data, dx.dtype, dy.data, dy.dtype, x.data, x.dtype, w.data, w.dtype, partial_ptr, rows, H, rows_per_block,
-      eps, accumulate_dx);
+      dx.data, dx.dtype, dx_copy.data, has_copy ? dx_copy.dtype : dx.dtype, dy.data, dy.dtype, x.data, x.dtype, w.data,
+      w.dtype, partial_ptr, rows, H, rows_per_block, eps, accumulate_dx);
   KILN_CUDA_CHECK_LAUNCH();
   if (has_dw) launch_column_sum(be, dw.ptr<float>(), partial_ptr, blocks, H, H);
 }

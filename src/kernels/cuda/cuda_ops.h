@@ -13,7 +13,7 @@ namespace kiln::cuda {
 
 void embedding_forward(CudaBackend& be, Tensor out, Tensor table, Tensor ids);
 void rmsnorm_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, float eps);
-void add_rmsnorm_forward(CudaBackend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps);
+void add_rmsnorm_forward(CudaBackend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps, Tensor residual_in);
 void rope_forward(CudaBackend& be, Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling);
 void linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor bias);
 void gemm(CudaBackend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);

@@ -7,7 +7,8 @@
 
 namespace kiln::cuda {
 
-void rmsnorm_backward(CudaBackend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx);
+void rmsnorm_backward(CudaBackend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, float eps, bool accumulate_dx,
+                      Tensor dx_copy);
 void swiglu_backward(CudaBackend& be, Tensor d_gate_up, Tensor dout, Tensor gate_up);
 void embedding_backward(CudaBackend& be, Tensor dtable, Tensor dy, Tensor ids);
 void bias_backward(CudaBackend& be, Tensor db, Tensor dy);

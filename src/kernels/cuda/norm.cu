@@ -1,8 +1,9 @@
 // RMS normalisation over the last dimension (Hugging Face Llama semantics, f32 math):
 //   rmsnorm:      y = x * (1 / sqrt(mean(x^2) + eps)) * w
-//   add_rmsnorm:  residual += x (stored in residual's dtype); y = rmsnorm(residual) * w, where the
-//                 norm reads the stored (rounded) residual. One kernel serves both (residual may be
-//                 null), so the residual add and the norm share one pass over memory.
+//   add_rmsnorm:  residual = residual_in + x (stored in residual's dtype; residual_in is residual
+//                 itself unless given); y = rmsnorm(residual) * w, where the norm reads the stored
+//                 (rounded) residual. One kernel serves both (residual may be null), so the residual
+//                 add and the norm share one pass over memory.
 // x, residual, y: [..., H] viewed as [rows, H] (f32/bf16/f16, each its own dtype); w: [H] (any float
 // dtype). y may alias x.
 //
@@ -25,8 +26,8 @@ constexpr int kBlock = 256;
 
 template <int kThreads, int N>
 __global__ void __launch_bounds__(kBlock)
-    rmsnorm_kernel(void* y, DType y_dt, const void* x, DType x_dt, void* residual, DType r_dt, const void* w,
-                   DType w_dt, int64_t rows, int64_t H, float eps) {
+    rmsnorm_kernel(void* y, DType y_dt, const void* x, DType x_dt, void* residual, const void* residual_in, DType r_dt,
+                   const void* w, DType w_dt, int64_t rows, int64_t H, float eps) {
   constexpr int kRowsPerBlock = kBlock / kThreads;
   constexpr int kCache = 32 / N;  // chunks of N values held in registers per thread
   __shared__ float smem[32];
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(kBlock)
     load_vec<N>(x, base + i, x_dt, v);
     if (residual) {
       float r[N];
-      load_vec<N>(residual, base + i, r_dt, r);
+      load_vec<N>(residual_in, base + i, r_dt, r);
 #pragma unroll
       for (int k = 0; k < N; ++k) v[k] = round_to(r_dt, r[k] + v[k]);
       store_vec<N>(residual, base + i, r_dt, v);
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-void launch_rmsnorm(CudaBackend& be, Tensor y, Tensor x, Tensor residual, Tensor w, float eps) {
+void launch_rmsnorm(CudaBackend& be, Tensor y, Tensor x, Tensor residual, Tensor residual_in, Tensor w, float eps) {
   detail::check_float(be, y);
   detail::check_float(be, x);
   detail::check_float(be, w);
@@ -100,20 +101,23 @@ void launch_rmsnorm(CudaBackend& be, Tensor y, Tensor x, Tensor residual, Tensor
   if (has_residual) {
     detail::check_float(be, residual);
     KILN_ASSERT(residual.shape == x.shape);
+    if (residual_in.data == nullptr) residual_in = residual;
+    detail::check_float(be, residual_in);
+    KILN_ASSERT(residual_in.shape == x.shape && residual_in.dtype == residual.dtype);
   }
   if (H == 0 || x.numel() == 0) return;
   const int64_t rows = x.numel() / H;
   KILN_ASSERT(rows < (int64_t(1) << 31));
 
   const bool vec = H % 8 == 0 && detail::aligned16(y.data) && detail::aligned16(x.data) && detail::aligned16(w.data) &&
-                   (!has_residual || detail::aligned16(residual.data));
+                   (!has_residual || (detail::aligned16(residual.data) && detail::aligned16(residual_in.data)));
   const bool warp_per_row = H <= 1024;
   const unsigned grid = static_cast<unsigned>(warp_per_row ? detail::ceil_div(rows, kBlock / 32) : rows);
   cudaStream_t stream = detail::stream_of(be);
   const DType r_dt = has_residual ? residual.dtype : x.dtype;
 #define KILN_LAUNCH_RMSNORM(THREADS, N)                                                                       \
-  rmsnorm_kernel<THREADS, N><<<grid, kBlock, 0, stream>>>(y.data, y.dtype, x.data, x.dtype, residual.data, r_dt, \
-                                                          w.data, w.dtype, rows, H, eps)
+  rmsnorm_kernel<THREADS, N><<<grid, kBlock, 0, stream>>>(y.data, y.dtype, x.data, x.dtype, residual.data,     \
+                                                          residual_in.data, r_dt, w.data, w.dtype, rows, H, eps)
   if (warp_per_row) {
     if (vec) KILN_LAUNCH_RMSNORM(32, 8);
     else KILN_LAUNCH_RMSNORM(32, 1);
@@ -128,16 +132,16 @@ void launch_rmsnorm(CudaBackend& be, Tensor y, Tensor x, Tensor residual, Tensor
 }  // namespace
 
 void rmsnorm_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, float eps) {
-  launch_rmsnorm(be, y, x, Tensor{}, w, eps);
+  launch_rmsnorm(be, y, x, Tensor{}, Tensor{}, w, eps);
 }
 
-void add_rmsnorm_forward(CudaBackend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps) {
+void add_rmsnorm_forward(CudaBackend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps, Tensor residual_in) {
   KILN_ASSERT(residual.data != nullptr || residual.numel() == 0);
   if (residual.numel() == 0) {
     KILN_ASSERT(x.numel() == 0 && y.numel() == 0);
     return;
   }
-  launch_rmsnorm(be, y, x, residual, w, eps);
+  launch_rmsnorm(be, y, x, residual, residual_in, w, eps);
 }
 
 }  // namespace kiln::cuda
