@@ -12,6 +12,9 @@
 #include <cstdio>
 #include <iostream>
 
+#ifdef KILN_WITH_CUDA
+#include "backend/cuda_backend.h"
+#endif
 #include "kernels/rng.h"
 #include "model/config.h"
 #include "train/optimizer.h"
@@ -102,6 +105,10 @@ int main(int argc, char** argv) {
   const double params = static_cast<double>(m.params().parameter_count());
   const double flops_per_token = 6 * params + 6.0 * config->num_hidden_layers * config->hidden_size * S;
   const double tok_s = double(B) * S * 1000.0 / ms;
+  double peak_gb = 0;  // device memory held by kiln's allocator at its peak (CUDA)
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) peak_gb = static_cast<CudaBackend&>(be).allocator().peak_bytes_in_use() / 1e9;
+#endif
   nlohmann::json out = {{"system", "kiln"},
                         {"config", config_path},
                         {"device", be.device().str()},
@@ -112,6 +119,7 @@ int main(int argc, char** argv) {
                           {"ms_per_step", ms},
                           {"tok_s", tok_s},
                           {"mfu_vs_989", tok_s * flops_per_token / 989e12},
+                          {"peak_mem_gb", peak_gb},
                           {"phases_ms",
                            {{"forward", phases.forward_ms},
                             {"head_loss", phases.head_ms},

@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 namespace kiln {
@@ -30,6 +31,7 @@ Result<void*> CudaCachingAllocator::allocate(int64_t bytes) {
     cached_ -= got;
     live_blocks_[p] = got;
     in_use_ += got;
+    peak_in_use_ = std::max(peak_in_use_, in_use_);
     return p;
   }
   CUDA_CHECK(cudaSetDevice(device_));
@@ -48,6 +50,7 @@ Result<void*> CudaCachingAllocator::allocate(int64_t bytes) {
   }
   live_blocks_[p] = size;
   in_use_ += size;
+  peak_in_use_ = std::max(peak_in_use_, in_use_);
   return p;
 }
 

@@ -29,6 +29,7 @@ class CudaCachingAllocator {
   void release_cached();
   int64_t bytes_in_use() const { return in_use_; }
   int64_t bytes_cached() const { return cached_; }
+  int64_t peak_bytes_in_use() const { return peak_in_use_; }  // since creation
 
  private:
   static int64_t round_size(int64_t bytes);
@@ -37,6 +38,7 @@ class CudaCachingAllocator {
   std::map<void*, int64_t> live_blocks_;       // block -> rounded size
   int64_t in_use_ = 0;
   int64_t cached_ = 0;
+  int64_t peak_in_use_ = 0;
 };
 
 class CudaBackend final : public Backend {
