@@ -7,7 +7,8 @@
 // Timing: cudaEvents around `iters` calls after `warmup` calls, median over `samples` such runs;
 // the backward time includes its prep (delta, lse2, dQ accumulator zeroing) and dQ conversion.
 // Each case runs once per tensor-core variant (--variants; KILN_ATTN_TRAIN_VARIANT: 1 = wgmma, the
-// default on the H200; 2 = wgmma with the overlapped backward; 0 = mma.sync), and the variants'
+// default on the H200; 2 = wgmma with the overlapped backward; 3 / 4 = wgmma with the one-warpgroup
+// D = 64 backward, 3 / 2 blocks per SM, and the tiled dQ conversion; 0 = mma.sync), and the variants'
 // outputs (out, dq, dk, dv) are compared with the first variant's (relative L2 error; outputs are
 // poisoned with NaN first, so a non-finite result marks a variant invalid).
 // Prints one JSON object: per case and variant ms and TFLOP/s for the forward, the backward and both.
@@ -36,14 +37,14 @@ int main(int argc, char** argv) {
   std::vector<int> cases_flat = {8, 2048, 32, 8, 64, 4, 4096, 32, 8, 128};
   int warmup = 3, iters = 20, samples = 5, doc_len = 0;
   bool non_causal = false;
-  std::vector<int> variants = {1, 2, 0};
+  std::vector<int> variants = {1, 3, 4, 2, 0};
   app.add_option("--cases", cases_flat, "cases as B S Hq Hkv D tuples");
   app.add_option("--warmup", warmup, "untimed calls before timing");
   app.add_option("--iters", iters, "calls per timed sample");
   app.add_option("--samples", samples, "timed samples (median reported)");
   app.add_option("--doc-len", doc_len, "pack each row as documents of this many tokens (segment ids); 0: none");
   app.add_flag("--non-causal", non_causal, "full (bidirectional) attention");
-  app.add_option("--variants", variants, "tensor-core variants to time (1 wgmma, 2 overlapped bwd, 0 mma.sync)");
+  app.add_option("--variants", variants, "tensor-core variants to time (1 wgmma, 2 overlapped bwd, 3 / 4 one-warpgroup D=64 bwd, 0 mma.sync)");
   CLI11_PARSE(app, argc, argv);
 
 #ifndef KILN_WITH_CUDA

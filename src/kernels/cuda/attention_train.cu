@@ -16,8 +16,9 @@
 //            dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dout_i (sums over the G query heads
 //            of a kv head for dk, dv).
 //
-// Fast path (bf16, D = 64 or 128, 16-byte aligned tensors), two tensor-core variants:
-//  1 (default on sm_90a Hopper) wgmma, FlashAttention-3-like tiling without warp specialisation:
+// Fast path (bf16, D = 64 or 128, 16-byte aligned tensors), tensor-core variants (3 is the default
+// on sm_90a Hopper, 0 elsewhere; measurements at kDefaultTrainVariant):
+//  1 wgmma, FlashAttention-3-like tiling without warp specialisation:
 //  * Forward: the inference prefill design of kernels/cuda/attention.cu (measured fastest there):
 //    D=64: 1 warpgroup, BM = 64 query rows, 128-key tiles, 3 blocks per SM; D=128: 2 warpgroups,
 //    BM = 128, 64-key tiles, 2 blocks per SM. Q/K/V tiles in 128-byte-swizzled shared memory
@@ -51,7 +52,12 @@
 //  computes; (3) convert: dq = scale * accumulator in q's dtype.
 //  2 is variant 1 with the backward's elementwise work overlapped with the tensor cores (S^T and
 //  dP^T in separate commit groups: P^T is computed while dP^T runs; dV += P^T dO is issued before
-//  dS^T is computed). KILN_ATTN_TRAIN_VARIANT=0/1/2 (read on every call) selects the variant.
+//  dS^T is computed).
+//  3, 4 are variant 1 with, for D = 64, a one-warpgroup backward kernel (64 keys per block, several
+//  blocks per SM so that one block's tensor-core work overlaps another's elementwise work; no dQ
+//  exchange; 3: 3 blocks per SM, 4: 2 blocks per SM with each step's dQ atomics issued after the
+//  next step's S^T / dP^T), and for every D a tiled, coalesced dQ conversion kernel.
+//  KILN_ATTN_TRAIN_VARIANT=0..4 (read on every call) selects the variant.
 //  Segment skipping uses per-32-token granule summaries computed by a small kernel: (min id, max
 //  id) over the non-padding tokens and whether any padding occurs. A tile pair whose id ranges do
 //  not intersect cannot see each other; one where both sides are a single id with no padding needs
@@ -2043,11 +2049,16 @@ TensorBuffer segment_ranges(CudaBackend& be, const Geometry& g, Tensor segment_i
   return r;
 }
 
-// Tensor-core variants: 0 = mma.sync (any sm_80+ GPU), 1 = wgmma (sm_90a Hopper, the default there),
-// 2 = wgmma with the overlapped backward (P^T computed while dP^T runs, dV issued before dS^T).
-// KILN_ATTN_TRAIN_VARIANT=0/1/2 (read on every call, for tests and benchmarks) overrides the
-// default; 1 and 2 fall back to 0 on devices without wgmma.
-constexpr int kDefaultTrainVariant = 1;  // until the H200 numbers say otherwise
+// Tensor-core variants: 0 = mma.sync (any sm_80+ GPU), 1 = wgmma (sm_90a Hopper),
+// 2 = wgmma with the overlapped backward (P^T computed while dP^T runs, dV issued before dS^T),
+// 3 / 4 = wgmma with the one-warpgroup D = 64 backward (3 blocks per SM / 2 blocks per SM with the
+// dQ atomics deferred past the next step's S^T, dP^T) and the tiled dQ conversion; for D = 128
+// they run variant 1. KILN_ATTN_TRAIN_VARIANT=0..4 (read on every call, for tests and benchmarks)
+// overrides the default; 1..4 fall back to 0 on devices without wgmma.
+// Measured on the H200 (bench_attention_train, causal bf16; backward incl. prep and dQ conversion):
+// D = 64, B 8 x S 2048, Hq 32 / Hkv 8: variant 1 1.79 ms (192 TFLOP/s), 3 1.24 ms (278), 4 1.32 ms,
+// 2 1.81 ms, 0 2.07 ms; D = 128, B 4 x S 4096: 1 4.79 ms, 3 4.72 ms (291), 4 4.71 ms, 2 4.78, 0 7.37.
+constexpr int kDefaultTrainVariant = 3;
 
 bool device_has_wgmma() {
   static const bool ok = [] {
@@ -2062,7 +2073,7 @@ bool device_has_wgmma() {
 int train_variant() {
   const char* e = std::getenv("KILN_ATTN_TRAIN_VARIANT");
   int want = kDefaultTrainVariant;
-  if (e != nullptr && (e[0] == '0' || e[0] == '1' || e[0] == '2') && e[1] == '\0') want = e[0] - '0';
+  if (e != nullptr && e[0] >= '0' && e[0] <= '4' && e[1] == '\0') want = e[0] - '0';
   return want >= 1 && device_has_wgmma() ? want : 0;
 }
 
@@ -2127,6 +2138,25 @@ void launch_bwd_wg(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, flo
   }();
   (void)attr;
   dim3 grid((g.S + Cfg::BN - 1) / Cfg::BN, g.Hkv, g.B);
+  kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
+      dk.ptr<bf16>(), dv.ptr<bf16>(), dq_acc, q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(),
+      dout.ptr<const bf16>(), lse2, delta, seg, ranges, g.Hq, g.Hkv, g.S, S_pad, n_gran, causal ? 1 : 0, sl, scale);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <int kMinBlocks, bool kDefer>
+void launch_bwd_wg1(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, float* dq_acc, Tensor q, Tensor k,
+                    Tensor v, Tensor dout, const float* lse2, const float* delta, const int* seg, const int4* ranges,
+                    int n_gran, int S_pad, bool causal, float sl, float scale) {
+  using Cfg = BwdWg1Cfg;
+  static_assert(Cfg::kSmemBytes * kMinBlocks <= 228 * 1024, "shared memory per SM");
+  auto kernel = attn_train_bwd_wg1_kernel<kMinBlocks, kDefer>;
+  static const bool attr = [kernel] {
+    allow_smem(kernel, Cfg::kSmemBytes);
+    return true;
+  }();
+  (void)attr;
+  dim3 grid(g.Hkv, g.B, (g.S + Cfg::BN - 1) / Cfg::BN);  // key block slowest: heaviest blocks first
   kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
       dk.ptr<bf16>(), dv.ptr<bf16>(), dq_acc, q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(),
       dout.ptr<const bf16>(), lse2, delta, seg, ranges, g.Hq, g.Hkv, g.S, S_pad, n_gran, causal ? 1 : 0, sl, scale);
@@ -2264,7 +2294,16 @@ void attention_train_backward(CudaBackend& be, Tensor dq, Tensor dk, Tensor dv, 
     launch_bwd_prep<bf16>(be, g, delta, lse2, acc.ptr<float>(), out, dout, lse, S_pad);
     const int variant = train_variant();
     const bool wg = variant >= 1;
-    if (wg) {
+    // Variants 3 / 4: the one-warpgroup kernel (D = 64; key blocks on grid z, at most 65535).
+    const bool wg1 = (variant == 3 || variant == 4) && g.D == 64 && (g.S + BwdWg1Cfg::BN - 1) / BwdWg1Cfg::BN <= 65535;
+    if (wg1) {
+      if (variant == 3)
+        launch_bwd_wg1<3, false>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
+                                 causal, sl, scale);
+      else
+        launch_bwd_wg1<2, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
+                                causal, sl, scale);
+    } else if (wg) {
       if (g.D == 64) {
         if (variant == 2)
           launch_bwd_wg<64, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
@@ -2290,7 +2329,18 @@ void attention_train_backward(CudaBackend& be, Tensor dq, Tensor dk, Tensor dv, 
     }
     const int64_t n_pairs = q.numel() / 2;
     const unsigned blocks = detail::grid_for(be, n_pairs, 256);
-    if (wg)
+    const int n_tiles = (g.S + 63) / 64;
+    const int64_t tile_blocks = static_cast<int64_t>(g.B) * g.Hq * n_tiles;
+    if (variant >= 3 && tile_blocks <= INT_MAX) {
+      if (g.D == 64)
+        attn_train_dq_convert_tiles_kernel<bf16, 64><<<static_cast<unsigned>(tile_blocks), 256, 0,
+                                                       detail::stream_of(be)>>>(dq.ptr<bf16>(), acc.ptr<const float>(),
+                                                                                g.S, S_pad, n_tiles, scale);
+      else
+        attn_train_dq_convert_tiles_kernel<bf16, 128><<<static_cast<unsigned>(tile_blocks), 256, 0,
+                                                        detail::stream_of(be)>>>(dq.ptr<bf16>(), acc.ptr<const float>(),
+                                                                                 g.S, S_pad, n_tiles, scale);
+    } else if (wg)
       attn_train_dq_convert_kernel<bf16, true><<<blocks, 256, 0, detail::stream_of(be)>>>(
           dq.ptr<bf16>(), acc.ptr<const float>(), n_pairs, g.S, S_pad, g.D, scale);
     else
