@@ -17,7 +17,7 @@
 //            of a kv head for dk, dv).
 //
 // Fast path (bf16, D = 64 or 128, 16-byte aligned tensors), tensor-core variants (3 is the default
-// on sm_90a Hopper, 0 elsewhere; measurements at kDefaultTrainVariant):
+// on sm_90a Hopper, 0 elsewhere; KILN_ATTN_TRAIN_VARIANT=0, 1 or 3, read on every call, selects one):
 //  1 wgmma, FlashAttention-3-like tiling without warp specialisation:
 //  * Forward: the inference prefill design of kernels/cuda/attention.cu (measured fastest there):
 //    D=64: 1 warpgroup, BM = 64 query rows, 128-key tiles, 3 blocks per SM; D=128: 2 warpgroups,
@@ -28,7 +28,10 @@
 //    registers feed dV += P^T dO and dK += dS^T Q as register A operands; dS^T is stored
 //    transposed with stmatrix for dQ_w = dS_w K_w; the two warpgroups' dQ partials are summed
 //    through shared memory and added to the f32 accumulator with 16-byte vector atomics in a
-//    permuted, fully coalesced layout (undone by the convert kernel).
+//    permuted, fully coalesced layout (undone by the tiled convert kernel).
+//  3 is variant 1 with, for D = 64, a one-warpgroup backward kernel (64 keys per block, 3 blocks
+//    per SM so that one block's tensor-core work overlaps another's elementwise work; no dQ
+//    exchange). For D = 128 variants 1 and 3 are the same.
 //  0 mma.sync m16n8k16 (any sm_80+ GPU; the fallback), FlashAttention-2 style: tiles in shared
 //    memory with rows padded to D + 8 elements (conflict-free ldmatrix), fragments by
 //    ldmatrix(.trans).
@@ -43,21 +46,21 @@
 //    dS^T come out in the accumulator layout that is the A operand of dV += P^T dO and
 //    dK += dS^T Q), dS^T is written to shared memory (bf16) and dQ_partial = dS K is added into the
 //    row-major f32 accumulator with f32x2 atomics.
-//  Common to both: tiles past the block's last query (causal) are never visited; tile pairs whose
+//  Common to all: tiles past the block's last query (causal) are never visited; tile pairs whose
 //  segment-id ranges cannot meet are skipped; only tiles that cross the diagonal, the end of the
 //  sequence or a segment boundary are masked elementwise. The backward runs three kernels:
 //  (1) prep: one warp per query row computes delta = rowsum(dout * out), lse2, and zeroes the f32
 //  dQ accumulator (scratch, [B, Hq, S_pad, D]); (2) the main kernel, whose Q / dO / lse2 / delta
 //  tiles of the next query block are prefetched (cp.async, double buffered) while the current one
-//  computes; (3) convert: dq = scale * accumulator in q's dtype.
-//  2 is variant 1 with the backward's elementwise work overlapped with the tensor cores (S^T and
-//  dP^T in separate commit groups: P^T is computed while dP^T runs; dV += P^T dO is issued before
-//  dS^T is computed).
-//  3, 4 are variant 1 with, for D = 64, a one-warpgroup backward kernel (64 keys per block, several
-//  blocks per SM so that one block's tensor-core work overlaps another's elementwise work; no dQ
-//  exchange; 3: 3 blocks per SM, 4: 2 blocks per SM with each step's dQ atomics issued after the
-//  next step's S^T / dP^T), and for every D a tiled, coalesced dQ conversion kernel.
-//  KILN_ATTN_TRAIN_VARIANT=0..4 (read on every call) selects the variant.
+//  computes; (3) convert: dq = scale * accumulator in q's dtype (wgmma variants: one block per
+//  64-query tile, coalesced reads of the permuted layout, transposed through shared memory).
+//  Removed after measurement on the H200 (bench_attention_train, causal bf16, backward ms; D=64:
+//  B 8 x S 2048, Hq 32 / Hkv 8; D=128: B 4 x S 4096): variant 2 (variant 1 with the elementwise
+//  work overlapped with the tensor cores: S^T / dP^T in separate commit groups, dV issued before
+//  dS^T; D=64 1.81 ms vs 1: 1.79, D=128 4.78 vs 4.79) and variant 4 (the one-warpgroup D=64
+//  backward at 2 blocks per SM with each step's dQ atomics deferred past the next step's S^T /
+//  dP^T; D=64 1.32 ms vs 3: 1.24; for D=128 it ran variant 3's kernels). The numbers 2 and 4 are
+//  not reused.
 //  Segment skipping uses per-32-token granule summaries computed by a small kernel: (min id, max
 //  id) over the non-padding tokens and whether any padding occurs. A tile pair whose id ranges do
 //  not intersect cannot see each other; one where both sides are a single id with no padding needs
@@ -217,6 +220,87 @@ __device__ __forceinline__ bool seg_meet(int4 a, int4 b) { return a.x <= b.y && 
 // Do all tokens of a and b carry one and the same id (no segment mask needed)?
 __device__ __forceinline__ bool seg_same(int4 a, int4 b) {
   return !a.z && !b.z && a.x == a.y && b.x == b.y && a.x == b.x;
+}
+
+// Step schedule of a backward block of BN keys from kb0, shared by the backward kernels: the steps
+// (hi, qb) visit, for each query head hi of the kv head's group of G, the BM-row query blocks qb
+// that can see the keys (from the diagonal block under causal; blocks whose segment ranges cannot
+// meet the keys' are skipped). hi == G: no step left.
+template <int BN, int BM>
+struct BwdSchedule {
+  bool use_seg;
+  const int4* rng_row;  // the batch row's granule summaries (use_seg)
+  int4 k_rng;           // the key block's summary (use_seg)
+  int kb0, S, G, causal, n_qb, qb_begin;
+
+  __device__ __forceinline__ BwdSchedule(bool use_seg_, const int4* rng_row_, int kb0_, int S_, int G_, int causal_)
+      : use_seg(use_seg_),
+        rng_row(rng_row_),
+        k_rng(use_seg_ ? seg_union(rng_row_, kb0_, min(S_, kb0_ + BN)) : make_int4(0, 0, 0, 0)),
+        kb0(kb0_),
+        S(S_),
+        G(G_),
+        causal(causal_),
+        n_qb((S_ + BM - 1) / BM),
+        qb_begin(causal_ ? kb0_ / BM : 0) {}
+  __device__ __forceinline__ bool qb_ok(int qb) const {
+    return !use_seg || seg_meet(seg_union(rng_row, qb * BM, min(S, qb * BM + BM)), k_rng);
+  }
+  // The step after (hi, qb).
+  __device__ __forceinline__ void advance(int& hi, int& qb) const {
+    ++qb;
+    while (true) {
+      while (qb < n_qb && !qb_ok(qb)) ++qb;
+      if (qb < n_qb) return;
+      if (++hi >= G) return;
+      qb = qb_begin;
+    }
+  }
+  // The first step.
+  __device__ __forceinline__ void first(int& hi, int& qb) const {
+    hi = 0;
+    qb = qb_begin - 1;
+    advance(hi, qb);
+  }
+  // Which masks the step at query row q0 needs: seg_mask, the elementwise segment mask; need_mask,
+  // any elementwise mask (keys past S, the diagonal, segments).
+  __device__ __forceinline__ void masks(int q0, bool& seg_mask, bool& need_mask) const {
+    seg_mask = false;
+    if (use_seg) seg_mask = !seg_same(seg_union(rng_row, q0, min(S, q0 + BM)), k_rng);
+    need_mask = kb0 + BN > S || (causal && kb0 + BN - 1 > q0) || seg_mask;
+  }
+};
+
+// Segment ids of rows r0 and r0 + 8 (-1: past S or no segment ids).
+__device__ __forceinline__ void seg_ids2(int (&sid)[2], const int* seg_row, bool use_seg, int r0, int S) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + 8 * hf;
+    sid[hf] = (use_seg && r < S) ? seg_row[r] : -1;
+  }
+}
+
+// cp.async of a backward step's lse2, delta (rows padded to S_pad, holding +inf / 0 past S, so no
+// bound is needed; `stat` is row q0 of the query head) and query segment ids into stage buf.
+// kOneRowPerThread (BM <= NT): thread tid < BM loads row tid; otherwise rows tid, tid + NT, ...
+// (The same rows, but the two forms compile differently and each kernel keeps the one it was
+// measured with: nvcc 13.0 does not fold the strided loop when NT >= BM, which costs the kernels
+// that use it 200-290 SASS instructions, run once per step.)
+template <int BM, int NT, bool kOneRowPerThread>
+__device__ __forceinline__ void load_step_stats(float* sLse2, float* sDelta, int* sSegQ, int buf, const float* lse2,
+                                                const float* delta, int64_t stat, const int* seg_row, bool use_seg,
+                                                int q0, int S, int tid) {
+  auto row = [&](int i) {
+    cp_async4(smem_u32(sLse2 + buf * BM + i), lse2 + stat + i, true);
+    cp_async4(smem_u32(sDelta + buf * BM + i), delta + stat + i, true);
+    if (use_seg) cp_async4(smem_u32(sSegQ + buf * BM + i), seg_row + min(q0 + i, S - 1), q0 + i < S);
+  };
+  if constexpr (kOneRowPerThread) {
+    static_assert(BM <= NT, "one row per thread");
+    if (tid < BM) row(tid);
+  } else {
+    for (int i = tid; i < BM; i += NT) row(i);
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -593,22 +677,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
     cp_async16(smem_u32(sV + r * LD + c * 8), v + off, ok);
   }
 
-  const int4 k_rng = use_seg ? seg_union(rng_row, kb0, min(S, kb0 + BN)) : make_int4(0, 0, 0, 0);
-  const int n_qb = (S + BM - 1) / BM;
-  const int qb_begin = causal ? kb0 / BM : 0;
-  auto qb_ok = [&](int qb) {
-    return !use_seg || seg_meet(seg_union(rng_row, qb * BM, min(S, qb * BM + BM)), k_rng);
-  };
-  // The step after (hi, qb): the next query block that can see these keys, over heads hi of the group.
-  auto advance = [&](int& hi, int& qb) {
-    ++qb;
-    while (true) {
-      while (qb < n_qb && !qb_ok(qb)) ++qb;
-      if (qb < n_qb) return;
-      if (++hi >= G) return;
-      qb = qb_begin;
-    }
-  };
+  const BwdSchedule<BN, BM> sched(use_seg, rng_row, kb0, S, G, causal);
   auto load_q = [&](int hi, int qb, int buf) {
     const int h = kvh * G + hi;
     const int q0 = qb * BM;
@@ -623,27 +692,18 @@ __global__ void __launch_bounds__(NW * 32, 1)
       cp_async16(smem_u32(dOs + r * LD + c * 8),
                  ok ? dout + (static_cast<int64_t>(b * S + row) * Hq + h) * D + c * 8 : dout, ok);
     }
-    // lse2 / delta rows are padded to S_pad (rows past S hold +inf / 0), so no bound is needed.
-    const int64_t stat = static_cast<int64_t>(b * Hq + h) * S_pad + q0;
-    for (int i = tid; i < BM; i += NT) {
-      cp_async4(smem_u32(sLse2 + buf * BM + i), lse2 + stat + i, true);
-      cp_async4(smem_u32(sDelta + buf * BM + i), delta + stat + i, true);
-      if (use_seg) cp_async4(smem_u32(sSegQ + buf * BM + i), seg_row + min(q0 + i, S - 1), q0 + i < S);
-    }
+    load_step_stats<BM, NT, false>(sLse2, sDelta, sSegQ, buf, lse2, delta, static_cast<int64_t>(b * Hq + h) * S_pad + q0,
+                                   seg_row, use_seg, q0, S, tid);
   };
 
-  int hi = 0, qb = qb_begin - 1;
-  advance(hi, qb);
+  int hi, qb;
+  sched.first(hi, qb);
   if (hi < G) load_q(hi, qb, 0);
   cp_async_commit();
 
   // This thread's key rows (accumulator rows g and g + 8 of the warp's 16) and their segment ids.
   int sk[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = kb0 + kw0 + g + 8 * hf;
-    sk[hf] = (use_seg && key < S) ? seg_row[key] : -1;
-  }
+  seg_ids2(sk, seg_row, use_seg, kb0 + kw0 + g, S);
 
   float dk_acc[DN][4], dv_acc[DN][4];
 #pragma unroll
@@ -656,7 +716,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
   int buf = 0;
   while (hi < G) {
     int nhi = hi, nqb = qb;
-    advance(nhi, nqb);
+    sched.advance(nhi, nqb);
     cp_async_wait<0>();
     __syncthreads();  // this step's tiles landed; the previous step is done with the other stage and sdS
     if (nhi < G) load_q(nhi, nqb, buf ^ 1);
@@ -709,9 +769,8 @@ __global__ void __launch_bounds__(NW * 32, 1)
 
     // P^T = 2^(s sl - lse2) (masked: 0) and dS^T = P^T (dP^T - delta), in place.
     // Accumulator element (n, e): key kw0 + g + 8 (e >> 1), query n * 8 + 2t + (e & 1) of the block.
-    bool seg_mask = false;
-    if (use_seg) seg_mask = !seg_same(seg_union(rng_row, q0, min(S, q0 + BM)), k_rng);
-    const bool need_mask = kb0 + BN > S || (causal && kb0 + BN - 1 > q0) || seg_mask;
+    bool seg_mask, need_mask;
+    sched.masks(q0, seg_mask, need_mask);
 #pragma unroll
     for (int n = 0; n < QN; ++n)
 #pragma unroll
@@ -1163,6 +1222,156 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
 #endif
 }
 
+// ------------------------------------------------------------------------------------------------
+// Pieces of the two wgmma backward kernels. A warpgroup owns 64 keys; per step of BM = 64 queries
+// its S^T / dP^T accumulators are [64 keys][BM queries] in the mma.sync C layout: element 4j + e of
+// thread (warp, g, t) of the warpgroup is key 16 warp + g + 8 (e >> 1), query 8j + 2t + (e & 1).
+
+// cp.async of the step at query head h, rows q0.. into stage buf: Q and dO (wg_off<BM> tiles, rows
+// past S zero-filled), lse2, delta and the query segment ids.
+template <int D, int BM, int NT, bool kOneRowPerThread>
+__device__ __forceinline__ void wg_bwd_load_step(bf16* sQ, bf16* sdO, float* sLse2, float* sDelta, int* sSegQ, int buf,
+                                                 const bf16* q, const bf16* dout, const float* lse2,
+                                                 const float* delta, const int* seg_row, bool use_seg, int b, int h,
+                                                 int Hq, int S, int S_pad, int q0, int tid) {
+  wg_load_rows<D, BM, NT>(sQ + buf * (BM * D), q + static_cast<int64_t>(b * Hq + h) * S * D, D, q0, S, tid);
+  wg_load_rows<D, BM, NT>(sdO + buf * (BM * D), dout + static_cast<int64_t>(b) * S * Hq * D + static_cast<int64_t>(h) * D,
+                          static_cast<int64_t>(Hq) * D, q0, S, tid);
+  load_step_stats<BM, NT, kOneRowPerThread>(sLse2, sDelta, sSegQ, buf, lse2, delta,
+                                            static_cast<int64_t>(b * Hq + h) * S_pad + q0, seg_row, use_seg, q0, S,
+                                            tid);
+}
+
+// Issues acc[64 keys][BM queries] (=) A B^T over k = D, both operands K-major: A the 64 rows at
+// a_rows of a wg_off<AROWS> tile (K or V), B the wg_off<BM> tile at b_rows (Q or dO).
+template <int D, int AROWS, int BM>
+__device__ __forceinline__ void wg_mma_keys_queries(float (&acc)[BM / 2], uint32_t a_rows, uint32_t b_rows) {
+  static_assert(BM == 64, "one m64n64 wgmma per k step");
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t aoff = (kk >> 2) * (AROWS * 128) + (kk & 3) * 32, boff = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+    WgmmaBf16::ss64(acc, wgmma_desc(a_rows + aoff, 16, 1024), wgmma_desc(b_rows + boff, 16, 1024), kk);
+  }
+}
+
+// Issues acc[64 keys][D] += A B over k = BM queries: A register fragments (P^T or dS^T), B the
+// wg_off<BM> tile at b_addr (dO or Q), MN-major.
+template <int D, int BM>
+__device__ __forceinline__ void wg_mma_rs_queries(float (&acc)[D / 2], const uint32_t (&a)[BM / 16][4],
+                                                  uint32_t b_addr) {
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; ++kk) {
+    const uint64_t bd = wgmma_desc(b_addr + kk * 16 * 128, BM * 128, 1024);
+    if constexpr (D == 128)
+      WgmmaBf16::rs128_mn(acc, a[kk], bd);
+    else
+      WgmmaBf16::rs64_mn(acc, a[kk], bd);
+  }
+}
+
+// Issues dq[64 queries][D] (=) dS K over k = the warpgroup's 64 keys: dS the wg_off<64> tile
+// [queries][keys] at ds_addr (K-major), K the 64 rows at k_rows of a wg_off<KROWS> tile (MN-major).
+template <int D, int KROWS>
+__device__ __forceinline__ void wg_mma_dq(float (&dq)[D / 2], uint32_t ds_addr, uint32_t k_rows) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t a = wgmma_desc(ds_addr + kk * 32, 16, 1024);
+    const uint64_t bk = wgmma_desc(k_rows + kk * 16 * 128, KROWS * 128, 1024);
+    if constexpr (D == 128)
+      WgmmaBf16::ss128_mn(dq, a, bk, kk);
+    else
+      WgmmaBf16::ss64_mn(dq, a, bk, kk);
+  }
+}
+
+// P^T = 2^(S^T sl - lse2) in place; with need_mask, 0 where the key is past S, above the diagonal
+// or in another segment (key_r: the thread's first key row, kb0 + kw0; sk: the segment ids of rows
+// key_r and key_r + 8).
+template <int BM>
+__device__ __forceinline__ void wg_bwd_probs(float (&st)[BM / 2], const float* cL, float sl, bool need_mask,
+                                             bool seg_mask, int key_r, int q0, int S, int causal,
+                                             const int (&sk)[2], const int* cSq, int t) {
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ql = 8 * j + 2 * t + (e & 1);
+      float p = fast_exp2(fmaf(st[4 * j + e], sl, -cL[ql]));
+      if (need_mask) {
+        const int key = key_r + 8 * (e >> 1);
+        const bool masked = key >= S || (causal && key > q0 + ql) || (seg_mask && sk[e >> 1] != cSq[ql]);
+        if (masked) p = 0.0f;
+      }
+      st[4 * j + e] = p;
+    }
+}
+
+// dS^T = P^T (dP^T - delta), in place in dpt.
+template <int BM>
+__device__ __forceinline__ void wg_bwd_dsT(float (&dpt)[BM / 2], const float (&st)[BM / 2], const float* cDl, int t) {
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ql = 8 * j + 2 * t + (e & 1);
+      dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - cDl[ql]);
+    }
+}
+
+// Accumulators to bf16 register A fragments, one per 16-wide k step.
+template <int KS>
+__device__ __forceinline__ void pack_a_frags(uint32_t (&a)[KS][4], const float (&x)[KS * 8]) {
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[kk][i] = pack_bf16(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
+}
+
+// dS^T (A fragments) -> the warpgroup's dS tile [BM queries][64 keys] (wg_off<BM>), by stmatrix.trans:
+// matrix jm of k step kk holds keys 16 warp + 8 (jm & 1) .., queries 16 kk + 8 (jm >> 1) ..; lane l
+// addresses query row 16 kk + 8 (jm >> 1) + l % 8.
+template <int BM>
+__device__ __forceinline__ void wg_store_dsT(uint32_t ds_addr, const uint32_t (&da)[BM / 16][4], int warp, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; ++kk) {
+    const int jm = lane >> 3;
+    const int q_row = 16 * kk + 8 * (jm >> 1) + (lane & 7);
+    stmatrix_x4_trans(ds_addr + wg_off<BM>(q_row, warp * 2 + (jm & 1)) * 2, da[kk]);
+  }
+}
+
+// The f32 dQ accumulator tile of query head h, queries q0 .. q0 + 63 (rows padded to S_pad). Its
+// layout is permuted: [D / 8][128][4], element (n8 tile j, warpgroup thread wt, e) = register 4j + e
+// of thread wt's dQ accumulator, so that a warp's 16-byte atomics cover 512 contiguous bytes
+// (attn_train_dq_convert_tiles_kernel maps it back).
+template <int D>
+__device__ __forceinline__ float* dq_acc_tile(float* dq_acc, int b, int h, int Hq, int S_pad, int q0) {
+  return dq_acc + (static_cast<int64_t>(b * Hq + h) * S_pad + q0) * D;
+}
+// Adds n8 tile j of thread wt's dQ registers (a, b, c, d = registers 4j .. 4j + 3) into the tile.
+__device__ __forceinline__ void dq_tile_add(float* tile, int j, int wt, float a, float b, float c, float d) {
+  red_add4(tile + j * 512 + wt * 4, a, b, c, d);
+}
+
+// dK (scaled) and dV of keys key_r and key_r + 8 (rows past S skipped; keys no query sees hold 0).
+template <int D>
+__device__ __forceinline__ void wg_store_dkdv(bf16* dk, bf16* dv, const float (&dk_acc)[D / 2],
+                                              const float (&dv_acc)[D / 2], int64_t kv_off, int key_r, int S, int t,
+                                              float scale) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = key_r + 8 * hf;
+    if (key >= S) continue;
+    const int64_t off = kv_off + static_cast<int64_t>(key) * D + 2 * t;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dk + off + j * 8) =
+          pack_bf16(dk_acc[4 * j + 2 * hf] * scale, dk_acc[4 * j + 2 * hf + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + off + j * 8) = pack_bf16(dv_acc[4 * j + 2 * hf], dv_acc[4 * j + 2 * hf + 1]);
+    }
+  }
+}
+
 // Backward (wgmma): 2 warpgroups, BN = 128 keys per block (warpgroup w owns keys 64w .. 64w + 63,
 // whose dK, dV accumulate in registers over every step), BM = 64 queries per step. Per step, in
 // each warpgroup:
@@ -1173,9 +1382,7 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
 //   dQ_w = dS_w K_w                  (wgmma SS, K MN-major): the warpgroup's partial over its keys.
 // The two partials are summed through shared memory (each warpgroup hands over the half of its
 // accumulator registers that the other one owns), then each warpgroup adds its half into the f32
-// dQ accumulator with 16-byte vector atomics in a permuted layout: per (b, h, 64-query tile) a
-// contiguous [D / 8][128][4] block (n8 tile j, warpgroup thread, element e of the tile), so a
-// warp's atomics cover 512 contiguous bytes; attn_train_dq_convert_kernel maps it back.
+// dQ accumulator with 16-byte vector atomics in the permuted layout of dq_acc_tile.
 template <int D>
 struct BwdWgCfg {
   static constexpr int NT = 256;
@@ -1193,7 +1400,7 @@ struct BwdWgCfg {
   static_assert(D == 64 || D == 128, "head dim");
 };
 
-template <int D, bool kOverlap>
+template <int D>
 __global__ void __launch_bounds__(256, 1)
     attn_train_bwd_wg_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
                              const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
@@ -1242,48 +1449,19 @@ __global__ void __launch_bounds__(256, 1)
   wg_load_rows<D, BN, NT>(sK, k + kv_off, D, kb0, S, tid);
   wg_load_rows<D, BN, NT>(sV, v + kv_off, D, kb0, S, tid);
 
-  const int4 k_rng = use_seg ? seg_union(rng_row, kb0, min(S, kb0 + BN)) : make_int4(0, 0, 0, 0);
-  const int n_qb = (S + BM - 1) / BM;
-  const int qb_begin = causal ? kb0 / BM : 0;
-  auto qb_ok = [&](int qb) {
-    return !use_seg || seg_meet(seg_union(rng_row, qb * BM, min(S, qb * BM + BM)), k_rng);
-  };
-  // The step after (hi, qb): the next query block that can see these keys, over heads hi of the group.
-  auto advance = [&](int& hi, int& qb) {
-    ++qb;
-    while (true) {
-      while (qb < n_qb && !qb_ok(qb)) ++qb;
-      if (qb < n_qb) return;
-      if (++hi >= G) return;
-      qb = qb_begin;
-    }
-  };
+  const BwdSchedule<BN, BM> sched(use_seg, rng_row, kb0, S, G, causal);
   auto load_q = [&](int hi, int qb, int buf) {
-    const int h = kvh * G + hi;
-    const int q0 = qb * BM;
-    wg_load_rows<D, BM, NT>(sQ + buf * Cfg::kQ, q + static_cast<int64_t>(b * Hq + h) * S * D, D, q0, S, tid);
-    wg_load_rows<D, BM, NT>(sdO + buf * Cfg::kQ, dout + static_cast<int64_t>(b) * S * Hq * D + static_cast<int64_t>(h) * D,
-                            static_cast<int64_t>(Hq) * D, q0, S, tid);
-    // lse2 / delta rows are padded to S_pad (rows past S hold +inf / 0), so no bound is needed.
-    const int64_t stat = static_cast<int64_t>(b * Hq + h) * S_pad + q0;
-    for (int i = tid; i < BM; i += NT) {
-      cp_async4(smem_u32(sLse2 + buf * BM + i), lse2 + stat + i, true);
-      cp_async4(smem_u32(sDelta + buf * BM + i), delta + stat + i, true);
-      if (use_seg) cp_async4(smem_u32(sSegQ + buf * BM + i), seg_row + min(q0 + i, S - 1), q0 + i < S);
-    }
+    wg_bwd_load_step<D, BM, NT, false>(sQ, sdO, sLse2, sDelta, sSegQ, buf, q, dout, lse2, delta, seg_row, use_seg, b,
+                                       kvh * G + hi, Hq, S, S_pad, qb * BM, tid);
   };
 
-  int hi = 0, qb = qb_begin - 1;
-  advance(hi, qb);
+  int hi, qb;
+  sched.first(hi, qb);
   if (hi < G) load_q(hi, qb, 0);
   cp_async_commit();
 
   int sk[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = kb0 + kw0 + 8 * hf;
-    sk[hf] = (use_seg && key < S) ? seg_row[key] : -1;
-  }
+  seg_ids2(sk, seg_row, use_seg, kb0 + kw0, S);
   float dk_acc[OD], dv_acc[OD];
 #pragma unroll
   for (int i = 0; i < OD; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
@@ -1294,7 +1472,7 @@ __global__ void __launch_bounds__(256, 1)
   int buf = 0;
   while (hi < G) {
     int nhi = hi, nqb = qb;
-    advance(nhi, nqb);
+    sched.advance(nhi, nqb);
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();  // this step's tiles landed; the previous step is done with the other stage, dS, sX
@@ -1309,107 +1487,34 @@ __global__ void __launch_bounds__(256, 1)
     const float* cDl = sDelta + buf * BM;
     const int* cSq = sSegQ + buf * BM;
 
-    // S^T = K_w Q^T and dP^T = V_w dO^T (two commit groups when overlapping: P^T is computed, and
-    // dV += P^T dO issued, while dP^T is still on the tensor cores).
+    // S^T = K_w Q^T and dP^T = V_w dO^T.
     float st[SD], dpt[SD];
 #pragma unroll
     for (int i = 0; i < SD; ++i) st[i] = dpt[i] = 0.0f;
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = (kk >> 2) * (BN * 128) + (kk & 3) * 32, qoff = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      WgmmaBf16::ss64(st, wgmma_desc(k_rows + koff, 16, 1024), wgmma_desc(q_addr + qoff, 16, 1024), kk);
-    }
-    if constexpr (kOverlap) wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = (kk >> 2) * (BN * 128) + (kk & 3) * 32, qoff = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-      WgmmaBf16::ss64(dpt, wgmma_desc(v_rows + koff, 16, 1024), wgmma_desc(do_addr + qoff, 16, 1024), kk);
-    }
+    wg_mma_keys_queries<D, BN, BM>(st, k_rows, q_addr);
+    wg_mma_keys_queries<D, BN, BM>(dpt, v_rows, do_addr);
     wgmma_commit();
-    if constexpr (kOverlap) {
-      wgmma_wait<1>();  // S^T done, dP^T may still run
-    } else {
-      wgmma_wait<0>();
-      fence_regs(dpt);
-    }
+    wgmma_wait<0>();
+    fence_regs(dpt);
     fence_regs(st);
 
-    // P^T in place. Element 4j + e: key kw0 + 8 (e >> 1), query 8j + 2t + (e & 1) of the step.
-    bool seg_mask = false;
-    if (use_seg) seg_mask = !seg_same(seg_union(rng_row, q0, min(S, q0 + BM)), k_rng);
-    const bool need_mask = kb0 + BN > S || (causal && kb0 + BN - 1 > q0) || seg_mask;
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ql = 8 * j + 2 * t + (e & 1);
-        float p = fast_exp2(fmaf(st[4 * j + e], sl, -cL[ql]));
-        if (need_mask) {
-          const int key = kb0 + kw0 + 8 * (e >> 1);
-          const bool masked = key >= S || (causal && key > q0 + ql) || (seg_mask && sk[e >> 1] != cSq[ql]);
-          if (masked) p = 0.0f;
-        }
-        st[4 * j + e] = p;
-      }
+    // P^T and dS^T = P^T (dP^T - delta) in the accumulators, as A fragments; dS^T -> dS_w.
+    bool seg_mask, need_mask;
+    sched.masks(q0, seg_mask, need_mask);
+    wg_bwd_probs<BM>(st, cL, sl, need_mask, seg_mask, kb0 + kw0, q0, S, causal, sk, cSq, t);
     uint32_t pa[BM / 16][4], da[BM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) pa[kk][x] = pack_bf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
+    pack_a_frags(pa, st);
+    wg_bwd_dsT<BM>(dpt, st, cDl, t);
+    pack_a_frags(da, dpt);
+    wg_store_dsT<BM>(ds_addr, da, warp, lane);
 
-    // dV += P^T dO (issued now when overlapping: it runs while dS^T is computed).
-    auto issue_dv = [&] {
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) {
-        const uint64_t bo = wgmma_desc(do_addr + kk * 16 * 128, BM * 128, 1024);
-        if constexpr (D == 128)
-          WgmmaBf16::rs128_mn(dv_acc, pa[kk], bo);
-        else
-          WgmmaBf16::rs64_mn(dv_acc, pa[kk], bo);
-      }
-      wgmma_commit();
-    };
-    if constexpr (kOverlap) {
-      issue_dv();
-      wgmma_wait<1>();  // dP^T done (groups complete in order), dV may still run
-      fence_regs(dpt);
-    }
-
-    // dS^T = P^T (dP^T - delta).
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ql = 8 * j + 2 * t + (e & 1);
-        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - cDl[ql]);
-      }
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) da[kk][x] = pack_bf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
-
-    // dS^T -> dS_w [64 queries][64 keys]: matrix jm of k step kk holds keys warp*16 + 8 (jm & 1) ..,
-    // queries 16 kk + 8 (jm >> 1) ..; lane l addresses query row 16 kk + 8 (jm >> 1) + l % 8.
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      const int jm = lane >> 3;
-      const int q_row = 16 * kk + 8 * (jm >> 1) + (lane & 7);
-      stmatrix_x4_trans(ds_addr + wg_off<64>(q_row, warp * 2 + (jm & 1)) * 2, da[kk]);
-    }
-
-    // dK += dS^T Q (and dV here when not overlapping).
-    if constexpr (!kOverlap) issue_dv();
+    // dV += P^T dO, dK += dS^T Q.
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      const uint64_t bq = wgmma_desc(q_addr + kk * 16 * 128, BM * 128, 1024);
-      if constexpr (D == 128)
-        WgmmaBf16::rs128_mn(dk_acc, da[kk], bq);
-      else
-        WgmmaBf16::rs64_mn(dk_acc, da[kk], bq);
-    }
+    wg_mma_rs_queries<D, BM>(dv_acc, pa, do_addr);
+    wgmma_commit();
+    wgmma_fence();
+    wg_mma_rs_queries<D, BM>(dk_acc, da, q_addr);
     wgmma_commit();
     fence_proxy_async();    // the stmatrix writes, visible to the dQ wgmma
     warpgroup_barrier(wg);  // the warpgroup's dS tile is complete
@@ -1419,20 +1524,12 @@ __global__ void __launch_bounds__(256, 1)
     fence_regs(pa);
     fence_regs(da);
 
-    // dQ_w = dS_w K_w (4 k steps over the warpgroup's 64 keys).
+    // dQ_w = dS_w K_w.
     float dq[OD];
 #pragma unroll
     for (int i = 0; i < OD; ++i) dq[i] = 0.0f;
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t a = wgmma_desc(ds_addr + kk * 32, 16, 1024);
-      const uint64_t bk = wgmma_desc(k_rows + kk * 16 * 128, BN * 128, 1024);
-      if constexpr (D == 128)
-        WgmmaBf16::ss128_mn(dq, a, bk, kk);
-      else
-        WgmmaBf16::ss64_mn(dq, a, bk, kk);
-    }
+    wg_mma_dq<D, BN>(dq, ds_addr, k_rows);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dq);
@@ -1440,7 +1537,7 @@ __global__ void __launch_bounds__(256, 1)
     // Sum the two partials: warpgroup w owns registers [w * XH, (w + 1) * XH). (Register indices
     // stay compile-time constants: one branch per warpgroup.)
     {
-      float* tile = dq_acc + (static_cast<int64_t>(b * Hq + h) * S_pad + q0) * D;
+      float* tile = dq_acc_tile<D>(dq_acc, b, h, Hq, S_pad, q0);
       auto exchange = [&](auto own_tag) {
         constexpr int kOwn = decltype(own_tag)::value, kOther = 1 - kOwn;
         float* give = sX + kOwn * XH * 128;
@@ -1452,8 +1549,8 @@ __global__ void __launch_bounds__(256, 1)
         for (int i = 0; i < XH; i += 4) {
           constexpr int kBase = kOwn * XH;
           const int r = kBase + i;  // = 4 j: n8 tile j of the accumulator
-          red_add4(tile + (r / 4) * 512 + wt * 4, dq[r] + take[i * 128 + wt], dq[r + 1] + take[(i + 1) * 128 + wt],
-                   dq[r + 2] + take[(i + 2) * 128 + wt], dq[r + 3] + take[(i + 3) * 128 + wt]);
+          dq_tile_add(tile, r / 4, wt, dq[r] + take[i * 128 + wt], dq[r + 1] + take[(i + 1) * 128 + wt],
+                      dq[r + 2] + take[(i + 2) * 128 + wt], dq[r + 3] + take[(i + 3) * 128 + wt]);
         }
       };
       if (wg == 0)
@@ -1466,46 +1563,33 @@ __global__ void __launch_bounds__(256, 1)
     buf ^= 1;
   }
   cp_async_wait<0>();
-
-  // dK (scaled) and dV of the thread's keys; keys no query sees get zeros.
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = kb0 + kw0 + 8 * hf;
-    if (key >= S) continue;
-    const int64_t off = kv_off + static_cast<int64_t>(key) * D + 2 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(dk + off + j * 8) =
-          pack_bf16(dk_acc[4 * j + 2 * hf] * scale, dk_acc[4 * j + 2 * hf + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dv + off + j * 8) = pack_bf16(dv_acc[4 * j + 2 * hf], dv_acc[4 * j + 2 * hf + 1]);
-    }
-  }
+  wg_store_dkdv<D>(dk, dv, dk_acc, dv_acc, kv_off, kb0 + kw0, S, t, scale);
 #else
   __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
 #endif
 }
 
-// Backward (wgmma), one warpgroup per block, D = 64 only (variants 3 and 4). The 2-warpgroup
-// kernel above runs 1 block per SM in lock step (two __syncthreads per step), so for D = 64, where
-// a step's math is small next to its elementwise work and synchronisation, the tensor cores idle
-// while both warpgroups compute P / dS, exchange dQ and issue atomics. Here a block is a single
-// warpgroup owning BN = 64 keys (dK, dV in registers), BM = 64 queries per step, and several blocks
-// share an SM (kMinBlocks: 3 at <= 168 registers, 2 at <= 255), so one block's tensor-core work
-// overlaps another's elementwise work, the way the D = 64 forward does. Per step:
+// Backward (wgmma), one warpgroup per block, D = 64 only (variant 3). The 2-warpgroup kernel above
+// runs 1 block per SM in lock step (two __syncthreads per step), so for D = 64, where a step's math
+// is small next to its elementwise work and synchronisation, the tensor cores idle while both
+// warpgroups compute P / dS, exchange dQ and issue atomics. Here a block is a single warpgroup
+// owning BN = 64 keys (dK, dV in registers), BM = 64 queries per step, and several blocks share an
+// SM (kMinBlocks = 3: at most 168 registers), so one block's tensor-core work overlaps another's
+// elementwise work, the way the D = 64 forward does. Per step:
 //   S^T = K Q^T, dP^T = V dO^T            (wgmma SS, M = the 64 keys, N = the 64 queries)
 //   P^T, dS^T in the accumulators (masked where needed); dS^T stored transposed (stmatrix)
 //   one commit group: dV += P^T dO, dK += dS^T Q (RS), dQ_p = dS K (SS, K MN-major)
 //   dQ_p added into the f32 accumulator with 16-byte vector atomics, in the permuted layout of
-//   attn_train_bwd_wg_kernel (per 64-query tile [D / 8][128][4]), no dQ exchange.
-// kDefer: the atomics of a step's dQ_p are issued after the next step's S^T / dP^T wgmmas (they
-// run while the atomics drain; needs the 255-register budget). Blocks are ordered heaviest key
-// block first over the whole grid (grid (Hkv, B, key blocks)). Versus the 2-warpgroup kernel the
-// dQ atomics and the Q / dO tile loads per FLOP double (64 keys per block instead of 128).
+//   dq_acc_tile, no dQ exchange.
+// Blocks are ordered heaviest key block first over the whole grid (grid (Hkv, B, key blocks)).
+// Versus the 2-warpgroup kernel the dQ atomics and the Q / dO tile loads per FLOP double (64 keys
+// per block instead of 128).
 struct BwdWg1Cfg {
   static constexpr int D = 64;
   static constexpr int NT = 128;
   static constexpr int BN = 64;
   static constexpr int BM = 64;
+  static constexpr int kMinBlocks = 3;
   static constexpr int SD = BM / 2;  // S^T / dP^T accumulators per thread
   static constexpr int OD = D / 2;   // dK / dV / dQ accumulators per thread
   static constexpr int kKV = BN * D;
@@ -1516,8 +1600,7 @@ struct BwdWg1Cfg {
   static constexpr int kSmemBytes = (2 * kKV + 4 * kQ + kDS) * 2 + 3 * 2 * BM * 4 + 1024;
 };
 
-template <int kMinBlocks, bool kDefer>
-__global__ void __launch_bounds__(128, kMinBlocks)
+__global__ void __launch_bounds__(BwdWg1Cfg::NT, BwdWg1Cfg::kMinBlocks)
     attn_train_bwd_wg1_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
                               const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                               const bf16* __restrict__ dout, const float* __restrict__ lse2,
@@ -1562,48 +1645,19 @@ __global__ void __launch_bounds__(128, kMinBlocks)
   wg_load_rows<D, BN, NT>(sK, k + kv_off, D, kb0, S, tid);
   wg_load_rows<D, BN, NT>(sV, v + kv_off, D, kb0, S, tid);
 
-  const int4 k_rng = use_seg ? seg_union(rng_row, kb0, min(S, kb0 + BN)) : make_int4(0, 0, 0, 0);
-  const int n_qb = (S + BM - 1) / BM;
-  const int qb_begin = causal ? kb0 / BM : 0;
-  auto qb_ok = [&](int qb) {
-    return !use_seg || seg_meet(seg_union(rng_row, qb * BM, min(S, qb * BM + BM)), k_rng);
-  };
-  // The step after (hi, qb): the next query block that can see these keys, over heads hi of the group.
-  auto advance = [&](int& hi, int& qb) {
-    ++qb;
-    while (true) {
-      while (qb < n_qb && !qb_ok(qb)) ++qb;
-      if (qb < n_qb) return;
-      if (++hi >= G) return;
-      qb = qb_begin;
-    }
-  };
+  const BwdSchedule<BN, BM> sched(use_seg, rng_row, kb0, S, G, causal);
   auto load_q = [&](int hi, int qb, int buf) {
-    const int h = kvh * G + hi;
-    const int q0 = qb * BM;
-    wg_load_rows<D, BM, NT>(sQ + buf * Cfg::kQ, q + static_cast<int64_t>(b * Hq + h) * S * D, D, q0, S, tid);
-    wg_load_rows<D, BM, NT>(sdO + buf * Cfg::kQ, dout + static_cast<int64_t>(b) * S * Hq * D + static_cast<int64_t>(h) * D,
-                            static_cast<int64_t>(Hq) * D, q0, S, tid);
-    // lse2 / delta rows are padded to S_pad (rows past S hold +inf / 0), so no bound is needed.
-    const int64_t stat = static_cast<int64_t>(b * Hq + h) * S_pad + q0;
-    if (tid < BM) {
-      cp_async4(smem_u32(sLse2 + buf * BM + tid), lse2 + stat + tid, true);
-      cp_async4(smem_u32(sDelta + buf * BM + tid), delta + stat + tid, true);
-      if (use_seg) cp_async4(smem_u32(sSegQ + buf * BM + tid), seg_row + min(q0 + tid, S - 1), q0 + tid < S);
-    }
+    wg_bwd_load_step<D, BM, NT, true>(sQ, sdO, sLse2, sDelta, sSegQ, buf, q, dout, lse2, delta, seg_row, use_seg, b,
+                                      kvh * G + hi, Hq, S, S_pad, qb * BM, tid);
   };
 
-  int hi = 0, qb = qb_begin - 1;
-  advance(hi, qb);
+  int hi, qb;
+  sched.first(hi, qb);
   if (hi < G) load_q(hi, qb, 0);
   cp_async_commit();
 
   int sk[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = kb0 + kw0 + 8 * hf;
-    sk[hf] = (use_seg && key < S) ? seg_row[key] : -1;
-  }
+  seg_ids2(sk, seg_row, use_seg, kb0 + kw0, S);
   float dk_acc[OD], dv_acc[OD];
 #pragma unroll
   for (int i = 0; i < OD; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
@@ -1611,21 +1665,10 @@ __global__ void __launch_bounds__(128, kMinBlocks)
   const uint32_t v_rows = smem_u32(sV);
   const uint32_t ds_addr = smem_u32(sdS);
 
-  // dQ_p of the previous step (kDefer) and its accumulator tile (nullptr: none pending).
-  float dq[OD];
-  float* dq_tile = nullptr;
-  auto flush_dq = [&] {
-    // Accumulator register 4j + e of thread tid: query row 16 warp + g + 8 (e >> 1), dim 8j + 2t +
-    // (e & 1) -> tile element j * 512 + tid * 4 + e (the permuted layout).
-#pragma unroll
-    for (int j = 0; j < OD / 4; ++j)
-      red_add4(dq_tile + j * 512 + tid * 4, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-  };
-
   int buf = 0;
   while (hi < G) {
     int nhi = hi, nqb = qb;
-    advance(nhi, nqb);
+    sched.advance(nhi, nqb);
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();  // this step's tiles landed; the previous step is done with the other stage and dS
@@ -1645,84 +1688,33 @@ __global__ void __launch_bounds__(128, kMinBlocks)
 #pragma unroll
     for (int i = 0; i < SD; ++i) st[i] = dpt[i] = 0.0f;
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      WgmmaBf16::ss64(st, wgmma_desc(k_rows + kk * 32, 16, 1024), wgmma_desc(q_addr + kk * 32, 16, 1024), kk);
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      WgmmaBf16::ss64(dpt, wgmma_desc(v_rows + kk * 32, 16, 1024), wgmma_desc(do_addr + kk * 32, 16, 1024), kk);
+    wg_mma_keys_queries<D, BN, BM>(st, k_rows, q_addr);
+    wg_mma_keys_queries<D, BN, BM>(dpt, v_rows, do_addr);
     wgmma_commit();
-    if constexpr (kDefer) {
-      if (dq_tile != nullptr) {  // the previous step's dQ_p drains while S^T / dP^T run
-        fence_regs(dq);
-        flush_dq();
-      }
-    }
     wgmma_wait<0>();
     fence_regs(st);
     fence_regs(dpt);
 
-    // P^T in place. Element 4j + e: key kw0 + 8 (e >> 1), query 8j + 2t + (e & 1) of the step.
-    bool seg_mask = false;
-    if (use_seg) seg_mask = !seg_same(seg_union(rng_row, q0, min(S, q0 + BM)), k_rng);
-    const bool need_mask = kb0 + BN > S || (causal && kb0 + BN - 1 > q0) || seg_mask;
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ql = 8 * j + 2 * t + (e & 1);
-        float p = fast_exp2(fmaf(st[4 * j + e], sl, -cL[ql]));
-        if (need_mask) {
-          const int key = kb0 + kw0 + 8 * (e >> 1);
-          const bool masked = key >= S || (causal && key > q0 + ql) || (seg_mask && sk[e >> 1] != cSq[ql]);
-          if (masked) p = 0.0f;
-        }
-        st[4 * j + e] = p;
-      }
+    // P^T and dS^T = P^T (dP^T - delta) in the accumulators, as A fragments; dS^T -> dS.
+    bool seg_mask, need_mask;
+    sched.masks(q0, seg_mask, need_mask);
+    wg_bwd_probs<BM>(st, cL, sl, need_mask, seg_mask, kb0 + kw0, q0, S, causal, sk, cSq, t);
     uint32_t pa[BM / 16][4], da[BM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) pa[kk][x] = pack_bf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
-
-    // dS^T = P^T (dP^T - delta).
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ql = 8 * j + 2 * t + (e & 1);
-        dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - cDl[ql]);
-      }
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) da[kk][x] = pack_bf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
-
-    // dS^T -> dS [64 queries][64 keys]: matrix jm of k step kk holds keys warp*16 + 8 (jm & 1) ..,
-    // queries 16 kk + 8 (jm >> 1) ..; lane l addresses query row 16 kk + 8 (jm >> 1) + l % 8.
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      const int jm = lane >> 3;
-      const int q_row = 16 * kk + 8 * (jm >> 1) + (lane & 7);
-      stmatrix_x4_trans(ds_addr + wg_off<BM>(q_row, warp * 2 + (jm & 1)) * 2, da[kk]);
-    }
+    pack_a_frags(pa, st);
+    wg_bwd_dsT<BM>(dpt, st, cDl, t);
+    pack_a_frags(da, dpt);
+    wg_store_dsT<BM>(ds_addr, da, warp, lane);
     fence_proxy_async();  // the stmatrix writes, visible to the dQ wgmma
     __syncthreads();      // the dS tile is complete (the block is one warpgroup)
 
     // dV += P^T dO, dK += dS^T Q, dQ_p = dS K: one commit group.
+    float dq[OD];
 #pragma unroll
     for (int i = 0; i < OD; ++i) dq[i] = 0.0f;
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-      WgmmaBf16::rs64_mn(dv_acc, pa[kk], wgmma_desc(do_addr + kk * 16 * 128, BM * 128, 1024));
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-      WgmmaBf16::rs64_mn(dk_acc, da[kk], wgmma_desc(q_addr + kk * 16 * 128, BM * 128, 1024));
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      WgmmaBf16::ss64_mn(dq, wgmma_desc(ds_addr + kk * 32, 16, 1024), wgmma_desc(k_rows + kk * 16 * 128, BN * 128, 1024),
-                         kk);
+    wg_mma_rs_queries<D, BM>(dv_acc, pa, do_addr);
+    wg_mma_rs_queries<D, BM>(dk_acc, da, q_addr);
+    wg_mma_dq<D, BN>(dq, ds_addr, k_rows);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dv_acc);
@@ -1731,41 +1723,24 @@ __global__ void __launch_bounds__(128, kMinBlocks)
     fence_regs(da);
     fence_regs(dq);
 
-    dq_tile = dq_acc + (static_cast<int64_t>(b * Hq + h) * S_pad + q0) * D;
-    if constexpr (!kDefer) flush_dq();
+    float* tile = dq_acc_tile<D>(dq_acc, b, h, Hq, S_pad, q0);
+#pragma unroll
+    for (int j = 0; j < OD / 4; ++j) dq_tile_add(tile, j, tid, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     hi = nhi;
     qb = nqb;
     buf ^= 1;
   }
-  if constexpr (kDefer) {
-    if (dq_tile != nullptr) flush_dq();
-  }
   cp_async_wait<0>();
-
-  // dK (scaled) and dV of the thread's keys; keys no query sees get zeros.
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int key = kb0 + kw0 + 8 * hf;
-    if (key >= S) continue;
-    const int64_t off = kv_off + static_cast<int64_t>(key) * D + 2 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(dk + off + j * 8) =
-          pack_bf16(dk_acc[4 * j + 2 * hf] * scale, dk_acc[4 * j + 2 * hf + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dv + off + j * 8) = pack_bf16(dv_acc[4 * j + 2 * hf], dv_acc[4 * j + 2 * hf + 1]);
-    }
-  }
+  wg_store_dkdv<D>(dk, dv, dk_acc, dv_acc, kv_off, kb0 + kw0, S, t, scale);
 #else
   __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
 #endif
 }
 
 // ------------------------------------------------------------------------------------------------
-// dq[b, h, i, :] = scale * dq_acc (accumulator rows padded to S_pad), in pairs. kPermuted: the
-// accumulator layout of attn_train_bwd_wg_kernel (per 64-query tile [D / 8][128][4]: element
-// (r, d) of the tile, r = 16 w + 8 hi + g, d = 8 j + 2 t + c, at j * 512 + (32 w + 4 g + t) * 4 +
-// 2 hi + c); otherwise row-major [.., S_pad, D].
-template <typename T, bool kPermuted>
+// dq[b, h, i, :] = scale * dq_acc (row-major [.., S_pad, D] accumulator: the mma.sync backward), in
+// pairs.
+template <typename T>
 __global__ void attn_train_dq_convert_kernel(T* __restrict__ dq, const float* __restrict__ dq_acc, int64_t n_pairs,
                                              int S, int S_pad, int D, float scale) {
   const int half_d = D / 2;
@@ -1775,22 +1750,15 @@ __global__ void attn_train_dq_convert_kernel(T* __restrict__ dq, const float* __
     const int d = static_cast<int>(pidx % half_d) * 2;
     const int64_t bh = row / S;
     const int i = static_cast<int>(row % S);
-    int64_t src;
-    if constexpr (kPermuted) {
-      const int r = i % 64, w = r / 16, hi = (r / 8) % 2, g = r % 8;
-      const int j = d / 8, t = (d % 8) / 2;
-      src = (bh * S_pad + (i - r)) * D + j * 512 + (32 * w + 4 * g + t) * 4 + 2 * hi;
-    } else {
-      src = (bh * S_pad + i) * D + d;
-    }
-    const float2 x = load2(dq_acc + src);
+    const float2 x = load2(dq_acc + (bh * S_pad + i) * D + d);
     store2(dq + row * D + d, x.x * scale, x.y * scale);
   }
 }
 
-// The same conversion for the permuted layout, one block per (b, h, 64-query tile) (variants 3 and
-// 4): the tile's accumulator is read as float4s (coalesced), transposed through shared memory, and
-// written as full rows of dq (coalesced), with no 64-bit division per element.
+// The conversion of the permuted accumulator of the wgmma backward kernels (dq_acc_tile), one block
+// per (b, h, 64-query tile): the tile's accumulator is read as float4s (coalesced), transposed
+// through shared memory, and written as full rows of dq (coalesced), with no 64-bit division per
+// element.
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
     attn_train_dq_convert_tiles_kernel(T* __restrict__ dq, const float* __restrict__ dq_acc, int S, int S_pad,
@@ -2049,15 +2017,14 @@ TensorBuffer segment_ranges(CudaBackend& be, const Geometry& g, Tensor segment_i
   return r;
 }
 
-// Tensor-core variants: 0 = mma.sync (any sm_80+ GPU), 1 = wgmma (sm_90a Hopper),
-// 2 = wgmma with the overlapped backward (P^T computed while dP^T runs, dV issued before dS^T),
-// 3 / 4 = wgmma with the one-warpgroup D = 64 backward (3 blocks per SM / 2 blocks per SM with the
-// dQ atomics deferred past the next step's S^T, dP^T) and the tiled dQ conversion; for D = 128
-// they run variant 1. KILN_ATTN_TRAIN_VARIANT=0..4 (read on every call, for tests and benchmarks)
-// overrides the default; 1..4 fall back to 0 on devices without wgmma.
+// Tensor-core variants: 0 = mma.sync (any sm_80+ GPU), 1 = wgmma (sm_90a Hopper), 3 = wgmma with
+// the one-warpgroup D = 64 backward (for D = 128 the same as 1); 2 and 4 were removed (see the top
+// of the file). KILN_ATTN_TRAIN_VARIANT=0, 1 or 3 (read on every call, for tests and benchmarks)
+// overrides the default (other values are ignored); 1 and 3 fall back to 0 on devices without wgmma.
 // Measured on the H200 (bench_attention_train, causal bf16; backward incl. prep and dQ conversion):
-// D = 64, B 8 x S 2048, Hq 32 / Hkv 8: variant 1 1.79 ms (192 TFLOP/s), 3 1.24 ms (278), 4 1.32 ms,
-// 2 1.81 ms, 0 2.07 ms; D = 128, B 4 x S 4096: 1 4.79 ms, 3 4.72 ms (291), 4 4.71 ms, 2 4.78, 0 7.37.
+// D = 64, B 8 x S 2048, Hq 32 / Hkv 8: variant 1 1.79 ms (192 TFLOP/s), 3 1.24 ms (278), 0 2.07 ms;
+// D = 128, B 4 x S 4096: 1 4.79 ms, 3 4.72 ms (291), 0 7.37 (1 then still used the untiled dQ
+// conversion that 3 replaced).
 constexpr int kDefaultTrainVariant = 3;
 
 bool device_has_wgmma() {
@@ -2073,7 +2040,7 @@ bool device_has_wgmma() {
 int train_variant() {
   const char* e = std::getenv("KILN_ATTN_TRAIN_VARIANT");
   int want = kDefaultTrainVariant;
-  if (e != nullptr && e[0] >= '0' && e[0] <= '4' && e[1] == '\0') want = e[0] - '0';
+  if (e != nullptr && (e[0] == '0' || e[0] == '1' || e[0] == '3') && e[1] == '\0') want = e[0] - '0';
   return want >= 1 && device_has_wgmma() ? want : 0;
 }
 
@@ -2126,12 +2093,12 @@ void launch_fwd_wg(CudaBackend& be, const Geometry& g, Tensor out, Tensor lse, T
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, bool kOverlap>
+template <int D>
 void launch_bwd_wg(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, float* dq_acc, Tensor q, Tensor k,
                    Tensor v, Tensor dout, const float* lse2, const float* delta, const int* seg, const int4* ranges,
                    int n_gran, int S_pad, bool causal, float sl, float scale) {
   using Cfg = BwdWgCfg<D>;
-  auto kernel = attn_train_bwd_wg_kernel<D, kOverlap>;
+  auto kernel = attn_train_bwd_wg_kernel<D>;
   static const bool attr = [kernel] {
     allow_smem(kernel, Cfg::kSmemBytes);
     return true;
@@ -2144,13 +2111,12 @@ void launch_bwd_wg(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, flo
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-template <int kMinBlocks, bool kDefer>
 void launch_bwd_wg1(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, float* dq_acc, Tensor q, Tensor k,
                     Tensor v, Tensor dout, const float* lse2, const float* delta, const int* seg, const int4* ranges,
                     int n_gran, int S_pad, bool causal, float sl, float scale) {
   using Cfg = BwdWg1Cfg;
-  static_assert(Cfg::kSmemBytes * kMinBlocks <= 228 * 1024, "shared memory per SM");
-  auto kernel = attn_train_bwd_wg1_kernel<kMinBlocks, kDefer>;
+  static_assert(Cfg::kSmemBytes * Cfg::kMinBlocks <= 228 * 1024, "shared memory per SM");
+  auto kernel = attn_train_bwd_wg1_kernel;
   static const bool attr = [kernel] {
     allow_smem(kernel, Cfg::kSmemBytes);
     return true;
@@ -2294,31 +2260,18 @@ void attention_train_backward(CudaBackend& be, Tensor dq, Tensor dk, Tensor dv, 
     launch_bwd_prep<bf16>(be, g, delta, lse2, acc.ptr<float>(), out, dout, lse, S_pad);
     const int variant = train_variant();
     const bool wg = variant >= 1;
-    // Variants 3 / 4: the one-warpgroup kernel (D = 64; key blocks on grid z, at most 65535).
-    const bool wg1 = (variant == 3 || variant == 4) && g.D == 64 && (g.S + BwdWg1Cfg::BN - 1) / BwdWg1Cfg::BN <= 65535;
+    // Variant 3: the one-warpgroup kernel for D = 64 (key blocks on grid z, at most 65535).
+    const bool wg1 = variant == 3 && g.D == 64 && (g.S + BwdWg1Cfg::BN - 1) / BwdWg1Cfg::BN <= 65535;
     if (wg1) {
-      if (variant == 3)
-        launch_bwd_wg1<3, false>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
-                                 causal, sl, scale);
-      else
-        launch_bwd_wg1<2, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
-                                causal, sl, scale);
+      launch_bwd_wg1(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad, causal, sl,
+                     scale);
     } else if (wg) {
-      if (g.D == 64) {
-        if (variant == 2)
-          launch_bwd_wg<64, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
-                                  causal, sl, scale);
-        else
-          launch_bwd_wg<64, false>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
-                                   causal, sl, scale);
-      } else {
-        if (variant == 2)
-          launch_bwd_wg<128, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
-                                   causal, sl, scale);
-        else
-          launch_bwd_wg<128, false>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
-                                    S_pad, causal, sl, scale);
-      }
+      if (g.D == 64)
+        launch_bwd_wg<64>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad, causal,
+                          sl, scale);
+      else
+        launch_bwd_wg<128>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad, causal,
+                           sl, scale);
     } else {
       if (g.D == 64)
         launch_bwd<64, 64, 8, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
@@ -2327,11 +2280,12 @@ void attention_train_backward(CudaBackend& be, Tensor dq, Tensor dk, Tensor dv, 
         launch_bwd<128, 32, 8, false>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
                                       S_pad, causal, sl, scale);
     }
-    const int64_t n_pairs = q.numel() / 2;
-    const unsigned blocks = detail::grid_for(be, n_pairs, 256);
-    const int n_tiles = (g.S + 63) / 64;
-    const int64_t tile_blocks = static_cast<int64_t>(g.B) * g.Hq * n_tiles;
-    if (variant >= 3 && tile_blocks <= INT_MAX) {
+    if (wg) {
+      // One block per (b, h, 64-query tile); B * Hq * ceil(S / 64) > INT_MAX would need a dQ
+      // accumulator of more than 2^37 rows (32 TiB for D = 64), which the scratch above cannot hold.
+      const int n_tiles = (g.S + 63) / 64;
+      const int64_t tile_blocks = static_cast<int64_t>(g.B) * g.Hq * n_tiles;
+      KILN_ASSERT(tile_blocks <= INT_MAX);
       if (g.D == 64)
         attn_train_dq_convert_tiles_kernel<bf16, 64><<<static_cast<unsigned>(tile_blocks), 256, 0,
                                                        detail::stream_of(be)>>>(dq.ptr<bf16>(), acc.ptr<const float>(),
@@ -2340,12 +2294,11 @@ void attention_train_backward(CudaBackend& be, Tensor dq, Tensor dk, Tensor dv, 
         attn_train_dq_convert_tiles_kernel<bf16, 128><<<static_cast<unsigned>(tile_blocks), 256, 0,
                                                         detail::stream_of(be)>>>(dq.ptr<bf16>(), acc.ptr<const float>(),
                                                                                  g.S, S_pad, n_tiles, scale);
-    } else if (wg)
-      attn_train_dq_convert_kernel<bf16, true><<<blocks, 256, 0, detail::stream_of(be)>>>(
+    } else {
+      const int64_t n_pairs = q.numel() / 2;
+      attn_train_dq_convert_kernel<bf16><<<detail::grid_for(be, n_pairs, 256), 256, 0, detail::stream_of(be)>>>(
           dq.ptr<bf16>(), acc.ptr<const float>(), n_pairs, g.S, S_pad, g.D, scale);
-    else
-      attn_train_dq_convert_kernel<bf16, false><<<blocks, 256, 0, detail::stream_of(be)>>>(
-          dq.ptr<bf16>(), acc.ptr<const float>(), n_pairs, g.S, S_pad, g.D, scale);
+    }
     KILN_CUDA_CHECK_LAUNCH();
     return;
   }
