@@ -37,8 +37,6 @@ class Optimizer {
   // Reads the gradients, clips, updates the parameters and zeroes the gradients. Fails (parameters
   // untouched) when the gradient norm is not finite.
   Result<OptimizerStepInfo> step();
-  int64_t steps_taken() const { return step_; }
-  const OptimizerOptions& options() const { return options_; }
 
  private:
   Optimizer(Backend& be, ParameterSet& params, const OptimizerOptions& options)

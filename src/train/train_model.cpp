@@ -126,7 +126,6 @@ Result<DeviceBatch> TrainModel::upload(const HostBatch& hb) const {
   DeviceBatch db;
   db.batch = hb.batch;
   db.seq_len = hb.seq_len;
-  db.tokens = hb.tokens();
   KILN_ASSIGN_OR_RETURN(db.ids, ints(hb.ids));
   KILN_ASSIGN_OR_RETURN(db.positions, ints(hb.positions));
   if (!hb.segments.empty()) {

@@ -48,7 +48,7 @@ struct DeviceBatch {
   int32_t batch = 0, seq_len = 0;
   TensorBuffer ids, positions, segments;  // [B*S] i32 (segments absent for plain causal rows)
   TensorBuffer target_rows, targets;      // [R] i32: rows (of B*S) with a target, and that target
-  int64_t tokens = 0, labelled = 0;
+  int64_t labelled = 0;                   // R
 };
 
 struct TrainModelOptions {

@@ -30,11 +30,11 @@
 // p = p + f32(-lr) * g.
 // sum_squares: sum of x^2 with every square and sum in double.
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/adamw_scalars.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_train_ops.h"
 
@@ -42,42 +42,8 @@ namespace kiln::cpu {
 namespace {
 
 // The f32 scalars of one AdamW step (shared arithmetic with the CUDA twin, see the header comment).
-struct AdamWScalars {
-  float decay;         // 1 - lr * wd
-  float one_minus_b1;  // lerp weight
-  float beta2;
-  float one_minus_b2;
-  float bc2_sqrt;      // sqrt(1 - beta2^step)
-  float eps;
-  float neg_step_size;  // -lr / (1 - beta1^step)
-};
-
-// The double nearest the shortest decimal that reads back as x (what Python holds for a
-// hyperparameter written as a decimal).
-double widen_decimal(float x) {
-  if (!std::isfinite(x)) return x;
-  char buf[64];
-  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf) - 1, x);
-  KILN_ASSERT(r.ec == std::errc());
-  *r.ptr = '\0';
-  return std::strtod(buf, nullptr);
-}
-
-AdamWScalars adamw_scalars(const ops::AdamWStep& s) {
-  KILN_ASSERT(s.step >= 1);
-  const double lr = widen_decimal(s.lr), b1 = widen_decimal(s.beta1), b2 = widen_decimal(s.beta2);
-  const double wd = widen_decimal(s.weight_decay), eps = widen_decimal(s.eps);
-  const double step = static_cast<double>(s.step);
-  AdamWScalars c;
-  c.decay = static_cast<float>(1.0 - lr * wd);
-  c.one_minus_b1 = static_cast<float>(1.0 - b1);
-  c.beta2 = static_cast<float>(b2);
-  c.one_minus_b2 = static_cast<float>(1.0 - b2);
-  c.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, step)));
-  c.eps = static_cast<float>(eps);
-  c.neg_step_size = static_cast<float>(-(lr / (1.0 - std::pow(b1, step))));
-  return c;
-}
+using ops::detail::AdamWScalars;
+using ops::detail::adamw_scalars;
 
 void check_f32_vector(const Tensor& t, int64_t n) {
   detail::check_float(t);

@@ -29,10 +29,10 @@
 //   matches the CPU twin's f64 squares: no f32 overflow for |x| > 1.8e19), a double per block, then a
 //   one-block second pass, copied to the host (which synchronises the stream).
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
+#include "kernels/adamw_scalars.h"
 #include "kernels/cuda/cuda_train_ops.h"
 #include "kernels/cuda/kernel_util.cuh"
 
@@ -272,45 +272,10 @@ __global__ void __launch_bounds__(kCeThreads, 2)
 // ---------------------------------------------------------------------------------------------
 // Optimizers
 
-// Kept identical to adamw_scalars in kernels/cpu/loss_optim.cpp (the GPU test checks the two twins
-// agree bit for bit): the double nearest the shortest decimal form of each f32 hyperparameter, the
-// scalar factors in double, rounded to f32.
-double widen_decimal(float x) {
-  if (!std::isfinite(x)) return x;
-  char buf[64];
-  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf) - 1, x);
-  KILN_ASSERT(r.ec == std::errc());
-  *r.ptr = '\0';
-  return std::strtod(buf, nullptr);
-}
-
-struct AdamWScalars {
-  float decay;         // 1 - lr * wd
-  float one_minus_b1;  // lerp weight
-  float beta2;
-  float one_minus_b2;
-  float bc2_sqrt;       // sqrt(1 - beta2^step)
-  float eps;
-  float neg_step_size;  // -lr / (1 - beta1^step)
-  float grad_scale;
-};
-
-AdamWScalars adamw_scalars(const ops::AdamWStep& s) {
-  KILN_ASSERT(s.step >= 1);
-  const double lr = widen_decimal(s.lr), b1 = widen_decimal(s.beta1), b2 = widen_decimal(s.beta2);
-  const double wd = widen_decimal(s.weight_decay), eps = widen_decimal(s.eps);
-  const double step = static_cast<double>(s.step);
-  AdamWScalars c;
-  c.decay = static_cast<float>(1.0 - lr * wd);
-  c.one_minus_b1 = static_cast<float>(1.0 - b1);
-  c.beta2 = static_cast<float>(b2);
-  c.one_minus_b2 = static_cast<float>(1.0 - b2);
-  c.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, step)));
-  c.eps = static_cast<float>(eps);
-  c.neg_step_size = static_cast<float>(-(lr / (1.0 - std::pow(b1, step))));
-  c.grad_scale = s.grad_scale;
-  return c;
-}
+// The scalars come from kernels/adamw_scalars.h, shared with the CPU twin (the GPU test checks the
+// two agree bit for bit).
+using ops::detail::AdamWScalars;
+using ops::detail::adamw_scalars;
 
 // One element of AdamW, the CPU twin's operations in its order, each rounded once.
 __device__ __forceinline__ void adamw_element(float& p, float grad, float& m, float& v, bool decay,
