@@ -60,16 +60,20 @@ int main(int argc, char** argv) {
   TensorBuffer gu = buf({T, 2 * I}, bf), act = buf({T, I}, bf), out = buf({T, H}, bf);
   TensorBuffer kc = buf({context, Hkv, D}, bf), vc = buf({context, Hkv, D}, bf);
   TensorBuffer inv_freq = buf({D / 2}, DType::f32);
-  TensorBuffer host_i = host_empty({T + 4}, DType::i32);
+  TensorBuffer host_i = host_empty({T + 6}, DType::i32);
   for (int64_t i = 0; i < T; ++i) host_i.ptr<int32_t>()[i] = static_cast<int32_t>(context - T + i);
   host_i.ptr<int32_t>()[T] = 0;
   host_i.ptr<int32_t>()[T + 1] = static_cast<int32_t>(T);
-  host_i.ptr<int32_t>()[T + 2] = 0;
-  host_i.ptr<int32_t>()[T + 3] = static_cast<int32_t>(context);
+  host_i.ptr<int32_t>()[T + 2] = 0;  // page_indptr: one page of the whole context
+  host_i.ptr<int32_t>()[T + 3] = 1;
+  host_i.ptr<int32_t>()[T + 4] = 0;  // page id
+  host_i.ptr<int32_t>()[T + 5] = static_cast<int32_t>(context);  // last page length
   Result<TensorBuffer> dev_i = to_device(be, host_i);
   KILN_ASSERT(dev_i.ok());
   Tensor positions = dev_i->view().rows(0, T), q_indptr = dev_i->view().rows(T, T + 2),
-         kv_indptr = dev_i->view().rows(T + 2, T + 4);
+         page_indptr = dev_i->view().rows(T + 2, T + 4);
+  const PagedKV paged{page_indptr, dev_i->view().rows(T + 4, T + 5), dev_i->view().rows(T + 5, T + 6),
+                      static_cast<int32_t>(context)};
 
   nlohmann::json res = {{"tokens", T}, {"context", context}, {"config", config_path}};
   double total_us = 0;
@@ -103,7 +107,7 @@ int main(int argc, char** argv) {
           [&] { ops::kv_cache_write(be, kc, vc, k, v, positions); });
   const double attn_flops = 4.0 * D * Hq * (static_cast<double>(T) * (context - T) + 0.5 * T * T);
   time_op("attention", attn_flops, 0, [&] {
-    ops::attention_forward(be, attn, q, kc, vc, q_indptr, kv_indptr, {1, static_cast<int32_t>(T), static_cast<int32_t>(context)},
+    ops::attention_forward(be, attn, q, kc, vc, q_indptr, paged, {1, static_cast<int32_t>(T), static_cast<int32_t>(context)},
                            0.125f);
   });
   time_op("o_proj", 2.0 * T * H * Hq * D, 0, [&] { ops::linear_forward(be, out, attn.view().view({T, Hq * D}), wo); });

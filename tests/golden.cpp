@@ -48,13 +48,14 @@ std::vector<float> full_forward_logits(const Transformer& m, const std::vector<i
     KILN_ASSERT(t.ok());
     return std::move(t).value();
   };
-  TensorBuffer d_ids = dev(ids), d_pos = dev(positions), d_rows = dev(rows), d_q = dev({0, n}), d_kv = dev({0, n});
+  TensorBuffer d_ids = dev(ids), d_pos = dev(positions), d_rows = dev(rows), d_q = dev({0, n});
+  TensorBuffer d_page_indptr = dev({0, 1}), d_pages = dev({0}), d_last = dev({n});  // one page of n slots
   ForwardBatch b;
   b.ids = d_ids;
   b.positions = d_pos;
   b.slots = d_pos;
   b.q_indptr = d_q;
-  b.kv_indptr = d_kv;
+  b.kv = PagedKV{d_page_indptr, d_pages, d_last, n};
   b.logit_rows = d_rows;
   b.bounds = {1, n, n};
   Tensor logits = m.forward(b, *cache, *ws);

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +40,49 @@ TensorBuffer random_ints(Shape shape, int32_t lo, int32_t hi, uint64_t seed) {
 TensorBuffer host_ints(const std::vector<int32_t>& values) {
   TensorBuffer t = host_empty(Shape{static_cast<int64_t>(values.size())}, DType::i32);
   for (size_t i = 0; i < values.size(); ++i) t.ptr<int32_t>()[i] = values[i];
+  return t;
+}
+
+PagedTables contiguous_pages(const std::vector<int32_t>& kv_indptr) {
+  PagedTables p;
+  p.page_size = 1;
+  p.indptr = host_ints(kv_indptr);
+  std::vector<int32_t> indices(static_cast<size_t>(std::max(kv_indptr.back(), 1)));
+  for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int32_t>(i);
+  p.indices = host_ints(indices);
+  p.last = host_ints(std::vector<int32_t>(std::max<size_t>(kv_indptr.size() - 1, 1), 1));
+  return p;
+}
+
+PagedTables scattered_pages(const std::vector<int32_t>& kv_lens, int32_t page_size, int32_t pool_pages, uint64_t seed,
+                            std::vector<std::vector<int32_t>>* slot_of) {
+  std::vector<int32_t> order(static_cast<size_t>(pool_pages));
+  for (int32_t i = 0; i < pool_pages; ++i) order[i] = i;
+  for (int32_t i = pool_pages - 1; i > 0; --i) {  // seeded Fisher-Yates
+    const int32_t j = static_cast<int32_t>(rng::uniform(seed, static_cast<uint64_t>(i)) * (i + 1));
+    std::swap(order[i], order[j]);
+  }
+  std::vector<int32_t> indptr = {0}, indices, last;
+  slot_of->assign(kv_lens.size(), {});
+  size_t next = 0;
+  for (size_t b = 0; b < kv_lens.size(); ++b) {
+    const int32_t n = kv_lens[b], pages = (n + page_size - 1) / page_size;
+    for (int32_t p = 0; p < pages; ++p) {
+      KILN_ASSERT(next < order.size());
+      indices.push_back(order[next++]);
+    }
+    for (int32_t j = 0; j < n; ++j)
+      (*slot_of)[b].push_back(indices[indptr.back() + j / page_size] * page_size + j % page_size);
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+    last.push_back(n == 0 ? 0 : n - (pages - 1) * page_size);
+  }
+  if (indices.empty()) indices.push_back(0);
+  if (last.empty()) last.push_back(0);
+  PagedTables t;
+  t.page_size = page_size;
+  t.indptr = host_ints(indptr);
+  t.indices = host_ints(indices);
+  t.last = host_ints(last);
   return t;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "kernels/paged_kv.h"
 
 namespace kiln::test {
 
@@ -23,6 +24,19 @@ std::vector<float> to_f32(Backend& be, Tensor t);
 // ||a - b|| / ||b||, with NaN anywhere giving +inf.
 double rel_error(const std::vector<float>& a, const std::vector<float>& b);
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+
+// A paged KV view held in host i32 tensors (GPU tests copy them with to_device).
+struct PagedTables {
+  TensorBuffer indptr, indices, last;
+  int32_t page_size = 1;
+  PagedKV view() const { return PagedKV{indptr, indices, last, page_size}; }
+};
+// The view of contiguous per-request slot ranges kv_indptr[b] .. kv_indptr[b + 1] (page size 1).
+PagedTables contiguous_pages(const std::vector<int32_t>& kv_indptr);
+// Contexts of kv_lens[b] tokens on distinct pages of `page_size` slots drawn in a seeded random
+// order from a pool of `pool_pages` pages; (*slot_of)[b][j] is the pool row of token j of request b.
+PagedTables scattered_pages(const std::vector<int32_t>& kv_lens, int32_t page_size, int32_t pool_pages, uint64_t seed,
+                            std::vector<std::vector<int32_t>>* slot_of);
 
 // testdata/ of the repository and the kiln binary: the paths compiled in, unless the environment
 // variables KILN_TESTDATA / KILN_BINARY say otherwise (binaries run from another checkout).

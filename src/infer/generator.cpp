@@ -7,8 +7,10 @@ namespace kiln {
 namespace {
 
 // One step of a single request, packed in one i32 buffer so that it moves to the device in one copy:
-//   [q_indptr(2) kv_indptr(2) last_rows_indptr(2) pad(2) | positions(n) | slots(n) | ids(n) | logit_rows(r)]
-// The request holds `context` tokens before the step and adds n; its cache slot is its position.
+//   [q_indptr(2) page_indptr(2) last_rows_indptr(2) page(1) last_page_len(1) | positions(n) | slots(n) |
+//    ids(n) | logit_rows(r)]
+// The request holds `context` tokens before the step and adds n; its cache is one page of the whole
+// cache (page 0, page size = the cache's slots), so a token's slot is its position.
 // logit_rows is the last new token (r = 1; the final layer is then trimmed to it) or every new token
 // (r = n, for scoring).
 constexpr int64_t kHeader = 8;
@@ -18,8 +20,9 @@ int64_t step_size(int64_t n, bool all_rows) { return kHeader + 3 * n + (all_rows
 // Fills `h`; `ids` may be null when the ids come from elsewhere (the sampler's buffer).
 void pack_step(int32_t* h, int32_t context, int32_t n, const int32_t* ids, bool all_rows) {
   h[0] = 0, h[1] = n;                  // q_indptr
-  h[2] = 0, h[3] = context + n;        // kv_indptr
-  h[4] = 0, h[5] = 1, h[6] = h[7] = 0;  // last_rows_indptr
+  h[2] = 0, h[3] = 1;                  // page_indptr: one page
+  h[4] = 0, h[5] = 1;                  // last_rows_indptr
+  h[6] = 0, h[7] = context + n;        // page id 0, tokens in it
   int32_t* rows = h + kHeader + 3 * n;
   for (int32_t i = 0; i < n; ++i) {
     h[kHeader + i] = context + i;      // position
@@ -31,10 +34,10 @@ void pack_step(int32_t* h, int32_t context, int32_t n, const int32_t* ids, bool 
 }
 
 // Views of a packed step on the device.
-ForwardBatch step_batch(Tensor d, int32_t n, bool all_rows, int32_t kv_bound) {
+ForwardBatch step_batch(Tensor d, int32_t n, bool all_rows, int32_t kv_bound, int32_t cache_slots) {
   ForwardBatch b;
   b.q_indptr = d.rows(0, 2);
-  b.kv_indptr = d.rows(2, 4);
+  b.kv = PagedKV{d.rows(2, 4), d.rows(6, 7), d.rows(7, 8), cache_slots};
   b.positions = d.rows(kHeader, kHeader + n);
   b.slots = d.rows(kHeader + n, kHeader + 2 * n);
   b.ids = d.rows(kHeader + 2 * n, kHeader + 3 * n);
@@ -85,7 +88,7 @@ void Generator::stage_inputs(const std::vector<int32_t>& ids, bool ids_from_devi
 }
 
 ForwardBatch Generator::batch_for(int32_t n, bool ids_from_device, int32_t kv_bound) {
-  ForwardBatch b = step_batch(inputs_dev_.view(), n, false, kv_bound);
+  ForwardBatch b = step_batch(inputs_dev_.view(), n, false, kv_bound, cache_.slots);
   if (ids_from_device) b.ids = token_dev_.view();
   return b;
 }
@@ -194,7 +197,7 @@ Result<ScoreResult> score(const Transformer& model, const std::vector<int32_t>& 
     pack_step(host.ptr<int32_t>(), start, m, ids.data() + start, true);
     const int64_t count = step_size(m, true);
     be.copy(dev.view().rows(0, count), host.view().rows(0, count));
-    ForwardBatch b = step_batch(dev.view(), m, true, start + m);
+    ForwardBatch b = step_batch(dev.view(), m, true, start + m, cache.slots);
     Tensor logits = model.forward(b, cache, ws);
     Tensor lp = logprobs.view().rows(0, m);
     ops::log_softmax_forward(be, lp, logits);

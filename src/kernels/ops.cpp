@@ -145,12 +145,15 @@ void qkv_rope_cache_write(Backend& be, Tensor q_out, Tensor k_cache, Tensor v_ca
                             eps);
 }
 
-void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, Tensor kv_indptr, AttentionBounds bounds, float scale) {
+void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
+                       const PagedKV& kv, AttentionBounds bounds, float scale) {
+  KILN_ASSERT(kv.page_size > 0);
 #ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::attention_forward(cuda_backend(be), out, q, k_cache, v_cache, q_indptr, kv_indptr, bounds, scale);
+  if (be.device().is_cuda())
+    return cuda::attention_forward(cuda_backend(be), out, q, k_cache, v_cache, q_indptr, kv, bounds, scale);
 #endif
   KILN_ASSERT(be.device().is_cpu());
-  cpu::attention_forward(out, q, k_cache, v_cache, q_indptr, kv_indptr, bounds, scale);
+  cpu::attention_forward(out, q, k_cache, v_cache, q_indptr, kv, bounds, scale);
 }
 
 void sample(Backend& be, Tensor tokens, Tensor logits, const std::vector<SamplingParams>& params) {

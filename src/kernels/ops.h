@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "kernels/paged_kv.h"
+#include "kernels/sampling.h"
 
 namespace kiln::ops {
 
@@ -74,8 +76,14 @@ void fill_normal(Backend& be, Tensor t, float std, uint64_t seed);
 // Fills t (f32/bf16/f16) with a constant.
 void fill_constant(Backend& be, Tensor t, float value);
 
+// Padding rule for the unused rows of a captured (bucket-sized) batch, the same in both twins: a
+// token row whose slot is negative writes no key/value (kv_cache_write, qkv_rope_cache_write); a
+// request whose query run is empty (q_indptr[b] == q_indptr[b + 1]) and that has no pages computes
+// nothing; rows of q/out that belong to no request are left untouched. So a batch padded with rows
+// of slot -1 and empty requests computes, for its real rows, exactly what the unpadded batch does.
+
 // Writes this step's keys/values into the cache: k_cache[slots[t]] = k[t], same for v.
-// k, v: [T, Hkv, D], k_cache, v_cache: [S, Hkv, D], slots: [T] i32 (slot < S).
+// k, v: [T, Hkv, D], k_cache, v_cache: [S, Hkv, D], slots: [T] i32 (slot < S; negative: skipped).
 void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tensor v, Tensor slots);
 
 // The attention block's input stage, fused: splits the packed q/k/v projection, applies the
@@ -83,49 +91,42 @@ void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tenso
 // `q_out` and k, v into the cache slots. Same arithmetic as rmsnorm_forward (rounded to the
 // output dtype) followed by rope_forward and kv_cache_write, in one pass.
 // qkv:     [T, (Hq + 2 Hkv) * D]  each row: Hq query heads, then Hkv key heads, then Hkv value heads
-// q_out:   [T, Hq, D];  k_cache, v_cache: [S, Hkv, D];  positions, slots: [T] i32
+// q_out:   [T, Hq, D];  k_cache, v_cache: [S, Hkv, D];  positions, slots: [T] i32 (slot < 0: no write)
 // inv_freq: [D/2] f32; q_norm, k_norm: [D] or absent (data == nullptr)
 void qkv_rope_cache_write(Backend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor positions,
                           Tensor slots, Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm,
                           float eps);
 
 // Host-side sizes of an attention call. The kernels read each request's true lengths from the
-// device indptr arrays; these bounds fix the launch shape (so a captured CUDA graph can be
-// replayed for other lengths up to the bounds).
+// device arrays; these bounds fix the launch shape (so a captured CUDA graph can be replayed for
+// other lengths up to the bounds).
 struct AttentionBounds {
-  int32_t batch = 0;       // number of requests B
+  int32_t batch = 0;       // number of requests B (padding requests included)
   int32_t max_q_len = 0;   // longest query run of any request this step
-  int32_t max_kv_len = 0;  // longest key run (context length) of any request this step
+  int32_t max_kv_len = 0;  // longest context (cached prefix + this step's tokens) of any request
 };
 
-// Causal grouped-query attention over a packed batch whose keys/values are in a cache of slots.
-// q:        [T, Hq, D]  request b's queries are rows q_indptr[b] .. q_indptr[b+1]
-// k_cache:  [S, Hkv, D] request b's keys are slots kv_indptr[b] .. kv_indptr[b+1]; likewise v_cache
+// Causal grouped-query attention over a packed batch whose keys/values sit in a paged cache
+// (kernels/paged_kv.h: key j of request b is pool row paged_kv_slot(...)).
+// q:        [T, Hq, D]  request b's queries are rows q_indptr[b] .. q_indptr[b+1] (q_len of them)
+// k_cache:  [S, Hkv, D] the pool; likewise v_cache. kv: request b's context of kv_len(b) >= q_len keys
 // out:      [T, Hq, D]
-// q_indptr, kv_indptr: [B+1] i32. Query i of request b sits at position kv_len - q_len + i and
-// attends to keys 0 .. that position. Query head h reads kv head h / (Hq / Hkv).
-// softmax(scale * q k^T) v with f32 accumulation; D is 64, 128 (CUDA fast paths) or any even
-// value up to 256 (CPU, CUDA generic path).
+// q_indptr: [B+1] i32. Query i of request b sits at position kv_len - q_len + i and attends to keys
+// 0 .. that position: the queries are the last q_len tokens of the context (a cached prefix is the
+// first kv_len - q_len). Query head h reads kv head h / (Hq / Hkv). softmax(scale * q k^T) v with f32
+// accumulation; D is 64, 128 (CUDA fast paths) or any even value up to 256 (CPU, CUDA generic path).
 void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
-                       Tensor kv_indptr, AttentionBounds bounds, float scale);
+                       const PagedKV& kv, AttentionBounds bounds, float scale);
 
-// Sampling settings for one row of logits.
+// Legacy sampler (one row of host parameters per row of logits, sorts the vocabulary); replaced by
+// sample(SamplingBatch) in kernels/sampling.h.
 struct SamplingParams {
-  float temperature = 0.0f;  // <= 0: greedy (argmax, lowest index on ties)
-  int32_t top_k = 0;         // <= 0: no top-k cut
-  float top_p = 1.0f;        // >= 1: no nucleus cut
-  uint64_t seed = 0;         // with `step`, picks the uniform draw; same on CPU and CUDA
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
   uint64_t step = 0;
 };
-
-// tokens[b] = a draw from softmax(logits[b] / temperature) restricted to the top_k most likely
-// tokens and then to the smallest prefix (by descending probability) whose mass reaches top_p.
-// The draw is u = uniform(seed, step) in [0, 1) by a counter-based hash, then the first token whose
-// cumulative (renormalised) probability exceeds u, scanning in descending probability order
-// (ties: lower index first). logits: [B, V] f32, tokens: [B] i32, params: B entries.
 void sample(Backend& be, Tensor tokens, Tensor logits, const std::vector<SamplingParams>& params);
-
-// The uniform draw used by sample(), exposed so that tests can reproduce it.
-double sampling_uniform(uint64_t seed, uint64_t step);
 
 }  // namespace kiln::ops

@@ -228,7 +228,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
       attn = attn.rows(0, R), proj = proj.rows(0, R), normed = normed.rows(0, R);
       gate_up = gate_up.rows(0, R), act = act.rows(0, R), hidden = hidden.rows(0, R);
     }
-    ops::attention_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], q_indptr, batch.kv_indptr,
+    ops::attention_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], q_indptr, batch.kv,
                            attention_bounds, scale);
     ops::linear_forward(be, proj, attn, L.o_proj, L.o_bias);
     ops::add_rmsnorm_forward(be, normed, residual, proj, L.post_norm, eps);

@@ -38,7 +38,8 @@ struct LayerWeights {
   TensorBuffer down_bias;               // [H] (mlp_bias)
 };
 
-// Per-layer key/value storage of `slots` token slots: k, v [slots, Hkv, D] in the compute dtype.
+// Per-layer key/value storage of `slots` token slots: k, v [slots, Hkv, D] in the compute dtype,
+// addressed through a paged view (kernels/paged_kv.h).
 struct KVCache {
   int32_t slots = 0;
   std::vector<TensorBuffer> k, v;  // one per layer
@@ -48,9 +49,9 @@ struct KVCache {
 struct ForwardBatch {
   Tensor ids;        // [T]    token ids
   Tensor positions;  // [T]    position of each token in its sequence
-  Tensor slots;      // [T]    KV-cache slot each token's key/value is written to
+  Tensor slots;      // [T]    KV-cache slot each token's key/value is written to (< 0: padding, none)
   Tensor q_indptr;   // [B+1]  request b's tokens are rows q_indptr[b] .. q_indptr[b+1]
-  Tensor kv_indptr;  // [B+1]  request b's context is cache slots kv_indptr[b] .. kv_indptr[b+1]
+  PagedKV kv;        // request b's context (cached prefix + this step's tokens) in the cache's pages
   Tensor logit_rows; // [R]    rows of T whose logits are wanted (e.g. the last token of each request)
   ops::AttentionBounds bounds;  // host-side bounds: B, longest query run, longest context
   // Optional [B+1] = 0, 1, .., B. When given, logit_rows must be exactly each request's last row (in

@@ -47,12 +47,13 @@ TEST(Transformer, FinalLayerTrimKeepsLastRowLogits) {
       TensorBuffer d_ids = host_ints(ids), pos = host_ints({0, 1, 2, 3, 4, 0, 1, 2}),
                    slots = host_ints({0, 1, 2, 3, 4, 5, 6, 7}), q_indptr = host_ints({0, 5, 8}),
                    rows = host_ints({4, 7}), last = host_ints({0, 1, 2});
+      test::PagedTables pages = test::contiguous_pages({0, 5, 8});
       ForwardBatch b;
       b.ids = d_ids;
       b.positions = pos;
       b.slots = slots;
       b.q_indptr = q_indptr;
-      b.kv_indptr = q_indptr;
+      b.kv = pages.view();
       b.logit_rows = rows;
       b.bounds = {2, 5, 5};
       if (trim) b.last_rows_indptr = last;

@@ -1,7 +1,7 @@
-// Causal grouped-query attention over a packed batch whose keys/values sit in a cache of slots.
-// q: [T, Hq, D], k_cache/v_cache: [S, Hkv, D], out: [T, Hq, D]; q_indptr, kv_indptr: [B+1] i32.
-// Request b owns query rows q_indptr[b] .. q_indptr[b+1] (q_len of them) and cache slots
-// kv_indptr[b] .. kv_indptr[b+1] (kv_len of them, q_len <= kv_len). Its query i sits at position
+// Causal grouped-query attention over a packed batch whose keys/values sit in a paged cache.
+// q: [T, Hq, D], k_cache/v_cache: [S, Hkv, D], out: [T, Hq, D]; q_indptr: [B+1] i32; kv: the paged
+// view (kernels/paged_kv.h). Request b owns query rows q_indptr[b] .. q_indptr[b+1] (q_len of them)
+// and the kv_len >= q_len keys of its pages, key j at pool row paged_kv_slot(j). Its query i sits at position
 // p = kv_len - q_len + i and attends to keys 0 .. p (inclusive). Query head h reads kv head
 // h / (Hq / Hkv). For each (request, query row, head):
 //   s_j = scale * dot(q, k_j) (f32),  m = max_j s_j,  w_j = exp(s_j - m),
@@ -27,12 +27,19 @@ struct Geometry {
 };
 
 // Attention for request b and kv head kvh (all query heads of its group).
+// Keys of request b: pool rows paged_kv_slot(pages, first_page, page_size, j) for j < kv_len.
+struct RequestKeys {
+  const int32_t* pages;
+  int32_t first_page, page_size, kv_len;
+};
+
 void attend(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, const Geometry& g, int64_t q_start, int64_t q_len,
-            int64_t kv_start, int64_t kv_len, int64_t kvh, float scale) {
-  const int64_t D = g.D;
+            const RequestKeys& keys, int64_t kvh, float scale) {
+  const int64_t D = g.D, kv_len = keys.kv_len;
   std::vector<float> kf(static_cast<size_t>(kv_len * D)), vf(static_cast<size_t>(kv_len * D));
-  for (int64_t j = 0; j < kv_len; ++j) {
-    const int64_t offset = ((kv_start + j) * g.Hkv + kvh) * D;
+  for (int32_t j = 0; j < kv_len; ++j) {
+    const int64_t slot = paged_kv_slot(keys.pages, keys.first_page, keys.page_size, j);
+    const int64_t offset = (slot * g.Hkv + kvh) * D;
     detail::load_f32(k_cache, offset, D, kf.data() + j * D);
     detail::load_f32(v_cache, offset, D, vf.data() + j * D);
   }
@@ -67,14 +74,16 @@ void attend(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, const Geometry
 
 }  // namespace
 
-void attention_forward(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, Tensor kv_indptr,
+void attention_forward(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, const PagedKV& kv,
                        ops::AttentionBounds bounds, float scale) {
   detail::check_float(out);
   detail::check_float(q);
   detail::check_float(k_cache);
   detail::check_float(v_cache);
   detail::check_i32(q_indptr);
-  detail::check_i32(kv_indptr);
+  detail::check_i32(kv.page_indptr);
+  detail::check_i32(kv.page_indices);
+  detail::check_i32(kv.last_page_len);
   KILN_ASSERT(q.ndim() == 3 && out.shape == q.shape);
   KILN_ASSERT(k_cache.ndim() == 3 && v_cache.shape == k_cache.shape);
   const int64_t T = q.size(0), S = k_cache.size(0);
@@ -85,13 +94,22 @@ void attention_forward(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Ten
 
   const int64_t B = bounds.batch;
   KILN_ASSERT(B >= 0 && q_indptr.ndim() == 1 && q_indptr.size(0) == B + 1);
-  KILN_ASSERT(kv_indptr.ndim() == 1 && kv_indptr.size(0) == B + 1);
+  KILN_ASSERT(kv.page_indptr.ndim() == 1 && kv.page_indptr.size(0) == B + 1);
+  KILN_ASSERT(kv.last_page_len.ndim() == 1 && kv.last_page_len.size(0) >= B);
+  const int32_t ps = kv.page_size;
+  KILN_ASSERT(ps > 0);
   const int32_t* qi = q_indptr.ptr<const int32_t>();
-  const int32_t* ki = kv_indptr.ptr<const int32_t>();
-  KILN_ASSERT(qi[0] >= 0 && qi[B] <= T && ki[0] >= 0 && ki[B] <= S);
+  const int32_t* pi = kv.page_indptr.ptr<const int32_t>();
+  const int32_t* pages = kv.page_indices.ptr<const int32_t>();
+  const int32_t* last = kv.last_page_len.ptr<const int32_t>();
+  KILN_ASSERT(qi[0] >= 0 && qi[B] <= T && pi[0] >= 0 && pi[B] <= kv.page_indices.numel());
+  const int64_t n_pages = S / ps;
+  for (int64_t p = pi[0]; p < pi[B]; ++p) KILN_ASSERT(pages[p] >= 0 && pages[p] < n_pages);
+  auto kv_len_of = [&](int64_t b) { return paged_kv_len(pi, last, ps, static_cast<int32_t>(b)); };
   double flops = 0.0;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t q_len = qi[b + 1] - qi[b], kv_len = ki[b + 1] - ki[b];
+    const int64_t q_len = qi[b + 1] - qi[b], kv_len = kv_len_of(b);
+    KILN_ASSERT(pi[b + 1] == pi[b] || (last[b] >= 1 && last[b] <= ps));
     KILN_ASSERT(q_len >= 0 && kv_len >= q_len);
     KILN_ASSERT(q_len <= bounds.max_q_len && kv_len <= bounds.max_kv_len);
     flops += static_cast<double>(q_len) * static_cast<double>(kv_len);
@@ -101,9 +119,10 @@ void attention_forward(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Ten
   const int64_t items = B * g.Hkv;
   auto run_item = [&](int64_t item) {
     const int64_t b = item / g.Hkv, kvh = item % g.Hkv;
-    const int64_t q_len = qi[b + 1] - qi[b], kv_len = ki[b + 1] - ki[b];
+    const int64_t q_len = qi[b + 1] - qi[b];
     if (q_len == 0) return;
-    attend(out, q, k_cache, v_cache, g, qi[b], q_len, ki[b], kv_len, kvh, scale);
+    const RequestKeys keys{pages, pi[b], ps, kv_len_of(b)};
+    attend(out, q, k_cache, v_cache, g, qi[b], q_len, keys, kvh, scale);
   };
 
   // Threads only pay off beyond a few MFLOP; below that (decode steps of small tests) stay inline.

@@ -1,6 +1,6 @@
 // KV-cache write: k_cache[slots[t]] = k[t] and v_cache[slots[t]] = v[t], one row of Hkv * D
 // elements per token, converted when the cache dtype differs from the new keys/values.
-// k, v: [T, Hkv, D]; k_cache, v_cache: [S, Hkv, D]; slots: [T] i32 with 0 <= slot < S.
+// k, v: [T, Hkv, D]; k_cache, v_cache: [S, Hkv, D]; slots: [T] i32 with slot < S; a negative slot (a padding row) writes nothing.
 #include <cstring>
 #include <vector>
 
@@ -14,7 +14,8 @@ void write_rows(Tensor cache, Tensor src, const int32_t* slots, int64_t T, int64
   std::vector<float> buf(static_cast<size_t>(row));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t slot = slots[t];
-    KILN_ASSERT(slot >= 0 && slot < S);
+    KILN_ASSERT(slot < S);
+    if (slot < 0) continue;  // padding row (ops.h)
     if (cache.dtype == src.dtype) {
       const int64_t bytes = row * dtype_size(src.dtype);
       std::memcpy(static_cast<char*>(cache.data) + slot * bytes, static_cast<const char*>(src.data) + t * bytes,

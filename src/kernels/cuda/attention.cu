@@ -1502,7 +1502,9 @@ const char* prefill_variant_name(int v) {
 }
 
 void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
-                       Tensor kv_indptr, ops::AttentionBounds bounds, float scale) {
+                       const PagedKV& paged, ops::AttentionBounds bounds, float scale) {
+  KILN_ASSERT(!"CUDA paged attention: the kernels do not read the paged view yet");
+  Tensor kv_indptr = paged.page_indptr;
   KILN_ASSERT(q.ndim() == 3 && out.shape == q.shape);
   KILN_ASSERT(k_cache.ndim() == 3 && v_cache.shape == k_cache.shape);
   KILN_ASSERT(k_cache.size(2) == q.size(2));

@@ -28,8 +28,8 @@ void fill_constant(CudaBackend& be, Tensor t, float value);
 void kv_cache_write(CudaBackend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tensor v, Tensor slots);
 void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor positions, Tensor slots,
                           Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm, float eps);
-void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, Tensor kv_indptr,
-                       ops::AttentionBounds bounds, float scale);
+void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
+                       const PagedKV& kv, ops::AttentionBounds bounds, float scale);
 void sample(CudaBackend& be, Tensor tokens, Tensor logits, const std::vector<ops::SamplingParams>& params);
 
 }  // namespace kiln::cuda

@@ -1,0 +1,75 @@
+// Token sampling for a batch of requests, each row with its own parameters, in one call that never
+// allocates, never copies to the host and never synchronises: the parameters live on the device (a
+// fixed buffer the engine rewrites each step), so sampled decode steps are captured in CUDA graphs.
+// CPU twin (kernels/cpu/sampling.cpp) and CUDA twin (kernels/cuda/sampling.cu) follow one algorithm,
+// stated in full in the CPU twin's header comment; the whole vocabulary is never sorted.
+//
+// Per row b (logits [B, V] f32, the model's raw output):
+//   penalties (from the row's token counts, see below) -> greedy argmax, or temperature, top-k,
+//   top-p, min-p, and a draw with u = rng::uniform(seed, position). The sampled token depends only
+//   on the row's logits, parameters, counts, seed and position: never on the other rows.
+//   Log-probabilities (when asked) are of the raw logits (temperature 1, no penalties): the chosen
+//   token's, and the top-N alternatives (descending, ties by lower index).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace kiln::ops {
+
+constexpr int32_t kMaxTopLogprobs = 20;  // top-N alternatives per token, as the OpenAI API allows
+
+// One row's parameters as stored on the device (plain 4-byte words: an i32 tensor [B, kSamplingRowWords]
+// reinterpreted). Defaults switch every feature off.
+struct SamplingRow {
+  float temperature = 0.0f;         // <= 0: greedy (argmax of the penalised logits, lowest index on ties)
+  int32_t top_k = 0;                // <= 0: off
+  float top_p = 1.0f;               // >= 1: off
+  float min_p = 0.0f;               // <= 0: off; keeps p >= min_p * max p
+  float repetition_penalty = 1.0f;  // tokens of prompt or output: logit > 0 ? logit / r : logit * r
+  float frequency_penalty = 0.0f;   // logit -= f * (count in output)
+  float presence_penalty = 0.0f;    // logit -= p * (count in output > 0)
+  int32_t logprobs = 0;             // 1: write the chosen token's log-probability
+  int32_t top_logprobs = 0;         // 0 .. kMaxTopLogprobs alternatives (implies logprobs)
+  int32_t counts_row = -1;          // row of the token-count table (penalties), -1: none
+  uint32_t seed_lo = 0, seed_hi = 0;  // the request's seed
+  int32_t position = 0;             // absolute position of the token being drawn (prompt + output so far)
+  int32_t reserved = 0;
+};
+constexpr int64_t kSamplingRowWords = sizeof(SamplingRow) / 4;
+static_assert(sizeof(SamplingRow) % 4 == 0);
+
+// The device buffers of one sampling call. `tokens` and the log-prob outputs have B rows.
+struct SamplingBatch {
+  Tensor logits;        // [B, V] f32, read only
+  Tensor params;        // [B, kSamplingRowWords] i32 (SamplingRow per row)
+  Tensor counts;        // [rows, V] i32 token counts or empty when no row has penalties: per
+                        //   request row, (occurrences of v among its generated tokens) plus
+                        //   kPromptBit when v occurs in its prompt. The call adds the sampled
+                        //   token of every row with counts_row >= 0 (+1), so counts stay current.
+  Tensor tokens;        // [B] i32 out
+  Tensor logprobs;      // [B] f32 out (rows that ask; others untouched); may be empty if none ask
+  Tensor top_ids;       // [B, kMaxTopLogprobs] i32 out; may be empty if none ask
+  Tensor top_logprobs;  // [B, kMaxTopLogprobs] f32 out
+  Tensor workspace;     // sampling_workspace_bytes(B, V) bytes (u8 / any dtype), scratch
+  // Host-side: false when every row is greedy without penalties or log-probs (only the argmax
+  // kernel runs). A graph captured with `full` true serves every parameter mix.
+  bool full = true;
+};
+constexpr int32_t kPromptBit = 1 << 30;
+
+// Scratch bytes a call with up to `batch` rows of `vocab` logits needs.
+int64_t sampling_workspace_bytes(int64_t batch, int64_t vocab);
+
+void sample(Backend& be, const SamplingBatch& batch);
+
+// Rebuilds one request's counts row: zero, then kPromptBit for every prompt id and +1 for every
+// output id. counts_row: [V] i32 (a row of the table); prompt, output: [n] i32 on the device (may be empty).
+void reset_token_counts(Backend& be, Tensor counts_row, Tensor prompt, Tensor output);
+
+
+// The uniform draw of sample(): u in [0, 1) from (seed, position), the same on every device.
+double sampling_uniform(uint64_t seed, uint64_t position);
+
+}  // namespace kiln::ops
