@@ -1,0 +1,180 @@
+#include "infer/scheduler.h"
+
+#include <algorithm>
+
+#include "core/status.h"
+
+namespace kiln {
+
+Scheduler::Scheduler(const SchedulerConfig& config)
+    : config_(config), pool_(PagePool::paged(config.num_pages, config.page_size)), radix_(pool_) {
+  KILN_ASSERT(config.num_pages > 0 && config.page_size > 0 && config.max_running > 0);
+  KILN_ASSERT(config.max_step_tokens >= config.max_running);
+}
+
+Scheduler::~Scheduler() {
+  for (auto& [id, seq] : sequences_) release_pages(seq.get());
+}
+
+Sequence* Scheduler::add(uint64_t id, std::vector<int32_t> prompt) {
+  KILN_ASSERT(!prompt.empty() && !sequences_.count(id));
+  auto seq = std::make_unique<Sequence>();
+  seq->id = id;
+  seq->prompt_len = static_cast<int32_t>(prompt.size());
+  seq->tokens = std::move(prompt);
+  seq->arrival = ++arrivals_;
+  Sequence* s = seq.get();
+  sequences_.emplace(id, std::move(seq));
+  waiting_.push_back(s);
+  return s;
+}
+
+Sequence* Scheduler::find(uint64_t id) {
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? nullptr : it->second.get();
+}
+
+bool Scheduler::remove(uint64_t id) {
+  Sequence* seq = find(id);
+  if (!seq) return false;
+  offer_full_pages(seq);
+  release_pages(seq);
+  running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq), waiting_.end());
+  sequences_.erase(id);
+  return true;
+}
+
+void Scheduler::offer_full_pages(Sequence* seq) {
+  if (!config_.prefix_cache) return;
+  const int32_t full = std::min<int32_t>(seq->computed / config_.page_size, static_cast<int32_t>(seq->pages.size()));
+  if (full <= seq->offered_pages) return;
+  std::vector<int32_t> pages(seq->pages.begin(), seq->pages.begin() + full);
+  // Only pages written by the current weights are offered (a version change leaves older ones private).
+  int32_t same_version = 0;
+  while (same_version < full && pool_.version(pages[same_version]) == version_) ++same_version;
+  pages.resize(same_version);
+  if (!pages.empty()) radix_.insert(seq->tokens.data(), pages, version_);
+  seq->offered_pages = full;
+}
+
+void Scheduler::release_pages(Sequence* seq) {
+  for (int32_t p : seq->pages) pool_.release(p);
+  seq->pages.clear();
+  seq->computed = 0;
+  seq->offered_pages = 0;
+}
+
+void Scheduler::enqueue_waiting(Sequence* seq) {
+  auto at = std::find_if(waiting_.begin(), waiting_.end(), [&](Sequence* w) { return w->arrival > seq->arrival; });
+  waiting_.insert(at, seq);
+}
+
+void Scheduler::preempt(Sequence* victim, StepPlan& plan) {
+  for (auto it = plan.entries.begin(); it != plan.entries.end();) {
+    if (it->seq == victim) {
+      plan.tokens -= it->count;
+      it = plan.entries.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  offer_full_pages(victim);
+  release_pages(victim);
+  victim->running = false;
+  ++victim->preemptions;
+  running_.erase(std::remove(running_.begin(), running_.end(), victim), running_.end());
+  enqueue_waiting(victim);
+  plan.preempted.push_back(victim->id);
+}
+
+bool Scheduler::reserve(Sequence* seq, int32_t tokens, StepPlan& plan, bool may_preempt) {
+  const int32_t ps = config_.page_size;
+  const int32_t need_pages = (tokens + ps - 1) / ps;
+  while (static_cast<int32_t>(seq->pages.size()) < need_pages) {
+    int32_t page = pool_.allocate(version_);
+    if (page < 0 && radix_.evict(need_pages - static_cast<int32_t>(seq->pages.size())) > 0) page = pool_.allocate(version_);
+    if (page >= 0) {
+      seq->pages.push_back(page);
+      continue;
+    }
+    if (!may_preempt) return false;
+    Sequence* victim = running_.back();  // the newest admission
+    if (victim == seq) return false;
+    preempt(victim, plan);
+  }
+  return true;
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int32_t budget = config_.max_step_tokens;
+  auto add_entry = [&](Sequence* seq, int32_t count) {
+    StepEntry e;
+    e.seq = seq;
+    e.start = seq->computed;
+    e.count = count;
+    e.wants_logits = seq->computed + count == static_cast<int32_t>(seq->tokens.size());
+    plan.entries.push_back(e);
+    plan.tokens += count;
+    budget -= count;
+  };
+
+  // 1. Decodes: every running sequence with one token left, oldest first.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence* seq = running_[i];
+    const int32_t left = static_cast<int32_t>(seq->tokens.size()) - seq->computed;
+    if (left != 1) continue;
+    if (!reserve(seq, seq->computed + 1, plan, true)) {
+      preempt(seq, plan);  // it is the newest: it waits and recomputes later
+      break;               // everyone older is planned; nobody newer is left
+    }
+    add_entry(seq, 1);
+  }
+  // 2. Chunks of running sequences with more than one token left.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* seq = running_[i];
+    const int32_t left = static_cast<int32_t>(seq->tokens.size()) - seq->computed;
+    if (left <= 1) continue;
+    const int32_t chunk = std::min(left, budget);
+    if (!reserve(seq, seq->computed + chunk, plan, true)) {
+      preempt(seq, plan);
+      break;
+    }
+    add_entry(seq, chunk);
+  }
+  // 3. Admissions in arrival order.
+  while (!waiting_.empty() && budget > 0 && static_cast<int32_t>(running_.size()) < config_.max_running) {
+    Sequence* seq = waiting_.front();
+    const int32_t n = static_cast<int32_t>(seq->tokens.size());
+    KILN_ASSERT(seq->pages.empty() && seq->computed == 0);
+    if (config_.prefix_cache) {
+      // At most (n - 1) / ps pages: the last token is always computed, for its logits.
+      seq->pages = radix_.match(seq->tokens.data(), n, version_, (n - 1) / config_.page_size);
+      seq->computed = static_cast<int32_t>(seq->pages.size()) * config_.page_size;
+      seq->offered_pages = static_cast<int32_t>(seq->pages.size());
+    }
+    const int32_t chunk = std::min(n - seq->computed, budget);
+    if (!reserve(seq, seq->computed + chunk, plan, false)) {
+      release_pages(seq);
+      break;
+    }
+    if (seq->cached_prompt_tokens < 0) seq->cached_prompt_tokens = std::min(seq->computed, seq->prompt_len);
+    waiting_.pop_front();
+    seq->running = true;
+    seq->admission = ++admissions_;
+    running_.push_back(seq);
+    add_entry(seq, chunk);
+  }
+  return plan;
+}
+
+void Scheduler::commit(const StepPlan& plan) {
+  for (const StepEntry& e : plan.entries) {
+    KILN_ASSERT(e.seq->computed == e.start);
+    e.seq->computed += e.count;
+    offer_full_pages(e.seq);
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,121 @@
+// Scheduler: decides what each engine step computes. Plain C++ over the page pool and the radix
+// cache; no model, no device (unit-tested on its own, tests/cpu/test_scheduler.cpp).
+//
+// A sequence is a request's tokens (prompt, then generated ids) of which the first `computed` have
+// their keys/values in the sequence's pages. Every step packs, under a token budget and a limit on
+// running sequences:
+//   1. one token of every running sequence that has exactly one uncomputed token (the decode of
+//      every running request, every step), oldest admission first;
+//   2. the next chunk of every running sequence with more (chunked prefill, or a recompute after
+//      preemption), oldest first, while the budget lasts;
+//   3. the waiting sequences in arrival order (FCFS: the first that does not fit stops admission),
+//      each starting after the longest prefix the radix cache holds for its tokens (of the current
+//      policy version), with a first chunk that fits the budget.
+// An entry whose chunk reaches the end of the sequence's tokens asks for logits (a new token).
+// When pages run out, unreferenced cached pages are evicted (LRU); if that is not enough, the
+// newest running sequence is preempted: its full pages are offered to the radix cache, its pages
+// released, and it waits again (ahead of later arrivals) to be recomputed from its tokens so far.
+// A request is never aborted for capacity; submit-time checks refuse what can never fit.
+// Thread safety: none; the engine thread owns the scheduler.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "infer/cache/page_pool.h"
+#include "infer/cache/radix_cache.h"
+
+namespace kiln {
+
+struct SchedulerConfig {
+  int32_t num_pages = 0;
+  int32_t page_size = 16;
+  int32_t max_running = 256;       // sequences in flight at once
+  int32_t max_step_tokens = 8192;  // tokens packed in one step (>= max_running)
+  bool prefix_cache = true;
+};
+
+struct Sequence {
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;  // prompt, then the generated ids
+  int32_t prompt_len = 0;
+  int32_t computed = 0;         // tokens whose keys/values sit in `pages`
+  std::vector<int32_t> pages;   // the request-to-page row: pages[k] holds tokens k*ps .. (k+1)*ps-1
+  int32_t cached_prompt_tokens = -1;  // prompt tokens the radix cache served at the first admission
+  int32_t offered_pages = 0;    // full pages already offered to the radix cache
+  uint64_t arrival = 0;         // FCFS order
+  uint64_t admission = 0;       // order of the latest admission (the newest is preempted first)
+  bool running = false;
+  int32_t preemptions = 0;
+};
+
+// One request's part of a step: tokens[start .. start + count) are computed.
+struct StepEntry {
+  Sequence* seq = nullptr;
+  int32_t start = 0, count = 0;
+  bool wants_logits = false;  // start + count == tokens.size(): the step yields a new token
+};
+
+struct StepPlan {
+  std::vector<StepEntry> entries;  // decodes first, then prefill chunks, in the order above
+  std::vector<uint64_t> preempted; // sequences preempted while planning this step
+  int32_t tokens = 0;
+  bool empty() const { return entries.empty(); }
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+  ~Scheduler();
+
+  const SchedulerConfig& config() const { return config_; }
+  // Tokens a sequence may ever hold (the pool's capacity).
+  int64_t capacity_tokens() const { return static_cast<int64_t>(config_.num_pages) * config_.page_size; }
+
+  // Queues a new sequence (prompt ids, at least one); the id must be new.
+  Sequence* add(uint64_t id, std::vector<int32_t> prompt);
+  // Removes a sequence, running or waiting, and releases its pages (full computed pages are offered
+  // to the radix cache first). Returns false for an unknown id.
+  bool remove(uint64_t id);
+  Sequence* find(uint64_t id);
+
+  StepPlan schedule();
+  // After the step ran: every entry's tokens are computed; full pages go to the radix cache.
+  void commit(const StepPlan& plan);
+  // Appends a token sampled for a sequence (after commit).
+  void append(Sequence* seq, int32_t token) { seq->tokens.push_back(token); }
+
+  // The policy version new pages are stamped with and radix lookups match.
+  uint64_t policy_version() const { return version_; }
+  void set_policy_version(uint64_t v) { version_ = v; }
+
+  int32_t running_count() const { return static_cast<int32_t>(running_.size()); }
+  int32_t waiting_count() const { return static_cast<int32_t>(waiting_.size()); }
+  const PagePool& pool() const { return pool_; }
+  const RadixCache& radix() const { return radix_; }
+  const std::vector<Sequence*>& running() const { return running_; }
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+
+ private:
+  // Gives `seq` pages for its first `tokens` tokens; evicts, then preempts the newest running
+  // sequence other than `seq` (recording it in `plan`). False when even that is not enough.
+  bool reserve(Sequence* seq, int32_t tokens, StepPlan& plan, bool may_preempt);
+  void preempt(Sequence* victim, StepPlan& plan);
+  void offer_full_pages(Sequence* seq);
+  void release_pages(Sequence* seq);
+  void enqueue_waiting(Sequence* seq);  // by arrival order
+
+  SchedulerConfig config_;
+  PagePool pool_;
+  RadixCache radix_;
+  uint64_t version_ = 0;
+  uint64_t arrivals_ = 0, admissions_ = 0;
+  std::map<uint64_t, std::unique_ptr<Sequence>> sequences_;
+  std::deque<Sequence*> waiting_;   // arrival order
+  std::vector<Sequence*> running_;  // admission order (oldest first)
+};
+
+}  // namespace kiln

@@ -1,0 +1,304 @@
+// Page pool, radix cache and scheduler, without a model: budgets, chunking, refill of freed slots,
+// the per-step entries, preemption order, cancellation, reference counts, radix insert / match /
+// evict, version isolation and the page mapping after a prefix hit.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "infer/cache/page_pool.h"
+#include "infer/cache/radix_cache.h"
+#include "infer/scheduler.h"
+
+namespace kiln {
+namespace {
+
+std::vector<int32_t> iota_tokens(int32_t n, int32_t first = 100) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+TEST(PagePool, AllocatesLowestFirstAndCountsReferences) {
+  PagePool pool = PagePool::paged(4, 16);
+  EXPECT_EQ(pool.page_size(), 16);
+  EXPECT_EQ(pool.allocate(7), 0);
+  EXPECT_EQ(pool.allocate(7), 1);
+  EXPECT_EQ(pool.version(1), 7u);
+  EXPECT_EQ(pool.used_pages(), 2);
+  pool.retain(0);
+  EXPECT_EQ(pool.ref_count(0), 2);
+  pool.release(0);
+  EXPECT_EQ(pool.used_pages(), 2);
+  pool.release(0);
+  EXPECT_EQ(pool.used_pages(), 1);
+  EXPECT_EQ(pool.allocate(8), 0);  // page 0 again, restamped
+  EXPECT_EQ(pool.version(0), 8u);
+  EXPECT_EQ(pool.allocate(8), 2);
+  EXPECT_EQ(pool.allocate(8), 3);
+  EXPECT_EQ(pool.allocate(8), -1);
+  EXPECT_EQ(pool.free_pages(), 0);
+}
+
+TEST(RadixCache, InsertMatchAndReferenceCounts) {
+  PagePool pool = PagePool::paged(8, 4);
+  RadixCache radix(pool);
+  const std::vector<int32_t> tokens = iota_tokens(10);  // 2 full pages + 2 tokens
+  std::vector<int32_t> pages = {pool.allocate(0), pool.allocate(0)};
+  radix.insert(tokens.data(), pages, 0);
+  EXPECT_EQ(radix.cached_pages(), 2);
+  EXPECT_EQ(pool.ref_count(pages[0]), 2);  // the request's and the cache's
+  // A sequence sharing 6 tokens matches one full page; one sharing all 10 matches two.
+  std::vector<int32_t> other = tokens;
+  other[6] = 1;
+  EXPECT_EQ(radix.match(other.data(), 10, 0, 10), std::vector<int32_t>{pages[0]});
+  EXPECT_EQ(pool.ref_count(pages[0]), 3);
+  EXPECT_EQ(radix.match(tokens.data(), 10, 0, 10), pages);
+  EXPECT_EQ(radix.match(tokens.data(), 10, 0, 1), std::vector<int32_t>{pages[0]});  // max_pages
+  EXPECT_TRUE(radix.match(tokens.data(), 3, 0, 10).empty());                       // no full page
+  // Inserting the same prefix from other pages keeps the cached ones.
+  std::vector<int32_t> dup = {pool.allocate(0)};
+  radix.insert(tokens.data(), dup, 0);
+  EXPECT_EQ(radix.cached_pages(), 2);
+  EXPECT_EQ(pool.ref_count(dup[0]), 1);
+}
+
+TEST(RadixCache, VersionIsolation) {
+  PagePool pool = PagePool::paged(8, 4);
+  RadixCache radix(pool);
+  const std::vector<int32_t> tokens = iota_tokens(8);
+  std::vector<int32_t> v0 = {pool.allocate(0), pool.allocate(0)};
+  radix.insert(tokens.data(), v0, 0);
+  EXPECT_TRUE(radix.match(tokens.data(), 8, 1, 10).empty());  // version 1 never sees version 0's KV
+  std::vector<int32_t> v1 = {pool.allocate(1)};
+  radix.insert(tokens.data(), v1, 1);
+  EXPECT_EQ(radix.match(tokens.data(), 8, 1, 10), v1);
+  for (int32_t p : v1) pool.release(p);  // the match's reference
+  EXPECT_EQ(radix.match(tokens.data(), 8, 0, 10), v0);
+  for (int32_t p : v0) pool.release(p);
+  for (int32_t p : v0) pool.release(p);  // the inserting request's
+  pool.release(v1[0]);
+  EXPECT_EQ(radix.evict_other_versions(1), 2);
+  EXPECT_EQ(radix.cached_pages(), 1);
+  EXPECT_TRUE(radix.match(tokens.data(), 8, 0, 10).empty());
+}
+
+TEST(RadixCache, EvictsLeastRecentlyUsedUnreferencedLeaves) {
+  PagePool pool = PagePool::paged(8, 2);
+  RadixCache radix(pool);
+  const std::vector<int32_t> a = {1, 2, 3, 4}, b = {5, 6, 7, 8};
+  std::vector<int32_t> pa = {pool.allocate(0), pool.allocate(0)}, pb = {pool.allocate(0), pool.allocate(0)};
+  radix.insert(a.data(), pa, 0);
+  radix.insert(b.data(), pb, 0);
+  for (int32_t p : pa) pool.release(p);
+  for (int32_t p : pb) pool.release(p);
+  EXPECT_EQ(radix.evictable_pages(), 4);
+  for (int32_t p : radix.match(a.data(), 4, 0, 2)) pool.release(p);  // a is now the most recent
+  std::vector<int32_t> held = radix.match(b.data(), 2, 0, 1);        // b's first page is in use
+  EXPECT_EQ(radix.evictable_pages(), 3);                             // a's two pages, b's leaf
+  EXPECT_EQ(radix.evict(1), 1);  // the least recently used leaf: b's second page
+  EXPECT_EQ(pool.used_pages(), 3);
+  std::vector<int32_t> again = radix.match(a.data(), 4, 0, 2);
+  EXPECT_EQ(again, pa);  // a survived
+  for (int32_t p : again) pool.release(p);
+  EXPECT_EQ(radix.match(b.data(), 4, 0, 2).size(), 1u);  // b lost its second page
+  pool.release(pb[0]);
+  for (int32_t p : held) pool.release(p);
+  EXPECT_EQ(radix.evict(10), 3);
+  EXPECT_EQ(radix.cached_pages(), 0);
+  EXPECT_EQ(pool.used_pages(), 0);
+}
+
+SchedulerConfig small_config(int32_t pages, int32_t page_size, int32_t max_running, int32_t budget) {
+  SchedulerConfig c;
+  c.num_pages = pages;
+  c.page_size = page_size;
+  c.max_running = max_running;
+  c.max_step_tokens = budget;
+  return c;
+}
+
+// Runs a planned step as an engine would: commit, then append a token to every entry with logits.
+void finish_step(Scheduler& s, const StepPlan& plan, int32_t token = 7) {
+  s.commit(plan);
+  for (const StepEntry& e : plan.entries)
+    if (e.wants_logits) s.append(e.seq, token);
+}
+
+TEST(Scheduler, ChunkedPrefillMixedWithDecodesUnderTheBudget) {
+  Scheduler s(small_config(64, 4, 8, 10));
+  s.add(1, iota_tokens(3));
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 1u);
+  EXPECT_EQ(p.entries[0].count, 3);
+  EXPECT_TRUE(p.entries[0].wants_logits);
+  finish_step(s, p);
+  s.add(2, iota_tokens(25));  // 25 tokens: chunks of 9 (budget 10 - 1 decode), 9, 7
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[0].seq->id, 1u);  // the decode first
+  EXPECT_EQ(p.entries[0].start, 3);
+  EXPECT_EQ(p.entries[0].count, 1);
+  EXPECT_EQ(p.entries[1].seq->id, 2u);
+  EXPECT_EQ(p.entries[1].count, 9);
+  EXPECT_FALSE(p.entries[1].wants_logits);
+  EXPECT_EQ(p.tokens, 10);
+  finish_step(s, p);
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[1].start, 9);
+  EXPECT_EQ(p.entries[1].count, 9);
+  finish_step(s, p);
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[1].start, 18);
+  EXPECT_EQ(p.entries[1].count, 7);
+  EXPECT_TRUE(p.entries[1].wants_logits);
+  finish_step(s, p);
+  EXPECT_EQ(s.find(2)->tokens.size(), 26u);
+  EXPECT_EQ(s.find(2)->pages.size(), 7u);  // 25 computed tokens in pages of 4
+}
+
+TEST(Scheduler, RefillsFreedSlotsAndPlansExactlyTheActiveRequests) {
+  Scheduler s(small_config(64, 4, 2, 64));
+  for (uint64_t id = 1; id <= 4; ++id) s.add(id, iota_tokens(5, 10 * static_cast<int32_t>(id)));
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);  // the running limit
+  EXPECT_EQ(s.waiting_count(), 2);
+  finish_step(s, p);
+  EXPECT_TRUE(s.remove(1));  // request 1 finishes
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);  // request 2 decodes, request 3 takes the freed place at once
+  EXPECT_EQ(p.entries[0].seq->id, 2u);
+  EXPECT_EQ(p.entries[0].count, 1);
+  EXPECT_EQ(p.entries[1].seq->id, 3u);
+  EXPECT_EQ(p.entries[1].count, 5);
+  finish_step(s, p);
+  EXPECT_TRUE(s.remove(2));
+  EXPECT_TRUE(s.remove(3));
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 1u);
+  EXPECT_EQ(p.entries[0].seq->id, 4u);
+  EXPECT_FALSE(s.remove(99));
+}
+
+TEST(Scheduler, PrefixHitRebuildsTheMappingOntoSharedPages) {
+  Scheduler s(small_config(64, 4, 8, 64));
+  std::vector<int32_t> prompt = iota_tokens(14);
+  s.add(1, prompt);
+  StepPlan p = s.schedule();
+  finish_step(s, p);
+  const std::vector<int32_t> first_pages = s.find(1)->pages;  // 4 pages, 3 of them full
+  std::vector<int32_t> second = prompt;
+  second.resize(12);
+  second.push_back(5);  // shares 12 tokens = 3 full pages
+  s.add(2, second);
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);
+  const StepEntry& e = p.entries[1];
+  EXPECT_EQ(e.seq->id, 2u);
+  EXPECT_EQ(e.start, 12);
+  EXPECT_EQ(e.count, 1);
+  EXPECT_EQ(e.seq->cached_prompt_tokens, 12);
+  ASSERT_EQ(e.seq->pages.size(), 4u);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(e.seq->pages[k], first_pages[k]);
+  EXPECT_NE(e.seq->pages[3], first_pages[3]);
+  EXPECT_EQ(s.pool().ref_count(first_pages[0]), 3);  // request 1, request 2, the cache
+  // A prompt that is entirely cached still computes its last token.
+  std::vector<int32_t> third(prompt.begin(), prompt.begin() + 12);
+  s.add(3, third);
+  finish_step(s, p);
+  p = s.schedule();
+  const StepEntry& t = p.entries.back();
+  EXPECT_EQ(t.seq->id, 3u);
+  EXPECT_EQ(t.start, 8);
+  EXPECT_EQ(t.count, 4);
+}
+
+TEST(Scheduler, NoPrefixCacheMeansNoSharing) {
+  SchedulerConfig c = small_config(64, 4, 8, 64);
+  c.prefix_cache = false;
+  Scheduler s(c);
+  s.add(1, iota_tokens(12));
+  finish_step(s, s.schedule());
+  s.add(2, iota_tokens(12));
+  StepPlan p = s.schedule();
+  EXPECT_EQ(p.entries.back().start, 0);
+  EXPECT_EQ(s.radix().cached_pages(), 0);
+}
+
+TEST(Scheduler, PreemptsTheNewestWhenPagesRunOut) {
+  // 6 pages of 2 tokens; three prompts of 4 tokens fill them, and every decode then needs a page.
+  Scheduler s(small_config(6, 2, 8, 64));
+  for (uint64_t id = 1; id <= 3; ++id) s.add(id, iota_tokens(4, 10 * static_cast<int32_t>(id)));
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 3u);
+  finish_step(s, p);
+  EXPECT_EQ(s.pool().free_pages(), 0);
+  p = s.schedule();
+  // Request 1 needs a page: request 3 (the newest) is preempted, its pages go to the radix cache
+  // and are evicted for requests 1 and 2.
+  ASSERT_EQ(p.preempted.size(), 1u);
+  EXPECT_EQ(p.preempted[0], 3u);
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[0].seq->id, 1u);
+  EXPECT_EQ(p.entries[1].seq->id, 2u);
+  EXPECT_EQ(s.waiting_count(), 1);
+  Sequence* third = s.find(3);
+  EXPECT_EQ(third->computed, 0);
+  EXPECT_TRUE(third->pages.empty());
+  EXPECT_EQ(third->tokens.size(), 5u);  // keeps its generated token: recomputed later
+  EXPECT_EQ(third->preemptions, 1);
+  finish_step(s, p);
+  EXPECT_TRUE(s.remove(1));
+  p = s.schedule();  // request 3 comes back, recomputing prompt + generated token
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[1].seq->id, 3u);
+  EXPECT_EQ(p.entries[1].start + p.entries[1].count, 5);
+  EXPECT_TRUE(p.entries[1].wants_logits);
+  EXPECT_EQ(third->cached_prompt_tokens, 0);  // usage keeps the first admission's figure
+}
+
+TEST(Scheduler, PreemptedRequestsWaitAheadOfLaterArrivals) {
+  Scheduler s(small_config(4, 2, 8, 64));
+  s.add(1, iota_tokens(4));
+  s.add(2, iota_tokens(4, 50));
+  finish_step(s, s.schedule());  // 2 pages each: full
+  s.add(3, iota_tokens(1, 90));
+  StepPlan p = s.schedule();  // request 1 needs a page: request 2 is preempted; 3 cannot be admitted
+  ASSERT_EQ(p.preempted.size(), 1u);
+  EXPECT_EQ(p.preempted[0], 2u);
+  ASSERT_EQ(p.entries.size(), 1u);
+  finish_step(s, p);
+  EXPECT_TRUE(s.remove(1));
+  p = s.schedule();
+  ASSERT_GE(p.entries.size(), 1u);
+  EXPECT_EQ(p.entries[0].seq->id, 2u);  // before request 3
+}
+
+TEST(Scheduler, CancellationReleasesPages) {
+  Scheduler s(small_config(16, 4, 8, 64));
+  s.add(1, iota_tokens(10));
+  finish_step(s, s.schedule());
+  EXPECT_EQ(s.pool().used_pages(), 3);
+  EXPECT_TRUE(s.remove(1));
+  EXPECT_EQ(s.pool().used_pages(), 2);  // the two full pages stay in the radix cache
+  EXPECT_EQ(s.radix().evictable_pages(), 2);
+  s.add(2, iota_tokens(5));
+  EXPECT_TRUE(s.remove(2));  // a waiting request goes too
+  EXPECT_TRUE(s.idle());
+}
+
+TEST(Scheduler, VersionChangeStopsReuse) {
+  Scheduler s(small_config(16, 4, 8, 64));
+  s.add(1, iota_tokens(9));
+  finish_step(s, s.schedule());
+  EXPECT_TRUE(s.remove(1));
+  s.set_policy_version(1);
+  s.add(2, iota_tokens(9));
+  StepPlan p = s.schedule();
+  EXPECT_EQ(p.entries[0].start, 0);  // version 0's pages are not reused
+  EXPECT_EQ(s.pool().version(p.entries[0].seq->pages[0]), 1u);
+}
+
+}  // namespace
+}  // namespace kiln
