@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -29,7 +30,9 @@ class CpuEvent final : public Event {
 class CpuBackend final : public Backend {
  public:
   Device device() const override { return Device::cpu(); }
+  int64_t allocation_count() const override { return allocations_.load(); }
   Result<void*> allocate(int64_t bytes) override {
+    ++allocations_;
     if (bytes == 0) bytes = 1;
     void* p = ::operator new(static_cast<size_t>(bytes), std::align_val_t(64), std::nothrow);
     if (!p) return out_of_memory("host allocation of " + std::to_string(bytes) + " bytes failed");
@@ -45,6 +48,9 @@ class CpuBackend final : public Backend {
   }
   Status synchronize() override { return Status::Ok(); }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
+
+ private:
+  std::atomic<int64_t> allocations_{0};  // the shared host instance may be used from several threads
 };
 
 // Stateless, so one shared instance for host buffers is safe.
@@ -64,6 +70,20 @@ Result<TensorBuffer> empty(Backend& backend, Shape shape, DType dtype) {
   t.device = backend.device();
   t.shape = shape;
   return TensorBuffer(Buffer(&backend, p, bytes), t);
+}
+
+Result<void*> Backend::allocate_pinned(int64_t bytes) { return host_backend().allocate(bytes); }
+void Backend::deallocate_pinned(void* ptr, int64_t bytes) { host_backend().deallocate(ptr, bytes); }
+
+Result<TensorBuffer> pinned_host_empty(Backend& backend, Shape shape, DType dtype) {
+  const int64_t bytes = shape.numel() * dtype_size(dtype);
+  KILN_ASSIGN_OR_RETURN(void* p, backend.allocate_pinned(bytes));
+  Tensor t;
+  t.data = p;
+  t.dtype = dtype;
+  t.device = Device::cpu();
+  t.shape = shape;
+  return TensorBuffer(Buffer(&backend, p, bytes, true), t);
 }
 
 TensorBuffer host_empty(Shape shape, DType dtype) {

@@ -47,6 +47,18 @@ class Backend {
   // backend's device. Ordered after earlier work on this backend; host destinations are complete
   // when the call returns.
   virtual void copy(Tensor dst, Tensor src) = 0;
+  // Like copy(), but the call returns at once: a host destination holds the data only after an
+  // Event recorded later on this backend has been waited for, and a host source must stay unchanged
+  // until then. Asynchronous (overlapping the host's work) when the host side is pinned memory.
+  virtual void copy_async(Tensor dst, Tensor src) { copy(dst, src); }
+  // Page-locked host memory for copy_async (plain host memory where the device has no such thing).
+  virtual Result<void*> allocate_pinned(int64_t bytes);
+  virtual void deallocate_pinned(void* ptr, int64_t bytes);
+  // allocate() calls so far (successful or not): tests prove a loop allocates nothing with it.
+  virtual int64_t allocation_count() const = 0;
+  // Free (counting the backend's cached idle blocks) and total device memory in bytes; unsupported
+  // where the device has no fixed memory (CPU).
+  virtual Result<std::pair<int64_t, int64_t>> memory_info() { return unsupported("no device memory figure on " + device().str()); }
   // Sets every byte of t to zero.
   virtual void zero(Tensor t) = 0;
   // Waits for all issued work to finish; a device-side fault surfaces here as an error.
@@ -61,11 +73,12 @@ class Backend {
   }
 };
 
-// Owns `bytes` of memory from a Backend; move-only.
+// Owns `bytes` of memory from a Backend (device memory, or pinned host memory when `pinned`); move-only.
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Backend* owner, void* data, int64_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  Buffer(Backend* owner, void* data, int64_t bytes, bool pinned = false)
+      : owner_(owner), data_(data), bytes_(bytes), pinned_(pinned) {}
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
@@ -73,6 +86,7 @@ class Buffer {
       owner_ = std::exchange(o.owner_, nullptr);
       data_ = std::exchange(o.data_, nullptr);
       bytes_ = std::exchange(o.bytes_, 0);
+      pinned_ = std::exchange(o.pinned_, false);
     }
     return *this;
   }
@@ -81,7 +95,12 @@ class Buffer {
   ~Buffer() { reset(); }
 
   void reset() {
-    if (owner_ && data_) owner_->deallocate(data_, bytes_);
+    if (owner_ && data_) {
+      if (pinned_)
+        owner_->deallocate_pinned(data_, bytes_);
+      else
+        owner_->deallocate(data_, bytes_);
+    }
     owner_ = nullptr;
     data_ = nullptr;
     bytes_ = 0;
@@ -93,6 +112,7 @@ class Buffer {
   Backend* owner_ = nullptr;
   void* data_ = nullptr;
   int64_t bytes_ = 0;
+  bool pinned_ = false;
 };
 
 // A tensor together with the memory it views.
@@ -118,6 +138,8 @@ class TensorBuffer {
 Result<TensorBuffer> empty(Backend& backend, Shape shape, DType dtype);
 // Uninitialised tensor in host memory (64-byte aligned).
 TensorBuffer host_empty(Shape shape, DType dtype);
+// Uninitialised tensor in `backend`'s pinned host memory (for copy_async); its device is the host.
+Result<TensorBuffer> pinned_host_empty(Backend& backend, Shape shape, DType dtype);
 // Copies of `src` on the host or on `backend`'s device.
 TensorBuffer to_host(Backend& backend, Tensor src);
 Result<TensorBuffer> to_device(Backend& backend, Tensor src);

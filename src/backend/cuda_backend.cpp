@@ -115,6 +115,32 @@ void CudaBackend::copy(Tensor dst, Tensor src) {
   if (dst.device.is_cpu()) CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void CudaBackend::copy_async(Tensor dst, Tensor src) {
+  KILN_ASSERT(dst.nbytes() == src.nbytes());
+  if (dst.nbytes() == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(dst.nbytes()), cudaMemcpyDefault, stream_));
+}
+
+Result<void*> CudaBackend::allocate_pinned(int64_t bytes) {
+  void* p = nullptr;
+  cudaError_t err = cudaMallocHost(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return out_of_memory("pinned host allocation of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(err));
+  }
+  return p;
+}
+
+void CudaBackend::deallocate_pinned(void* ptr, int64_t) { cudaFreeHost(ptr); }
+
+Result<std::pair<int64_t, int64_t>> CudaBackend::memory_info() {
+  size_t free_bytes = 0, total = 0;
+  CUDA_CHECK(cudaSetDevice(device_index_));
+  cudaError_t err = cudaMemGetInfo(&free_bytes, &total);
+  if (err != cudaSuccess) return Status(StatusCode::internal, std::string("cudaMemGetInfo: ") + cudaGetErrorString(err));
+  return std::make_pair(static_cast<int64_t>(free_bytes) + allocator_.bytes_cached(), static_cast<int64_t>(total));
+}
+
 void CudaBackend::zero(Tensor t) {
   if (t.nbytes()) CUDA_CHECK(cudaMemsetAsync(t.data, 0, static_cast<size_t>(t.nbytes()), stream_));
 }

@@ -49,9 +49,17 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   Device device() const override { return Device::cuda(device_index_); }
-  Result<void*> allocate(int64_t bytes) override { return allocator_.allocate(bytes); }
+  Result<void*> allocate(int64_t bytes) override {
+    ++allocations_;
+    return allocator_.allocate(bytes);
+  }
+  int64_t allocation_count() const override { return allocations_; }
   void deallocate(void* ptr, int64_t bytes) override { allocator_.deallocate(ptr, bytes); }
   void copy(Tensor dst, Tensor src) override;
+  void copy_async(Tensor dst, Tensor src) override;
+  Result<void*> allocate_pinned(int64_t bytes) override;
+  void deallocate_pinned(void* ptr, int64_t bytes) override;
+  Result<std::pair<int64_t, int64_t>> memory_info() override;
   void zero(Tensor t) override;
   Status synchronize() override;
   std::unique_ptr<Event> create_event() override;
@@ -78,6 +86,7 @@ class CudaBackend final : public Backend {
   int device_index_;
   int sm_count_ = 0;
   int attention_prefill_variant_ = -1;
+  int64_t allocations_ = 0;
   CUstream_st* stream_ = nullptr;
   cublasLtContext* blaslt_ = nullptr;
   CudaCachingAllocator allocator_;

@@ -54,7 +54,8 @@ struct ForwardBatch {
   PagedKV kv;        // request b's context (cached prefix + this step's tokens) in the cache's pages
   Tensor logit_rows; // [R]    rows of T whose logits are wanted (e.g. the last token of each request)
   ops::AttentionBounds bounds;  // host-side bounds: B, longest query run, longest context
-  // Optional [B+1] = 0, 1, .., B. When given, logit_rows must be exactly each request's last row (in
+  // Optional [B+1]: request b contributes last_rows_indptr[b+1] - last_rows_indptr[b] = 0 or 1 rows.
+  // When given, logit_rows must be exactly the last row of each request that contributes one (in
   // request order), and the final layer runs its attention output, MLP and norm for those rows only:
   // the other rows' final hidden states feed nothing (their keys/values are still cached).
   Tensor last_rows_indptr;

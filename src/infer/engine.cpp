@@ -1,0 +1,396 @@
+#include "infer/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "infer/executor.h"
+#include "infer/scheduler.h"
+#include "infer/stop_strings.h"
+
+namespace kiln {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool has_penalties(const GenerationRequest& r) {
+  return r.repetition_penalty != 1.0f || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// RequestStream
+
+std::optional<EngineEvent> RequestStream::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !events_.empty() || drained_; });
+  if (events_.empty()) return std::nullopt;
+  EngineEvent e = std::move(events_.front());
+  events_.pop_front();
+  if (e.finished) drained_ = true;
+  return e;
+}
+
+std::optional<EngineEvent> RequestStream::poll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.empty()) return std::nullopt;
+  EngineEvent e = std::move(events_.front());
+  events_.pop_front();
+  if (e.finished) drained_ = true;
+  return e;
+}
+
+void RequestStream::push(EngineEvent e) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = e.finished;
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+
+struct Engine::Live {
+  uint64_t id = 0;
+  GenerationRequest request;
+  std::shared_ptr<RequestStream> stream;
+  std::unique_ptr<StopStringMatcher> text;  // with a tokenizer
+  int32_t generated = 0;
+  int32_t counts_row = -1;
+  uint64_t admission_seen = 0;  // the scheduler's admission stamp when counts were last rebuilt
+  bool done = false;
+};
+
+Engine::Engine(std::shared_ptr<const Transformer> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
+               const EngineOptions& options)
+    : model_(std::move(model)), tokenizer_(tokenizer), eos_ids_(std::move(eos_ids)), options_(options) {}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Transformer> model, const Tokenizer* tokenizer,
+                                               std::vector<int32_t> eos_ids, const EngineOptions& options) {
+  if (!model) return invalid_argument("the engine needs a model");
+  std::unique_ptr<Engine> e(new Engine(std::move(model), tokenizer, std::move(eos_ids), options));
+  KILN_RETURN_IF_ERROR(e->init());
+  e->thread_ = std::thread([p = e.get()] { p->loop(); });
+  return e;
+}
+
+Status Engine::init() {
+  const EngineOptions& o = options_;
+  if (o.max_running < 1) return invalid_argument("--max-running must be at least 1");
+  if (o.max_step_tokens < o.max_running)
+    return invalid_argument("--max-step-tokens (" + std::to_string(o.max_step_tokens) +
+                            ") must be at least --max-running (" + std::to_string(o.max_running) +
+                            "): every running request decodes one token per step");
+  if (o.page_size < 1 || o.page_size > 4096) return invalid_argument("--page-size must be within [1, 4096]");
+  if (o.kv_tokens < 0 || o.kv_memory < 0) return invalid_argument("--kv-tokens and --kv-memory must not be negative");
+  if (!(o.kv_memory_fraction > 0.0 && o.kv_memory_fraction < 1.0))
+    return invalid_argument("the KV memory fraction must be within (0, 1)");
+  const int64_t model_context = model_->config().max_position_embeddings;
+  int64_t max_seq = o.max_seq_len > 0 ? o.max_seq_len : model_context;
+  if (max_seq > model_context)
+    return invalid_argument("the sequence limit " + std::to_string(max_seq) + " exceeds the model's context of " +
+                            std::to_string(model_context) + " tokens (max_position_embeddings)");
+  if (max_seq < 1) return invalid_argument("the model's max_position_embeddings must be positive");
+
+  ExecutorConfig ec;
+  ec.page_size = o.page_size;
+  ec.max_running = o.max_running;
+  ec.max_step_tokens = o.max_step_tokens;
+  ec.use_graphs = o.use_graphs;
+  ec.kv_memory_fraction = o.kv_memory_fraction;
+  const int64_t per_page = Executor::kv_bytes_per_token(*model_) * o.page_size;
+  int64_t pages = 0;
+  if (o.kv_tokens > 0)
+    pages = (o.kv_tokens + o.page_size - 1) / o.page_size;
+  else if (o.kv_memory > 0)
+    pages = o.kv_memory / per_page;
+  if (o.kv_memory > 0 && pages < 1)
+    return invalid_argument("--kv-memory " + std::to_string(o.kv_memory) + " bytes holds less than one KV page (" +
+                            std::to_string(per_page) + " bytes)");
+  if (pages > (int64_t(1) << 31) / o.page_size) return invalid_argument("the KV pool is too large (2^31 slots at most)");
+  ec.num_pages = static_cast<int32_t>(pages);  // 0: the executor sizes it from free memory
+  ec.max_seq_len = static_cast<int32_t>(max_seq);
+  KILN_ASSIGN_OR_RETURN(executor_, Executor::create(*model_, ec));
+
+  SchedulerConfig sc;
+  sc.num_pages = executor_->config().num_pages;
+  sc.page_size = o.page_size;
+  sc.max_running = o.max_running;
+  sc.max_step_tokens = o.max_step_tokens;
+  sc.prefix_cache = o.prefix_cache;
+  scheduler_ = std::make_unique<Scheduler>(sc);
+  model_seq_limit_ = max_seq;
+  max_sequence_tokens_ = std::min<int64_t>(max_seq, scheduler_->capacity_tokens());
+  stats_.kv_pages_free = sc.num_pages;
+  stats_.kv_page_size = sc.page_size;
+  return Status::Ok();
+}
+
+int32_t Engine::kv_capacity_tokens() const {
+  return static_cast<int32_t>(scheduler_->capacity_tokens());
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Engine::validate(const GenerationRequest& r) const {
+  const int64_t vocab = model_->config().vocab_size;
+  if (r.prompt.empty()) return invalid_argument("the prompt is empty; give at least one token");
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    if (r.prompt[i] < 0 || r.prompt[i] >= vocab)
+      return invalid_argument("prompt token id " + std::to_string(r.prompt[i]) + " at index " + std::to_string(i) +
+                              " is outside the model's vocabulary [0, " + std::to_string(vocab) + ")");
+  if (r.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
+  if (total > max_sequence_tokens_) {
+    const bool by_pool = scheduler_->capacity_tokens() < model_seq_limit_;
+    return invalid_argument("the prompt (" + std::to_string(r.prompt.size()) + " tokens) plus max_tokens (" +
+                            std::to_string(r.max_tokens) + ") exceeds the " +
+                            (by_pool ? "KV pool's capacity" : "model's context") + " of " +
+                            std::to_string(max_sequence_tokens_) + " tokens");
+  }
+  if (!std::isfinite(r.temperature) || r.temperature < 0.0f) return invalid_argument("temperature must be >= 0");
+  if (r.top_k < 0) return invalid_argument("top_k must be >= 0 (0: off)");
+  if (!(r.top_p > 0.0f && r.top_p <= 1.0f)) return invalid_argument("top_p must be within (0, 1]");
+  if (!(r.min_p >= 0.0f && r.min_p <= 1.0f)) return invalid_argument("min_p must be within [0, 1]");
+  if (!(std::isfinite(r.repetition_penalty) && r.repetition_penalty > 0.0f))
+    return invalid_argument("repetition_penalty must be > 0 (1: off)");
+  if (!(r.frequency_penalty >= -2.0f && r.frequency_penalty <= 2.0f))
+    return invalid_argument("frequency_penalty must be within [-2, 2]");
+  if (!(r.presence_penalty >= -2.0f && r.presence_penalty <= 2.0f))
+    return invalid_argument("presence_penalty must be within [-2, 2]");
+  if (r.top_logprobs < 0 || r.top_logprobs > ops::kMaxTopLogprobs)
+    return invalid_argument("top_logprobs must be within [0, " + std::to_string(ops::kMaxTopLogprobs) + "]");
+  for (int32_t id : r.stop_token_ids)
+    if (id < 0 || id >= vocab)
+      return invalid_argument("stop token id " + std::to_string(id) + " is outside the vocabulary");
+  for (const std::string& s : r.stop)
+    if (s.empty()) return invalid_argument("a stop string must not be empty");
+  if (!r.stop.empty() && !tokenizer_)
+    return invalid_argument("stop strings need the model's tokenizer (tokenizer.json), which is not loaded");
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request) {
+  KILN_RETURN_IF_ERROR(validate(request));
+  auto live = std::make_unique<Live>();
+  live->request = std::move(request);
+  if (tokenizer_) live->text = std::make_unique<StopStringMatcher>(*tokenizer_, live->request.stop);
+  std::shared_ptr<RequestStream> stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fatal_.empty()) return Status(StatusCode::internal, "the engine stopped after an error: " + fatal_);
+    if (stopping_) return Status(StatusCode::internal, "the engine is shutting down");
+    live->id = next_id_++;
+    stream = std::make_shared<RequestStream>(live->id);
+    live->stream = stream;
+    inbox_.emplace_back(live->id, std::move(live));
+  }
+  wake_.notify_all();
+  return stream;
+}
+
+void Engine::cancel(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(id);
+  }
+  wake_.notify_all();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Engine::finish(Live& live, const std::string& reason, const std::string& error) {
+  if (live.done) return;
+  live.done = true;
+  EngineEvent e;
+  e.finished = true;
+  e.finish_reason = reason;
+  e.error = error;
+  if (live.text && reason != "stop") e.text = live.text->flush();
+  const Sequence* seq = scheduler_->find(live.id);
+  e.usage.prompt_tokens = static_cast<int32_t>(live.request.prompt.size());
+  e.usage.cached_tokens = seq ? std::max(seq->cached_prompt_tokens, 0) : 0;
+  e.usage.completion_tokens = live.generated;
+  live.stream->push(std::move(e));
+  if (live.counts_row >= 0) executor_->release_counts_row(live.counts_row);
+  live.counts_row = -1;
+  scheduler_->remove(live.id);
+}
+
+void Engine::drain_inbox() {
+  std::vector<std::pair<uint64_t, std::unique_ptr<Live>>> arrivals;
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arrivals.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& [id, live] : arrivals) {
+    if (live->request.max_tokens == 0) {
+      Live& l = *live;
+      live_.emplace(id, std::move(live));
+      finish(l, "length");
+      live_.erase(id);
+      continue;
+    }
+    scheduler_->add(id, live->request.prompt);
+    prompt_total_ += static_cast<int64_t>(live->request.prompt.size());
+    live_.emplace(id, std::move(live));
+  }
+  for (uint64_t id : cancels) {
+    auto it = live_.find(id);
+    if (it == live_.end()) continue;
+    finish(*it->second, "abort");
+    live_.erase(it);
+  }
+}
+
+void Engine::emit_token(Live& live, const GeneratedToken& token) {
+  const GenerationRequest& r = live.request;
+  ++live.generated;
+  EngineEvent e;
+  e.tokens.push_back(token);
+  bool stop = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token.id) != r.stop_token_ids.end() ||
+              (!r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token.id) != eos_ids_.end());
+  if (live.text) {
+    StopStringMatcher::Update u = live.text->push(token.id);
+    e.text = std::move(u.text);
+    stop = stop || u.stopped;
+  }
+  live.stream->push(std::move(e));
+  if (stop)
+    finish(live, "stop");
+  else if (live.generated >= r.max_tokens)
+    finish(live, "length");
+}
+
+void Engine::step() {
+  StepPlan plan = scheduler_->schedule();
+  preemptions_ += static_cast<int64_t>(plan.preempted.size());
+  for (uint64_t id : plan.preempted) {  // a preempted request gives its counts row back
+    Live& live = *live_.at(id);
+    if (live.counts_row >= 0) executor_->release_counts_row(live.counts_row);
+    live.counts_row = -1;
+  }
+  if (plan.empty()) return;
+  const uint64_t version = scheduler_->policy_version();
+  std::vector<ops::SamplingRow> rows;
+  std::vector<Live*> sampled;
+  for (const StepEntry& e : plan.entries) {
+    Live& live = *live_.at(e.seq->id);
+    const GenerationRequest& r = live.request;
+    if (live.admission_seen != e.seq->admission) {  // admitted (again) in this step
+      live.admission_seen = e.seq->admission;
+      hits_total_ += e.start;
+      if (has_penalties(r)) {
+        // Rebuild the request's token counts from its prompt and output so far.
+        if (live.counts_row < 0) live.counts_row = executor_->acquire_counts_row();
+        const std::vector<int32_t> output(e.seq->tokens.begin() + e.seq->prompt_len, e.seq->tokens.end());
+        Status st = executor_->reset_counts(live.counts_row, r.prompt, output);
+        if (!st.ok()) return fail_all(st.message());
+      }
+    }
+    if (!e.wants_logits) continue;
+    ops::SamplingRow row;
+    row.temperature = r.temperature;
+    row.top_k = r.top_k;
+    row.top_p = r.top_p;
+    row.min_p = r.min_p;
+    row.repetition_penalty = r.repetition_penalty;
+    row.frequency_penalty = r.frequency_penalty;
+    row.presence_penalty = r.presence_penalty;
+    row.logprobs = r.logprobs || r.top_logprobs > 0 ? 1 : 0;
+    row.top_logprobs = r.top_logprobs;
+    row.counts_row = live.counts_row;
+    row.seed_lo = static_cast<uint32_t>(r.seed);
+    row.seed_hi = static_cast<uint32_t>(r.seed >> 32);
+    row.position = e.start + e.count;  // the position the new token will take
+    rows.push_back(row);
+    sampled.push_back(&live);
+  }
+  Result<std::vector<SampledToken>> out = executor_->run(plan, rows);
+  ++steps_;
+  if (!out.ok()) return fail_all(out.status().message());
+  scheduler_->commit(plan);
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Live& live = *sampled[i];
+    const SampledToken& s = (*out)[i];
+    Sequence* seq = scheduler_->find(live.id);
+    scheduler_->append(seq, s.token);
+    ++generated_total_;
+    GeneratedToken t;
+    t.id = s.token;
+    t.logprob = s.logprob;
+    t.top = s.top;
+    t.policy_version = version;
+    emit_token(live, t);
+    if (live.done) live_.erase(live.id);
+  }
+}
+
+void Engine::fail_all(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fatal_ = message;
+  }
+  for (auto& [id, live] : live_) finish(*live, "abort", message);
+  live_.clear();
+}
+
+void Engine::publish_stats() {
+  const double t = now_seconds();
+  rate_window_.emplace_back(t, generated_total_);
+  while (rate_window_.size() > 2 && rate_window_.front().first < t - 3.0) rate_window_.pop_front();
+  EngineStats s;
+  s.running = scheduler_->running_count();
+  s.waiting = scheduler_->waiting_count();
+  s.kv_pages_used = scheduler_->pool().used_pages();
+  s.kv_pages_free = scheduler_->pool().free_pages();
+  s.kv_pages_cached = scheduler_->radix().cached_pages();
+  s.kv_page_size = scheduler_->config().page_size;
+  s.prompt_tokens = prompt_total_;
+  s.generated_tokens = generated_total_;
+  s.steps = steps_;
+  s.preemptions = preemptions_;
+  s.graph_replays = executor_->graph_replays();
+  s.policy_version = scheduler_->policy_version();
+  s.prefix_hit_tokens = hits_total_;
+  const auto& [t0, g0] = rate_window_.front();
+  s.tokens_per_second = t > t0 ? static_cast<double>(generated_total_ - g0) / (t - t0) : 0.0;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = s;
+}
+
+void Engine::loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !scheduler_->idle(); });
+      if (stopping_) break;
+    }
+    drain_inbox();
+    if (!scheduler_->idle()) step();
+    publish_stats();
+  }
+  drain_inbox();
+  for (auto& [id, live] : live_) finish(*live, "abort", "the engine shut down");
+  live_.clear();
+}
+
+}  // namespace kiln

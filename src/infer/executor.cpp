@@ -1,0 +1,340 @@
+#include "infer/executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace kiln {
+namespace {
+
+int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+bool row_needs_full_sampler(const ops::SamplingRow& r) {
+  return r.temperature > 0.0f || r.logprobs != 0 || r.top_logprobs > 0 || r.counts_row >= 0;
+}
+
+}  // namespace
+
+int64_t Executor::kv_bytes_per_token(const Transformer& model) {
+  const ModelConfig& c = model.config();
+  return 2 * static_cast<int64_t>(c.num_hidden_layers) * c.num_key_value_heads * c.head_dim *
+         dtype_size(model.compute_dtype());
+}
+
+Result<std::unique_ptr<Executor>> Executor::create(const Transformer& model, const ExecutorConfig& config) {
+  if (config.num_pages <= 0 || config.page_size <= 0 || config.max_running <= 0 || config.max_seq_len <= 0 ||
+      config.max_step_tokens < config.max_running)
+    return invalid_argument("executor: pages, page size, running limit and sequence length must be positive, and the "
+                            "step token budget at least the running limit");
+  std::unique_ptr<Executor> e(new Executor(model, config));
+  KILN_RETURN_IF_ERROR(e->init());
+  return e;
+}
+
+Status Executor::init() {
+  const ModelConfig& c = model_.config();
+  vocab_ = c.vocab_size;
+  const int64_t Bm = config_.max_running, Tm = config_.max_step_tokens;
+  max_pages_per_step_ = static_cast<int32_t>(
+      std::min<int64_t>(Bm * ceil_div(config_.max_seq_len, config_.page_size), int64_t(1) << 30));
+  KILN_ASSIGN_OR_RETURN(ws_, model_.make_workspace(Tm, Bm));
+
+  int64_t at = 0;
+  auto section = [&](int64_t& off, int64_t n) {
+    off = at;
+    at += (n + 31) / 32 * 32;  // 128-byte aligned sections
+  };
+  section(off_q_indptr_, Bm + 1);
+  section(off_page_indptr_, Bm + 1);
+  section(off_last_page_, Bm);
+  section(off_last_rows_, Bm + 1);
+  section(off_logit_rows_, Bm);
+  section(off_params_, Bm * ops::kSamplingRowWords);
+  section(off_ids_, Tm);
+  section(off_positions_, Tm);
+  section(off_slots_, Tm);
+  section(off_pages_, max_pages_per_step_);
+  staging_ints_ = at;
+  KILN_ASSIGN_OR_RETURN(staging_host_, pinned_host_empty(be(), {staging_ints_}, DType::i32));
+  KILN_ASSIGN_OR_RETURN(staging_dev_, empty(be(), {staging_ints_}, DType::i32));
+  std::memset(staging_host_.ptr<int32_t>(), 0, static_cast<size_t>(staging_ints_) * 4);
+  be().copy(staging_dev_, staging_host_);
+
+  const int64_t N = ops::kMaxTopLogprobs;
+  KILN_ASSIGN_OR_RETURN(tokens_dev_, empty(be(), {Bm}, DType::i32));
+  KILN_ASSIGN_OR_RETURN(logprobs_dev_, empty(be(), {Bm}, DType::f32));
+  KILN_ASSIGN_OR_RETURN(top_ids_dev_, empty(be(), {Bm, N}, DType::i32));
+  KILN_ASSIGN_OR_RETURN(top_logprobs_dev_, empty(be(), {Bm, N}, DType::f32));
+  const int64_t sampler_words = (ops::sampling_workspace_bytes(Bm, vocab_) + 3) / 4;
+  KILN_ASSIGN_OR_RETURN(sampler_ws_, empty(be(), {std::max<int64_t>(sampler_words, 1)}, DType::i32));
+  KILN_ASSIGN_OR_RETURN(counts_, empty(be(), {Bm, vocab_}, DType::i32));
+  be().zero(counts_);
+  KILN_ASSIGN_OR_RETURN(counts_upload_, empty(be(), {2 * static_cast<int64_t>(config_.max_seq_len)}, DType::i32));
+  KILN_ASSIGN_OR_RETURN(tokens_host_, pinned_host_empty(be(), {Bm}, DType::i32));
+  KILN_ASSIGN_OR_RETURN(logprobs_host_, pinned_host_empty(be(), {Bm}, DType::f32));
+  KILN_ASSIGN_OR_RETURN(top_ids_host_, pinned_host_empty(be(), {Bm, N}, DType::i32));
+  KILN_ASSIGN_OR_RETURN(top_logprobs_host_, pinned_host_empty(be(), {Bm, N}, DType::f32));
+  for (int32_t r = static_cast<int32_t>(Bm) - 1; r >= 0; --r) free_counts_rows_.push_back(r);
+  done_ = be().create_event();
+  KILN_RETURN_IF_ERROR(be().synchronize());
+
+  if (config_.num_pages == 0) {
+    Result<std::pair<int64_t, int64_t>> mem = be().memory_info();
+    const int64_t per_page = kv_bytes_per_token(model_) * config_.page_size;
+    if (mem.ok()) {
+      KILN_RETURN_IF_ERROR(warm_up());
+      mem = be().memory_info();
+      if (!mem.ok()) return mem.status();
+      const int64_t budget = static_cast<int64_t>(static_cast<double>(mem->first) * config_.kv_memory_fraction);
+      config_.num_pages = static_cast<int32_t>(std::min<int64_t>(budget / per_page, (int64_t(1) << 31) / config_.page_size));
+    } else {
+      config_.num_pages = ceil_div(4 * config_.max_seq_len, config_.page_size);  // room for 4 full sequences
+    }
+    if (config_.num_pages < 1)
+      return out_of_memory("no device memory is left for the KV cache after the weights and the workspace; lower "
+                           "--max-step-tokens or --max-running, or give --kv-tokens");
+  }
+  Result<KVCache> cache = model_.make_kv_cache(config_.num_pages * config_.page_size);
+  if (!cache.ok())
+    return out_of_memory("the KV cache of " + std::to_string(config_.num_pages * int64_t(config_.page_size)) +
+                         " tokens does not fit in device memory: " + cache.status().message() + "; lower --kv-tokens");
+  cache_ = std::move(cache).value();
+  return be().synchronize();
+}
+
+Status Executor::warm_up() {
+  KILN_ASSIGN_OR_RETURN(KVCache dummy, model_.make_kv_cache(config_.page_size));
+  std::swap(cache_, dummy);
+  int32_t* h = staging_host_.ptr<int32_t>();
+  const int32_t T = config_.max_step_tokens, B = config_.max_running, ps = config_.page_size;
+  // Prefill: one request of T tokens; decode: B requests of one token at the longest context.
+  struct Shape {
+    int32_t requests, q_len, kv_len;
+  };
+  for (const Shape s : {Shape{1, T, T}, Shape{B, 1, config_.max_seq_len}}) {
+    const int32_t n_pages = ceil_div(s.kv_len, ps);
+    if (static_cast<int64_t>(n_pages) * s.requests > max_pages_per_step_) continue;
+    Packed p;
+    p.requests = s.requests;
+    p.tokens = s.requests * s.q_len;
+    p.logit_rows = s.requests;
+    p.pages = n_pages * s.requests;
+    p.max_q = s.q_len;
+    p.max_kv = s.kv_len;
+    p.trim = s.q_len > 1;
+    for (int32_t b = 0; b <= s.requests; ++b) {
+      h[off_q_indptr_ + b] = b * s.q_len;
+      h[off_page_indptr_ + b] = b * n_pages;
+      h[off_last_rows_ + b] = b;
+    }
+    for (int32_t b = 0; b < s.requests; ++b) {
+      h[off_last_page_ + b] = s.kv_len - (n_pages - 1) * ps;
+      h[off_logit_rows_ + b] = (b + 1) * s.q_len - 1;
+    }
+    const ops::SamplingRow row;
+    for (int32_t b = 0; b < s.requests; ++b) std::memcpy(h + off_params_ + b * ops::kSamplingRowWords, &row, sizeof(row));
+    for (int32_t t = 0; t < p.tokens; ++t) {
+      h[off_ids_ + t] = 0;
+      h[off_positions_ + t] = s.kv_len - s.q_len + t % s.q_len;
+      h[off_slots_ + t] = -1;
+    }
+    std::memset(h + off_pages_, 0, static_cast<size_t>(p.pages) * 4);
+    upload(p);
+    forward_and_sample(p, true);
+    KILN_RETURN_IF_ERROR(be().synchronize());
+  }
+  std::swap(cache_, dummy);
+  return Status::Ok();
+}
+
+int32_t Executor::bucket_for(int32_t batch) const {
+  int32_t b = 1;
+  while (b < batch) b *= 2;
+  return std::min(b, config_.max_running);
+}
+
+Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket) {
+  int32_t* h = staging_host_.ptr<int32_t>();
+  int32_t* q_indptr = h + off_q_indptr_;
+  int32_t* page_indptr = h + off_page_indptr_;
+  int32_t* last_page = h + off_last_page_;
+  int32_t* last_rows = h + off_last_rows_;
+  int32_t* logit_rows = h + off_logit_rows_;
+  int32_t* ids = h + off_ids_;
+  int32_t* positions = h + off_positions_;
+  int32_t* slots = h + off_slots_;
+  int32_t* pages = h + off_pages_;
+  const int32_t ps = config_.page_size;
+  Packed p;
+  q_indptr[0] = page_indptr[0] = last_rows[0] = 0;
+  for (const StepEntry& e : plan.entries) {
+    const Sequence& s = *e.seq;
+    for (int32_t j = e.start; j < e.start + e.count; ++j) {
+      ids[p.tokens] = s.tokens[j];
+      positions[p.tokens] = j;
+      slots[p.tokens] = s.pages[j / ps] * ps + j % ps;
+      ++p.tokens;
+    }
+    const int32_t kv_len = e.start + e.count, n_pages = ceil_div(kv_len, ps);
+    KILN_ASSERT(n_pages <= static_cast<int32_t>(s.pages.size()) && p.pages + n_pages <= max_pages_per_step_);
+    std::memcpy(pages + p.pages, s.pages.data(), static_cast<size_t>(n_pages) * 4);
+    p.pages += n_pages;
+    last_page[p.requests] = kv_len - (n_pages - 1) * ps;
+    if (e.wants_logits) logit_rows[p.logit_rows++] = p.tokens - 1;
+    ++p.requests;
+    q_indptr[p.requests] = p.tokens;
+    page_indptr[p.requests] = p.pages;
+    last_rows[p.requests] = p.logit_rows;
+    p.max_q = std::max(p.max_q, e.count);
+    p.max_kv = std::max(p.max_kv, kv_len);
+  }
+  KILN_ASSERT(static_cast<int32_t>(rows.size()) == p.logit_rows);
+  std::memcpy(h + off_params_, rows.data(), rows.size() * sizeof(ops::SamplingRow));
+  if (bucket > 0) {
+    // Pad a decode step: rows that write no KV, requests with no queries and no pages.
+    const ops::SamplingRow greedy;
+    for (int32_t b = p.requests; b < bucket; ++b) {
+      ids[b] = 0, positions[b] = 0, slots[b] = -1;
+      q_indptr[b + 1] = p.tokens;
+      page_indptr[b + 1] = p.pages;
+      last_page[b] = 0;
+      std::memcpy(h + off_params_ + b * ops::kSamplingRowWords, &greedy, sizeof(greedy));
+    }
+    for (int32_t b = 0; b < bucket; ++b) logit_rows[b] = b;
+    p.tokens = p.requests = p.logit_rows = bucket;
+    p.max_q = 1;
+    p.max_kv = config_.max_seq_len;
+    p.trim = false;
+    return p;
+  }
+  if (p.logit_rows == 0) {  // a step of prefill chunks only: the forward still wants one row
+    logit_rows[0] = p.tokens - 1;
+    last_rows[p.requests] = 1;
+    p.logit_rows = 1;
+  }
+  p.trim = p.max_q > 1;  // a single row per request gains nothing from trimming
+  return p;
+}
+
+void Executor::upload(const Packed& p) {
+  auto copy_ints = [&](int64_t off, int64_t n) {
+    if (n > 0) be().copy_async(staging_dev_.view().rows(off, off + n), staging_host_.view().rows(off, off + n));
+  };
+  copy_ints(0, off_ids_);  // the small per-request sections and the sampling parameters
+  copy_ints(off_ids_, p.tokens);
+  copy_ints(off_positions_, p.tokens);
+  copy_ints(off_slots_, p.tokens);
+  copy_ints(off_pages_, p.pages);
+}
+
+ForwardBatch Executor::batch_view(const Packed& p) const {
+  const Tensor d = staging_dev_.view();
+  ForwardBatch b;
+  b.ids = d.rows(off_ids_, off_ids_ + p.tokens);
+  b.positions = d.rows(off_positions_, off_positions_ + p.tokens);
+  b.slots = d.rows(off_slots_, off_slots_ + p.tokens);
+  b.q_indptr = d.rows(off_q_indptr_, off_q_indptr_ + p.requests + 1);
+  b.kv = PagedKV{d.rows(off_page_indptr_, off_page_indptr_ + p.requests + 1),
+                 d.rows(off_pages_, off_pages_ + max_pages_per_step_),
+                 d.rows(off_last_page_, off_last_page_ + p.requests), config_.page_size};
+  b.logit_rows = d.rows(off_logit_rows_, off_logit_rows_ + p.logit_rows);
+  b.bounds = {p.requests, p.max_q, p.max_kv};
+  if (p.trim) b.last_rows_indptr = d.rows(off_last_rows_, off_last_rows_ + p.requests + 1);
+  return b;
+}
+
+ops::SamplingBatch Executor::sampling_view(int32_t rows, bool full) const {
+  ops::SamplingBatch s;
+  s.logits = ws_.logits.view().rows(0, rows);
+  s.params = staging_dev_.view().rows(off_params_, off_params_ + rows * ops::kSamplingRowWords)
+                 .view({rows, ops::kSamplingRowWords});
+  s.counts = counts_;
+  s.tokens = tokens_dev_.view().rows(0, rows);
+  s.logprobs = logprobs_dev_.view().rows(0, rows);
+  s.top_ids = top_ids_dev_.view().rows(0, rows);
+  s.top_logprobs = top_logprobs_dev_.view().rows(0, rows);
+  s.workspace = sampler_ws_;
+  s.full = full;
+  return s;
+}
+
+void Executor::forward_and_sample(const Packed& p, bool full) {
+  last_logits_ = model_.forward(batch_view(p), cache_, ws_);
+  ops::sample(be(), sampling_view(p.logit_rows, full));
+}
+
+Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows) {
+  KILN_ASSERT(!plan.entries.empty());
+  bool decode_only = true, full = false, any_logprobs = false, any_top = false;
+  for (const StepEntry& e : plan.entries) decode_only = decode_only && e.count == 1 && e.wants_logits;
+  for (const ops::SamplingRow& r : rows) {
+    full = full || row_needs_full_sampler(r);
+    any_logprobs = any_logprobs || r.logprobs != 0 || r.top_logprobs > 0;
+    any_top = any_top || r.top_logprobs > 0;
+  }
+  const int32_t real_rows = static_cast<int32_t>(rows.size());
+  const int32_t bucket = decode_only ? bucket_for(static_cast<int32_t>(plan.entries.size())) : 0;
+  const Packed p = pack(plan, rows, bucket);
+  upload(p);
+  if (bucket > 0 && config_.use_graphs && graphs_ok_) {
+    const auto key = std::make_pair(bucket, full);
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) {
+      it->second->replay();
+      last_logits_ = ws_.logits.view().rows(0, p.logit_rows);
+      ++graph_replays_;
+    } else {
+      forward_and_sample(p, full);  // eager first: sizes scratch and tunes GEMMs outside capture
+      Result<std::unique_ptr<CapturedWork>> g = be().capture([&] { forward_and_sample(p, full); });
+      if (g.ok())
+        graphs_[key] = std::move(g).value();
+      else
+        graphs_ok_ = false;  // CPU, or capture unsupported: stay eager
+    }
+  } else {
+    forward_and_sample(p, full);
+  }
+  if (real_rows > 0) {
+    be().copy_async(tokens_host_.view().rows(0, real_rows), tokens_dev_.view().rows(0, real_rows));
+    if (any_logprobs) be().copy_async(logprobs_host_.view().rows(0, real_rows), logprobs_dev_.view().rows(0, real_rows));
+    if (any_top) {
+      be().copy_async(top_ids_host_.view().rows(0, real_rows), top_ids_dev_.view().rows(0, real_rows));
+      be().copy_async(top_logprobs_host_.view().rows(0, real_rows), top_logprobs_dev_.view().rows(0, real_rows));
+    }
+  }
+  done_->record();
+  KILN_RETURN_IF_ERROR(done_->wait());
+  std::vector<SampledToken> out(static_cast<size_t>(real_rows));
+  for (int32_t i = 0; i < real_rows; ++i) {
+    SampledToken& t = out[i];
+    t.token = tokens_host_.ptr<int32_t>()[i];
+    if (rows[i].logprobs != 0 || rows[i].top_logprobs > 0) t.logprob = logprobs_host_.ptr<float>()[i];
+    for (int32_t k = 0; k < rows[i].top_logprobs; ++k)
+      t.top.emplace_back(top_ids_host_.ptr<int32_t>()[i * ops::kMaxTopLogprobs + k],
+                         top_logprobs_host_.ptr<float>()[i * ops::kMaxTopLogprobs + k]);
+  }
+  return out;
+}
+
+int32_t Executor::acquire_counts_row() {
+  KILN_ASSERT(!free_counts_rows_.empty());  // one row per running request: max_running rows
+  const int32_t r = free_counts_rows_.back();
+  free_counts_rows_.pop_back();
+  return r;
+}
+
+void Executor::release_counts_row(int32_t row) { free_counts_rows_.push_back(row); }
+
+Status Executor::reset_counts(int32_t row, const std::vector<int32_t>& prompt, const std::vector<int32_t>& output) {
+  const int64_t np = static_cast<int64_t>(prompt.size()), no = static_cast<int64_t>(output.size());
+  KILN_ASSERT(np + no <= counts_upload_.numel());
+  TensorBuffer host = host_empty({std::max<int64_t>(np + no, 1)}, DType::i32);
+  std::copy(prompt.begin(), prompt.end(), host.ptr<int32_t>());
+  std::copy(output.begin(), output.end(), host.ptr<int32_t>() + np);
+  Tensor up = counts_upload_.view().rows(0, np + no);
+  be().copy(up, host.view().rows(0, np + no));  // synchronous: `host` dies here (admission only)
+  ops::reset_token_counts(be(), counts_.view().rows(row, row + 1).view({vocab_}), up.rows(0, np), up.rows(np, np + no));
+  return Status::Ok();
+}
+
+}  // namespace kiln

@@ -1,0 +1,113 @@
+// Executor: runs the engine's steps on the model. It owns the KV storage (the page pool's slots:
+// per layer k, v [num_pages * page_size, Hkv, D]) and an inference workspace allocated once, with
+// every per-step buffer at a fixed address (packed inputs, page tables, logits, sampling parameters
+// and outputs, the sampler's scratch, the token-count table for penalties), updated in place.
+//
+// A step (a StepPlan of the scheduler) becomes one packed forward: the planned tokens of every
+// entry concatenated, their positions and KV slots, q/page indptr arrays, the entries' page lists
+// and last-page lengths, the rows whose logits are wanted. Inputs move to the device with one set of
+// asynchronous copies from pinned memory; the sampled tokens (and log-probs when asked) come back the
+// same way, waited for with an event. Pure decode steps are padded to a batch-size bucket (1, 2, 4,
+// ... up to max_running) with rows that write no KV and requests with no queries (the padding rule
+// of kernels/ops.h), so that on CUDA they replay a graph captured once per bucket (and per sampler
+// mode), bit-exact against the same step run eagerly, without allocating.
+// Thread safety: none; the engine thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "infer/scheduler.h"
+#include "kernels/sampling.h"
+#include "model/transformer.h"
+
+namespace kiln {
+
+struct ExecutorConfig {
+  int32_t num_pages = 0;            // 0: a fraction of the device memory free after everything else
+  double kv_memory_fraction = 0.85;  // and a warm-up of the largest steps (CUDA; the CPU: 4 sequences)
+  int32_t page_size = 16;
+  int32_t max_running = 256;
+  int32_t max_step_tokens = 8192;
+  int32_t max_seq_len = 0;  // longest sequence (prompt + generated) a request may reach
+  bool use_graphs = true;
+};
+
+// The result of sampling one entry.
+struct SampledToken {
+  int32_t token = -1;
+  float logprob = 0.0f;                         // when the row asked for log-probs
+  std::vector<std::pair<int32_t, float>> top;   // top_logprobs alternatives, most likely first
+};
+
+class Executor {
+ public:
+  static Result<std::unique_ptr<Executor>> create(const Transformer& model, const ExecutorConfig& config);
+
+  const ExecutorConfig& config() const { return config_; }
+  // Bytes of one token's keys and values over all layers.
+  static int64_t kv_bytes_per_token(const Transformer& model);
+
+  // Runs `plan`. rows[i] are the sampling parameters of the i-th entry that wants logits (their
+  // `position` already set); returns one SampledToken per such entry, in plan order.
+  Result<std::vector<SampledToken>> run(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows);
+
+  // Rows of the token-count table, one per running request with penalties.
+  int32_t acquire_counts_row();
+  void release_counts_row(int32_t row);
+  // Rebuilds a counts row from a request's prompt and generated ids.
+  Status reset_counts(int32_t row, const std::vector<int32_t>& prompt, const std::vector<int32_t>& output);
+
+  // Steps that replayed a captured graph, for tests and stats.
+  int64_t graph_replays() const { return graph_replays_; }
+  // The KV storage, for tests (per layer [slots, Hkv, D]).
+  const KVCache& kv_cache() const { return cache_; }
+  // Test hook: the logits of the last step ([rows, vocab] f32 on the device).
+  Tensor last_logits() const { return last_logits_; }
+
+ private:
+  Executor(const Transformer& model, const ExecutorConfig& config) : model_(model), config_(config) {}
+  Status init();
+  // Runs the largest prefill step and the largest decode step once over a one-page cache that is
+  // never written (slot -1, every page index 0), so that scratch buffers and GEMM plans exist
+  // before the free memory is measured.
+  Status warm_up();
+  // Fills the host staging buffer for `plan`, padding a pure decode step to `bucket` rows when > 0.
+  struct Packed {
+    int32_t tokens = 0, requests = 0, logit_rows = 0, pages = 0, max_q = 0, max_kv = 0;
+    bool trim = false;
+  };
+  Packed pack(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
+  void upload(const Packed& p);
+  ForwardBatch batch_view(const Packed& p) const;
+  ops::SamplingBatch sampling_view(int32_t rows, bool full) const;
+  void forward_and_sample(const Packed& p, bool full);
+  int32_t bucket_for(int32_t batch) const;
+
+  const Transformer& model_;
+  Backend& be() const { return model_.backend(); }
+  ExecutorConfig config_;
+  int64_t vocab_ = 0;
+  int32_t max_pages_per_step_ = 0;
+  KVCache cache_;
+  ForwardWorkspace ws_;
+  // The packed step inputs: host staging (pinned) and device buffer, same layout (offsets below).
+  TensorBuffer staging_host_, staging_dev_;
+  int64_t off_q_indptr_ = 0, off_page_indptr_ = 0, off_last_page_ = 0, off_last_rows_ = 0, off_logit_rows_ = 0,
+          off_params_ = 0, off_ids_ = 0, off_positions_ = 0, off_slots_ = 0, off_pages_ = 0, staging_ints_ = 0;
+  // Sampler buffers.
+  TensorBuffer tokens_dev_, logprobs_dev_, top_ids_dev_, top_logprobs_dev_, sampler_ws_, counts_;
+  TensorBuffer tokens_host_, logprobs_host_, top_ids_host_, top_logprobs_host_;
+  TensorBuffer counts_upload_;  // [max_seq_len] i32 device: ids for reset_counts
+  std::vector<int32_t> free_counts_rows_;
+  std::unique_ptr<Event> done_;
+  Tensor last_logits_;
+  std::map<std::pair<int32_t, bool>, std::unique_ptr<CapturedWork>> graphs_;  // (bucket, full sampler)
+  bool graphs_ok_ = true;
+  int64_t graph_replays_ = 0;
+};
+
+}  // namespace kiln
