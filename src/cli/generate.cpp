@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/common.h"
+#include "cli/requests.h"
 #include "infer/generator.h"
 
 namespace kiln::cli {
@@ -29,6 +30,8 @@ struct GenerateFlags {
   SamplingFlags sampling{0.0f, 1.0f};
   bool ignore_eos = false;
   bool no_graphs = false;
+  EngineFlags engine;
+  RequestsFlags requests;
 };
 
 int run_generate(const GenerateFlags& f) {
@@ -143,9 +146,19 @@ Runner add_generate(CLI::App& app) {
   g->add_option("--max-tokens", f->max_tokens, "new tokens to generate")->capture_default_str();
   f->sampling.add(g);
   g->add_flag("--ignore-eos", f->ignore_eos, "do not stop at the model's EOS token");
-  g->add_flag("--no-graphs", f->no_graphs, "run every decode step eagerly (no CUDA graph replay)");
+  g->add_option("--requests", f->requests.requests,
+                 "a JSONL file of requests run together through the engine (one result line each, in order)");
+  g->add_option("--output", f->requests.output, "with --requests: write the results here instead of stdout");
+  f->engine.add(g);
   return [f, g] {
     f->prompt_given = g->count("--prompt") > 0;
+    if (!f->requests.requests.empty()) {
+      if (f->prompt_given || g->count("--prompt-ids") > 0)
+        return fail(invalid_argument("--requests runs a file of requests; it cannot be combined with --prompt or --prompt-ids"));
+      f->requests.default_max_tokens = f->max_tokens;
+      return run_requests(f->model, f->engine, f->requests);
+    }
+    f->no_graphs = f->no_graphs || f->engine.no_graphs;
     return run_generate(*f);
   };
 }

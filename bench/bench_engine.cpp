@@ -1,0 +1,304 @@
+// Engine benchmark (prints one JSON object): a model built with seeded random weights from a
+// Hugging Face config.json, run through kiln's inference engine.
+//   decode:  B requests of a 1K-token prompt decoding together; tokens/s of the decode phase
+//            (from the moment every request has its first token to the last token)
+//   online:  N requests with Poisson arrivals at --rate requests/s, prompt and output lengths from
+//            a fixed-seed long-tailed (log-normal) distribution; throughput, TTFT and TPOT p50/p99
+//   prefix:  64 requests sharing a 2K-token prefix (each with its own 32-token tail), after one
+//            request has put the prefix in the cache; TTFT with the radix cache on and off
+// Usage: bench_engine --config bench/configs/astrai-1b-shape.config.json [--device cuda]
+//        [--batches 1,8,32,64,128,256] [--context 1024] [--decode-tokens 128] [--online-requests 512]
+//        [--rate 20] [--skip decode,online,prefix] [--no-graphs]
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "infer/engine.h"
+#include "kernels/rng.h"
+#include "model/config.h"
+
+using namespace kiln;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "bench_engine: error: %s\n", s.message().c_str());
+  return 1;
+}
+
+std::vector<int32_t> random_ids(int32_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) v[i] = 3 + static_cast<int32_t>(rng::uniform(seed, i) * static_cast<double>(vocab - 3));
+  return v;
+}
+
+// Per-request timing from its event stream.
+struct Timing {
+  Clock::time_point submitted, first, last;
+  int32_t tokens = 0;
+};
+
+// Drains every stream on one thread, stamping first / last token times as events arrive.
+void drain_all(std::vector<std::shared_ptr<RequestStream>>& streams, std::vector<Timing>& t) {
+  std::vector<bool> done(streams.size(), false);
+  size_t left = streams.size();
+  while (left > 0) {
+    bool any = false;
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (done[i] || !streams[i]) continue;
+      while (std::optional<EngineEvent> e = streams[i]->poll()) {
+        any = true;
+        const auto now = Clock::now();
+        if (!e->tokens.empty()) {
+          if (t[i].tokens == 0) t[i].first = now;
+          t[i].last = now;
+          t[i].tokens += static_cast<int32_t>(e->tokens.size());
+        }
+        if (e->finished) {
+          done[i] = true;
+          --left;
+          break;
+        }
+      }
+    }
+    if (!any) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double k = p / 100.0 * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(k)), hi = static_cast<size_t>(std::ceil(k));
+  return v[lo] + (v[hi] - v[lo]) * (k - static_cast<double>(lo));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln engine benchmark"};
+  std::string config_path, device_name = "cuda", batches = "1,8,32,64,128,256", skip;
+  int32_t context = 1024, decode_tokens = 128, online_requests = 512, prefix_len = 2048, prefix_requests = 64;
+  double rate = 20.0;
+  bool no_graphs = false;
+  EngineOptions options;
+  app.add_option("--config", config_path, "Hugging Face config.json")->required();
+  app.add_option("--device", device_name, "cpu or cuda");
+  app.add_option("--batches", batches, "decode batch sizes, comma separated");
+  app.add_option("--context", context, "prompt tokens of the decode runs");
+  app.add_option("--decode-tokens", decode_tokens, "tokens each request generates in the decode runs");
+  app.add_option("--online-requests", online_requests, "requests of the online run");
+  app.add_option("--rate", rate, "online arrival rate, requests per second (Poisson)");
+  app.add_option("--prefix-len", prefix_len, "shared prefix tokens of the prefix run");
+  app.add_option("--prefix-requests", prefix_requests, "requests of the prefix run");
+  app.add_option("--max-running", options.max_running, "engine: requests decoded together at most");
+  app.add_option("--max-step-tokens", options.max_step_tokens, "engine: tokens per step");
+  app.add_option("--page-size", options.page_size, "engine: KV page size");
+  app.add_option("--kv-tokens", options.kv_tokens, "engine: KV pool tokens (default: from free memory)");
+  app.add_option("--skip", skip, "parts to skip: decode, online, prefix (comma separated)");
+  app.add_flag("--no-graphs", no_graphs, "run every step eagerly");
+  CLI11_PARSE(app, argc, argv);
+  options.use_graphs = !no_graphs;
+
+  Result<ModelConfig> config = load_model_config_file(config_path);
+  if (!config.ok()) return fail(config.status());
+  Result<Device> device = parse_device(device_name);
+  if (!device.ok()) return fail(device.status());
+  Result<std::unique_ptr<Backend>> backend = make_backend(*device);
+  if (!backend.ok()) return fail(backend.status());
+  Result<std::unique_ptr<Transformer>> loaded = Transformer::random(**backend, *config, 1234);
+  if (!loaded.ok()) return fail(loaded.status());
+  std::shared_ptr<const Transformer> model(std::move(loaded).value());
+  const int64_t vocab = model->config().vocab_size;
+  auto make_engine = [&](const EngineOptions& o) { return Engine::create(model, nullptr, {}, o); };
+
+  nlohmann::json out = {{"system", "kiln"},
+                        {"config", config_path},
+                        {"device", (*backend)->device().str()},
+                        {"params", model->parameter_count()},
+                        {"cuda_graphs", options.use_graphs},
+                        {"page_size", options.page_size},
+                        {"max_step_tokens", options.max_step_tokens}};
+
+  if (skip.find("decode") == std::string::npos) {
+    std::stringstream ss(batches);
+    for (std::string item; std::getline(ss, item, ',');) {
+      const int32_t B = std::stoi(item);
+      EngineOptions o = options;
+      o.max_running = std::max(o.max_running, B);
+      o.max_step_tokens = std::max(o.max_step_tokens, o.max_running);
+      Result<std::unique_ptr<Engine>> engine = make_engine(o);
+      if (!engine.ok()) return fail(engine.status());
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      std::vector<Timing> t(static_cast<size_t>(B));
+      for (int32_t b = 0; b < B; ++b) {
+        GenerationRequest r;
+        r.prompt = random_ids(context, vocab, 100 + static_cast<uint64_t>(b));
+        r.max_tokens = decode_tokens;
+        r.ignore_eos = true;
+        t[b].submitted = Clock::now();
+        Result<std::shared_ptr<RequestStream>> s = (*engine)->submit(r);
+        if (!s.ok()) return fail(s.status());
+        streams.push_back(*s);
+      }
+      drain_all(streams, t);
+      Clock::time_point all_first = t[0].first, end = t[0].last;
+      for (const Timing& x : t) all_first = std::max(all_first, x.first), end = std::max(end, x.last);
+      // Tokens generated after every request had its first one.
+      int64_t tokens = 0;
+      for (const Timing& x : t) {
+        const double span = secs(x.first, x.last);
+        const double after = secs(all_first, x.last);
+        tokens += span > 0 ? static_cast<int64_t>(std::llround((x.tokens - 1) * std::min(1.0, after / span))) : 0;
+      }
+      const double dt = secs(all_first, end);
+      const EngineStats st = (*engine)->stats();
+      out["decode"].push_back({{"batch", B},
+                               {"context", context},
+                               {"tokens_per_s", dt > 0 ? static_cast<double>(tokens) / dt : 0.0},
+                               {"ms_per_step", dt > 0 ? dt * 1e3 / std::max(1.0, static_cast<double>(tokens) / B) : 0.0},
+                               {"graph_replays", st.graph_replays},
+                               {"kv_capacity_tokens", (*engine)->kv_capacity_tokens()}});
+      std::fprintf(stderr, "decode B=%d: %.0f tok/s\n", B, dt > 0 ? tokens / dt : 0.0);
+    }
+  }
+
+  if (skip.find("online") == std::string::npos) {
+    Result<std::unique_ptr<Engine>> engine = make_engine(options);
+    if (!engine.ok()) return fail(engine.status());
+    const int32_t N = online_requests;
+    std::vector<std::shared_ptr<RequestStream>> streams(static_cast<size_t>(N));
+    std::vector<Timing> t(static_cast<size_t>(N));
+    std::vector<GenerationRequest> reqs(static_cast<size_t>(N));
+    std::vector<double> arrival(static_cast<size_t>(N));
+    double at = 0;
+    for (int32_t i = 0; i < N; ++i) {
+      auto gauss = [&](uint64_t k) {
+        const double u1 = std::max(1e-12, rng::uniform(77, 4 * static_cast<uint64_t>(i) + k)),
+                     u2 = rng::uniform(77, 4 * static_cast<uint64_t>(i) + k + 1);
+        return std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+      };
+      const int32_t prompt = std::clamp(static_cast<int32_t>(std::exp(std::log(256.0) + 1.0 * gauss(0))), 4, 4096);
+      const int32_t output = std::clamp(static_cast<int32_t>(std::exp(std::log(128.0) + 0.8 * gauss(2))), 4, 1024);
+      reqs[i].prompt = random_ids(prompt, vocab, 5000 + static_cast<uint64_t>(i));
+      reqs[i].max_tokens = output;
+      reqs[i].ignore_eos = true;
+      reqs[i].temperature = 0.8f;
+      reqs[i].top_p = 0.95f;
+      reqs[i].seed = static_cast<uint64_t>(i);
+      at += -std::log(1.0 - rng::uniform(91, static_cast<uint64_t>(i))) / rate;
+      arrival[i] = at;
+    }
+    const Clock::time_point t0 = Clock::now();
+    std::thread submitter([&] {
+      for (int32_t i = 0; i < N; ++i) {
+        std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrival[i])));
+        t[i].submitted = Clock::now();
+        Result<std::shared_ptr<RequestStream>> s = (*engine)->submit(reqs[i]);
+        if (s.ok()) std::atomic_store(&streams[i], *s);
+      }
+    });
+    // Drain as streams appear.
+    std::vector<bool> done(static_cast<size_t>(N), false);
+    int32_t left = N;
+    while (left > 0) {
+      bool any = false;
+      for (int32_t i = 0; i < N; ++i) {
+        std::shared_ptr<RequestStream> s = std::atomic_load(&streams[i]);
+        if (done[i] || !s) continue;
+        while (std::optional<EngineEvent> e = s->poll()) {
+          any = true;
+          const auto now = Clock::now();
+          if (!e->tokens.empty()) {
+            if (t[i].tokens == 0) t[i].first = now;
+            t[i].last = now;
+            t[i].tokens += static_cast<int32_t>(e->tokens.size());
+          }
+          if (e->finished) {
+            done[i] = true;
+            --left;
+            break;
+          }
+        }
+      }
+      if (!any) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    submitter.join();
+    std::vector<double> ttft, tpot;
+    int64_t tokens = 0;
+    Clock::time_point end = t0;
+    for (const Timing& x : t) {
+      ttft.push_back(secs(x.submitted, x.first) * 1e3);
+      if (x.tokens > 1) tpot.push_back(secs(x.first, x.last) * 1e3 / (x.tokens - 1));
+      tokens += x.tokens;
+      end = std::max(end, x.last);
+    }
+    const double dt = secs(t0, end);
+    out["online"] = {{"requests", N},
+                     {"rate", rate},
+                     {"seconds", dt},
+                     {"output_tokens_per_s", tokens / dt},
+                     {"requests_per_s", N / dt},
+                     {"ttft_ms_p50", percentile(ttft, 50)},
+                     {"ttft_ms_p99", percentile(ttft, 99)},
+                     {"tpot_ms_p50", percentile(tpot, 50)},
+                     {"tpot_ms_p99", percentile(tpot, 99)},
+                     {"preemptions", (*engine)->stats().preemptions}};
+    std::fprintf(stderr, "online: %.0f tok/s\n", tokens / dt);
+  }
+
+  if (skip.find("prefix") == std::string::npos) {
+    for (bool cache : {true, false}) {
+      EngineOptions o = options;
+      o.prefix_cache = cache;
+      Result<std::unique_ptr<Engine>> engine = make_engine(o);
+      if (!engine.ok()) return fail(engine.status());
+      const std::vector<int32_t> prefix = random_ids(prefix_len, vocab, 31337);
+      auto request = [&](int32_t i) {
+        GenerationRequest r;
+        r.prompt = prefix;
+        const std::vector<int32_t> tail = random_ids(32, vocab, 900 + static_cast<uint64_t>(i));
+        r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
+        r.max_tokens = 8;
+        r.ignore_eos = true;
+        return r;
+      };
+      {  // the first request puts the prefix in the cache (when there is one)
+        std::vector<std::shared_ptr<RequestStream>> warm = {*(*engine)->submit(request(-1))};
+        std::vector<Timing> tw(1);
+        drain_all(warm, tw);
+      }
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      std::vector<Timing> t(static_cast<size_t>(prefix_requests));
+      for (int32_t i = 0; i < prefix_requests; ++i) {
+        t[i].submitted = Clock::now();
+        streams.push_back(*(*engine)->submit(request(i)));
+      }
+      drain_all(streams, t);
+      std::vector<double> ttft;
+      for (const Timing& x : t) ttft.push_back(secs(x.submitted, x.first) * 1e3);
+      double mean = 0;
+      for (double v : ttft) mean += v / static_cast<double>(ttft.size());
+      out["prefix"][cache ? "cache_on" : "cache_off"] = {{"requests", prefix_requests},
+                                                         {"prefix_tokens", prefix_len},
+                                                         {"ttft_ms_mean", mean},
+                                                         {"ttft_ms_p50", percentile(ttft, 50)},
+                                                         {"ttft_ms_p99", percentile(ttft, 99)},
+                                                         {"prefix_hit_tokens", (*engine)->stats().prefix_hit_tokens}};
+    }
+    const double on = out["prefix"]["cache_on"]["ttft_ms_mean"], off = out["prefix"]["cache_off"]["ttft_ms_mean"];
+    out["prefix"]["ttft_ratio_off_over_on"] = on > 0 ? off / on : 0.0;
+  }
+  std::cout << out.dump(2) << std::endl;
+  return 0;
+}

@@ -1,0 +1,47 @@
+#include "cli/engine_flags.h"
+
+#include <filesystem>
+
+namespace kiln::cli {
+
+void EngineFlags::add(CLI::App* cmd) {
+  cmd->add_option("--max-running", options.max_running, "requests decoded together at most")->capture_default_str();
+  cmd->add_option("--max-step-tokens", options.max_step_tokens, "tokens per engine step (prefill chunks + decodes)")
+      ->capture_default_str();
+  cmd->add_option("--kv-tokens", options.kv_tokens,
+                  "KV pool capacity in tokens (default: most of the GPU memory left after the weights; on the CPU "
+                  "four full-length sequences)");
+  cmd->add_option("--kv-memory", options.kv_memory, "KV pool size in bytes (instead of --kv-tokens)");
+  cmd->add_option("--page-size", options.page_size, "KV page size in tokens")->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", no_prefix_cache, "do not reuse the KV of earlier requests' prefixes");
+  cmd->add_flag("--no-graphs", no_graphs, "run every step eagerly (no CUDA graph replay)");
+}
+
+EngineOptions EngineFlags::engine_options() const {
+  EngineOptions o = options;
+  o.prefix_cache = !no_prefix_cache;
+  o.use_graphs = !no_graphs;
+  return o;
+}
+
+Result<std::unique_ptr<EngineSession>> start_engine(const ModelFlags& model_flags, const EngineFlags& engine_flags,
+                                                    bool need_text) {
+  auto s = std::make_unique<EngineSession>();
+  const bool has_tokenizer = std::filesystem::exists(std::filesystem::path(model_flags.model_dir) / "tokenizer.json");
+  if (need_text || has_tokenizer) {
+    KILN_ASSIGN_OR_RETURN(ModelText text, ModelText::load(model_flags.model_dir));
+    s->text = std::move(text);
+  }
+  KILN_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(model_flags));
+  s->backend = std::move(loaded.backend);
+  s->model = std::shared_ptr<const Transformer>(std::move(loaded.model));
+  std::vector<int32_t> eos = s->model->config().eos_token_ids;
+  if (s->text)
+    for (int32_t id : s->text->stop_ids())
+      if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+  KILN_ASSIGN_OR_RETURN(s->engine, Engine::create(s->model, s->text ? &s->text->tokenizer() : nullptr, eos,
+                                                  engine_flags.engine_options()));
+  return s;
+}
+
+}  // namespace kiln::cli
