@@ -34,7 +34,12 @@ SafetensorsFile open_golden(const std::string& model) {
   return std::move(f).value();
 }
 
-// Logits [n, vocab] of one full forward over `ids` (row t predicts token t + 1).
+std::vector<float> row_slice(const std::vector<float>& m, int64_t row, int64_t width) {
+  return std::vector<float>(m.begin() + row * width, m.begin() + (row + 1) * width);
+}
+
+}  // namespace
+
 std::vector<float> full_forward_logits(const Transformer& m, const std::vector<int32_t>& ids) {
   Backend& be = m.backend();
   const int32_t n = static_cast<int32_t>(ids.size());
@@ -62,11 +67,6 @@ std::vector<float> full_forward_logits(const Transformer& m, const std::vector<i
   return to_f32(be, logits);
 }
 
-std::vector<float> row_slice(const std::vector<float>& m, int64_t row, int64_t width) {
-  return std::vector<float>(m.begin() + row * width, m.begin() + (row + 1) * width);
-}
-
-}  // namespace
 
 std::vector<float> golden_floats(const std::string& model, const std::string& name) {
   SafetensorsFile f = open_golden(model);

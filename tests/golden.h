@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/transformer.h"
 
 namespace kiln::test {
 
@@ -14,6 +15,9 @@ namespace kiln::test {
 // testdata/<model>/golden.safetensors, or from testdata/<model> when `model` names a .safetensors file.
 std::vector<float> golden_floats(const std::string& model, const std::string& name);
 std::vector<int32_t> golden_ints(const std::string& model, const std::string& name);
+
+// Logits [n, vocab] (f32, host) of one full forward over `ids` (row t predicts token t + 1).
+std::vector<float> full_forward_logits(const Transformer& m, const std::vector<int32_t>& ids);
 
 // How the greedy continuation is compared with the reference's.
 enum class GreedyCheck {

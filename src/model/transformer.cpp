@@ -8,117 +8,48 @@
 #include "model/weights.h"
 
 namespace kiln {
-namespace {
-
-std::string layer_prefix(int i) { return "model.layers." + std::to_string(i) + "."; }
-
-}  // namespace
-
 Transformer::Transformer(Backend& backend, ModelConfig config)
-    : backend_(backend), config_(std::move(config)), dtype_(backend.device().is_cpu() ? DType::f32 : DType::bf16) {}
+    : backend_(backend),
+      config_(std::move(config)),
+      dtype_(backend.device().is_cpu() ? DType::f32 : DType::bf16),
+      layout_(model_tensor_layout(config_)) {
+  for (const auto& [name, shape] : layout_.fused) parameter_count_ += shape.numel();
+}
 
 Status Transformer::allocate_weights() {
-  const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, D = c.head_dim;
-  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  auto alloc = [&](TensorBuffer& dst, Shape s) -> Status {
-    KILN_ASSIGN_OR_RETURN(dst, empty(backend_, s, dtype_));
-    parameter_count_ += s.numel();
-    return Status::Ok();
-  };
-  KILN_RETURN_IF_ERROR(alloc(embed_tokens_, {V, H}));
-  KILN_RETURN_IF_ERROR(alloc(final_norm_, {H}));
-  if (!c.tie_word_embeddings) KILN_RETURN_IF_ERROR(alloc(lm_head_, {V, H}));
-  layers_.resize(c.num_hidden_layers);
-  for (LayerWeights& L : layers_) {
-    KILN_RETURN_IF_ERROR(alloc(L.input_norm, {H}));
-    KILN_RETURN_IF_ERROR(alloc(L.qkv_proj, {(Hq + 2 * Hkv) * D, H}));
-    if (c.attention_bias) KILN_RETURN_IF_ERROR(alloc(L.qkv_bias, {(Hq + 2 * Hkv) * D}));
-    if (c.o_proj_bias) KILN_RETURN_IF_ERROR(alloc(L.o_bias, {H}));
-    if (c.qk_norm) {
-      KILN_RETURN_IF_ERROR(alloc(L.q_norm, {D}));
-      KILN_RETURN_IF_ERROR(alloc(L.k_norm, {D}));
-    }
-    KILN_RETURN_IF_ERROR(alloc(L.o_proj, {H, Hq * D}));
-    KILN_RETURN_IF_ERROR(alloc(L.post_norm, {H}));
-    KILN_RETURN_IF_ERROR(alloc(L.gate_up_proj, {2 * I, H}));
-    if (c.mlp_bias) {
-      KILN_RETURN_IF_ERROR(alloc(L.gate_up_bias, {2 * I}));
-      KILN_RETURN_IF_ERROR(alloc(L.down_bias, {H}));
-    }
-    KILN_RETURN_IF_ERROR(alloc(L.down_proj, {H, I}));
+  for (const auto& [name, shape] : layout_.fused) {
+    KILN_ASSIGN_OR_RETURN(TensorBuffer t, empty(backend_, shape, dtype_));
+    weights_.set(name, t);
+    owned_.push_back(std::move(t));
   }
-  RopeTables rope = compute_rope_inv_freq(c.rope, static_cast<int>(D));
-  TensorBuffer host = host_empty(Shape{D / 2}, DType::f32);
-  for (int64_t i = 0; i < D / 2; ++i) host.ptr<float>()[i] = rope.inv_freq[i];
-  KILN_ASSIGN_OR_RETURN(inv_freq_, to_device(backend_, host));
-  rope_attention_scaling_ = rope.attention_scaling;
   return Status::Ok();
 }
 
-// HF names of every weight with the tensor it fills. The fused projections appear as their parts:
-// qkv_proj as q_proj, k_proj, v_proj rows; gate_up_proj as gate_proj then up_proj rows; likewise
-// their biases.
-std::vector<std::pair<std::string, Tensor>> Transformer::named_weights() const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  out.emplace_back("model.embed_tokens.weight", embed_tokens_);
-  for (int i = 0; i < static_cast<int>(layers_.size()); ++i) {
-    const LayerWeights& L = layers_[i];
-    const std::string p = layer_prefix(i);
-    const int64_t I = config_.intermediate_size;
-    out.emplace_back(p + "input_layernorm.weight", L.input_norm);
-    const int64_t q_rows = config_.num_attention_heads * config_.head_dim;
-    const int64_t kv_rows = config_.num_key_value_heads * config_.head_dim;
-    const Tensor qkv = L.qkv_proj.view();
-    out.emplace_back(p + "self_attn.q_proj.weight", qkv.rows(0, q_rows));
-    out.emplace_back(p + "self_attn.k_proj.weight", qkv.rows(q_rows, q_rows + kv_rows));
-    out.emplace_back(p + "self_attn.v_proj.weight", qkv.rows(q_rows + kv_rows, q_rows + 2 * kv_rows));
-    if (L.qkv_bias.allocated()) {
-      const Tensor b = L.qkv_bias.view();
-      out.emplace_back(p + "self_attn.q_proj.bias", b.rows(0, q_rows));
-      out.emplace_back(p + "self_attn.k_proj.bias", b.rows(q_rows, q_rows + kv_rows));
-      out.emplace_back(p + "self_attn.v_proj.bias", b.rows(q_rows + kv_rows, q_rows + 2 * kv_rows));
-    }
-    if (L.q_norm.allocated()) {
-      out.emplace_back(p + "self_attn.q_norm.weight", L.q_norm);
-      out.emplace_back(p + "self_attn.k_norm.weight", L.k_norm);
-    }
-    out.emplace_back(p + "self_attn.o_proj.weight", L.o_proj);
-    if (L.o_bias.allocated()) out.emplace_back(p + "self_attn.o_proj.bias", L.o_bias);
-    out.emplace_back(p + "post_attention_layernorm.weight", L.post_norm);
-    out.emplace_back(p + "mlp.gate_proj.weight", L.gate_up_proj.view().rows(0, I));
-    out.emplace_back(p + "mlp.up_proj.weight", L.gate_up_proj.view().rows(I, 2 * I));
-    if (L.gate_up_bias.allocated()) {
-      out.emplace_back(p + "mlp.gate_proj.bias", L.gate_up_bias.view().rows(0, I));
-      out.emplace_back(p + "mlp.up_proj.bias", L.gate_up_bias.view().rows(I, 2 * I));
-    }
-    out.emplace_back(p + "mlp.down_proj.weight", L.down_proj);
-    if (L.down_bias.allocated()) out.emplace_back(p + "mlp.down_proj.bias", L.down_bias);
+Status Transformer::bind_weights() {
+  KILN_RETURN_IF_ERROR(weights_.check(layout_, dtype_, backend_.device()));
+  const ModelWeights& w = weights_;
+  embed_tokens_ = w.get("embed_tokens");
+  final_norm_ = w.get("final_norm");
+  lm_head_ = config_.tie_word_embeddings ? embed_tokens_ : w.get("lm_head");
+  layers_.resize(config_.num_hidden_layers);
+  for (int i = 0; i < config_.num_hidden_layers; ++i) {
+    const std::string k = "layers." + std::to_string(i) + ".";
+    LayerWeights& L = layers_[i];
+    L.input_norm = w.get(k + "input_norm");
+    L.qkv_proj = w.get(k + "qkv_proj");
+    L.qkv_bias = w.get_or_empty(k + "qkv_bias");
+    L.q_norm = w.get_or_empty(k + "q_norm");
+    L.k_norm = w.get_or_empty(k + "k_norm");
+    L.o_proj = w.get(k + "o_proj");
+    L.o_bias = w.get_or_empty(k + "o_bias");
+    L.post_norm = w.get(k + "post_norm");
+    L.gate_up_proj = w.get(k + "gate_up_proj");
+    L.gate_up_bias = w.get_or_empty(k + "gate_up_bias");
+    L.down_proj = w.get(k + "down_proj");
+    L.down_bias = w.get_or_empty(k + "down_bias");
   }
-  out.emplace_back("model.norm.weight", final_norm_);
-  if (lm_head_.allocated()) out.emplace_back("lm_head.weight", lm_head_);
-  return out;
-}
-
-Status Transformer::load_weights(const std::string& model_dir) {
-  KILN_ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::open(model_dir));
-  for (auto& [name, dst] : named_weights()) KILN_RETURN_IF_ERROR(load_tensor_into(backend_, ckpt, name, dst));
+  KILN_ASSIGN_OR_RETURN(rope_, make_device_rope(backend_, config_));
   return Status::Ok();
-}
-
-void Transformer::randomize_weights(uint64_t seed) {
-  uint64_t index = 0;
-  for (auto& [name, t] : named_weights()) {
-    ++index;
-    bool is_norm = name.find("norm") != std::string::npos;
-    bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    if (is_norm)
-      ops::fill_constant(backend_, t, 1.0f);
-    else if (is_bias)
-      ops::fill_constant(backend_, t, 0.0f);
-    else
-      ops::fill_normal(backend_, t, 0.02f, seed * 1000003ull + index);
-  }
 }
 
 Result<std::unique_ptr<Transformer>> Transformer::load(Backend& backend, const std::string& model_dir,
@@ -132,7 +63,8 @@ Result<std::unique_ptr<Transformer>> Transformer::load(Backend& backend, const s
   if (options.random_weights) return random(backend, config, options.seed);
   std::unique_ptr<Transformer> m(new Transformer(backend, std::move(config)));
   KILN_RETURN_IF_ERROR(m->allocate_weights());
-  KILN_RETURN_IF_ERROR(m->load_weights(model_dir));
+  KILN_RETURN_IF_ERROR(load_weights(backend, m->layout_, m->weights_, model_dir));
+  KILN_RETURN_IF_ERROR(m->bind_weights());
   KILN_RETURN_IF_ERROR(backend.synchronize());
   return m;
 }
@@ -140,8 +72,17 @@ Result<std::unique_ptr<Transformer>> Transformer::load(Backend& backend, const s
 Result<std::unique_ptr<Transformer>> Transformer::random(Backend& backend, const ModelConfig& config, uint64_t seed) {
   std::unique_ptr<Transformer> m(new Transformer(backend, config));
   KILN_RETURN_IF_ERROR(m->allocate_weights());
-  m->randomize_weights(seed);
+  randomize_weights(backend, m->layout_, m->weights_, seed);
+  KILN_RETURN_IF_ERROR(m->bind_weights());
   KILN_RETURN_IF_ERROR(backend.synchronize());
+  return m;
+}
+
+Result<std::unique_ptr<Transformer>> Transformer::borrow(Backend& backend, const ModelConfig& config,
+                                                         const ModelWeights& weights) {
+  std::unique_ptr<Transformer> m(new Transformer(backend, config));
+  m->weights_ = weights;
+  KILN_RETURN_IF_ERROR(m->bind_weights());
   return m;
 }
 
@@ -212,8 +153,8 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     else
       ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
     ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
-    ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, inv_freq_,
-                              rope_attention_scaling_, L.q_norm, L.k_norm, eps);
+    ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
+                              rope_.attention_scaling, L.q_norm, L.k_norm, eps);
     if (trim_last_layer && i == c.num_hidden_layers - 1) {
       // Only the logit rows go on: gather their queries and residuals (row gathers), attend as the
       // last query of each request, and run the rest of the layer on R rows.
@@ -243,7 +184,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     ops::embedding_forward(be, final_rows, normed, batch.logit_rows);
   }
   Tensor logits = ws.logits.view().rows(0, R);
-  ops::linear_forward(be, logits, final_rows, lm_head_.allocated() ? lm_head_.view() : embed_tokens_.view());
+  ops::linear_forward(be, logits, final_rows, lm_head_);
   return logits;
 }
 

@@ -7,7 +7,10 @@
 // its queries attend causally to its whole cached context. Prefill (many tokens of one request),
 // decode (one token each of many requests) and mixed steps are the same call.
 //
-// Ownership: the Transformer owns its weights; KVCache owns the cache memory; ForwardWorkspace owns
+// Weights: the model's tensor table (model/tensor_table.h) in the compute dtype, either owned by the
+// Transformer (load, random) or borrowed from elsewhere (borrow: e.g. a trainer's compute copy, so
+// an engine serves the trainer's current weights without a copy).
+// Ownership: KVCache owns the cache memory; ForwardWorkspace owns
 // the per-step activations, allocated once for a token budget and reused (so a decode step
 // allocates nothing and can be captured in a CUDA graph).
 // Thread safety: none; one thread drives a Transformer and its backend.
@@ -21,21 +24,23 @@
 #include "backend/backend.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/tensor_table.h"
 
 namespace kiln {
 
+// Views of one layer's weights (borrowed from the model's tensor table; absent ones empty).
 struct LayerWeights {
-  TensorBuffer input_norm;     // [H]
-  TensorBuffer qkv_proj;                // [(Hq + 2 Hkv) * D, H]: q, k, v rows (one GEMM for all three)
-  TensorBuffer qkv_bias;                // [(Hq + 2 Hkv) * D] (Qwen2 / attention_bias)
-  TensorBuffer q_norm, k_norm;          // [D] (Qwen3)
-  TensorBuffer o_proj;                  // [H, Hq*D]
-  TensorBuffer o_bias;                  // [H] (attention_bias on Llama-style configs)
-  TensorBuffer post_norm;               // [H]
-  TensorBuffer gate_up_proj;            // [2I, H]: gate rows then up rows (one GEMM for both)
-  TensorBuffer gate_up_bias;            // [2I] (mlp_bias)
-  TensorBuffer down_proj;               // [H, I]
-  TensorBuffer down_bias;               // [H] (mlp_bias)
+  Tensor input_norm;     // [H]
+  Tensor qkv_proj;       // [(Hq + 2 Hkv) * D, H]: q, k, v rows (one GEMM for all three)
+  Tensor qkv_bias;       // [(Hq + 2 Hkv) * D] (Qwen2 / attention_bias)
+  Tensor q_norm, k_norm; // [D] (Qwen3)
+  Tensor o_proj;         // [H, Hq*D]
+  Tensor o_bias;         // [H] (attention_bias on Llama-style configs)
+  Tensor post_norm;      // [H]
+  Tensor gate_up_proj;   // [2I, H]: gate rows then up rows (one GEMM for both)
+  Tensor gate_up_bias;   // [2I] (mlp_bias)
+  Tensor down_proj;      // [H, I]
+  Tensor down_bias;      // [H] (mlp_bias)
 };
 
 // Per-layer key/value storage of `slots` token slots: k, v [slots, Hkv, D] in the compute dtype,
@@ -79,13 +84,19 @@ class Transformer {
   // Loads config.json and the safetensors weights (or random ones) of `model_dir` onto `backend`.
   static Result<std::unique_ptr<Transformer>> load(Backend& backend, const std::string& model_dir,
                                                    const ModelLoadOptions& options = {});
-  // Builds a model of `config` with seeded random weights (N(0, 0.02) matrices, unit norms).
+  // Builds a model of `config` with seeded random weights (model/tensor_table.h randomize_weights:
+  // the same model TrainModel::random builds from the same config and seed).
   static Result<std::unique_ptr<Transformer>> random(Backend& backend, const ModelConfig& config, uint64_t seed);
+  // Runs on weights owned elsewhere: every tensor of the config's table, in the backend's compute
+  // dtype (f32 on the CPU, bf16 on CUDA), kept alive and unchanged while this model runs.
+  static Result<std::unique_ptr<Transformer>> borrow(Backend& backend, const ModelConfig& config,
+                                                     const ModelWeights& weights);
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
   DType compute_dtype() const { return dtype_; }
   int64_t parameter_count() const { return parameter_count_; }
+  const ModelWeights& weights() const { return weights_; }
 
   Result<KVCache> make_kv_cache(int32_t slots) const;
   Result<ForwardWorkspace> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
@@ -96,19 +107,20 @@ class Transformer {
  private:
   Transformer(Backend& backend, ModelConfig config);
   Status allocate_weights();
-  Status load_weights(const std::string& model_dir);
-  void randomize_weights(uint64_t seed);
-  std::vector<std::pair<std::string, Tensor>> named_weights() const;
+  // Resolves the per-layer views and the rotary tables once the table is filled in.
+  Status bind_weights();
 
   Backend& backend_;
   ModelConfig config_;
   DType dtype_;
+  ModelTensorLayout layout_;
   int64_t parameter_count_ = 0;
-  TensorBuffer embed_tokens_;  // [V, H]
-  TensorBuffer final_norm_;    // [H]
-  TensorBuffer lm_head_;       // [V, H]; empty when tied to embed_tokens_
-  TensorBuffer inv_freq_;      // [D/2] f32 on the device
-  float rope_attention_scaling_ = 1.0f;
+  std::vector<TensorBuffer> owned_;  // the weights, when this model owns them
+  ModelWeights weights_;
+  Tensor embed_tokens_;  // [V, H]
+  Tensor final_norm_;    // [H]
+  Tensor lm_head_;       // [V, H]; the embedding when tied
+  DeviceRope rope_;
   std::vector<LayerWeights> layers_;
 };
 

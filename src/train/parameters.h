@@ -22,22 +22,9 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "model/config.h"
+#include "model/tensor_table.h"
 
 namespace kiln {
-
-// One Hugging Face tensor: which fused tensor holds it and which rows.
-struct HfTensor {
-  std::string name;  // e.g. "model.layers.0.self_attn.k_proj.weight"
-  std::string fused;  // kiln's tensor holding it, e.g. "layers.0.qkv_proj"
-  int64_t row_begin = 0, row_end = 0;
-};
-
-// The Hugging Face tensors of a config, in checkpoint order, with kiln's fused tensor shapes.
-struct ModelTensorLayout {
-  std::vector<std::pair<std::string, Shape>> fused;  // kiln name -> shape, model order
-  std::vector<HfTensor> hf;
-};
-ModelTensorLayout model_tensor_layout(const ModelConfig& config);
 
 // Parameters matching the default --no-decay expression: norms, biases and embeddings.
 inline constexpr const char* kDefaultNoDecay = R"(norm|\.bias$|embed_tokens)";
@@ -72,6 +59,9 @@ class ParameterSet {
   Tensor grad_or_empty(const std::string& fused_name) const { return has(fused_name) ? grad(fused_name) : Tensor{}; }
 
   const ModelTensorLayout& layout() const { return layout_; }
+  // The compute copy as the model's tensor table (what Transformer::borrow and TrainModel read).
+  ModelWeights compute_weights() const;
+  ModelWeights master_weights() const;
   // Names of the Hugging Face tensors exempt from weight decay, for the log.
   std::vector<std::string> no_decay_names() const;
 

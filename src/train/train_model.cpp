@@ -53,11 +53,8 @@ TrainModel::TrainModel(Backend& be, ModelConfig config, ParameterSet params, con
     : be_(be), config_(std::move(config)), params_(std::move(params)), options_(options) {}
 
 Status TrainModel::init_rope() {
-  const int64_t D = config_.head_dim;
-  RopeTables rope = compute_rope_inv_freq(config_.rope, static_cast<int>(D));
-  TensorBuffer host = host_empty(Shape{D / 2}, DType::f32);
-  for (int64_t i = 0; i < D / 2; ++i) host.ptr<float>()[i] = rope.inv_freq[i];
-  KILN_ASSIGN_OR_RETURN(inv_freq_, to_device(be_, host));
+  KILN_ASSIGN_OR_RETURN(DeviceRope rope, make_device_rope(be_, config_));
+  inv_freq_ = std::move(rope.inv_freq);
   rope_attention_scaling_ = rope.attention_scaling;
   return Status::Ok();
 }
@@ -69,9 +66,7 @@ Result<std::unique_ptr<TrainModel>> TrainModel::load(Backend& be, const std::str
                         ParameterSet::create(be, config, options.no_decay, /*mixed_precision=*/be.device().is_cuda()));
   std::unique_ptr<TrainModel> m(new TrainModel(be, std::move(config), std::move(params), options));
   KILN_RETURN_IF_ERROR(m->init_rope());
-  KILN_ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::open(model_dir));
-  for (const HfTensor& t : m->params_.layout().hf)
-    KILN_RETURN_IF_ERROR(load_tensor_into(be, ckpt, t.name, m->params_.hf_view(m->params_.master(), t)));
+  KILN_RETURN_IF_ERROR(load_weights(be, m->params_.layout(), m->params_.master_weights(), model_dir));
   m->params_.sync_compute(be);
   KILN_RETURN_IF_ERROR(be.synchronize());
   return m;
@@ -83,17 +78,7 @@ Result<std::unique_ptr<TrainModel>> TrainModel::random(Backend& be, const ModelC
                         ParameterSet::create(be, config, options.no_decay, /*mixed_precision=*/be.device().is_cuda()));
   std::unique_ptr<TrainModel> m(new TrainModel(be, config, std::move(params), options));
   KILN_RETURN_IF_ERROR(m->init_rope());
-  uint64_t index = 0;
-  for (const auto& [name, shape] : m->params_.layout().fused) {
-    ++index;
-    const Tensor t = m->params_.master(name);
-    if (name.find("norm") != std::string::npos)
-      ops::fill_constant(be, t, 1.0f);
-    else if (name.find("bias") != std::string::npos)
-      ops::fill_constant(be, t, 0.0f);
-    else
-      ops::fill_normal(be, t, 0.02f, options.random_seed * 1000003ull + index);
-  }
+  randomize_weights(be, m->params_.layout(), m->params_.master_weights(), options.random_seed);
   m->params_.sync_compute(be);
   KILN_RETURN_IF_ERROR(be.synchronize());
   return m;

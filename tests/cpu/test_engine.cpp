@@ -46,6 +46,7 @@ Outcome drain(RequestStream& s) {
 class EngineTest : public ::testing::Test {
  protected:
   void load(const std::string& model) {
+    model_.reset();  // before the backend it lives on
     be_ = make_cpu_backend();
     Result<std::unique_ptr<Transformer>> m = Transformer::load(*be_, testdata_dir() + "/" + model);
     ASSERT_TRUE(m.ok()) << m.status().message();
@@ -134,6 +135,8 @@ class EngineTest : public ::testing::Test {
     if (preemptions) *preemptions = st.preemptions;
     if (hits) *hits = st.prefix_hit_tokens;
   }
+
+  void TearDown() override { model_.reset(); }
 
   std::unique_ptr<Backend> be_;
   std::shared_ptr<const Transformer> model_;
