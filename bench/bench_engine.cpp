@@ -1,5 +1,7 @@
 // Engine benchmark (prints one JSON object): a model built with seeded random weights from a
 // Hugging Face config.json, run through kiln's inference engine.
+//   single:  one request at each of --single-contexts: prefill time (time to first token) and decode
+//            ms per token (the B=1 latency figures)
 //   decode:  B requests of a 1K-token prompt decoding together; tokens/s of the decode phase
 //            (from the moment every request has its first token to the last token)
 //   online:  N requests with Poisson arrivals at --rate requests/s, prompt and output lengths from
@@ -8,7 +10,7 @@
 //            request has put the prefix in the cache; TTFT with the radix cache on and off
 // Usage: bench_engine --config bench/configs/astrai-1b-shape.config.json [--device cuda]
 //        [--batches 1,8,32,64,128,256] [--context 1024] [--decode-tokens 128] [--online-requests 512]
-//        [--rate 20] [--skip decode,online,prefix] [--no-graphs]
+//        [--rate 20] [--single-contexts 1024,8192,30000] [--skip single,decode,online,prefix] [--no-graphs]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -87,7 +89,7 @@ double percentile(std::vector<double> v, double p) {
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln engine benchmark"};
-  std::string config_path, device_name = "cuda", batches = "1,8,32,64,128,256", skip;
+  std::string config_path, device_name = "cuda", batches = "1,8,32,64,128,256", skip, single = "1024,8192,30000";
   int32_t context = 1024, decode_tokens = 128, online_requests = 512, prefix_len = 2048, prefix_requests = 64;
   double rate = 20.0;
   bool no_graphs = false;
@@ -105,7 +107,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-step-tokens", options.max_step_tokens, "engine: tokens per step");
   app.add_option("--page-size", options.page_size, "engine: KV page size");
   app.add_option("--kv-tokens", options.kv_tokens, "engine: KV pool tokens (default: from free memory)");
-  app.add_option("--skip", skip, "parts to skip: decode, online, prefix (comma separated)");
+  app.add_option("--single-contexts", single, "prompt lengths of the single-request runs");
+  app.add_option("--skip", skip, "parts to skip: single, decode, online, prefix (comma separated)");
   app.add_flag("--no-graphs", no_graphs, "run every step eagerly");
   CLI11_PARSE(app, argc, argv);
   options.use_graphs = !no_graphs;
@@ -129,6 +132,35 @@ int main(int argc, char** argv) {
                         {"cuda_graphs", options.use_graphs},
                         {"page_size", options.page_size},
                         {"max_step_tokens", options.max_step_tokens}};
+
+  if (skip.find("single") == std::string::npos) {
+    Result<std::unique_ptr<Engine>> engine = make_engine(options);
+    if (!engine.ok()) return fail(engine.status());
+    std::stringstream ss(single);
+    for (std::string item; std::getline(ss, item, ',');) {
+      const int32_t n = std::stoi(item);
+      for (int rep = 0; rep < 2; ++rep) {  // the first run captures graphs and tunes GEMMs
+        GenerationRequest r;
+        r.prompt = random_ids(n, vocab, 7 + static_cast<uint64_t>(n) + static_cast<uint64_t>(rep) * 1000);
+        r.max_tokens = decode_tokens;
+        r.ignore_eos = true;
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        std::vector<Timing> t(1);
+        t[0].submitted = Clock::now();
+        Result<std::shared_ptr<RequestStream>> s = (*engine)->submit(r);
+        if (!s.ok()) return fail(s.status());
+        streams.push_back(*s);
+        drain_all(streams, t);
+        if (rep == 0) continue;
+        const double decode_ms = secs(t[0].first, t[0].last) * 1e3 / std::max(1, t[0].tokens - 1);
+        out["single"].push_back({{"context", n},
+                                 {"prefill_ms", secs(t[0].submitted, t[0].first) * 1e3},
+                                 {"decode_ms_per_token", decode_ms}});
+        std::fprintf(stderr, "single %d: prefill %.2f ms, decode %.3f ms/token\n", n,
+                     secs(t[0].submitted, t[0].first) * 1e3, decode_ms);
+      }
+    }
+  }
 
   if (skip.find("decode") == std::string::npos) {
     std::stringstream ss(batches);

@@ -27,7 +27,8 @@ enum class GreedyCheck {
                      // from there on the continuations may legitimately differ
 };
 
-// Runs the full-sequence and incremental-decode checks of testdata/<model> on `be` with the given
+// Runs the full-sequence checks and greedy decoding through the engine (its top log-probabilities per
+// step against the reference logits) of testdata/<model> on `be` with the given
 // relative-error tolerance for logits, and compares greedy tokens as `greedy` says.
 void check_golden_model(Backend& be, const std::string& model, double logits_tolerance,
                         GreedyCheck greedy = GreedyCheck::exact);

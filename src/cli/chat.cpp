@@ -1,7 +1,7 @@
 // kiln chat: an interactive conversation with a model through its chat template, the reply
 // streaming as it is generated. One user message per input line; /reset clears the conversation,
-// /exit (or end of input) quits. Each turn renders the whole conversation and prefills it again
-// (prefix reuse comes with the paged engine).
+// /exit (or end of input) quits. Each turn renders the whole conversation and submits it to the
+// engine, whose radix cache holds the earlier turns' KV: only the new text is prefilled.
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -10,7 +10,7 @@
 #include <iostream>
 
 #include "cli/common.h"
-#include "infer/generator.h"
+#include "cli/engine_flags.h"
 
 namespace kiln::cli {
 
@@ -21,6 +21,7 @@ Runner add_chat(CLI::App& app) {
     int32_t max_tokens = 512;
     SamplingFlags sampling{0.7f, 0.95f};
     bool json = false;
+    EngineFlags engine;
   };
   auto f = std::make_shared<Flags>();
   CLI::App* c = app.add_subcommand("chat", "chat with a model: one user message per line of input, replies stream");
@@ -30,22 +31,19 @@ Runner add_chat(CLI::App& app) {
   c->add_option("--max-tokens", f->max_tokens, "most new tokens per reply")->capture_default_str();
   f->sampling.add(c);
   c->add_flag("--json", f->json, "print one JSON object per turn (prompt, ids, reply) instead of streaming");
+  f->engine.add(c);
   return [f]() -> int {
     if (f->model.model_dir.empty()) return fail(invalid_argument("kiln chat needs --model DIR"));
-    Result<ops::SamplingParams> sampling = f->sampling.params();
-    if (!sampling.ok()) return fail(sampling.status());
-    Result<LoadedModel> l = load_model(f->model);
-    if (!l.ok()) return fail(l.status());
-    Result<ModelText> text = ModelText::load(f->model.model_dir);
-    if (!text.ok()) return fail(text.status());
-    Result<const ChatTemplate*> tmpl = text->chat_template(f->template_name, false);
+    GenerationRequest base;
+    Status st = f->sampling.apply(&base);
+    if (!st.ok()) return fail(st);
+    if (f->max_tokens < 1) return fail(invalid_argument("--max-tokens must be at least 1"));
+    base.max_tokens = f->max_tokens;
+    Result<std::unique_ptr<EngineSession>> started = start_engine(f->model, f->engine, /*need_text=*/true);
+    if (!started.ok()) return fail(started.status());
+    EngineSession& s = **started;
+    Result<const ChatTemplate*> tmpl = s.text->chat_template(f->template_name, false);
     if (!tmpl.ok()) return fail(tmpl.status());
-
-    GenerateOptions opts;
-    opts.max_new_tokens = f->max_tokens;
-    opts.sampling = *sampling;
-    opts.stop_ids = text->stop_ids();
-    for (int32_t id : l->model->config().eos_token_ids) opts.stop_ids.push_back(id);
 
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (!f->system.empty()) messages.push_back({{"role", "system"}, {"content", f->system}});
@@ -59,31 +57,37 @@ Runner add_chat(CLI::App& app) {
         continue;
       }
       messages.push_back({{"role", "user"}, {"content", line}});
-      Result<std::string> prompt = text->render_chat(messages, nullptr, true, f->template_name);
+      Result<std::string> prompt = s.text->render_chat(messages, nullptr, true, f->template_name);
       if (!prompt.ok()) return fail(prompt.status());
-      Result<std::vector<int32_t>> ids = text->tokenizer().encode(*prompt, /*add_special_tokens=*/false);
+      Result<std::vector<int32_t>> ids = s.text->tokenizer().encode(*prompt, /*add_special_tokens=*/false);
       if (!ids.ok()) return fail(ids.status());
-      Status valid = check_token_ids(*ids, l->model->config().vocab_size, "the rendered conversation");
-      if (!valid.ok()) return fail(valid);
-      Result<std::unique_ptr<Generator>> gen =
-          Generator::create(*l->model, static_cast<int32_t>(ids->size()) + std::max(opts.max_new_tokens, 1));
-      if (!gen.ok()) return fail(gen.status());
-      TextStreamer stream(text->tokenizer());
-      opts.sampling.seed += turn;  // a fresh draw sequence per turn, still reproducible from --seed
-      Result<GenerateResult> r =
-          (*gen)->generate(*ids, opts, [&](int32_t id) { return f->json ? true : stream.push(id); });
-      if (!r.ok()) return fail(r.status());
-      if (!stream.status().ok()) return fail(stream.status());
-      Result<std::string> reply = text->tokenizer().decode(r->tokens, /*skip_special_tokens=*/true);
-      if (!reply.ok()) return fail(reply.status());
+      GenerationRequest r = base;
+      r.prompt = std::move(ids).value();
+      r.seed = base.seed + turn;  // a fresh draw sequence per turn, still reproducible from --seed
+      Result<std::shared_ptr<RequestStream>> stream = s.engine->submit(std::move(r));
+      if (!stream.ok()) return fail(stream.status());
+      std::vector<int32_t> reply_ids;
+      std::string reply, finish_reason, error;
+      int32_t cached = 0;
+      while (std::optional<EngineEvent> e = (*stream)->next()) {
+        for (const GeneratedToken& t : e->tokens) reply_ids.push_back(t.id);
+        reply += e->text;
+        if (!f->json && !e->text.empty()) {
+          std::fwrite(e->text.data(), 1, e->text.size(), stdout);
+          std::fflush(stdout);
+        }
+        if (e->finished) finish_reason = e->finish_reason, error = e->error, cached = e->usage.cached_tokens;
+      }
+      if (!error.empty()) return fail(Status(StatusCode::internal, error));
       if (f->json) {
-        nlohmann::ordered_json out = {{"prompt", *prompt}, {"ids", r->tokens}, {"reply", *reply},
-                                      {"finish_reason", r->finish_reason}};
+        nlohmann::ordered_json out = {{"prompt", *prompt}, {"ids", reply_ids}, {"reply", reply},
+                                      {"finish_reason", finish_reason}, {"cached_tokens", cached}};
         std::cout << out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << std::endl;
       } else {
-        stream.finish();
+        std::fputc('\n', stdout);
+        std::fflush(stdout);
       }
-      messages.push_back({{"role", "assistant"}, {"content", *reply}});
+      messages.push_back({{"role", "assistant"}, {"content", reply}});
     }
     return 0;
   };

@@ -63,15 +63,15 @@ void SamplingFlags::add(CLI::App* cmd) {
   cmd->add_option("--seed", seed, "sampling seed (default: random)");
 }
 
-Result<ops::SamplingParams> SamplingFlags::params() const {
-  if (temperature < 0) return invalid_argument("--temperature must be >= 0 (0 is greedy)");
-  if (top_p <= 0 || top_p > 1) return invalid_argument("--top-p must be in (0, 1]");
-  ops::SamplingParams p;
-  p.temperature = temperature;
-  p.top_k = top_k;
-  p.top_p = top_p;
-  p.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
-  return p;
+Status SamplingFlags::apply(GenerationRequest* r) const {
+  if (!(temperature >= 0)) return invalid_argument("--temperature must be >= 0 (0 is greedy)");
+  if (!(top_p > 0 && top_p <= 1)) return invalid_argument("--top-p must be in (0, 1]");
+  if (top_k < 0) return invalid_argument("--top-k must be >= 0 (0: all tokens)");
+  r->temperature = temperature;
+  r->top_k = top_k;
+  r->top_p = top_p;
+  r->seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
+  return Status::Ok();
 }
 
 bool TextStreamer::push(int32_t id) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "infer/engine.h"
 #include "kernels/ops.h"
 #include "model/model_text.h"
 #include "model/transformer.h"
@@ -39,8 +40,8 @@ struct SamplingFlags {
   SamplingFlags(float default_temperature, float default_top_p)
       : temperature(default_temperature), top_p(default_top_p) {}
   void add(CLI::App* cmd);
-  // Validated parameters; a random seed when --seed was not given.
-  Result<ops::SamplingParams> params() const;
+  // Sets the request's sampling fields; a random seed when --seed was not given.
+  Status apply(GenerationRequest* request) const;
 };
 
 // Prints decoded text to stdout as tokens arrive (only complete UTF-8; special tokens skipped).

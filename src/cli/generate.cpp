@@ -7,7 +7,8 @@
 
 #include "cli/common.h"
 #include "cli/requests.h"
-#include "infer/generator.h"
+#include "cli/engine_flags.h"
+#include "infer/score.h"
 
 namespace kiln::cli {
 namespace {
@@ -29,79 +30,74 @@ struct GenerateFlags {
   int32_t max_tokens = 16;
   SamplingFlags sampling{0.0f, 1.0f};
   bool ignore_eos = false;
-  bool no_graphs = false;
   EngineFlags engine;
   RequestsFlags requests;
 };
 
+// One prompt through the engine: JSON (ids, text when a tokenizer exists) or, with --prompt, the
+// reply streamed as text.
 int run_generate(const GenerateFlags& f) {
-  Result<ops::SamplingParams> sampling = f.sampling.params();
-  if (!sampling.ok()) return fail(sampling.status());
+  GenerationRequest request;
+  Status st = f.sampling.apply(&request);
+  if (!st.ok()) return fail(st);
   if (f.max_tokens < 0) return fail(invalid_argument("--max-tokens must be >= 0"));
-  auto t0 = std::chrono::steady_clock::now();
-  Result<LoadedModel> l = load_model(f.model);
-  if (!l.ok()) return fail(l.status());
-
-  // Text in and out when --prompt is given: the folder's tokenizer encodes it as transformers'
-  // tokenizer(text) does (special tokens added by the post-processor) and the reply streams.
-  std::optional<ModelText> text;
-  std::vector<int32_t> prompt;
-  if (f.prompt_given) {
-    Result<ModelText> t = ModelText::load(f.model.model_dir);
-    if (!t.ok()) return fail(t.status());
-    text = std::move(t).value();
-    Result<std::vector<int32_t>> ids = text->tokenizer().encode(f.prompt_text, /*add_special_tokens=*/true);
-    if (!ids.ok()) return fail(ids.status());
-    prompt = std::move(ids).value();
-  } else {
+  request.max_tokens = f.max_tokens;
+  request.ignore_eos = f.ignore_eos;
+  std::vector<int32_t> prompt_ids;
+  if (!f.prompt_given) {
     Result<std::vector<int32_t>> ids = parse_ids(f.prompt_ids, "--prompt-ids");
     if (!ids.ok()) return fail(ids.status());
-    prompt = std::move(ids).value();
+    prompt_ids = std::move(ids).value();
   }
-  Status ids_ok = check_token_ids(prompt, l->model->config().vocab_size, f.prompt_given ? "--prompt" : "--prompt-ids");
-  if (!ids_ok.ok()) return fail(ids_ok);
-  double load_s = seconds_since(t0);
-
-  GenerateOptions opts;
-  opts.max_new_tokens = f.max_tokens;
-  opts.sampling = *sampling;
-  opts.use_graphs = !f.no_graphs;
-  if (!f.ignore_eos) {
-    opts.stop_ids = l->model->config().eos_token_ids;
-    if (text)
-      for (int32_t id : text->stop_ids()) opts.stop_ids.push_back(id);
+  auto t0 = std::chrono::steady_clock::now();
+  Result<std::unique_ptr<EngineSession>> started = start_engine(f.model, f.engine, f.prompt_given);
+  if (!started.ok()) return fail(started.status());
+  EngineSession& s = **started;
+  if (f.prompt_given) {
+    // The folder's tokenizer encodes the text as transformers' tokenizer(text) does (special tokens
+    // added by the post-processor).
+    Result<std::vector<int32_t>> ids = s.text->tokenizer().encode(f.prompt_text, /*add_special_tokens=*/true);
+    if (!ids.ok()) return fail(ids.status());
+    prompt_ids = std::move(ids).value();
   }
-  const int32_t context = static_cast<int32_t>(prompt.size()) + std::max(f.max_tokens, 1);
-  Result<std::unique_ptr<Generator>> gen = Generator::create(*l->model, context);
-  if (!gen.ok()) return fail(gen.status());
+  st = check_token_ids(prompt_ids, s.model->config().vocab_size, f.prompt_given ? "--prompt" : "--prompt-ids");
+  if (!st.ok()) return fail(st);
+  const double load_s = seconds_since(t0);
+  request.prompt = prompt_ids;
+  const uint64_t seed = request.seed;
 
-  std::optional<TextStreamer> stream;
-  if (text && !f.json) stream.emplace(text->tokenizer());
-  auto on_token = [&](int32_t id) { return stream ? stream->push(id) : true; };
   auto t1 = std::chrono::steady_clock::now();
-  Result<GenerateResult> r = (*gen)->generate(prompt, opts, on_token);
-  if (!r.ok()) return fail(r.status());
-  if (stream && !stream->status().ok()) return fail(stream->status());
-  double gen_s = seconds_since(t1);
-  if (stream) {
-    stream->finish();
-    std::fprintf(stderr, "kiln: %zu prompt tokens, %zu new tokens (%s) in %.3f s\n", prompt.size(), r->tokens.size(),
-                 r->finish_reason.c_str(), gen_s);
+  Result<std::shared_ptr<RequestStream>> stream = s.engine->submit(std::move(request));
+  if (!stream.ok()) return fail(stream.status());
+  const bool streaming = f.prompt_given && !f.json;
+  std::vector<int32_t> ids;
+  std::string text, finish_reason, error;
+  while (std::optional<EngineEvent> e = (*stream)->next()) {
+    for (const GeneratedToken& t : e->tokens) ids.push_back(t.id);
+    text += e->text;
+    if (streaming && !e->text.empty()) {
+      std::fwrite(e->text.data(), 1, e->text.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (e->finished) finish_reason = e->finish_reason, error = e->error;
+  }
+  if (!error.empty()) return fail(Status(StatusCode::internal, error));
+  const double gen_s = seconds_since(t1);
+  if (streaming) {
+    std::fputc('\n', stdout);
+    std::fprintf(stderr, "kiln: %zu prompt tokens, %zu new tokens (%s) in %.3f s\n", prompt_ids.size(), ids.size(),
+                 finish_reason.c_str(), gen_s);
     return 0;
   }
   nlohmann::json out = {{"model", f.model.model_dir},
-                        {"device", l->backend->device().str()},
-                        {"prompt_ids", prompt},
-                        {"ids", r->tokens},
-                        {"finish_reason", r->finish_reason},
-                        {"seed", opts.sampling.seed},
+                        {"device", s.backend->device().str()},
+                        {"prompt_ids", prompt_ids},
+                        {"ids", ids},
+                        {"finish_reason", finish_reason},
+                        {"seed", seed},
                         {"load_seconds", load_s},
                         {"generate_seconds", gen_s}};
-  if (text) {
-    Result<std::string> decoded = text->tokenizer().decode(r->tokens, /*skip_special_tokens=*/true);
-    if (!decoded.ok()) return fail(decoded.status());
-    out["text"] = *decoded;
-  }
+  if (s.text) out["text"] = text;
   std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   return 0;
 }
@@ -158,7 +154,6 @@ Runner add_generate(CLI::App& app) {
       f->requests.default_max_tokens = f->max_tokens;
       return run_requests(f->model, f->engine, f->requests);
     }
-    f->no_graphs = f->no_graphs || f->engine.no_graphs;
     return run_generate(*f);
   };
 }

@@ -22,9 +22,9 @@ int64_t Executor::kv_bytes_per_token(const Transformer& model) {
 }
 
 Result<std::unique_ptr<Executor>> Executor::create(const Transformer& model, const ExecutorConfig& config) {
-  if (config.num_pages <= 0 || config.page_size <= 0 || config.max_running <= 0 || config.max_seq_len <= 0 ||
+  if (config.num_pages < 0 || config.page_size <= 0 || config.max_running <= 0 || config.max_seq_len <= 0 ||
       config.max_step_tokens < config.max_running)
-    return invalid_argument("executor: pages, page size, running limit and sequence length must be positive, and the "
+    return invalid_argument("executor: page size, running limit and sequence length must be positive, and the "
                             "step token budget at least the running limit");
   std::unique_ptr<Executor> e(new Executor(model, config));
   KILN_RETURN_IF_ERROR(e->init());
@@ -88,7 +88,10 @@ Status Executor::init() {
       const int64_t budget = static_cast<int64_t>(static_cast<double>(mem->first) * config_.kv_memory_fraction);
       config_.num_pages = static_cast<int32_t>(std::min<int64_t>(budget / per_page, (int64_t(1) << 31) / config_.page_size));
     } else {
-      config_.num_pages = ceil_div(4 * config_.max_seq_len, config_.page_size);  // room for 4 full sequences
+      // Host memory: room for four full-length sequences, within 2 GiB (but at least 4096 tokens).
+      const int64_t bpt = kv_bytes_per_token(model_);
+      const int64_t tokens = std::min<int64_t>(4 * int64_t(config_.max_seq_len), std::max<int64_t>((int64_t(2) << 30) / bpt, 4096));
+      config_.num_pages = static_cast<int32_t>((tokens + config_.page_size - 1) / config_.page_size);
     }
     if (config_.num_pages < 1)
       return out_of_memory("no device memory is left for the KV cache after the weights and the workspace; lower "
@@ -99,6 +102,10 @@ Status Executor::init() {
     return out_of_memory("the KV cache of " + std::to_string(config_.num_pages * int64_t(config_.page_size)) +
                          " tokens does not fit in device memory: " + cache.status().message() + "; lower --kv-tokens");
   cache_ = std::move(cache).value();
+  for (size_t l = 0; l < cache_.k.size(); ++l) {  // no stale bits: padding reads and tests see zeros
+    be().zero(cache_.k[l]);
+    be().zero(cache_.v[l]);
+  }
   return be().synchronize();
 }
 

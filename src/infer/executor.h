@@ -28,7 +28,8 @@ namespace kiln {
 
 struct ExecutorConfig {
   int32_t num_pages = 0;            // 0: a fraction of the device memory free after everything else
-  double kv_memory_fraction = 0.85;  // and a warm-up of the largest steps (CUDA; the CPU: 4 sequences)
+  double kv_memory_fraction = 0.85;  // and a warm-up of the largest steps (CUDA; on the CPU four
+                                     // full-length sequences within 2 GiB)
   int32_t page_size = 16;
   int32_t max_running = 256;
   int32_t max_step_tokens = 8192;

@@ -1,5 +1,5 @@
 // The CPU (f32) model against Hugging Face transformers: logits within 1e-5 relative error,
-// identical greedy tokens, and incremental decode logits equal to the full forward's.
+// identical greedy tokens through the engine, its decode log-probabilities equal to the reference's.
 #include <gtest/gtest.h>
 
 #include "golden.h"

@@ -33,37 +33,99 @@ TEST(GoldenGpu, MoreArchitectures) {
 
 }  // namespace kiln::test
 
-#include "infer/generator.h"
+#include "infer/executor.h"
+#include "infer/scheduler.h"
 #include "model/transformer.h"
 
 namespace kiln::test {
 
-// Replaying captured decode steps must give bit-identical logits to running them eagerly.
-TEST(GeneratorGpu, GraphReplayIsBitExact) {
+// Decode steps replayed from captured graphs give bit-identical logits and KV to the same steps run
+// eagerly (two executors fed the same plans), with sampled rows, penalties and log-probs in the
+// batch, across batch-size buckets as requests finish.
+TEST(EngineGpu, GraphReplayIsBitExact) {
   KILN_REQUIRE_GPU(be);
   Result<std::unique_ptr<Transformer>> m = Transformer::load(*be, testdata_dir() + "/tiny-llama");
   ASSERT_TRUE(m.ok()) << m.status().message();
-  std::vector<int32_t> prompt = golden_ints("tiny-llama", "seq_a.input_ids");
-  auto run = [&](bool graphs) {
-    std::vector<float> all;
-    Result<std::unique_ptr<Generator>> g = Generator::create(**m, 600);
-    KILN_ASSERT(g.ok());
-    GenerateOptions o;
-    o.max_new_tokens = 300;  // crosses the 256-token context bucket
-    o.use_graphs = graphs;
-    o.sampling.temperature = 0.8f;
-    o.sampling.seed = 5;
-    Result<GenerateResult> r = (*g)->generate(prompt, o, nullptr, [&](const float* l, int64_t n) {
-      all.insert(all.end(), l, l + n);
-    });
-    KILN_ASSERT(r.ok());
-    return std::make_pair(r->tokens, all);
+  ExecutorConfig ec;
+  ec.num_pages = 128;
+  ec.page_size = 16;
+  ec.max_running = 8;
+  ec.max_step_tokens = 256;
+  ec.max_seq_len = 256;
+  SchedulerConfig sc;
+  sc.num_pages = ec.num_pages;
+  sc.page_size = ec.page_size;
+  sc.max_running = ec.max_running;
+  sc.max_step_tokens = ec.max_step_tokens;
+  struct Side {
+    std::unique_ptr<Executor> executor;
+    std::unique_ptr<Scheduler> scheduler;
+    std::vector<std::vector<float>> logits;
+    std::vector<int32_t> tokens;
   };
-  auto eager = run(false);
-  auto graphs = run(true);
-  EXPECT_EQ(eager.first, graphs.first);
-  ASSERT_EQ(eager.second.size(), graphs.second.size());
-  EXPECT_EQ(0, std::memcmp(eager.second.data(), graphs.second.data(), eager.second.size() * sizeof(float)));
+  Side sides[2];
+  const std::vector<int32_t> prompt = golden_ints("tiny-llama", "seq_a.input_ids");
+  for (int g = 0; g < 2; ++g) {
+    ec.use_graphs = g == 1;
+    Result<std::unique_ptr<Executor>> e = Executor::create(**m, ec);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    sides[g].executor = std::move(e).value();
+    sides[g].scheduler = std::make_unique<Scheduler>(sc);
+    for (int r = 0; r < 5; ++r) {
+      std::vector<int32_t> p(prompt.begin(), prompt.begin() + 3 + 2 * r);
+      sides[g].scheduler->add(static_cast<uint64_t>(r + 1), p);
+    }
+  }
+  for (int step = 0; step < 60; ++step) {
+    for (Side& s : sides) {
+      StepPlan plan = s.scheduler->schedule();
+      ASSERT_FALSE(plan.empty());
+      std::vector<ops::SamplingRow> rows;
+      for (const StepEntry& e : plan.entries) {
+        if (!e.wants_logits) continue;
+        ops::SamplingRow row;
+        row.temperature = e.seq->id % 2 ? 0.9f : 0.0f;
+        row.top_p = 0.9f;
+        row.logprobs = 1;
+        row.top_logprobs = e.seq->id == 3 ? 5 : 0;
+        row.seed_lo = static_cast<uint32_t>(e.seq->id);
+        row.position = e.start + e.count;
+        rows.push_back(row);
+      }
+      Result<std::vector<SampledToken>> out = s.executor->run(plan, rows);
+      ASSERT_TRUE(out.ok()) << out.status().message();
+      s.logits.push_back(to_f32(*be, s.executor->last_logits()));
+      s.scheduler->commit(plan);
+      size_t k = 0;
+      for (const StepEntry& e : plan.entries) {
+        if (!e.wants_logits) continue;
+        s.tokens.push_back((*out)[k].token);
+        s.scheduler->append(e.seq, (*out)[k++].token);
+      }
+      // Requests finish at different steps, so the batch shrinks through the buckets.
+      for (uint64_t id = 1; id <= 5; ++id)
+        if (Sequence* q = s.scheduler->find(id); q && static_cast<int>(q->tokens.size()) >= q->prompt_len + 10 * static_cast<int>(id))
+          s.scheduler->remove(id);
+      if (s.scheduler->idle()) break;
+    }
+  }
+  EXPECT_GT(sides[1].executor->graph_replays(), 10);
+  EXPECT_EQ(sides[0].executor->graph_replays(), 0);
+  EXPECT_EQ(sides[0].tokens, sides[1].tokens);
+  ASSERT_EQ(sides[0].logits.size(), sides[1].logits.size());
+  for (size_t i = 0; i < sides[0].logits.size(); ++i) {
+    ASSERT_EQ(sides[0].logits[i].size(), sides[1].logits[i].size());
+    EXPECT_EQ(0, std::memcmp(sides[0].logits[i].data(), sides[1].logits[i].data(), sides[0].logits[i].size() * 4))
+        << "step " << i;
+  }
+  const KVCache& a = sides[0].executor->kv_cache();
+  const KVCache& b = sides[1].executor->kv_cache();
+  for (size_t l = 0; l < a.k.size(); ++l) {
+    TensorBuffer ka = to_host(*be, a.k[l]), kb = to_host(*be, b.k[l]);
+    TensorBuffer va = to_host(*be, a.v[l]), vb = to_host(*be, b.v[l]);
+    EXPECT_EQ(0, std::memcmp(ka.view().data, kb.view().data, static_cast<size_t>(ka.view().nbytes()))) << "layer " << l;
+    EXPECT_EQ(0, std::memcmp(va.view().data, vb.view().data, static_cast<size_t>(va.view().nbytes()))) << "layer " << l;
+  }
 }
 
 }  // namespace kiln::test
