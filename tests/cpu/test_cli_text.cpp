@@ -164,6 +164,100 @@ TEST(CliText, ChatKeepsTheConversation) {
   EXPECT_EQ(s.stdout_only, turns[0]["reply"].get<std::string>() + "\n" + turns[1]["reply"].get<std::string>() + "\n");
 }
 
+// kiln generate --requests: every line through the engine at once, results in input order; a
+// malformed line gets an error naming it and the others still run.
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> out;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST(CliText, RequestsFileRunsEveryLineInOrder) {
+  ChatModel m;
+  TempDir tmp;
+  const std::string model = " --model " + m.dir() + " --random-weights --weight-seed 5";
+  const std::string file = tmp.file("requests.jsonl",
+      "{\"prompt_ids\": [5, 6, 7, 8], \"max_tokens\": 12, \"ignore_eos\": true, \"logprobs\": true, \"top_logprobs\": 2}\n"
+      "{\"prompt\": \"Hello there\", \"max_tokens\": 10, \"ignore_eos\": true, \"temperature\": 0.9, \"seed\": 3}\n"
+      "this is not json\n"
+      "\n"
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 6, \"ignore_eos\": true}\n"
+      "{\"prompt_ids\": [5, 6], \"max_tokens\": 4, \"bogus\": 1}\n"
+      "{\"prompt_ids\": [5, 6, 7, 8], \"max_tokens\": 12, \"ignore_eos\": true}\n");
+  RunResult r = run_kiln("generate" + model + " --max-running 3 --max-step-tokens 16 --page-size 2 --requests " + file);
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // two bad lines
+  EXPECT_FALSE(r.crashed) << r.output;
+  EXPECT_NE(r.output.find("line 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("line 6"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bogus"), std::string::npos) << r.output;
+  std::vector<nlohmann::json> out = json_lines(r.stdout_only);
+  ASSERT_EQ(out.size(), 6u);
+  const std::vector<int> index = {0, 1, 2, 4, 5, 6};
+  for (size_t k = 0; k < out.size(); ++k) EXPECT_EQ(out[k]["index"], index[k]);
+  EXPECT_TRUE(out[2].contains("error"));
+  EXPECT_TRUE(out[4].contains("error"));
+  // Line 0: greedy, the same ids as kiln generate with that prompt alone, and the same as line 6.
+  RunResult alone = run_kiln("generate" + model + " --prompt-ids 5,6,7,8 --max-tokens 12 --ignore-eos");
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  EXPECT_EQ(out[0]["ids"], nlohmann::json::parse(alone.stdout_only)["ids"]);
+  EXPECT_EQ(out[0]["ids"], out[5]["ids"]);
+  EXPECT_EQ(out[0]["logprobs"].size(), 12u);
+  EXPECT_EQ(out[0]["top_logprobs"].size(), 12u);
+  EXPECT_EQ(out[0]["top_logprobs"][0].size(), 2u);
+  EXPECT_FALSE(out[5].contains("logprobs"));
+  EXPECT_EQ(out[0]["versions"], nlohmann::json::parse("[[0, 0]]"));
+  EXPECT_EQ(out[0]["finish_reason"], "length");
+  EXPECT_EQ(out[0]["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(out[0]["usage"]["completion_tokens"], 12);
+  // Text lines: the text is the decoded ids; the chat line's prompt is the template's render.
+  for (size_t k : {1u, 3u}) {
+    RunResult d = run_kiln("detokenize --model " + m.dir() + " --skip-special --ids " +
+                           join_ids(out[k]["ids"].get<std::vector<int32_t>>()));
+    EXPECT_EQ(out[k]["text"], nlohmann::json::parse(d.stdout_only)["text"]);
+  }
+  RunResult ct = run_kiln("chat-template --model " + m.dir() + " --add-generation-prompt --messages " +
+                          tmp.file("m.json", "[{\"role\": \"user\", \"content\": \"Hi\"}]"));
+  RunResult ids = run_kiln("tokenize --model " + m.dir() + " --text " +
+                           shell_quote(nlohmann::json::parse(ct.stdout_only)["prompt"].get<std::string>()));
+  EXPECT_EQ(out[3]["usage"]["prompt_tokens"], nlohmann::json::parse(ids.stdout_only)["ids"].size());
+  // The repeated prompt of line 6 found line 0's pages in the radix cache (or was computed alongside).
+  EXPECT_GE(out[5]["usage"]["cached_tokens"].get<int>(), 0);
+  // --output writes the same lines to a file.
+  const std::string results = (tmp.path / "out.jsonl").string();
+  RunResult o = run_kiln("generate" + model + " --max-running 3 --requests " + file + " --output " + results);
+  EXPECT_EQ(o.exit_code, 1);
+  std::ifstream in(results);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(json_lines(ss.str()).size(), 6u);
+  EXPECT_EQ(json_lines(ss.str())[0]["ids"], out[0]["ids"]);
+}
+
+TEST(CliText, StopStringsEndTheTextAcrossTokenBoundaries) {
+  ChatModel m;
+  TempDir tmp;
+  const std::string model = " --model " + m.dir() + " --random-weights --weight-seed 9";
+  const std::string line = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 40, \"ignore_eos\": true";
+  RunResult free = run_kiln("generate" + model + " --requests " + tmp.file("a.jsonl", line + "}\n"));
+  ASSERT_EQ(free.exit_code, 0) << free.output;
+  const std::string text = json_lines(free.stdout_only)[0]["text"];
+  ASSERT_GT(text.size(), 12u) << text;
+  // A stop string taken from the middle of the free-running text: generation ends where it first
+  // appears, and the text is trimmed right before it.
+  std::string stop = text.substr(text.size() / 2, 3);
+  while (stop.size() < 6 && (static_cast<unsigned char>(stop.back()) & 0xC0) == 0x80) stop = text.substr(text.size() / 2, stop.size() + 1);
+  if ((static_cast<unsigned char>(stop[0]) & 0xC0) == 0x80) GTEST_SKIP() << "the middle of the text is inside a character";
+  nlohmann::json with_stop = nlohmann::json::parse(line + "}");
+  with_stop["stop"] = {stop, "never-appears-xyz"};
+  RunResult r = run_kiln("generate" + model + " --requests " + tmp.file("b.jsonl", with_stop.dump() + "\n"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json o = json_lines(r.stdout_only)[0];
+  EXPECT_EQ(o["finish_reason"], "stop");
+  EXPECT_EQ(o["text"], text.substr(0, text.find(stop))) << "stop '" << stop << "'";
+  EXPECT_LE(o["ids"].size(), json_lines(free.stdout_only)[0]["ids"].size());
+}
+
 TEST(CliTextErrors, BadInputsFailCleanly) {
   TempDir tmp;
   const std::string chatml = testdata_dir() + "/chat_templates/models/chatml";
