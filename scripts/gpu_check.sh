@@ -3,7 +3,9 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|train|profile|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|engine|train|profile|all]
+#   engine: the engine, sampler and attention GPU tests, then bench_engine (decode B sweep, online run,
+#           shared-prefix TTFT, single-request latency) beside hf_bench.py's batched decode.
 #   train: the training fixtures (tests/reference/make_train_fixtures.py), the training GPU tests,
 #          kiln train on CUDA with the result loaded by transformers, and the training benchmarks
 #          beside hf_bench.py's training figure.
@@ -39,11 +41,26 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   "$BUILD/bin/bench_ops" --config $CFG --tokens 8192 --context 30000 > "$OUT/bench_ops_prefill.json" 2>&1
   "$BUILD/bin/bench_ops" --config $CFG --tokens 1 --context 1024 > "$OUT/bench_ops_decode.json" 2>&1
   grep -E '"(layer_us|model_ms_excluding_embedding_and_head)"' "$OUT"/bench_ops_*.json
-  "$BUILD/bin/bench_decode" --config $CFG --contexts 1024,8192,30000 > "$OUT/bench_decode.json" 2> "$OUT/bench_decode.err" || status=1
-  cat "$OUT/bench_decode.json"
+  "$BUILD/bin/bench_engine" --config $CFG --skip decode,online,prefix --single-contexts 1024,8192,30000 \
+    > "$OUT/bench_engine_single.json" 2> "$OUT/bench_engine_single.err" || status=1
+  cat "$OUT/bench_engine_single.json"
   if [ -f .carry/hf_bench.py ]; then
     PYTHONUNBUFFERED=1 python3 .carry/hf_bench.py --config $CFG --contexts 1024,8192,30000 --skip train \
       --out "$OUT/hf_bench.json" > "$OUT/hf_bench.log" 2>&1 || status=1
+    cat "$OUT/hf_bench.json"
+  fi
+fi
+if [ "$WHAT" = engine ]; then
+  CFG=bench/configs/astrai-1b-shape.config.json
+  "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${ENGINE_FILTER:-*Engine*:*Sampl*:*Attention*:*Golden*:*Qkv*}" \
+    > "$OUT/gpu_engine_tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error" "$OUT/gpu_engine_tests.log" | head -50
+  timeout ${ENGINE_BENCH_TIMEOUT:-300} "$BUILD/bin/bench_engine" --config $CFG ${ENGINE_BENCH_ARGS:-} > "$OUT/bench_engine.json" \
+    2> "$OUT/bench_engine.err" || { status=1; tail -5 "$OUT/bench_engine.err"; }
+  cat "$OUT/bench_engine.json"
+  if [ -f .carry/hf_bench.py ] && [ -z "${SKIP_HF:-}" ]; then
+    PYTHONUNBUFFERED=1 timeout 240 python3 .carry/hf_bench.py --config $CFG --contexts 1024 --batches 1,8,32,64,128 \
+      --skip static,train --out "$OUT/hf_bench.json" > "$OUT/hf_bench.log" 2>&1 || status=1
     cat "$OUT/hf_bench.json"
   fi
 fi

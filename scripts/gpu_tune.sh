@@ -15,6 +15,7 @@ timeout 150 build-gpu/bin/bench_attention > $OUT/bench_attention.json 2>&1; grep
 timeout 100 build-gpu/bin/bench_attention --head-dim 128 --hq 32 --hkv 8 --decode 1024 --prefill 1024 8192 --chunked 2048 8192 > $OUT/bench_attention_d128.json 2>&1; grep -E "best" $OUT/bench_attention_d128.json
 build-gpu/bin/bench_ops --config bench/configs/astrai-1b-shape.config.json --tokens 8192 --context 30000 > $OUT/bench_ops.json 2>&1; cat $OUT/bench_ops.json
 for v in ${VARIANTS:-1}; do
-  KILN_ATTN_PREFILL_VARIANT=$v timeout 100 build-gpu/bin/bench_decode --config bench/configs/astrai-1b-shape.config.json \
-    --contexts 1024,8192,30000 --steps 32 > $OUT/bench_decode_v$v.json 2>&1; echo "variant $v"; grep -A4 -E 'prefill_ms|decode_ms' $OUT/bench_decode_v$v.json
+  KILN_ATTN_PREFILL_VARIANT=$v timeout 100 build-gpu/bin/bench_engine --config bench/configs/astrai-1b-shape.config.json \
+    --skip decode,online,prefix --single-contexts 1024,8192,30000 --decode-tokens 32 > $OUT/bench_engine_v$v.json 2>&1
+  echo "variant $v"; grep -A3 -E '"context"' $OUT/bench_engine_v$v.json
 done
