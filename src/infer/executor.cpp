@@ -316,9 +316,10 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
     SampledToken& t = out[i];
     t.token = tokens_host_.ptr<int32_t>()[i];
     if (rows[i].logprobs != 0 || rows[i].top_logprobs > 0) t.logprob = logprobs_host_.ptr<float>()[i];
-    for (int32_t k = 0; k < rows[i].top_logprobs; ++k)
-      t.top.emplace_back(top_ids_host_.ptr<int32_t>()[i * ops::kMaxTopLogprobs + k],
-                         top_logprobs_host_.ptr<float>()[i * ops::kMaxTopLogprobs + k]);
+    for (int32_t k = 0; k < rows[i].top_logprobs; ++k) {
+      const int32_t id = top_ids_host_.ptr<int32_t>()[i * ops::kMaxTopLogprobs + k];
+      if (id >= 0) t.top.emplace_back(id, top_logprobs_host_.ptr<float>()[i * ops::kMaxTopLogprobs + k]);
+    }
   }
   return out;
 }
