@@ -242,6 +242,12 @@ struct PagedKeys {
   __device__ __forceinline__ int page_id(int p) const { return __ldg(indices + first + p); }
 };
 
+// Element offset of pool row `row` (0 <= row < 2^31) in rows of `stride` elements: one 32 x 32 ->
+// 64-bit multiply.
+__device__ __forceinline__ int64_t row_offset(int row, int stride) {
+  return static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(row)) * static_cast<uint32_t>(stride));
+}
+
 // A request's keys; reads indptr[b] only (a request with no pages has kv_len 0 and its page table
 // is never read).
 __device__ __forceinline__ PagedKeys request_keys(const PagedArgs& kv, int b) {
@@ -367,28 +373,39 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
 
   // Keys key0 .. key0 + 15 of a step (key0 is a multiple of 16). When they lie in one page (always
   // when the page size is a multiple of 16) they are consecutive pool rows from that page's row of
-  // key0; otherwise (small pages, or a step across a page boundary) each row is looked up.
+  // key0; otherwise (small pages, or a step across a page boundary) each row is looked up, keys
+  // past the step's range as the last key of the range (in bounds; nothing is loaded for them), so
+  // that no lookup depends on a per-lane branch.
   auto load = [&](DecodeFrag<D>& f, int step) {
     const int key0 = key_begin + step * 16;
     const int p0 = keys.page(key0);
     const int in0 = key0 - p0 * keys.size;
-    const bool one_page = in0 + 16 <= keys.size;
     const int row0 = next_pid * keys.size + in0;
     prefetch_page(step + kWarps);
-    auto row_of = [&](int o) { return one_page ? row0 + o : keys.row(key0 + o); };  // only for key0 + o < key_end
+    int krow[2], vrow[4];  // pool rows of this thread's K rows (key0 + g + 8 hf) and V rows
+    if (in0 + 16 <= keys.size) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) krow[hf] = row0 + g + 8 * hf;
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq) vrow[kq] = row0 + 2 * t + (kq & 1) + (kq >> 1) * 8;
+    } else {
+      const int last = key_end - 1;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) krow[hf] = keys.row(min(key0 + g + 8 * hf, last));
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq) vrow[kq] = keys.row(min(key0 + 2 * t + (kq & 1) + (kq >> 1) * 8, last));
+    }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int o = g + 8 * hf;
-      const bool ok = key0 + o < key_end;
-      const T* p = kbase + static_cast<int64_t>(ok ? row_of(o) : 0) * kv_stride + t * 8;
+      const bool ok = key0 + g + 8 * hf < key_end;
+      const T* p = kbase + row_offset(krow[hf], kv_stride) + t * 8;
 #pragma unroll
       for (int c = 0; c < KC; ++c) f.k[hf][c] = ok ? ldg_stream(p + c * 32) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int kq = 0; kq < 4; ++kq) {
-      const int o = 2 * t + (kq & 1) + (kq >> 1) * 8;
-      const bool ok = key0 + o < key_end;
-      const T* p = vbase + static_cast<int64_t>(ok ? row_of(o) : 0) * kv_stride + g * 8;
+      const bool ok = key0 + 2 * t + (kq & 1) + (kq >> 1) * 8 < key_end;
+      const T* p = vbase + row_offset(vrow[kq], kv_stride) + g * 8;
 #pragma unroll
       for (int c = 0; c < VC; ++c) f.v[kq][c] = ok ? ldg_stream(p + c * 64) : make_uint4(0, 0, 0, 0);
     }
@@ -768,8 +785,8 @@ __global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
     for (int i = 0; i < BN / RS; ++i) {
       const bool ok = key0 + tr0 + i * RS < n_keys;
       const int row = ok ? rows[i * RS] : 0;
-      cp_async16(dk + i * kRowStep, k_chunk + static_cast<int64_t>(row) * kv_row, ok);
-      cp_async16(dv + i * kRowStep, v_chunk + static_cast<int64_t>(row) * kv_row, ok);
+      cp_async16(dk + i * kRowStep, k_chunk + row_offset(row, kv_row), ok);
+      cp_async16(dv + i * kRowStep, v_chunk + row_offset(row, kv_row), ok);
     }
   };
   // Pool rows of the first two tiles, then the first K/V tile.
@@ -1190,8 +1207,8 @@ struct WgTile {
     for (int i = 0; i < BN / RS; ++i) {
       const bool ok = key0 + r0 + i * RS < n_keys;
       const int row = ok ? tr[i * RS] : 0;
-      cp_async16(dk + i * RS * 128, k_base + static_cast<int64_t>(row) * kv_stride, ok);
-      cp_async16(dv + i * RS * 128, v_base + static_cast<int64_t>(row) * kv_stride, ok);
+      cp_async16(dk + i * RS * 128, k_base + row_offset(row, kv_stride), ok);
+      cp_async16(dv + i * RS * 128, v_base + row_offset(row, kv_stride), ok);
     }
   }
 

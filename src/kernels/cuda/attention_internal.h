@@ -25,11 +25,11 @@
 // both.
 //
 // Keys and values are read through the paged view (kernels/paged_kv.h) by every variant: the
-// pool rows of each K/V tile's keys are computed into shared memory a tile ahead (one page-table
-// read per key, its latency hidden behind a tile of compute); a tile that lies in one page (every
-// tile when the page size is a multiple of the tile's key count) is then copied from consecutive
-// rows exactly as from a contiguous cache, other tiles row by row. Measured figures above are from
-// the contiguous kernels; the paged ones are to be measured (bench_attention --page-size).
+// pool rows of each K/V tile's keys are put in shared memory ahead of the tile's copies (one
+// page-table read per key, by one thread, its latency hidden behind a tile of compute), and each
+// cp.async row copy reads its row there: one shared-memory load per copied row, whatever the page
+// size. The figures above were measured with the contiguous kernels (before paging); the paged
+// ones are to be measured (bench_attention --page-size N, 0 for one page).
 //
 // Per-backend state: the attention kernels keep what they learn about a device (wgmma support,
 // raised shared-memory limits, occupancy, the environment's variant) in
