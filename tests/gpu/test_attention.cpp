@@ -610,6 +610,33 @@ TEST(AttentionGpu, GenericPaged) {
   }
 }
 
+// ---- Per-backend state
+
+#ifdef KILN_WITH_CUDA
+// Kernel attributes, occupancy and wgmma support are kept per backend: a second backend on the
+// same device starts with fresh state, and each device (on a multi-GPU host: up to two here) gets
+// its own. Every prefill variant (shared-memory limits raised per backend) and the decode path.
+TEST(AttentionGpu, StatePerBackend) {
+  KILN_REQUIRE_GPU(be);
+  AttnCase p;
+  p.q_lens = {200, 1};
+  p.kv_lens = {300, 500};
+  p.page_size = 16;
+  AttnCase d = decode_case(3000);
+  d.page_size = 64;
+  check_prefill(*be, p, kTolBf16);
+  check_case(*be, d, kTolBf16);
+  const int devices = std::min(cuda_device_count(), 2);
+  for (int dev = 0; dev < devices; ++dev) {
+    SCOPED_TRACE("fresh backend on cuda:" + std::to_string(dev));
+    Result<std::unique_ptr<Backend>> other = make_backend(Device::cuda(dev));
+    ASSERT_TRUE(other.ok()) << other.status().message();
+    check_prefill(**other, p, kTolBf16);
+    check_case(**other, d, kTolBf16);
+  }
+}
+#endif
+
 // ---- CUDA graph: capture the decode call once, replay it for other context lengths.
 
 #ifdef KILN_WITH_CUDA
