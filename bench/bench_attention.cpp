@@ -1,6 +1,9 @@
 // Attention kernel benchmark (CUDA, bf16): decode (one query, B=1, split-KV path) and causal
 // prefill (tensor-core path) for Hq=24, Hkv=4, D=64 by default, with every compiled prefill
-// variant (kernels/cuda/attention_internal.h). Prints JSON: decode microseconds per call and
+// variant (kernels/cuda/attention_internal.h). The context lives in a paged cache
+// (kernels/paged_kv.h) of --page-size rows per page (default 16), its pages in a fixed shuffled
+// order of the pool; --page-size 0 puts it in one page of the whole pool (contiguous rows, the
+// single-request generator's layout). Prints JSON: decode microseconds per call and
 // achieved GB/s (K+V bytes read); per prefill case (q_len = kv_len = L, plus a chunked case of
 // q_len queries over kv_len keys) and variant, milliseconds, TFLOP/s (4 * D * Hq * causal (query,
 // key) pairs) and the error against variant 0 (the original kernel) on the same inputs: max abs
@@ -30,7 +33,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln attention benchmark"};
-  int hq = 24, hkv = 4, d = 64, samples = 11;
+  int hq = 24, hkv = 4, d = 64, samples = 11, page_size = 16;
   double min_sample_ms = 1.0;
   std::vector<int> decode_lens = {1024, 8192, 30000};
   std::vector<int> prefill_lens = {1024, 8192, 30000};
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
   app.add_option("--hq", hq, "query heads");
   app.add_option("--hkv", hkv, "key/value heads");
   app.add_option("--head-dim", d, "head dimension (64 or 128 use the fast paths)");
+  app.add_option("--page-size", page_size, "KV cache rows per page (0: the whole pool as one page)");
   app.add_option("--decode", decode_lens, "decode context lengths");
   app.add_option("--prefill", prefill_lens, "prefill lengths (q_len = kv_len)");
   app.add_option("--chunked", chunked, "chunked prefill cases as q_len kv_len pairs (empty: none)");
@@ -63,6 +67,10 @@ int main(int argc, char** argv) {
   }
   CudaBackend& be = **made;
   cudaStream_t stream = be.stream();
+  if (page_size < 0) {
+    std::printf("{\"error\": \"--page-size must be >= 0\"}\n");
+    return 1;
+  }
   if (chunked.size() % 2 != 0) {
     std::printf("{\"error\": \"--chunked takes q_len kv_len pairs\"}\n");
     return 1;
@@ -101,31 +109,51 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMemcpy(t.view().data, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     return t;
   };
+  // The pool: n_pages pages of `ps` rows (ps = max_len for --page-size 0: one page).
+  const int ps = page_size > 0 ? page_size : max_len;
+  const int n_pages = (max_len + ps - 1) / ps;
+  const int64_t pool_rows = static_cast<int64_t>(n_pages) * ps;
   TensorBuffer q = alloc(Shape{max_len, hq, d}, 1);
   TensorBuffer out = alloc(Shape{max_len, hq, d}, 2);
-  TensorBuffer k = alloc(Shape{max_len, hkv, d}, 3);
-  TensorBuffer v = alloc(Shape{max_len, hkv, d}, 4);
-  Result<TensorBuffer> qi_r = empty(be, Shape{2}, DType::i32);
-  Result<TensorBuffer> kvi_r = empty(be, Shape{2}, DType::i32);
-  KILN_ASSERT(qi_r.ok() && kvi_r.ok());
-  TensorBuffer qi = std::move(qi_r).value(), kvi = std::move(kvi_r).value();
+  TensorBuffer k = alloc(Shape{pool_rows, hkv, d}, 3);
+  TensorBuffer v = alloc(Shape{pool_rows, hkv, d}, 4);
+  auto alloc_i32 = [&](int64_t n) {
+    Result<TensorBuffer> r = empty(be, Shape{n}, DType::i32);
+    KILN_ASSERT(r.ok());
+    return std::move(r).value();
+  };
+  TensorBuffer qi = alloc_i32(2), page_indptr = alloc_i32(2), page_indices = alloc_i32(n_pages),
+               last_page_len = alloc_i32(1);
+  // The request's pages: the pool's pages in a fixed pseudo-random order (seeded Fisher-Yates).
+  {
+    std::vector<int32_t> order(static_cast<size_t>(n_pages));
+    for (int i = 0; i < n_pages; ++i) order[i] = i;
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (int i = n_pages - 1; i > 0; --i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      std::swap(order[i], order[static_cast<int>((x >> 33) % static_cast<uint64_t>(i + 1))]);
+    }
+    CUDA_CHECK(cudaMemcpy(page_indices.view().data, order.data(), order.size() * 4, cudaMemcpyHostToDevice));
+  }
+  const PagedKV paged{page_indptr, page_indices, last_page_len, ps};
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
 
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
 
-  // One request of q_len queries over kv_len keys.
+  // One request of q_len queries over kv_len keys: its first ceil(kv_len / ps) pages.
   auto set_lengths = [&](int q_len, int kv_len) {
-    const int32_t qh[2] = {0, q_len}, kh[2] = {0, kv_len};
+    const int pages = (kv_len + ps - 1) / ps;
+    const int32_t qh[2] = {0, q_len}, ph[2] = {0, pages}, lh[1] = {kv_len - (pages - 1) * ps};
     CUDA_CHECK(cudaMemcpy(qi.view().data, qh, sizeof(qh), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(kvi.view().data, kh, sizeof(kh), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(page_indptr.view().data, ph, sizeof(ph), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(last_page_len.view().data, lh, sizeof(lh), cudaMemcpyHostToDevice));
   };
   auto call = [&](int q_len, int kv_len) {
     Tensor qt = q.view().rows(0, q_len), ot = out.view().rows(0, q_len);
-    Tensor kt = k.view().rows(0, kv_len), vt = v.view().rows(0, kv_len);
     const ops::AttentionBounds bounds{1, q_len, kv_len};
-    cuda::attention_forward(be, ot, qt, kt, vt, qi, kvi, bounds, scale);
+    cuda::attention_forward(be, ot, qt, k, v, qi, paged, bounds, scale);
   };
   auto elapsed_ms = [&](int reps, int q_len, int kv_len) {
     CUDA_CHECK(cudaEventRecord(start, stream));
@@ -163,8 +191,8 @@ int main(int argc, char** argv) {
     return f;
   };
 
-  std::printf("{\n  \"hq\": %d, \"hkv\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"sms\": %d,\n", hq, hkv, d,
-              be.multiprocessor_count());
+  std::printf("{\n  \"hq\": %d, \"hkv\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"sms\": %d, \"page_size\": %d,\n",
+              hq, hkv, d, be.multiprocessor_count(), page_size);
   std::printf("  \"default_prefill_variant\": %d,\n  \"variants\": [", cuda::prefill_variant_for_head_dim(be, d));
   for (size_t i = 0; i < variants.size(); ++i)
     std::printf("%s\n    {\"variant\": %d, \"name\": \"%s\"}", i ? "," : "", variants[i],

@@ -104,6 +104,7 @@ CudaBackend::~CudaBackend() {
   scratch_.reset();
   retired_scratch_.clear();
   gemm_cache_.reset();
+  attention_state_.reset();
   if (blaslt_) cublasLtDestroy(blaslt_);
   if (stream_) cudaStreamDestroy(stream_);
 }

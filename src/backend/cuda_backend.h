@@ -80,6 +80,11 @@ class CudaBackend final : public Backend {
   // Opaque state the CUDA kernels keep per backend (kernels/cuda/gemm.cu: cached cuBLASLt matmul
   // plans). Created by the kernels on first use; released before the cuBLASLt handle.
   std::shared_ptr<void>& gemm_cache() { return gemm_cache_; }
+  // Opaque per-backend state of the attention kernels (kernels/cuda/attention.cu, shared with
+  // attention_train.cu): facts and settings of this backend's device (wgmma support, raised
+  // shared-memory limits, occupancy), never held in function-local statics so that a backend on a
+  // second GPU gets its own. Created by the kernels on first use.
+  std::shared_ptr<void>& attention_state() { return attention_state_; }
 
  private:
   explicit CudaBackend(int device_index);
@@ -93,6 +98,7 @@ class CudaBackend final : public Backend {
   Buffer scratch_;
   std::vector<Buffer> retired_scratch_;  // outgrown scratch, kept alive for captured graphs
   std::shared_ptr<void> gemm_cache_;
+  std::shared_ptr<void> attention_state_;
 };
 
 }  // namespace kiln

@@ -1,8 +1,10 @@
 // CUDA attention_forward against the CPU twin on random inputs: the decode (split-KV) path, the
 // prefill (tensor-core) path, mixed batches, chunked prefill, loose bounds, MHA, f16, the generic
-// path (other head sizes, f32), and replay of a captured CUDA graph for other lengths.
-// Outputs are poisoned with NaN first and cache slots outside every request hold NaN, so a row
-// left unwritten or a key read out of range shows up as a non-finite error.
+// path (other head sizes, f32), contexts on shuffled pages of many sizes (kernels/paged_kv.h), and
+// replay of a captured CUDA graph for other lengths and page tables.
+// Outputs are poisoned with NaN first and cache rows outside every request hold NaN, so a row
+// left unwritten or a key read from the wrong row shows up as a non-finite error; q/out rows past
+// the last request (extra_rows) must still hold NaN afterwards (rows of no request are untouched).
 // Cases that reach the prefill path run once per compiled prefill variant (see
 // kernels/cuda/attention_internal.h), each against the same CPU reference.
 #include <gtest/gtest.h>
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -33,8 +36,15 @@ struct AttnCase {
   DType dtype = DType::bf16;
   std::vector<int32_t> q_lens, kv_lens;
   int extra_q_bound = 0, extra_kv_bound = 0;  // bounds beyond the true maxima
-  int kv_offset = 0;                          // kv_indptr[0]: leading unused (NaN) slots
-  int pad_slots = 7;                          // unused (NaN) slots after the last request
+  // Layout of the cache. page_size 0: the requests' slots are contiguous and consecutive
+  // (contiguous_pages: page size 1), starting at kv_offset (leading unused slots) and followed by
+  // pad_slots unused ones. page_size > 0: shuffled pages of that size (scattered_pages) from a
+  // pool with spare_pages pages that no request uses.
+  int kv_offset = 0;
+  int pad_slots = 7;
+  int page_size = 0;
+  int spare_pages = 5;
+  int extra_rows = 0;  // q/out rows after the last request's (no request's: must stay untouched)
   float q_std = 1.0f;
   uint64_t seed = 1;
 };
@@ -52,6 +62,7 @@ std::string describe(const AttnCase& c) {
   std::string s = dtype_name(c.dtype);
   s += " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D);
   s += " q_lens=[" + join(c.q_lens) + "] kv_lens=[" + join(c.kv_lens) + "]";
+  s += c.page_size > 0 ? " page_size=" + std::to_string(c.page_size) : std::string(" contiguous");
   return s;
 }
 
@@ -87,32 +98,63 @@ TensorBuffer device_copy(Backend& be, Tensor t) {
 }
 
 struct Inputs {
-  TensorBuffer q, k, v, qi, kvi;
+  TensorBuffer q, k, v, qi;
+  PagedTables pages;
   ops::AttentionBounds bounds;
   float scale = 0;
+  int64_t used_rows = 0;  // q/out rows of the requests (the rest are extra rows)
+};
+
+// The page tables of `pages` on be's device (the view keeps pointing at them).
+struct DevicePages {
+  TensorBuffer indptr, indices, last;
+  int32_t page_size = 1;
+  DevicePages(Backend& be, const PagedTables& p)
+      : indptr(device_copy(be, p.indptr)),
+        indices(device_copy(be, p.indices)),
+        last(device_copy(be, p.last)),
+        page_size(p.page_size) {}
+  PagedKV view() const { return PagedKV{indptr, indices, last, page_size}; }
 };
 
 Inputs make_inputs(const AttnCase& c) {
   KILN_ASSERT(c.q_lens.size() == c.kv_lens.size());
   const int B = static_cast<int>(c.q_lens.size());
-  std::vector<int32_t> qi(B + 1, 0), kvi(B + 1, c.kv_offset);
+  std::vector<int32_t> qi(B + 1, 0);
   for (int b = 0; b < B; ++b) {
     KILN_ASSERT(c.q_lens[b] <= c.kv_lens[b]);
     qi[b + 1] = qi[b] + c.q_lens[b];
-    kvi[b + 1] = kvi[b] + c.kv_lens[b];
   }
-  const int64_t T = qi[B], S = kvi[B] + c.pad_slots;
   Inputs in;
+  int64_t S = 0;
+  std::vector<char> used;  // pool rows holding some request's key
+  if (c.page_size == 0) {
+    std::vector<int32_t> kvi(B + 1, c.kv_offset);
+    for (int b = 0; b < B; ++b) kvi[b + 1] = kvi[b] + c.kv_lens[b];
+    S = kvi[B] + c.pad_slots;
+    used.assign(static_cast<size_t>(S), 0);
+    for (int32_t r = kvi[0]; r < kvi[B]; ++r) used[r] = 1;
+    in.pages = contiguous_pages(kvi);
+  } else {
+    int32_t pool_pages = c.spare_pages;
+    for (int32_t n : c.kv_lens) pool_pages += (n + c.page_size - 1) / c.page_size;
+    std::vector<std::vector<int32_t>> slot_of;
+    in.pages = scattered_pages(c.kv_lens, c.page_size, pool_pages, c.seed + 17, &slot_of);
+    S = static_cast<int64_t>(pool_pages) * c.page_size;
+    used.assign(static_cast<size_t>(S), 0);
+    for (const auto& slots : slot_of)
+      for (int32_t r : slots) used[r] = 1;
+  }
+  const int64_t T = qi[B] + c.extra_rows;
   in.q = random_host(Shape{T, c.Hq, c.D}, c.dtype, c.seed, c.q_std);
   in.k = random_host(Shape{S, c.Hkv, c.D}, c.dtype, c.seed + 1);
   in.v = random_host(Shape{S, c.Hkv, c.D}, c.dtype, c.seed + 2);
-  const int64_t slot = int64_t(c.Hkv) * c.D;
-  for (const TensorBuffer* t : {&in.k, &in.v}) {
-    fill_nan(*t, 0, c.kv_offset * slot);
-    fill_nan(*t, kvi[B] * slot, S * slot);
-  }
+  const int64_t row = int64_t(c.Hkv) * c.D;
+  for (const TensorBuffer* t : {&in.k, &in.v})
+    for (int64_t r = 0; r < S; ++r)
+      if (!used[r]) fill_nan(*t, r * row, (r + 1) * row);
   in.qi = host_ints(qi);
-  in.kvi = host_ints(kvi);
+  in.used_rows = qi[B];
   in.bounds.batch = B;
   in.bounds.max_q_len = *std::max_element(c.q_lens.begin(), c.q_lens.end()) + c.extra_q_bound;
   in.bounds.max_kv_len = *std::max_element(c.kv_lens.begin(), c.kv_lens.end()) + c.extra_kv_bound;
@@ -120,14 +162,31 @@ Inputs make_inputs(const AttnCase& c) {
   return in;
 }
 
+// The CPU twin's output (f32) on the requests' rows (the first used_rows rows of q).
+std::vector<float> cpu_reference(Tensor q, Tensor k, Tensor v, Tensor qi, const PagedKV& pages,
+                                 ops::AttentionBounds bounds, float scale, int64_t used_rows) {
+  TensorBuffer ref = nan_host(q.shape, DType::f32);
+  cpu::attention_forward(ref, q, k, v, qi, pages, bounds, scale);
+  const int64_t n = used_rows * q.size(1) * q.size(2);
+  return std::vector<float>(ref.ptr<float>(), ref.ptr<float>() + n);
+}
 std::vector<float> cpu_reference(const Inputs& in) {
-  TensorBuffer ref = nan_host(in.q.shape(), DType::f32);
-  cpu::attention_forward(ref, in.q, in.k, in.v, in.qi, in.kvi, in.bounds, in.scale);
-  return std::vector<float>(ref.ptr<float>(), ref.ptr<float>() + ref.numel());
+  return cpu_reference(in.q, in.k, in.v, in.qi, in.pages.view(), in.bounds, in.scale, in.used_rows);
 }
 
 int64_t count_nonfinite(const std::vector<float>& x) {
   return std::count_if(x.begin(), x.end(), [](float v) { return !std::isfinite(v); });
+}
+
+// Splits a device output into the requests' rows (returned) and checks that the extra rows after
+// them still hold the NaN poison.
+std::vector<float> request_rows(Backend& be, Tensor out, int64_t used_rows) {
+  std::vector<float> all = to_f32(be, out);
+  const size_t n = static_cast<size_t>(used_rows * out.size(1) * out.size(2));
+  const int64_t touched = std::count_if(all.begin() + n, all.end(), [](float v) { return !std::isnan(v); });
+  EXPECT_EQ(touched, 0) << "rows that belong to no request were written";
+  all.resize(n);
+  return all;
 }
 
 // Prefill variants to run a case with: every compiled one (CUDA builds), else the default (-1).
@@ -165,16 +224,17 @@ void check_case(Backend& be, const AttnCase& c, double tol, bool all_variants = 
   ASSERT_EQ(count_nonfinite(want), 0) << "CPU reference is not finite";
 
   TensorBuffer q = device_copy(be, in.q), k = device_copy(be, in.k), v = device_copy(be, in.v);
-  TensorBuffer qi = device_copy(be, in.qi), kvi = device_copy(be, in.kvi);
+  TensorBuffer qi = device_copy(be, in.qi);
+  const DevicePages pages(be, in.pages);
   for (int variant : prefill_variants(all_variants)) {
     SCOPED_TRACE("prefill variant " + std::to_string(variant));
     PrefillVariantScope scope(be, variant);
     TensorBuffer out = device_copy(be, nan_host(in.q.shape(), c.dtype));
-    ops::attention_forward(be, out, q, k, v, qi, kvi, in.bounds, in.scale);
+    ops::attention_forward(be, out, q, k, v, qi, pages.view(), in.bounds, in.scale);
     Status st = be.synchronize();
     ASSERT_TRUE(st.ok()) << st.message();
-    std::vector<float> got = to_f32(be, out);
-    EXPECT_EQ(count_nonfinite(got), 0) << "rows left unwritten or NaN read from unused cache slots";
+    std::vector<float> got = request_rows(be, out, in.used_rows);
+    EXPECT_EQ(count_nonfinite(got), 0) << "rows left unwritten or NaN read from unused cache rows";
     const double err = rel_error(got, want);
     EXPECT_LE(err, tol) << "max abs diff " << max_abs_diff(got, want);
   }
@@ -185,6 +245,11 @@ void check_prefill(Backend& be, const AttnCase& c, double tol) { check_case(be, 
 
 constexpr double kTolBf16 = 1e-2;
 constexpr double kTolF32 = 1e-5;
+
+// Page sizes of the paged cases: one row per page, odd, the engine's likely sizes (a multiple of
+// the decode step, a whole prefill tile), and one that is neither a power of two nor a multiple of
+// 16 (steps and tiles across page boundaries, the division path).
+const std::vector<int> kPageSizes = {1, 3, 16, 64, 100};
 
 AttnCase decode_case(int kv_len, int Hq = 24, int Hkv = 4, int D = 64) {
   AttnCase c;
@@ -324,13 +389,15 @@ TEST(AttentionGpu, PrefillWithCachedPrefix) {
   check_prefill(*be, prefill_case(70, 1000, 8, 2, 128), kTolBf16);
 }
 
-// Prefill and decode requests (and one with no query this step) in one call.
+// Prefill and decode requests (one with no query this step, one padding request: no query, no
+// context) in one call, rows after the last request left alone.
 TEST(AttentionGpu, MixedBatch) {
   KILN_REQUIRE_GPU(be);
   AttnCase c;
-  c.q_lens = {1, 300, 0, 1, 45, 1};
-  c.kv_lens = {1000, 300, 10, 64, 545, 2};
+  c.q_lens = {1, 300, 0, 1, 0, 45, 1};
+  c.kv_lens = {1000, 300, 10, 64, 0, 545, 2};
   c.kv_offset = 5;
+  c.extra_rows = 3;
   check_prefill(*be, c, kTolBf16);
   c.Hq = 16;
   c.Hkv = 4;
@@ -398,9 +465,195 @@ TEST(AttentionGpu, GenericOtherHeadDims) {
   }
 }
 
+// ---- Paged caches: contexts on shuffled pages (kernels/paged_kv.h)
+
+// Decode batches of many requests with odd lengths on pages of every size, a padding request in
+// the middle, lengths on and around page and step boundaries, rows after the last request.
+TEST(AttentionGpu, DecodePaged) {
+  KILN_REQUIRE_GPU(be);
+  for (int page_size : kPageSizes) {
+    AttnCase c;
+    c.q_lens = {1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1};
+    c.kv_lens = {1, 17, 300, 2049, 0, 777, 15, 16, 65, 1000, 4099};
+    c.page_size = page_size;
+    c.extra_rows = 2;
+    c.seed = 20 + page_size;
+    check_case(*be, c, kTolBf16);
+    c.Hq = 32;  // D = 128 fast path, G = 4
+    c.Hkv = 8;
+    c.D = 128;
+    c.dtype = DType::f16;
+    check_case(*be, c, kTolBf16);
+  }
+}
+
+// Many decode requests (more blocks than one wave: one split each), odd lengths, padding
+// requests scattered through the batch, 16-key pages.
+TEST(AttentionGpu, DecodePagedManyRequests) {
+  KILN_REQUIRE_GPU(be);
+  AttnCase c;
+  uint64_t x = 12345;
+  for (int b = 0; b < 67; ++b) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const bool pad = b % 11 == 5;
+    c.q_lens.push_back(pad ? 0 : 1);
+    c.kv_lens.push_back(pad ? 0 : 1 + static_cast<int32_t>((x >> 33) % 3000));
+  }
+  c.page_size = 16;
+  c.extra_kv_bound = 500;
+  c.extra_rows = 1;
+  check_case(*be, c, kTolBf16);
+}
+
+// Several query rows per request on the decode path over paged contexts, GQA 8 and MHA.
+TEST(AttentionGpu, DecodePagedShortQueries) {
+  KILN_REQUIRE_GPU(be);
+  for (int page_size : {3, 16, 64}) {
+    AttnCase g8;
+    g8.Hq = 32;
+    g8.Hkv = 4;
+    g8.q_lens = {8, 0, 5, 2};
+    g8.kv_lens = {3000, 0, 5, 130};
+    g8.page_size = page_size;
+    check_case(*be, g8, kTolBf16);
+    AttnCase mha;
+    mha.Hq = mha.Hkv = 8;
+    mha.D = 128;
+    mha.q_lens = {16, 1, 9};
+    mha.kv_lens = {16, 900, 2000};
+    mha.page_size = page_size;
+    mha.seed = 31;
+    check_case(*be, mha, kTolBf16);
+  }
+}
+
+// Prefill chunks after a cached prefix on shuffled pages (q 100 over kv 700, q 1 over kv 1000 in
+// a prefill batch), a full prefill, a padding request in the middle, every variant, D 64 and 128,
+// bf16 and f16.
+TEST(AttentionGpu, PrefillPaged) {
+  KILN_REQUIRE_GPU(be);
+  for (int page_size : kPageSizes) {
+    AttnCase c;
+    c.q_lens = {100, 1, 0, 257, 64, 130};
+    c.kv_lens = {700, 1000, 0, 257, 200, 194};
+    c.page_size = page_size;
+    c.extra_rows = 2;
+    c.seed = 40 + page_size;
+    check_prefill(*be, c, kTolBf16);
+    c.Hq = 32;
+    c.Hkv = 8;
+    c.D = 128;
+    c.dtype = DType::f16;
+    c.q_std = 2.0f;
+    check_prefill(*be, c, kTolBf16);
+  }
+}
+
+// Longer paged prefill: many tiles, so the pool rows of tile t + 2 are staged while tile t is
+// computed; loose bounds, GQA 8, D 128 with a long cached prefix.
+TEST(AttentionGpu, PrefillPagedLonger) {
+  KILN_REQUIRE_GPU(be);
+  for (int page_size : {16, 100}) {
+    AttnCase c;
+    c.q_lens = {1500, 333};
+    c.kv_lens = {1500, 2011};
+    c.extra_q_bound = 70;
+    c.page_size = page_size;
+    check_prefill(*be, c, kTolBf16);
+    AttnCase g8 = prefill_case(517, 1203, 32, 4, 64);
+    g8.q_std = 3.0f;
+    g8.page_size = page_size;
+    g8.seed = 5;
+    check_prefill(*be, g8, kTolBf16);
+    AttnCase d128 = prefill_case(700, 1900, 32, 8, 128);
+    d128.page_size = page_size;
+    d128.seed = 11;
+    check_prefill(*be, d128, kTolBf16);
+  }
+}
+
+// One page per request, larger than any tile and not a multiple of 16 (the single-request
+// generator uses the whole cache as one page): steps and tiles lie in the page except near its end.
+TEST(AttentionGpu, OnePagePerRequest) {
+  KILN_REQUIRE_GPU(be);
+  AttnCase c;
+  c.q_lens = {1, 1, 1};
+  c.kv_lens = {4097, 1, 3000};
+  c.page_size = 4100;
+  c.spare_pages = 1;
+  check_case(*be, c, kTolBf16);
+  AttnCase p;
+  p.q_lens = {300, 1};
+  p.kv_lens = {1000, 999};
+  p.page_size = 1000;
+  p.spare_pages = 1;
+  check_prefill(*be, p, kTolBf16);
+}
+
+// The generic kernel (head sizes without a fast path, f32) over paged contexts.
+TEST(AttentionGpu, GenericPaged) {
+  KILN_REQUIRE_GPU(be);
+  for (int page_size : {1, 3, 16, 64}) {
+    AttnCase c;
+    c.dtype = DType::f32;
+    c.Hq = 6;
+    c.Hkv = 2;
+    c.D = 96;
+    c.q_lens = {1, 37, 0, 5};
+    c.kv_lens = {300, 37, 0, 90};
+    c.page_size = page_size;
+    c.extra_rows = 1;
+    check_case(*be, c, kTolF32);
+    c.dtype = DType::bf16;
+    c.D = 48;
+    check_case(*be, c, kTolBf16);
+  }
+}
+
+// ---- Per-backend state
+
+#ifdef KILN_WITH_CUDA
+// Kernel attributes, occupancy and wgmma support are kept per backend: a second backend on the
+// same device starts with fresh state, and each device (on a multi-GPU host: up to two here) gets
+// its own. Every prefill variant (shared-memory limits raised per backend) and the decode path.
+TEST(AttentionGpu, StatePerBackend) {
+  KILN_REQUIRE_GPU(be);
+  AttnCase p;
+  p.q_lens = {200, 1};
+  p.kv_lens = {300, 500};
+  p.page_size = 16;
+  AttnCase d = decode_case(3000);
+  d.page_size = 64;
+  check_prefill(*be, p, kTolBf16);
+  check_case(*be, d, kTolBf16);
+  const int devices = std::min(cuda_device_count(), 2);
+  for (int dev = 0; dev < devices; ++dev) {
+    SCOPED_TRACE("fresh backend on cuda:" + std::to_string(dev));
+    Result<std::unique_ptr<Backend>> other = make_backend(Device::cuda(dev));
+    ASSERT_TRUE(other.ok()) << other.status().message();
+    check_prefill(**other, p, kTolBf16);
+    check_case(**other, d, kTolBf16);
+  }
+}
+#endif
+
 // ---- CUDA graph: capture the decode call once, replay it for other context lengths.
 
 #ifdef KILN_WITH_CUDA
+// Captures ops::attention_forward on `stream` into an executable graph.
+cudaGraphExec_t capture_attention(CudaBackend& cbe, const std::function<void()>& call) {
+  cudaStream_t stream = cbe.stream();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  call();
+  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaGraphDestroy(graph);
+  return exec;
+}
+
+// Contiguous single-request context (page size 1), the captured form with bounds for kMaxKv.
 TEST(AttentionGpu, DecodeGraphReplay) {
   KILN_REQUIRE_GPU(be);
   CudaBackend& cbe = static_cast<CudaBackend&>(*be);
@@ -409,34 +662,30 @@ TEST(AttentionGpu, DecodeGraphReplay) {
   c.pad_slots = 0;
   Inputs in = make_inputs(c);
   TensorBuffer q = device_copy(*be, in.q), k = device_copy(*be, in.k), v = device_copy(*be, in.v);
-  TensorBuffer qi = device_copy(*be, in.qi), kvi = device_copy(*be, in.kvi);
+  TensorBuffer qi = device_copy(*be, in.qi);
+  const DevicePages pages(*be, in.pages);  // indptr {0, kv_len}, pages 0 .. kMaxKv - 1, last {1}
   TensorBuffer out = device_copy(*be, nan_host(in.q.shape(), c.dtype));
   const ops::AttentionBounds bounds{1, 1, kMaxKv};
 
   // An eager call first sizes the scratch (it cannot grow during capture).
-  ops::attention_forward(*be, out, q, k, v, qi, kvi, bounds, in.scale);
+  ops::attention_forward(*be, out, q, k, v, qi, pages.view(), bounds, in.scale);
   ASSERT_TRUE(be->synchronize().ok());
   std::vector<float> eager = to_f32(*be, out);
 
-  cudaStream_t stream = cbe.stream();
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  ops::attention_forward(*be, out, q, k, v, qi, kvi, bounds, in.scale);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaGraphExec_t exec =
+      capture_attention(cbe, [&] { ops::attention_forward(*be, out, q, k, v, qi, pages.view(), bounds, in.scale); });
+  ASSERT_NE(exec, nullptr);
 
   for (int kv_len : {kMaxKv, 1, 33, 64, 65, 1234, 5999}) {
     SCOPED_TRACE("kv_len " + std::to_string(kv_len));
-    TensorBuffer kvi_host = host_ints({0, kv_len});
-    be->copy(kvi, kvi_host);
+    be->copy(pages.indptr, host_ints({0, kv_len}));
     be->copy(out, nan_host(in.q.shape(), c.dtype));
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, cbe.stream()), cudaSuccess);
     ASSERT_TRUE(be->synchronize().ok());
     std::vector<float> got = to_f32(*be, out);
 
     Inputs ref_in = make_inputs(c);  // same seed: same values
-    ref_in.kvi = host_ints({0, kv_len});
+    ref_in.pages.indptr = host_ints({0, kv_len});
     ref_in.bounds = ops::AttentionBounds{1, 1, kv_len};
     std::vector<float> want = cpu_reference(ref_in);
     EXPECT_EQ(count_nonfinite(got), 0);
@@ -445,14 +694,77 @@ TEST(AttentionGpu, DecodeGraphReplay) {
       EXPECT_EQ(got, eager) << "graph replay differs from the eager call";
     } else {
       // The eager call with tight bounds must give bit-identical output (same key partition).
-      TensorBuffer kvi2 = device_copy(*be, ref_in.kvi);
       TensorBuffer out2 = device_copy(*be, nan_host(in.q.shape(), c.dtype));
-      ops::attention_forward(*be, out2, q, k, v, qi, kvi2, ref_in.bounds, in.scale);
+      ops::attention_forward(*be, out2, q, k, v, qi, pages.view(), ref_in.bounds, in.scale);
       EXPECT_EQ(to_f32(*be, out2), got) << "tight-bounds eager call differs from the graph replay";
     }
   }
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+}
+
+// A batch of decode requests on shuffled 16-key pages, captured once with large bounds (and a
+// padding request in the middle), replayed after rewriting the page tables for other lengths and
+// other pages of the pool: each replay must match the CPU twin and be bit-identical to an eager
+// call with tight bounds on the same tables.
+TEST(AttentionGpu, DecodeGraphReplayPaged) {
+  KILN_REQUIRE_GPU(be);
+  CudaBackend& cbe = static_cast<CudaBackend&>(*be);
+  constexpr int kMaxKv = 6000, kPage = 16, kBatch = 4;
+  AttnCase c;
+  c.q_lens = {1, 1, 0, 1};
+  c.kv_lens = {kMaxKv, 2500, 0, 4097};
+  c.page_size = kPage;
+  c.spare_pages = 200;
+  Inputs in = make_inputs(c);
+  // Every pool row finite: the later layouts use pages that the first one leaves unused.
+  in.k = random_host(in.k.shape(), c.dtype, 77);
+  in.v = random_host(in.v.shape(), c.dtype, 78);
+  const int32_t pool_pages = static_cast<int32_t>(in.k.shape().dims[0] / kPage);
+  TensorBuffer q = device_copy(*be, in.q), k = device_copy(*be, in.k), v = device_copy(*be, in.v);
+  TensorBuffer qi = device_copy(*be, in.qi);
+  // Device tables of fixed size (the graph keeps their addresses), room for every page of the pool.
+  TensorBuffer indptr = device_copy(*be, in.pages.indptr), last = device_copy(*be, in.pages.last);
+  TensorBuffer indices = device_copy(*be, host_ints(std::vector<int32_t>(pool_pages, 0)));
+  be->copy(indices.view().rows(0, in.pages.indices.numel()), in.pages.indices);
+  const PagedKV view{indptr, indices, last, kPage};
+  TensorBuffer out = device_copy(*be, nan_host(in.q.shape(), c.dtype));
+  const ops::AttentionBounds bounds{kBatch, 1, kMaxKv};
+
+  ops::attention_forward(*be, out, q, k, v, qi, view, bounds, in.scale);  // sizes the scratch
+  ASSERT_TRUE(be->synchronize().ok());
+  const std::vector<float> eager = to_f32(*be, out);
+  cudaGraphExec_t exec =
+      capture_attention(cbe, [&] { ops::attention_forward(*be, out, q, k, v, qi, view, bounds, in.scale); });
+  ASSERT_NE(exec, nullptr);
+
+  const std::vector<std::vector<int32_t>> lengths = {
+      {kMaxKv, 2500, 0, 4097}, {1, 33, 0, 64}, {65, 5999, 0, 17}, {1234, 1, 0, 3001}};
+  for (size_t round = 0; round < lengths.size(); ++round) {
+    const std::vector<int32_t>& lens = lengths[round];
+    SCOPED_TRACE("kv_lens [" + join(lens) + "]");
+    std::vector<std::vector<int32_t>> slot_of;
+    const PagedTables t = round == 0 ? std::move(in.pages)
+                                     : scattered_pages(lens, kPage, pool_pages, 100 + round, &slot_of);
+    be->copy(indptr, t.indptr);
+    be->copy(last, t.last);
+    be->copy(indices.view().rows(0, t.indices.numel()), t.indices);
+    be->copy(out, nan_host(in.q.shape(), c.dtype));
+    ASSERT_EQ(cudaGraphLaunch(exec, cbe.stream()), cudaSuccess);
+    ASSERT_TRUE(be->synchronize().ok());
+    const std::vector<float> got = to_f32(*be, out);
+    if (round == 0) {
+      EXPECT_EQ(got, eager) << "graph replay differs from the eager call";
+    }
+
+    const ops::AttentionBounds tight{kBatch, 1, *std::max_element(lens.begin(), lens.end())};
+    const std::vector<float> want = cpu_reference(in.q, in.k, in.v, in.qi, t.view(), tight, in.scale, in.used_rows);
+    EXPECT_EQ(count_nonfinite(got), 0);
+    EXPECT_LE(rel_error(got, want), kTolBf16);
+    TensorBuffer out2 = device_copy(*be, nan_host(in.q.shape(), c.dtype));
+    ops::attention_forward(*be, out2, q, k, v, qi, view, tight, in.scale);
+    EXPECT_EQ(to_f32(*be, out2), got) << "tight-bounds eager call differs from the graph replay";
+  }
+  cudaGraphExecDestroy(exec);
 }
 #endif
 

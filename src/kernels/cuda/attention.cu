@@ -1,26 +1,38 @@
-// CUDA causal grouped-query attention over a packed batch with keys/values in a slot cache
-// (kiln::cuda::attention_forward; semantics in kernels/ops.h).
+// CUDA causal grouped-query attention over a packed batch with keys/values in a paged cache
+// (kiln::cuda::attention_forward; semantics in kernels/ops.h, the paged view in kernels/paged_kv.h).
 //
 // Math: for request b, query row i (0 <= i < q_len) and query head h,
 //   pos = kv_len - q_len + i,  s_j = scale * <q[i,h], k[j, h / (Hq/Hkv)]>  for keys j = 0..pos,
 //   out[i,h] = sum_j softmax(s)_j v[j, h / (Hq/Hkv)],
-// with q [T,Hq,D] rows q_indptr[b].., keys/values [S,Hkv,D] slots kv_indptr[b]... The softmax is
-// computed online in f32 in the log2 domain (s * scale * log2 e, ex2.approx); products on tensor cores
-// take bf16/f16 operands with f32 accumulation; P is rounded to the input type for the PV product,
-// except in the (memory-bound) decode kernel, where bf16 P is carried as hi + lo parts.
+// with q [T,Hq,D] rows q_indptr[b].., and key j of request b at pool row (of k/v [S,Hkv,D])
+//   row(b, j) = page_indices[page_indptr[b] + j / page_size] * page_size + j % page_size,
+// i.e. paged_kv_slot() of kernels/paged_kv.h, kv_len = paged_kv_len() (a request with no pages has
+// none). Every page size >= 1 works; j / page_size is a multiply-high and shifts by host-computed
+// constants (PageDivisor: a plain shift for a power of two). The page table is read once per key
+// of a K/V tile (prefill), once per 16-key step (decode; per row only in steps that cross a page
+// boundary or on pages of fewer than 16 keys) or once per page (generic), never per element.
+// The softmax is computed online in f32 in the log2 domain (s * scale * log2 e, ex2.approx);
+// products on tensor cores take bf16/f16 operands with f32 accumulation; P is rounded to the input
+// type for the PV product, except in the (memory-bound) decode kernel, where bf16 P is carried as
+// hi + lo parts.
 //
 // Three kernel families, picked on the host from the bounds (never from device data):
 //  1. Decode / short queries (bf16/f16, D in {64,128}, max_q_len * G <= 64 where G = Hq/Hkv):
 //     split-KV "flash decoding". The rows of one kv head's query group are packed as
 //     R = i * G + (h % G) and cut in tiles of 16 rows (one mma M tile), so K/V are read once per
 //     GQA group. Grid (splits, Hkv * row_tiles, B), 4 warps per block. Each block takes one
-//     contiguous key range of its split; its warps take interleaved 16-key steps, loading K/V rows
-//     straight from global memory into registers (16-byte loads, two steps in flight for D=64) in
-//     a layout that feeds mma.sync m16n8k16 without shared memory (the head dimension is permuted
-//     consistently for the QK product and the output dimension for the PV product). The warps'
-//     (m, l, acc) are merged through shared memory; with one split the block writes `out`,
-//     otherwise it writes (acc/l, lse) to scratch and a combine kernel merges the splits (one
-//     block per (row, head); its warps sum interleaved splits).
+//     contiguous key range of its split; its warps take interleaved 16-key steps (starting at
+//     multiples of 16), loading K/V rows straight from global memory into registers (16-byte
+//     loads, two steps in flight for D=64) in a layout that feeds mma.sync m16n8k16 without
+//     shared memory (the head dimension is permuted consistently for the QK product and the
+//     output dimension for the PV product). The warps' (m, l, acc) are merged through shared
+//     memory; with one split the block writes `out`, otherwise it writes (acc/l, lse) to scratch
+//     and a combine kernel merges the splits (one block per (row, head); its warps sum
+//     interleaved splits).
+//     Paging: a warp reads the page id of its next step's first key one step ahead; a step that
+//     lies in one page (every step when the page size is a multiple of 16) is 16 consecutive pool
+//     rows from there, as cheap as a contiguous cache; a step across a page boundary or on pages
+//     of fewer than 16 keys looks each of its rows up (a page-table read per row).
 //     Splits: num_splits = clamp(ceil(W / (B * Hkv * row_tiles)), 1, ceil(max_kv_len / 64), 256)
 //     where W = SMs * resident decode blocks per SM (occupancy query: 3 for D=64, 2 for D=128),
 //     i.e. about one full wave of blocks, each block at least 64 keys. Each block computes its key
@@ -42,30 +54,42 @@
 //     operands from shared-memory descriptors, O += P V with P from registers and V as an
 //     MN-major descriptor, K/V double buffered. Variant 1: 1 warpgroup (BM=64), 128-key tiles for
 //     D=64 (64 for D=128); variant 2: 2 warpgroups sharing the K/V tiles (BM=128), 64-key tiles.
+//     Paging (every variant, TileRows): the pool rows of each K/V tile's keys are put in shared
+//     memory ahead of its copies, one page-table read per key (thread r of the block for key r of
+//     the tile, its latency hidden behind a tile of compute); the cp.async copies read their row
+//     there, so a tile costs the same for every page size and for keys scattered over any pages.
 //     Defaults from the H200 measurements (causal bf16, ms per call; figures in
 //     kernels/cuda/attention_internal.h): D=64 -> 1 (fastest at every length: L=30000 6.99 ms vs
 //     9.18 for 0), D=128 -> 2 (L=8192 1.17 ms vs 1.36 for 1 and 2.10 for 0). The environment
-//     variable KILN_ATTN_PREFILL_VARIANT=N (read once) overrides the default for both head sizes;
-//     tests/benchmarks: CudaBackend::set_attention_prefill_variant.
+//     variable KILN_ATTN_PREFILL_VARIANT=N (read once per backend) overrides the default for both
+//     head sizes; tests/benchmarks: CudaBackend::set_attention_prefill_variant.
 //  3. Generic (any even D <= 256, f32/bf16/f16, or unaligned pointers): one warp per (query row,
-//     head), online softmax over keys one at a time. Slow; for correctness on other shapes.
+//     head), online softmax over keys one at a time, walking the request's pages (one page-table
+//     read per page). Slow; for correctness on other shapes.
 // Every launch goes on the backend's stream; no host synchronisation and no allocation other than
 // be.scratch(), so the decode path can be captured in a CUDA graph (size scratch before capture).
-// Blocks beyond a request's true q_len (from the device indptr) exit early.
+// Blocks beyond a request's true q_len (from the device indptr) exit early, before reading the page
+// arrays: a padding request (no queries, no pages) computes nothing and rows of q/out that belong
+// to no request are not touched. Device facts (wgmma support, occupancy, raised shared-memory
+// limits) and the environment's variant live in the backend (AttentionState), not in statics.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <memory>
 #include <type_traits>
 
 #include "kernels/cuda/attention_internal.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/paged_kv.h"
 
 namespace kiln::cuda {
 namespace {
@@ -178,6 +202,62 @@ __device__ __forceinline__ void store2(__half* p, float a, float b) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// The paged view (kernels/paged_kv.h) as the kernels take it: a kernel argument by value.
+//
+// Key j of request b is pool row paged_kv_slot(indices, indptr[b], size, j)
+//   = indices[indptr[b] + j / size] * size + j % size.
+// The division by the page size is a multiply-high, an add and a shift by constants computed on the
+// host (PageDivisor below), exact for every page size >= 1 and every 0 <= j < 2^31; for a power of
+// two it is j >> log2(size). Pool rows fit in int32 (the host checks that the pool has < 2^31 rows),
+// so rows are int32 and become 64-bit element offsets when multiplied by the row stride Hkv * D.
+struct PagedArgs {
+  const int* indptr;   // page_indptr [B + 1]
+  const int* indices;  // page_indices
+  const int* last;     // last_page_len [B]
+  int size;            // page_size >= 1
+  uint32_t magic;      // j / size == (umulhi(j, magic) + j) >> shift
+  int shift;
+};
+
+// Request b's keys: its page ids are indices[first ..] in position order (`indices` stays the
+// kernel argument, so it costs no register).
+struct PagedKeys {
+  const int* indices;
+  int first;  // indptr[b]
+  int size;
+  uint32_t magic;
+  int shift;
+
+  // Page (within the request) of key j.
+  __device__ __forceinline__ int page(int j) const {
+    const uint32_t u = static_cast<uint32_t>(j);
+    return static_cast<int>((__umulhi(u, magic) + u) >> shift);
+  }
+  // Pool row of key j < kv_len (reads the page table): paged_kv_slot(...) of kernels/paged_kv.h.
+  __device__ __forceinline__ int row(int j) const {
+    const int p = page(j);
+    return page_id(p) * size + (j - p * size);
+  }
+  // Pool page holding the request's page p.
+  __device__ __forceinline__ int page_id(int p) const { return __ldg(indices + first + p); }
+};
+
+// Element offset of pool row `row` (0 <= row < 2^31) in rows of `stride` elements: one 32 x 32 ->
+// 64-bit multiply.
+__device__ __forceinline__ int64_t row_offset(int row, int stride) {
+  return static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(row)) * static_cast<uint32_t>(stride));
+}
+
+// A request's keys; reads indptr[b] only (a request with no pages has kv_len 0 and its page table
+// is never read).
+__device__ __forceinline__ PagedKeys request_keys(const PagedArgs& kv, int b) {
+  return PagedKeys{kv.indices, kv.indptr[b], kv.size, kv.magic, kv.shift};
+}
+__device__ __forceinline__ int request_kv_len(const PagedArgs& kv, int b) {
+  return paged_kv_len(kv.indptr, kv.last, kv.size, b);
+}
+
+// ------------------------------------------------------------------------------------------------
 // 1. Decode / short-query split-KV kernel.
 //
 // Fragment layouts (g = lane / 4, t = lane % 4; mma m16n8k16 A row-major, B "col", C 16x8):
@@ -207,8 +287,8 @@ template <typename T, int D, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
     attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse,
                        const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                       const int* __restrict__ q_indptr, const int* __restrict__ kv_indptr, int Hq, int Hkv, int G,
-                       int max_q_len, int num_splits, float sl) {
+                       const int* __restrict__ q_indptr, PagedArgs kv, int Hq, int Hkv, int G, int max_q_len,
+                       int num_splits, float sl) {
   constexpr int KC = D / 32;  // K chunks per row per thread
   constexpr int VC = D / 64;  // V chunks per row per thread
   constexpr int NT = D / 8;   // PV n tiles
@@ -224,11 +304,11 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   const int b = blockIdx.z;
   const int q_start = q_indptr[b];
   const int q_len = q_indptr[b + 1] - q_start;
-  const int kv_start = kv_indptr[b];
-  const int kv_len = kv_indptr[b + 1] - kv_start;
   const int rows = q_len * G;
   const int r0 = rt * 16;
-  if (r0 >= rows) return;
+  if (r0 >= rows) return;  // every block of a request without queries (padding) exits here
+  const int kv_len = request_kv_len(kv, b);
+  const PagedKeys keys = request_keys(kv, b);
 
   const int delta = kv_len - q_len;  // position of query i is delta + i
   const int i_max = min(q_len - 1, (r0 + 15) / G);
@@ -248,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
+  const int kv_stride = Hkv * D;  // elements per pool row (row * kv_stride: one widening multiply)
 
   // This thread's query rows (tile rows g and g+8), their key limits, and Q's A fragments.
   int lim[2];
@@ -280,24 +360,52 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
 
-  const T* kbase = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
-  const T* vbase = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+  const T* kbase = k_cache + static_cast<int64_t>(kvh) * D;
+  const T* vbase = v_cache + static_cast<int64_t>(kvh) * D;
 
+  // Page id of the first key of this warp's next step, read one step ahead (steps are loaded in
+  // the order warp, warp + 4, ...), so that the page-table latency hides behind a step of compute.
+  int next_pid = 0;
+  auto prefetch_page = [&](int step) {
+    if (step < n_steps) next_pid = keys.page_id(keys.page(key_begin + step * 16));
+  };
+  prefetch_page(warp);
+
+  // Keys key0 .. key0 + 15 of a step (key0 is a multiple of 16). When they lie in one page (always
+  // when the page size is a multiple of 16) they are consecutive pool rows from that page's row of
+  // key0; otherwise (small pages, or a step across a page boundary) each row is looked up, keys
+  // past the step's range as the last key of the range (in bounds; nothing is loaded for them), so
+  // that no lookup depends on a per-lane branch.
   auto load = [&](DecodeFrag<D>& f, int step) {
     const int key0 = key_begin + step * 16;
+    const int p0 = keys.page(key0);
+    const int in0 = key0 - p0 * keys.size;
+    const int row0 = next_pid * keys.size + in0;
+    prefetch_page(step + kWarps);
+    int krow[2], vrow[4];  // pool rows of this thread's K rows (key0 + g + 8 hf) and V rows
+    if (in0 + 16 <= keys.size) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) krow[hf] = row0 + g + 8 * hf;
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq) vrow[kq] = row0 + 2 * t + (kq & 1) + (kq >> 1) * 8;
+    } else {
+      const int last = key_end - 1;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) krow[hf] = keys.row(min(key0 + g + 8 * hf, last));
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq) vrow[kq] = keys.row(min(key0 + 2 * t + (kq & 1) + (kq >> 1) * 8, last));
+    }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int key = key0 + g + 8 * hf;
-      const bool ok = key < key_end;
-      const T* p = kbase + static_cast<int64_t>(ok ? key : 0) * kv_stride + t * 8;
+      const bool ok = key0 + g + 8 * hf < key_end;
+      const T* p = kbase + row_offset(krow[hf], kv_stride) + t * 8;
 #pragma unroll
       for (int c = 0; c < KC; ++c) f.k[hf][c] = ok ? ldg_stream(p + c * 32) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int kq = 0; kq < 4; ++kq) {
-      const int key = key0 + 2 * t + (kq & 1) + (kq >> 1) * 8;
-      const bool ok = key < key_end;
-      const T* p = vbase + static_cast<int64_t>(ok ? key : 0) * kv_stride + g * 8;
+      const bool ok = key0 + 2 * t + (kq & 1) + (kq >> 1) * 8 < key_end;
+      const T* p = vbase + row_offset(vrow[kq], kv_stride) + g * 8;
 #pragma unroll
       for (int c = 0; c < VC; ++c) f.v[kq][c] = ok ? ldg_stream(p + c * 64) : make_uint4(0, 0, 0, 0);
     }
@@ -567,9 +675,37 @@ __global__ void __launch_bounds__(kThreads)
 template <int D, int MT, int BN, int NW>
 struct PrefillCfg {
   static constexpr int kThreads = NW * 32;
-  static constexpr int kBM = NW * 16 * MT;                       // query rows per block
-  static constexpr int kChunks = D / 8;                          // 16-byte chunks per row
-  static constexpr int kSmemBytes = (kBM * D + 4 * BN * D) * 2;  // Q + double-buffered K and V
+  static constexpr int kBM = NW * 16 * MT;  // query rows per block
+  static constexpr int kChunks = D / 8;     // 16-byte chunks per row
+  // Q + double-buffered K and V, + the two K/V tiles' pool rows (TileRows).
+  static constexpr int kSmemBytes = (kBM * D + 4 * BN * D) * 2 + 2 * BN * 4;
+};
+
+// Pool rows of the prefill kernels' K/V tiles, in shared memory: rows[(tile & 1) * BN + r] is the
+// row of key tile * BN + r of the request (meaningless past n_keys, where nothing is copied).
+// Each key's page is looked up once, by thread tid < BN for key tile * BN + tid (not by each of the
+// threads that copy a chunk of its row): fetch() reads the page id from the page table (global) at
+// the top of the iteration that computes tile - 2, store() writes the row at its end, so the
+// page-table latency hides behind a tile of compute; a barrier separates the store from the copies
+// of iteration tile - 1 that read it. The two slots alternate: rows of tile t + 2 overwrite those
+// of tile t, whose copies were issued an iteration earlier. The copies then cost one shared-memory
+// load per row whatever the page size (pages of BN keys or more, contiguous caches included, could
+// skip it, but the load costs about what the address arithmetic of consecutive rows would).
+template <int BN>
+struct TileRows {
+  int* rows;    // [2][BN] in shared memory
+  int pid = 0;  // page id of this thread's key in the fetched tile
+
+  __device__ __forceinline__ void fetch(const PagedKeys& keys, int tile, int n_keys, int tid) {
+    const int key = tile * BN + tid;
+    pid = (tid < BN && key < n_keys) ? keys.page_id(keys.page(key)) : 0;
+  }
+  __device__ __forceinline__ void store(const PagedKeys& keys, int tile, int tid) const {
+    if (tid < BN) {
+      const int key = tile * BN + tid;
+      rows[(tile & 1) * BN + tid] = pid * keys.size + (key - keys.page(key) * keys.size);
+    }
+  }
 };
 
 // Element offset of 16-byte chunk c of row r in a swizzled [rows][D] tile (conflict-free ldmatrix).
@@ -583,8 +719,8 @@ __device__ __forceinline__ int swz(int r, int c) {
 template <typename T, int D, int MT, int BN, int NW, bool kQRegs, bool kLazy>
 __global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
     attn_prefill_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
-                        const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
-                        const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles, float sl) {
+                        const T* __restrict__ v_cache, const int* __restrict__ q_indptr, PagedArgs kv, int Hq,
+                        int Hkv, int G, int num_qtiles, float sl) {
   using Cfg = PrefillCfg<D, MT, BN, NW>;
   constexpr int NT = Cfg::kThreads;
   constexpr int BM = Cfg::kBM;
@@ -596,6 +732,8 @@ __global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + BM * D;      // [2][BN][D]
   T* sV = sK + 2 * BN * D;  // [2][BN][D]
+  static_assert(BN <= NT, "one thread per tile row in TileRows");
+  TileRows<BN> tile_rows{reinterpret_cast<int*>(sV + 2 * BN * D)};
 
   const int b = blockIdx.z;
   const int h = blockIdx.y;
@@ -603,9 +741,9 @@ __global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
   const int q_start = q_indptr[b];
   const int q_len = q_indptr[b + 1] - q_start;
   const int row0 = qt * BM;
-  if (row0 >= q_len) return;
-  const int kv_start = kv_indptr[b];
-  const int kv_len = kv_indptr[b + 1] - kv_start;
+  if (row0 >= q_len) return;  // every block of a request without queries (padding) exits here
+  const int kv_len = request_kv_len(kv, b);
+  const PagedKeys keys = request_keys(kv, b);
   const int kvh = h / G;
   const int delta = kv_len - q_len;  // position of query i is delta + i
   const int row_end = min(q_len, row0 + BM);
@@ -617,10 +755,9 @@ __global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
   const int warp = tid >> 5;
   const int lane = tid & 31;
   const int64_t q_stride = static_cast<int64_t>(Hq) * D;
-  const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
   const T* q_base = q + (static_cast<int64_t>(q_start) * Hq + h) * D;
-  const T* k_base = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
-  const T* v_base = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
+  const T* k_base = k_cache + static_cast<int64_t>(kvh) * D;
+  const T* v_base = v_cache + static_cast<int64_t>(kvh) * D;
 
   // Q tile.
   for (int idx = tid; idx < BM * NC; idx += NT) {
@@ -629,18 +766,35 @@ __global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
     const T* src = q_base + (ok ? static_cast<int64_t>(row0 + r) * q_stride + c * 8 : 0);
     cp_async16(smem_u32(sQ + swz<D>(r, c)), src, ok);
   }
+  // K/V tile copies: thread tid copies 16-byte chunk c = tid % NC of tile rows tr0 + i * RS (RS a
+  // multiple of 8, so the swizzle term and the chunk are the same for every i), from the pool rows
+  // in tile_rows: per copied row one shared-memory load and one widening multiply-add per address.
+  constexpr int RS = NT / NC;
+  static_assert(NT % NC == 0 && RS % 8 == 0 && BN % RS == 0, "K/V load mapping");
+  const int tr0 = tid / NC, tc = tid % NC;
+  const int kv_row = Hkv * D;                // elements per pool row
+  const T* k_chunk = k_base + tc * 8;        // this thread's chunk of pool row 0
+  const T* v_chunk = v_base + tc * 8;
   auto load_kv = [&](int tile, int buf) {
-    T* dk = sK + buf * BN * D;
-    T* dv = sV + buf * BN * D;
-    for (int idx = tid; idx < BN * NC; idx += NT) {
-      const int r = idx / NC, c = idx % NC;
-      const int key = tile * BN + r;
-      const bool ok = key < n_keys;
-      const int64_t off = ok ? static_cast<int64_t>(key) * kv_stride + c * 8 : 0;
-      cp_async16(smem_u32(dk + swz<D>(r, c)), k_base + off, ok);
-      cp_async16(smem_u32(dv + swz<D>(r, c)), v_base + off, ok);
+    const uint32_t dk = smem_u32(sK + buf * BN * D + swz<D>(tr0, tc));
+    const uint32_t dv = smem_u32(sV + buf * BN * D + swz<D>(tr0, tc));
+    constexpr uint32_t kRowStep = RS * D * sizeof(T);  // bytes between a thread's rows in the tile
+    const int key0 = tile * BN;
+    const int* rows = tile_rows.rows + (tile & 1) * BN + tr0;
+#pragma unroll
+    for (int i = 0; i < BN / RS; ++i) {
+      const bool ok = key0 + tr0 + i * RS < n_keys;
+      const int row = ok ? rows[i * RS] : 0;
+      cp_async16(dk + i * kRowStep, k_chunk + row_offset(row, kv_row), ok);
+      cp_async16(dv + i * kRowStep, v_chunk + row_offset(row, kv_row), ok);
     }
   };
+  // Pool rows of the first two tiles, then the first K/V tile.
+  for (int tile = 0; tile < 2 && tile < n_tiles; ++tile) {
+    tile_rows.fetch(keys, tile, n_keys, tid);
+    tile_rows.store(keys, tile, tid);
+  }
+  __syncthreads();
   if (n_tiles > 0) load_kv(0, 0);
   cp_async_commit();
 
@@ -662,6 +816,7 @@ __global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
   };
   for (int tile = 0; tile < n_tiles; ++tile) {
     if (tile + 1 < n_tiles) load_kv(tile + 1, (tile + 1) & 1);
+    if (tile + 2 < n_tiles) tile_rows.fetch(keys, tile + 2, n_keys, tid);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -788,7 +943,8 @@ __global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
         }
       }
     }
-    __syncthreads();  // everyone is done with this buffer before it is refilled
+    if (tile + 2 < n_tiles) tile_rows.store(keys, tile + 2, tid);
+    __syncthreads();  // everyone is done with this buffer before it is refilled (and sees the rows)
   }
   cp_async_wait<0>();
 
@@ -1002,16 +1158,20 @@ struct WgTile {
   static constexpr int SD = BN / 2;  // S accumulators per thread
   static constexpr int OD = D / 2;   // O accumulators per thread
   static constexpr int kTileElems = BN * D;
-  // Q + two K and two V stages, + slack for the 1024-byte alignment.
-  static constexpr int kSmemBytes = (BM * D + 4 * BN * D) * 2 + 1024;
+  // Q + two K and two V stages + the two K/V tiles' pool rows (TileRows, after the tiles so that
+  // these stay 1024-byte aligned), + slack for the 1024-byte alignment.
+  static constexpr int kSmemBytes = (BM * D + 4 * BN * D) * 2 + 2 * BN * 4 + 1024;
 
   T* sQ;
   T* sK;  // [2][BN x D tile]
   T* sV;  // [2][BN x D tile]
+  const int* rows;  // [2][BN] pool rows of the K/V tiles (TileRows)
   const T* q_base;
-  const T* k_base;
+  const T* k_base;  // kv head kvh of pool row 0, at this thread's 16-byte chunk tid % NC (load_kv)
   const T* v_base;
-  int64_t q_stride, kv_stride;
+  PagedKeys keys;
+  int64_t q_stride;
+  int kv_stride;  // Hkv * D
   int row0, q_len, n_keys, tid;
 
   // cp.async tile loads. Thread tid always copies 16-byte chunk c = tid % NC of rows
@@ -1033,31 +1193,22 @@ struct WgTile {
       cp_async16(d0 + i * RS * 128, ok ? src + i * RS * q_stride : q_base, ok);
     }
   }
-  // K and/or V tiles (rows past n_keys zero-filled): K tile k_tile into stage k_buf when
-  // k_tile >= 0, V tile v_tile into stage v_buf when v_tile >= 0.
-  __device__ __forceinline__ void load_kv(int k_tile, int k_buf, int v_tile, int v_buf) const {
-    const int r0 = tid / NC, c = tid % NC;
-    const uint32_t off0 = static_cast<uint32_t>(wg_off<BN>(r0, c) * sizeof(T));  // bytes
-    const int64_t step = RS * kv_stride;
-    if (k_tile >= 0) {
-      const uint32_t d0 = smem_u32(sK + k_buf * kTileElems) + off0;
-      const int key0 = k_tile * BN + r0;
-      const T* src = k_base + static_cast<int64_t>(key0) * kv_stride + c * 8;
+  // K and V tile `tile` into stage buf (rows past n_keys zero-filled), from the pool rows in
+  // `rows`: per copied row one shared-memory load and one widening multiply-add per address
+  // (k_base and v_base already include this thread's chunk).
+  __device__ __forceinline__ void load_kv(int tile, int buf) const {
+    const int r0 = tid / NC;
+    const uint32_t off0 = static_cast<uint32_t>(wg_off<BN>(r0, tid % NC) * sizeof(T));  // bytes
+    const uint32_t dk = smem_u32(sK + buf * kTileElems) + off0;
+    const uint32_t dv = smem_u32(sV + buf * kTileElems) + off0;
+    const int key0 = tile * BN;
+    const int* tr = rows + (tile & 1) * BN + r0;
 #pragma unroll
-      for (int i = 0; i < BN / RS; ++i) {
-        const bool ok = key0 + i * RS < n_keys;
-        cp_async16(d0 + i * RS * 128, ok ? src + i * step : k_base, ok);
-      }
-    }
-    if (v_tile >= 0) {
-      const uint32_t d0 = smem_u32(sV + v_buf * kTileElems) + off0;
-      const int key0 = v_tile * BN + r0;
-      const T* src = v_base + static_cast<int64_t>(key0) * kv_stride + c * 8;
-#pragma unroll
-      for (int i = 0; i < BN / RS; ++i) {
-        const bool ok = key0 + i * RS < n_keys;
-        cp_async16(d0 + i * RS * 128, ok ? src + i * step : v_base, ok);
-      }
+    for (int i = 0; i < BN / RS; ++i) {
+      const bool ok = key0 + r0 + i * RS < n_keys;
+      const int row = ok ? tr[i * RS] : 0;
+      cp_async16(dk + i * RS * 128, k_base + row_offset(row, kv_stride), ok);
+      cp_async16(dv + i * RS * 128, v_base + row_offset(row, kv_stride), ok);
     }
   }
 
@@ -1108,7 +1259,8 @@ __device__ __forceinline__ void wg_store(T* __restrict__ out, const float (&o)[D
   }
 }
 
-// Common prologue of the wgmma kernels: block geometry from the indptrs (false: nothing to do).
+// Common prologue of the wgmma kernels: block geometry from q_indptr and the paged view (blocks
+// past the request's queries return).
 #define KILN_WG_SETUP(Tile)                                                                                    \
   extern __shared__ unsigned char smem_wg[];                                                                  \
   unsigned char* smem_base = smem_wg + ((1024u - (smem_u32(smem_wg) & 1023u)) & 1023u);                       \
@@ -1118,9 +1270,8 @@ __device__ __forceinline__ void wg_store(T* __restrict__ out, const float (&o)[D
   const int q_start = q_indptr[b];                                                                            \
   const int q_len = q_indptr[b + 1] - q_start;                                                                \
   const int row0 = qt * Tile::BM;                                                                             \
-  if (row0 >= q_len) return;                                                                                  \
-  const int kv_start = kv_indptr[b];                                                                          \
-  const int kv_len = kv_indptr[b + 1] - kv_start;                                                             \
+  if (row0 >= q_len) return; /* every block of a request without queries (padding) exits here */              \
+  const int kv_len = request_kv_len(kv, b);                                                                   \
   const int kvh = h / G;                                                                                      \
   const int delta = kv_len - q_len;                                                                           \
   const int row_end = min(q_len, row0 + Tile::BM);                                                            \
@@ -1135,11 +1286,14 @@ __device__ __forceinline__ void wg_store(T* __restrict__ out, const float (&o)[D
   t_.sQ = reinterpret_cast<T*>(smem_base);                                                                    \
   t_.sK = t_.sQ + Tile::BM * D;                                                                               \
   t_.sV = t_.sK + 2 * Tile::kTileElems;                                                                       \
+  TileRows<BN> tile_rows{reinterpret_cast<int*>(t_.sV + 2 * Tile::kTileElems)};                               \
+  t_.rows = tile_rows.rows;                                                                                   \
   t_.q_stride = static_cast<int64_t>(Hq) * D;                                                                 \
-  t_.kv_stride = static_cast<int64_t>(Hkv) * D;                                                               \
+  t_.kv_stride = Hkv * D;                                                                                     \
   t_.q_base = q + (static_cast<int64_t>(q_start) * Hq + h) * D;                                               \
-  t_.k_base = k_cache + static_cast<int64_t>(kv_start) * t_.kv_stride + static_cast<int64_t>(kvh) * D;        \
-  t_.v_base = v_cache + static_cast<int64_t>(kv_start) * t_.kv_stride + static_cast<int64_t>(kvh) * D;        \
+  t_.k_base = k_cache + static_cast<int64_t>(kvh) * D + (tid % Tile::NC) * 8;                                 \
+  t_.v_base = v_cache + static_cast<int64_t>(kvh) * D + (tid % Tile::NC) * 8;                                 \
+  t_.keys = request_keys(kv, b);                                                                              \
   t_.row0 = row0;                                                                                             \
   t_.q_len = q_len;                                                                                           \
   t_.n_keys = n_keys;                                                                                         \
@@ -1152,20 +1306,26 @@ __device__ __forceinline__ void wg_store(T* __restrict__ out, const float (&o)[D
 // warpgroups). Per key tile: wait for the tile's cp.async group, fence.proxy.async (cp.async
 // writes are generic-proxy, wgmma reads are async-proxy), barrier, prefetch the next tile into
 // the other stage (its readers finished: every warpgroup waits for its wgmmas before the
-// barrier), S wgmma -> wait -> masked online softmax -> PV wgmma -> wait. The tensor cores
-// overlap the softmax only across the resident blocks of an SM.
+// barrier) and read the page ids of tile + 2 (TileRows), S wgmma -> wait -> masked online
+// softmax -> PV wgmma -> wait, then store tile + 2's pool rows. The tensor cores overlap the
+// softmax only across the resident blocks of an SM.
 template <typename T, int D, int BN, int NWG, int kMinBlocks>
 __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
     attn_prefill_wgmma_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
-                              const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
-                              const int* __restrict__ kv_indptr, int Hq, int Hkv, int G, int num_qtiles, float sl) {
+                              const T* __restrict__ v_cache, const int* __restrict__ q_indptr, PagedArgs kv,
+                              int Hq, int Hkv, int G, int num_qtiles, float sl) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tile = WgTile<T, D, BN, NWG>;
   KILN_WG_SETUP(Tile)
+  static_assert(BN <= Tile::NT, "one thread per tile row in TileRows");
   t_.load_q();
-  if (n_tiles > 0) {
-    t_.load_kv(0, 0, 0, 0);
+  // Pool rows of the first two tiles, then the first K/V tile.
+  for (int tile = 0; tile < 2 && tile < n_tiles; ++tile) {
+    tile_rows.fetch(t_.keys, tile, n_keys, tid);
+    tile_rows.store(t_.keys, tile, tid);
   }
+  __syncthreads();
+  if (n_tiles > 0) t_.load_kv(0, 0);
   cp_async_commit();
 
   float o[Tile::OD], s[Tile::SD];
@@ -1179,9 +1339,8 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
-    if (tile + 1 < n_tiles) {
-      t_.load_kv(tile + 1, (tile + 1) & 1, tile + 1, (tile + 1) & 1);
-    }
+    if (tile + 1 < n_tiles) t_.load_kv(tile + 1, (tile + 1) & 1);
+    if (tile + 2 < n_tiles) tile_rows.fetch(t_.keys, tile + 2, n_keys, tid);
     cp_async_commit();
 
     wgmma_fence();
@@ -1201,6 +1360,9 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(o);
+    // Rows of tile + 2 into the slot of this tile's (already issued) copies; the barrier at the
+    // top of the next iteration publishes them before load_kv(tile + 2) reads them.
+    if (tile + 2 < n_tiles) tile_rows.store(t_.keys, tile + 2, tid);
   }
   cp_async_wait<0>();
   wg_store<T, D>(out, o, l, wrow0, q_start, q_len, Hq, h, lane);
@@ -1217,9 +1379,8 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     attn_generic_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
-                        const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
-                        const int* __restrict__ kv_indptr, int B, int Hq, int Hkv, int G, int D, int max_q_len,
-                        float sl) {
+                        const T* __restrict__ v_cache, const int* __restrict__ q_indptr, PagedArgs kv, int B,
+                        int Hq, int Hkv, int G, int D, int max_q_len, float sl) {
   constexpr int kMaxPairs = 4;  // 4 pairs x 32 lanes = 256 dims
   const int lane = threadIdx.x & 31;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -1230,9 +1391,9 @@ __global__ void __launch_bounds__(kThreads)
   const int b = static_cast<int>(bi / max_q_len);
   const int q_start = q_indptr[b];
   const int q_len = q_indptr[b + 1] - q_start;
-  if (i >= q_len) return;
-  const int kv_start = kv_indptr[b];
-  const int kv_len = kv_indptr[b + 1] - kv_start;
+  if (i >= q_len) return;  // also every warp of a request without queries (padding)
+  const int kv_len = request_kv_len(kv, b);
+  const PagedKeys keys = request_keys(kv, b);
   const int n = max(0, min(kv_len, kv_len - q_len + i + 1));
   const int kvh = h / G;
   const int pairs = D / 2;
@@ -1247,11 +1408,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   float m = -INFINITY, l = 0.0f;
   const int64_t kv_stride = static_cast<int64_t>(Hkv) * D;
-  const T* kbase = k_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
-  const T* vbase = v_cache + static_cast<int64_t>(kv_start) * kv_stride + static_cast<int64_t>(kvh) * D;
-  for (int j = 0; j < n; ++j) {
-    const T* krow = kbase + j * kv_stride;
-    const T* vrow = vbase + j * kv_stride;
+  const T* kbase = k_cache + static_cast<int64_t>(kvh) * D;
+  const T* vbase = v_cache + static_cast<int64_t>(kvh) * D;
+  // One key: online-softmax update with pool row `row`.
+  auto attend = [&](int64_t row) {
+    const T* krow = kbase + row * kv_stride;
+    const T* vrow = vbase + row * kv_stride;
     float dot = 0.0f;
 #pragma unroll
     for (int k = 0; k < kMaxPairs; ++k) {
@@ -1278,6 +1440,14 @@ __global__ void __launch_bounds__(kThreads)
         acc[k].y = fmaf(pj, vv.y, acc[k].y * alpha);
       }
     }
+  };
+  // Keys 0 .. n - 1 page by page: page p holds keys p * size .. in consecutive pool rows from
+  // pages[p] * size (one page-table read per page, for every page size).
+  const int n_pages = n > 0 ? keys.page(n - 1) + 1 : 0;
+  for (int p = 0; p < n_pages; ++p) {
+    const int64_t page_row = static_cast<int64_t>(keys.page_id(p)) * keys.size;
+    const int in_page = min(keys.size, n - p * keys.size);
+    for (int jj = 0; jj < in_page; ++jj) attend(page_row + jj);
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   T* orow = out + (static_cast<int64_t>(q_start + i) * Hq + h) * D;
@@ -1291,13 +1461,100 @@ __global__ void __launch_bounds__(kThreads)
 // ------------------------------------------------------------------------------------------------
 // Host side.
 
+// Division by the page size for 0 <= j < 2^31 (PagedArgs): with l = ceil(log2(size)) and
+// magic = floor(2^32 * (2^l - size) / size) + 1 (< 2^32), j / size == (umulhi(j, magic) + j) >> l
+// (division by an invariant integer, Granlund & Montgomery 1994; for j < 2^31 the sum fits in 32
+// bits). A power of two has magic 1, and umulhi(j, 1) = 0: a plain shift by log2(size).
+struct PageDivisor {
+  uint32_t magic;
+  int shift;
+};
+
+PageDivisor page_divisor(int32_t size) {
+  KILN_ASSERT(size >= 1);
+  int l = 0;
+  while ((int64_t{1} << l) < size) ++l;
+  const uint64_t num = (uint64_t{1} << 32) * ((uint64_t{1} << l) - static_cast<uint64_t>(size));  // < 2^63
+  const uint64_t magic = num / static_cast<uint64_t>(size) + 1;
+  KILN_ASSERT(magic <= 0xffffffffull);
+  return PageDivisor{static_cast<uint32_t>(magic), l};
+}
+
+// Per-backend state (CudaBackend::attention_state()), created on the first call on that backend:
+// facts of its device and what was done to the kernels there. Kernel attributes and occupancy are
+// per device, so none of this lives in function-local statics (which would tie it to whichever
+// GPU ran first). attention_train.cu shares it (kernels/cuda/attention_internal.h).
+struct AttentionState {
+  int device = 0;
+  bool has_wgmma = false;                    // sm_90: the wgmma kernels are built for sm_90a only
+  int env_prefill_variant = -1;              // KILN_ATTN_PREFILL_VARIANT, -1 if unset or invalid
+  std::map<const void*, int> smem_limit;     // kernel -> dynamic shared-memory limit set on the device
+  std::map<const void*, int> blocks_per_sm;  // decode kernel -> resident blocks per SM
+};
+
+// The environment's prefill variant, -1 if none (read when a backend's state is created).
+int read_env_prefill_variant() {
+  const char* e = std::getenv("KILN_ATTN_PREFILL_VARIANT");
+  if (e == nullptr || *e == '\0') return -1;
+  char* end = nullptr;
+  const long n = std::strtol(e, &end, 10);
+  if (*end != '\0' || n < 0 || n >= kPrefillVariantCount) {
+    std::fprintf(stderr, "kiln: ignoring KILN_ATTN_PREFILL_VARIANT=%s (want 0..%d)\n", e, kPrefillVariantCount - 1);
+    return -1;
+  }
+  return static_cast<int>(n);
+}
+
+AttentionState& state_of(CudaBackend& be) {
+  std::shared_ptr<void>& slot = be.attention_state();
+  if (!slot) {
+    auto* st = new AttentionState;
+    st->device = be.device().index;
+    int major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, st->device));
+    st->has_wgmma = major == 9 && minor == 0;
+    st->env_prefill_variant = read_env_prefill_variant();
+    slot = std::shared_ptr<void>(st, [](void* p) { delete static_cast<AttentionState*>(p); });
+  }
+  return *static_cast<AttentionState*>(slot.get());
+}
+
+// Runs f with `device` current (cudaFuncSetAttribute and the occupancy query act on the current
+// device), then restores the previous one.
+template <typename F>
+void with_device(int device, F&& f) {
+  int cur = 0;
+  CUDA_CHECK(cudaGetDevice(&cur));
+  if (cur != device) CUDA_CHECK(cudaSetDevice(device));
+  f();
+  if (cur != device) CUDA_CHECK(cudaSetDevice(cur));
+}
+
+template <typename Kernel>
+const void* kernel_key(Kernel* kernel) {
+  return reinterpret_cast<const void*>(kernel);
+}
+
+// Resident blocks per SM of a decode kernel on the backend's device (queried once per backend).
+int decode_blocks_per_sm(CudaBackend& be, const void* kernel) {
+  AttentionState& st = state_of(be);
+  auto it = st.blocks_per_sm.find(kernel);
+  if (it != st.blocks_per_sm.end()) return it->second;
+  int n = 0;
+  with_device(st.device, [&] { CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0)); });
+  n = std::max(n, 1);
+  st.blocks_per_sm.emplace(kernel, n);
+  return n;
+}
+
 struct Args {
   void* out;
   const void* q;
   const void* k;
   const void* v;
   const int* q_indptr;
-  const int* kv_indptr;
+  PagedArgs kv;
   int B, Hq, Hkv, G, D, max_q_len, max_kv_len;
   float sl;  // scale * log2(e)
 };
@@ -1322,11 +1579,7 @@ void launch_decode(CudaBackend& be, const Args& a) {
   const int base_blocks = a.B * a.Hkv * row_tiles;
   constexpr bool kPingPong = D <= 64;
   auto kernel = attn_decode_kernel<T, D, kPingPong>;
-  static const int blocks_per_sm = [kernel] {
-    int n = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
-    return std::max(n, 1);
-  }();
+  const int blocks_per_sm = decode_blocks_per_sm(be, kernel_key(kernel));
   const int max_splits = decode_max_splits(base_blocks, be.multiprocessor_count(), blocks_per_sm);
   const int splits = decode_num_splits(max_splits, a.max_kv_len);
   float* part_o = nullptr;
@@ -1342,8 +1595,8 @@ void launch_decode(CudaBackend& be, const Args& a) {
   }
   dim3 grid(splits, a.Hkv * row_tiles, a.B);
   kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(a.out), part_o, part_lse, static_cast<const T*>(a.q),
-                                        static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.q_indptr, a.kv_indptr,
-                                        a.Hq, a.Hkv, a.G, a.max_q_len, splits, a.sl);
+                                        static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.q_indptr, a.kv, a.Hq,
+                                        a.Hkv, a.G, a.max_q_len, splits, a.sl);
   CUDA_CHECK(cudaGetLastError());
   if (splits > 1) {
     const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.B) * a.max_q_len * a.Hq);
@@ -1363,51 +1616,17 @@ constexpr int kDefaultPrefillVariantD128 = 2;
 static_assert(kDefaultPrefillVariant >= 0 && kDefaultPrefillVariant < kPrefillVariantCount);
 static_assert(kDefaultPrefillVariantD128 >= 0 && kDefaultPrefillVariantD128 < kPrefillVariantCount);
 
-// The environment's choice, -1 if none.
-int env_prefill_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("KILN_ATTN_PREFILL_VARIANT");
-    if (e == nullptr || *e == '\0') return -1;
-    char* end = nullptr;
-    const long n = std::strtol(e, &end, 10);
-    if (*end != '\0' || n < 0 || n >= kPrefillVariantCount) {
-      std::fprintf(stderr, "kiln: ignoring KILN_ATTN_PREFILL_VARIANT=%s (want 0..%d)\n", e, kPrefillVariantCount - 1);
-      return -1;
-    }
-    return static_cast<int>(n);
-  }();
-  return v;
-}
-
-// wgmma kernels are built for sm_90a only; elsewhere the wgmma variants fall back to variant 0.
-bool device_has_wgmma() {
-  static const bool ok = [] {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-    return major == 9 && minor == 0;
-  }();
-  return ok;
-}
-
 template <typename T, int D, int MT, int BN, int NW, bool kQRegs, bool kLazy>
 void launch_prefill(CudaBackend& be, const Args& a) {
   using Cfg = PrefillCfg<D, MT, BN, NW>;
   auto kernel = attn_prefill_kernel<T, D, MT, BN, NW, kQRegs, kLazy>;
   constexpr int smem = Cfg::kSmemBytes;
-  if constexpr (smem > 48 * 1024) {
-    static const bool attr_set = [kernel] {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      return true;
-    }();
-    (void)attr_set;
-  }
+  attention_allow_smem(be, kernel_key(kernel), smem);
   const int num_qtiles = (a.max_q_len + Cfg::kBM - 1) / Cfg::kBM;
   dim3 grid(num_qtiles, a.Hq, a.B);
   kernel<<<grid, Cfg::kThreads, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
                                                      static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-                                                     a.q_indptr, a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
+                                                     a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1416,17 +1635,13 @@ void launch_prefill_wgmma(CudaBackend& be, const Args& a) {
   using Tile = WgTile<T, D, BN, NWG>;
   auto kernel = attn_prefill_wgmma_kernel<T, D, BN, NWG, kMinBlocks>;
   constexpr int smem = Tile::kSmemBytes;
-  static_assert(smem * kMinBlocks <= 228 * 1024, "shared memory per SM");
-  static const bool attr_set = [kernel] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)attr_set;
+  static_assert((smem + 1024) * kMinBlocks <= 228 * 1024, "shared memory per SM (1 KiB reserved per block)");
+  attention_allow_smem(be, kernel_key(kernel), smem);
   const int num_qtiles = (a.max_q_len + Tile::BM - 1) / Tile::BM;
   dim3 grid(num_qtiles, a.Hq, a.B);
   kernel<<<grid, Tile::NT, smem, be.stream()>>>(static_cast<T*>(a.out), static_cast<const T*>(a.q),
                                                 static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.q_indptr,
-                                                a.kv_indptr, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
+                                                a.kv, a.Hq, a.Hkv, a.G, num_qtiles, a.sl);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1436,13 +1651,13 @@ void launch_generic(CudaBackend& be, const Args& a) {
   const unsigned blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   attn_generic_kernel<T><<<blocks, kThreads, 0, be.stream()>>>(
       static_cast<T*>(a.out), static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-      a.q_indptr, a.kv_indptr, a.B, a.Hq, a.Hkv, a.G, a.D, a.max_q_len, a.sl);
+      a.q_indptr, a.kv, a.B, a.Hq, a.Hkv, a.G, a.D, a.max_q_len, a.sl);
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
 void launch_prefill_variant(CudaBackend& be, const Args& a, int variant) {
-  if (variant != 0 && !device_has_wgmma()) variant = 0;
+  if (variant != 0 && !state_of(be).has_wgmma) variant = 0;
   if (a.D == 64) {
     switch (variant) {
       case 1:  // 1 warpgroup, 128-key tiles, 3 blocks per SM (the previous variant 5)
@@ -1481,13 +1696,25 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
-int prefill_variant_for_head_dim(const CudaBackend& be, int head_dim) {
+bool attention_device_has_wgmma(CudaBackend& be) { return state_of(be).has_wgmma; }
+
+void attention_allow_smem(CudaBackend& be, const void* kernel, int bytes) {
+  if (bytes <= 48 * 1024) return;
+  AttentionState& st = state_of(be);
+  int& limit = st.smem_limit[kernel];
+  if (limit >= bytes) return;
+  with_device(st.device,
+              [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)); });
+  limit = bytes;
+}
+
+int prefill_variant_for_head_dim(CudaBackend& be, int head_dim) {
   const int v = be.attention_prefill_variant();
   if (v >= 0) {
     KILN_ASSERT(v < kPrefillVariantCount);
     return v;
   }
-  const int e = env_prefill_variant();
+  const int e = state_of(be).env_prefill_variant;
   if (e >= 0) return e;
   return head_dim == 128 ? kDefaultPrefillVariantD128 : kDefaultPrefillVariant;
 }
@@ -1503,18 +1730,24 @@ const char* prefill_variant_name(int v) {
 
 void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
                        const PagedKV& paged, ops::AttentionBounds bounds, float scale) {
-  KILN_ASSERT(!"CUDA paged attention: the kernels do not read the paged view yet");
-  Tensor kv_indptr = paged.page_indptr;
   KILN_ASSERT(q.ndim() == 3 && out.shape == q.shape);
   KILN_ASSERT(k_cache.ndim() == 3 && v_cache.shape == k_cache.shape);
   KILN_ASSERT(k_cache.size(2) == q.size(2));
   KILN_ASSERT(q.dtype == out.dtype && q.dtype == k_cache.dtype && q.dtype == v_cache.dtype);
   KILN_ASSERT(q.dtype == DType::f32 || q.dtype == DType::bf16 || q.dtype == DType::f16);
-  KILN_ASSERT(q_indptr.dtype == DType::i32 && kv_indptr.dtype == DType::i32);
+  KILN_ASSERT(q_indptr.dtype == DType::i32 && paged.page_indptr.dtype == DType::i32 &&
+              paged.page_indices.dtype == DType::i32 && paged.last_page_len.dtype == DType::i32);
   KILN_ASSERT(bounds.batch >= 0 && bounds.max_q_len >= 0 && bounds.max_kv_len >= 0);
-  KILN_ASSERT(q_indptr.numel() == bounds.batch + 1 && kv_indptr.numel() == bounds.batch + 1);
+  KILN_ASSERT(q_indptr.ndim() == 1 && q_indptr.numel() == bounds.batch + 1);
+  KILN_ASSERT(paged.page_indptr.ndim() == 1 && paged.page_indptr.numel() == bounds.batch + 1);
+  KILN_ASSERT(paged.page_indices.ndim() == 1 && paged.last_page_len.ndim() == 1 &&
+              paged.last_page_len.numel() >= bounds.batch);
+  KILN_ASSERT(paged.page_size >= 1);
+  KILN_ASSERT(k_cache.size(0) <= INT32_MAX);  // pool rows are int32 in the kernels
   KILN_ASSERT(q.device.is_cuda() && out.device.is_cuda() && k_cache.device.is_cuda() && v_cache.device.is_cuda() &&
-              q_indptr.device.is_cuda() && kv_indptr.device.is_cuda());
+              q_indptr.device.is_cuda() && paged.page_indptr.device.is_cuda());
+  KILN_ASSERT(paged.page_indices.numel() == 0 || paged.page_indices.device.is_cuda());
+  KILN_ASSERT(paged.last_page_len.numel() == 0 || paged.last_page_len.device.is_cuda());
   const int64_t Hq = q.size(1), Hkv = k_cache.size(1), D = q.size(2);
   KILN_ASSERT(Hkv > 0 && Hq % Hkv == 0);
   KILN_ASSERT(D > 0 && D % 2 == 0 && D <= 256);
@@ -1527,7 +1760,9 @@ void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Te
   a.k = k_cache.data;
   a.v = v_cache.data;
   a.q_indptr = q_indptr.ptr<int>();
-  a.kv_indptr = kv_indptr.ptr<int>();
+  const PageDivisor div = page_divisor(paged.page_size);
+  a.kv = PagedArgs{paged.page_indptr.ptr<int>(), paged.page_indices.ptr<int>(), paged.last_page_len.ptr<int>(),
+                   paged.page_size, div.magic, div.shift};
   a.B = bounds.batch;
   a.Hq = static_cast<int>(Hq);
   a.Hkv = static_cast<int>(Hkv);

@@ -20,8 +20,21 @@
 //     L=1024               .0564   .0408   .0403
 //     L=8192               2.089   1.353   1.170
 //     q2048 / kv8192       .941    .604    .511
-// The environment variable KILN_ATTN_PREFILL_VARIANT=N (read once, on the first call) overrides the
-// default for both head sizes; CudaBackend::set_attention_prefill_variant() overrides both.
+// The environment variable KILN_ATTN_PREFILL_VARIANT=N (read once per backend, on its first call)
+// overrides the default for both head sizes; CudaBackend::set_attention_prefill_variant() overrides
+// both.
+//
+// Keys and values are read through the paged view (kernels/paged_kv.h) by every variant: the
+// pool rows of each K/V tile's keys are put in shared memory ahead of the tile's copies (one
+// page-table read per key, by one thread, its latency hidden behind a tile of compute), and each
+// cp.async row copy reads its row there: one shared-memory load per copied row, whatever the page
+// size. The figures above were measured with the contiguous kernels (before paging); the paged
+// ones are to be measured (bench_attention --page-size N, 0 for one page).
+//
+// Per-backend state: the attention kernels keep what they learn about a device (wgmma support,
+// raised shared-memory limits, occupancy, the environment's variant) in
+// CudaBackend::attention_state(), never in function-local statics, so a backend on another GPU
+// gets its own. The training kernels (attention_train.cu) share the two helpers below.
 #pragma once
 
 #include "backend/cuda_backend.h"
@@ -33,8 +46,14 @@ constexpr int kPrefillVariantCount = 3;
 // The variant prefill calls with head dimension D run with on `be` (the backend's override if set,
 // else the environment, else the default for D). Tests and benchmarks pick one with
 // CudaBackend::set_attention_prefill_variant().
-int prefill_variant_for_head_dim(const CudaBackend& be, int head_dim);
+int prefill_variant_for_head_dim(CudaBackend& be, int head_dim);
 // Short description of variant v.
 const char* prefill_variant_name(int v);
+
+// Whether be's device runs the sm_90a wgmma kernels (compute capability 9.0).
+bool attention_device_has_wgmma(CudaBackend& be);
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on be's device (once per backend and
+// kernel; nothing for bytes <= 48 KiB).
+void attention_allow_smem(CudaBackend& be, const void* kernel, int bytes);
 
 }  // namespace kiln::cuda

@@ -83,6 +83,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "kernels/cuda/attention_internal.h"
 #include "kernels/cuda/cuda_train_ops.h"
 #include "kernels/cuda/kernel_util.cuh"
 
@@ -2027,21 +2028,13 @@ TensorBuffer segment_ranges(CudaBackend& be, const Geometry& g, Tensor segment_i
 // conversion that 3 replaced).
 constexpr int kDefaultTrainVariant = 3;
 
-bool device_has_wgmma() {
-  static const bool ok = [] {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-    return major == 9 && minor == 0;
-  }();
-  return ok;
-}
-int train_variant() {
+// The device facts (wgmma support, raised shared-memory limits) are per backend, shared with the
+// inference attention kernels (kernels/cuda/attention_internal.h), not function-local statics.
+int train_variant(CudaBackend& be) {
   const char* e = std::getenv("KILN_ATTN_TRAIN_VARIANT");
   int want = kDefaultTrainVariant;
   if (e != nullptr && (e[0] == '0' || e[0] == '1' || e[0] == '3') && e[1] == '\0') want = e[0] - '0';
-  return want >= 1 && device_has_wgmma() ? want : 0;
+  return want >= 1 && attention_device_has_wgmma(be) ? want : 0;
 }
 
 bool fast_path(const Geometry& g, DType dtype, std::initializer_list<const void*> ptrs) {
@@ -2051,9 +2044,10 @@ bool fast_path(const Geometry& g, DType dtype, std::initializer_list<const void*
   return true;
 }
 
+// Raises the kernel's dynamic shared-memory limit on be's device (once per backend and kernel).
 template <typename Kernel>
-void allow_smem(Kernel kernel, int bytes) {
-  if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+void allow_smem(CudaBackend& be, Kernel* kernel, int bytes) {
+  attention_allow_smem(be, reinterpret_cast<const void*>(kernel), bytes);
 }
 
 template <int D, int MT, int BN, int NW>
@@ -2061,11 +2055,7 @@ void launch_fwd(CudaBackend& be, const Geometry& g, Tensor out, Tensor lse, Tens
                 const int* seg, const int4* ranges, int n_gran, bool causal, float sl) {
   using Cfg = FwdCfg<D, MT, BN, NW>;
   auto kernel = attn_train_fwd_kernel<D, MT, BN, NW>;
-  static const bool attr = [kernel] {
-    allow_smem(kernel, Cfg::kSmemBytes);
-    return true;
-  }();
-  (void)attr;
+  allow_smem(be, kernel, Cfg::kSmemBytes);
   const int num_qtiles = (g.S + Cfg::BM - 1) / Cfg::BM;
   dim3 grid(num_qtiles, g.Hq, g.B);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, detail::stream_of(be)>>>(
@@ -2080,11 +2070,7 @@ void launch_fwd_wg(CudaBackend& be, const Geometry& g, Tensor out, Tensor lse, T
   using Cfg = FwdWgCfg<D, BN, NWG>;
   static_assert(Cfg::kSmemBytes * kMinBlocks <= 228 * 1024, "shared memory per SM");
   auto kernel = attn_train_fwd_wg_kernel<D, BN, NWG, kMinBlocks>;
-  static const bool attr = [kernel] {
-    allow_smem(kernel, Cfg::kSmemBytes);
-    return true;
-  }();
-  (void)attr;
+  allow_smem(be, kernel, Cfg::kSmemBytes);
   const int num_qtiles = (g.S + Cfg::BM - 1) / Cfg::BM;
   dim3 grid(num_qtiles, g.Hq, g.B);
   kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
@@ -2099,11 +2085,7 @@ void launch_bwd_wg(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, flo
                    int n_gran, int S_pad, bool causal, float sl, float scale) {
   using Cfg = BwdWgCfg<D>;
   auto kernel = attn_train_bwd_wg_kernel<D>;
-  static const bool attr = [kernel] {
-    allow_smem(kernel, Cfg::kSmemBytes);
-    return true;
-  }();
-  (void)attr;
+  allow_smem(be, kernel, Cfg::kSmemBytes);
   dim3 grid((g.S + Cfg::BN - 1) / Cfg::BN, g.Hkv, g.B);
   kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
       dk.ptr<bf16>(), dv.ptr<bf16>(), dq_acc, q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(),
@@ -2117,11 +2099,7 @@ void launch_bwd_wg1(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, fl
   using Cfg = BwdWg1Cfg;
   static_assert(Cfg::kSmemBytes * Cfg::kMinBlocks <= 228 * 1024, "shared memory per SM");
   auto kernel = attn_train_bwd_wg1_kernel;
-  static const bool attr = [kernel] {
-    allow_smem(kernel, Cfg::kSmemBytes);
-    return true;
-  }();
-  (void)attr;
+  allow_smem(be, kernel, Cfg::kSmemBytes);
   dim3 grid(g.Hkv, g.B, (g.S + Cfg::BN - 1) / Cfg::BN);  // key block slowest: heaviest blocks first
   kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
       dk.ptr<bf16>(), dv.ptr<bf16>(), dq_acc, q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(),
@@ -2135,11 +2113,7 @@ void launch_bwd(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, float*
                 int S_pad, bool causal, float sl, float scale) {
   using Cfg = BwdCfg<D, BM, NW, kKVRegs>;
   auto kernel = attn_train_bwd_kernel<D, BM, NW, kKVRegs>;
-  static const bool attr = [kernel] {
-    allow_smem(kernel, Cfg::kSmemBytes);
-    return true;
-  }();
-  (void)attr;
+  allow_smem(be, kernel, Cfg::kSmemBytes);
   dim3 grid((g.S + Cfg::BN - 1) / Cfg::BN, g.Hkv, g.B);
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, detail::stream_of(be)>>>(
       dk.ptr<bf16>(), dv.ptr<bf16>(), dq_acc, q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(),
@@ -2205,7 +2179,7 @@ void attention_train_forward(CudaBackend& be, Tensor out, Tensor lse, Tensor q, 
   const float sl = scale * kLog2e;
 
   if (fast_path(g, q.dtype, {out.data, q.data, k.data, v.data})) {
-    const bool wg = train_variant() >= 1;
+    const bool wg = train_variant(be) >= 1;
     if (g.D == 64) {
       if (wg)
         launch_fwd_wg<64, 128, 1, 3>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
@@ -2258,7 +2232,7 @@ void attention_train_backward(CudaBackend& be, Tensor dq, Tensor dk, Tensor dv, 
   if (fast_path(g, q.dtype, {dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, out.data})) {
     TensorBuffer acc = device_scratch(be, Shape{stat_rows, g.D}, DType::f32);  // dQ accumulator [B, Hq, S_pad, D]
     launch_bwd_prep<bf16>(be, g, delta, lse2, acc.ptr<float>(), out, dout, lse, S_pad);
-    const int variant = train_variant();
+    const int variant = train_variant(be);
     const bool wg = variant >= 1;
     // Variant 3: the one-warpgroup kernel for D = 64 (key blocks on grid z, at most 65535).
     const bool wg1 = variant == 3 && g.D == 64 && (g.S + BwdWg1Cfg::BN - 1) / BwdWg1Cfg::BN <= 65535;
