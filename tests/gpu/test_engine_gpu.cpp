@@ -12,13 +12,13 @@
 namespace kiln::test {
 namespace {
 
-struct Run {
+struct Generated {
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
 };
 
-Run drain(RequestStream& s) {
-  Run r;
+Generated drain(RequestStream& s) {
+  Generated r;
   while (std::optional<EngineEvent> e = s.next())
     for (const GeneratedToken& t : e->tokens) r.ids.push_back(t.id), r.logprobs.push_back(t.logprob);
   return r;
@@ -50,7 +50,7 @@ TEST(EngineGpu, BatchedAgreesWithAloneWithinBf16Tolerance) {
     const int n = 24;
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (int i = 0; i < n; ++i) streams.push_back(*(*batched)->submit(greedy_request(i, vocab)));
-    std::vector<Run> together;
+    std::vector<Generated> together;
     for (auto& s : streams) together.push_back(drain(*s));
     EngineOptions one = o;
     one.max_running = 1;
@@ -59,7 +59,7 @@ TEST(EngineGpu, BatchedAgreesWithAloneWithinBf16Tolerance) {
     int identical = 0;
     double worst = 0;
     for (int i = 0; i < n; ++i) {
-      Run a = drain(**(*alone)->submit(greedy_request(i, vocab)));
+      Generated a = drain(**(*alone)->submit(greedy_request(i, vocab)));
       ASSERT_EQ(a.ids.size(), together[i].ids.size());
       size_t agree = 0;
       while (agree < a.ids.size() && a.ids[agree] == together[i].ids[agree]) ++agree;
