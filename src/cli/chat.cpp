@@ -32,7 +32,7 @@ Runner add_chat(CLI::App& app) {
   c->add_flag("--json", f->json, "print one JSON object per turn (prompt, ids, reply) instead of streaming");
   return [f]() -> int {
     if (f->model.model_dir.empty()) return fail(invalid_argument("kiln chat needs --model DIR"));
-    Result<ops::SamplingParams> sampling = f->sampling.params();
+    Result<ops::SamplingRow> sampling = f->sampling.params();
     if (!sampling.ok()) return fail(sampling.status());
     Result<LoadedModel> l = load_model(f->model);
     if (!l.ok()) return fail(l.status());
@@ -69,7 +69,8 @@ Runner add_chat(CLI::App& app) {
           Generator::create(*l->model, static_cast<int32_t>(ids->size()) + std::max(opts.max_new_tokens, 1));
       if (!gen.ok()) return fail(gen.status());
       TextStreamer stream(text->tokenizer());
-      opts.sampling.seed += turn;  // a fresh draw sequence per turn, still reproducible from --seed
+      // A fresh draw sequence per turn, still reproducible from --seed.
+      ops::set_sampling_seed(opts.sampling, ops::sampling_seed(opts.sampling) + turn);
       Result<GenerateResult> r =
           (*gen)->generate(*ids, opts, [&](int32_t id) { return f->json ? true : stream.push(id); });
       if (!r.ok()) return fail(r.status());

@@ -63,14 +63,14 @@ void SamplingFlags::add(CLI::App* cmd) {
   cmd->add_option("--seed", seed, "sampling seed (default: random)");
 }
 
-Result<ops::SamplingParams> SamplingFlags::params() const {
+Result<ops::SamplingRow> SamplingFlags::params() const {
   if (temperature < 0) return invalid_argument("--temperature must be >= 0 (0 is greedy)");
   if (top_p <= 0 || top_p > 1) return invalid_argument("--top-p must be in (0, 1]");
-  ops::SamplingParams p;
+  ops::SamplingRow p;
   p.temperature = temperature;
   p.top_k = top_k;
   p.top_p = top_p;
-  p.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
+  ops::set_sampling_seed(p, seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}());
   return p;
 }
 

@@ -40,7 +40,7 @@ struct SamplingFlags {
       : temperature(default_temperature), top_p(default_top_p) {}
   void add(CLI::App* cmd);
   // Validated parameters; a random seed when --seed was not given.
-  Result<ops::SamplingParams> params() const;
+  Result<ops::SamplingRow> params() const;
 };
 
 // Prints decoded text to stdout as tokens arrive (only complete UTF-8; special tokens skipped).

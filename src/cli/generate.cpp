@@ -32,7 +32,7 @@ struct GenerateFlags {
 };
 
 int run_generate(const GenerateFlags& f) {
-  Result<ops::SamplingParams> sampling = f.sampling.params();
+  Result<ops::SamplingRow> sampling = f.sampling.params();
   if (!sampling.ok()) return fail(sampling.status());
   if (f.max_tokens < 0) return fail(invalid_argument("--max-tokens must be >= 0"));
   auto t0 = std::chrono::steady_clock::now();
@@ -91,7 +91,7 @@ int run_generate(const GenerateFlags& f) {
                         {"prompt_ids", prompt},
                         {"ids", r->tokens},
                         {"finish_reason", r->finish_reason},
-                        {"seed", opts.sampling.seed},
+                        {"seed", ops::sampling_seed(opts.sampling)},
                         {"load_seconds", load_s},
                         {"generate_seconds", gen_s}};
   if (text) {

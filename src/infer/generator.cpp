@@ -1,6 +1,7 @@
 #include "infer/generator.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace kiln {
@@ -77,6 +78,10 @@ Status Generator::init() {
   KILN_ASSIGN_OR_RETURN(inputs_dev_, empty(be(), {step_size(chunk, false)}, DType::i32));
   inputs_host_ = host_empty({step_size(chunk, false)}, DType::i32);
   KILN_ASSIGN_OR_RETURN(token_dev_, empty(be(), {1}, DType::i32));
+  sampling_host_ = host_empty({1, ops::kSamplingRowWords}, DType::i32);
+  KILN_ASSIGN_OR_RETURN(sampling_dev_, empty(be(), {1, ops::kSamplingRowWords}, DType::i32));
+  const int64_t ws_bytes = ops::sampling_workspace_bytes(1, model_.config().vocab_size);
+  KILN_ASSIGN_OR_RETURN(sampling_ws_, empty(be(), {(ws_bytes + 3) / 4}, DType::i32));
   return Status::Ok();
 }
 
@@ -94,9 +99,18 @@ ForwardBatch Generator::batch_for(int32_t n, bool ids_from_device, int32_t kv_bo
 }
 
 Status Generator::sample_and_fetch() {
-  ops::SamplingParams p = sampling_;
-  p.step = step_++;
-  ops::sample(be(), token_dev_, logits_, {p});
+  // The token being drawn sits at position length_ (the rng counter of its draw).
+  ops::SamplingRow row = sampling_;
+  row.position = length_;
+  std::memcpy(sampling_host_.ptr<int32_t>(), &row, sizeof(row));
+  be().copy(sampling_dev_, sampling_host_);
+  ops::SamplingBatch batch;
+  batch.logits = logits_;
+  batch.params = sampling_dev_;
+  batch.tokens = token_dev_;
+  batch.workspace = sampling_ws_;
+  batch.full = row.temperature > 0.0f;
+  ops::sample(be(), batch);
   if (on_logits_) {
     TensorBuffer host = to_host(be(), logits_);
     on_logits_(host.ptr<float>(), host.numel());
@@ -160,7 +174,6 @@ Result<GenerateResult> Generator::generate(const std::vector<int32_t>& prompt, c
   result.finish_reason = "length";
   if (options.max_new_tokens == 0) return result;
   sampling_ = options.sampling;
-  step_ = 0;
   on_logits_ = on_logits;
   use_graphs_ = options.use_graphs;
   KILN_RETURN_IF_ERROR(prefill(prompt));

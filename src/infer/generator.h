@@ -23,7 +23,7 @@ namespace kiln {
 
 struct GenerateOptions {
   int32_t max_new_tokens = 16;
-  ops::SamplingParams sampling;       // temperature 0 = greedy
+  ops::SamplingRow sampling;          // temperature 0 = greedy; `position` is filled per token
   std::vector<int32_t> stop_ids;      // stop after emitting one of these (it is included)
   bool use_graphs = true;             // replay captured decode steps where the backend can
 };
@@ -69,14 +69,15 @@ class Generator {
   int32_t max_context_;
   int32_t length_ = 0;         // tokens in the cache
   int32_t last_token_ = -1;
-  ops::SamplingParams sampling_;
-  uint64_t step_ = 0;
+  ops::SamplingRow sampling_;
   LogitsCallback on_logits_;
   KVCache cache_;
   ForwardWorkspace ws_;
   // The packed step inputs (layout in generator.cpp: pack_step) on the device and their host twin.
   TensorBuffer inputs_dev_, inputs_host_;
   TensorBuffer token_dev_;     // [1] i32: the sampled token, fed back as the next step's id
+  TensorBuffer sampling_host_, sampling_dev_;  // [1, kSamplingRowWords] i32: the sampler's row
+  TensorBuffer sampling_ws_;   // the sampler's workspace
   Tensor logits_;              // [1, vocab] f32 view of the last forward's logits
   std::map<int32_t, std::unique_ptr<CapturedWork>> decode_graphs_;  // by context bucket
   bool use_graphs_ = true;

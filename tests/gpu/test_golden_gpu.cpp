@@ -52,7 +52,7 @@ TEST(GeneratorGpu, GraphReplayIsBitExact) {
     o.max_new_tokens = 300;  // crosses the 256-token context bucket
     o.use_graphs = graphs;
     o.sampling.temperature = 0.8f;
-    o.sampling.seed = 5;
+    ops::set_sampling_seed(o.sampling, 5);
     Result<GenerateResult> r = (*g)->generate(prompt, o, nullptr, [&](const float* l, int64_t n) {
       all.insert(all.end(), l, l + n);
     });
