@@ -1,5 +1,8 @@
 #include "kernels/ops.h"
 
+#include "kernels/rng.h"
+#include "kernels/sampling_math.h"
+
 #include "kernels/cpu/cpu_ops.h"
 #ifdef KILN_WITH_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -156,18 +159,57 @@ void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor
   cpu::attention_forward(out, q, k_cache, v_cache, q_indptr, kv, bounds, scale);
 }
 
-void sample(Backend& be, Tensor tokens, Tensor logits, const std::vector<SamplingParams>& params) {
-#ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::sample(cuda_backend(be), tokens, logits, params);
-#endif
-  KILN_ASSERT(be.device().is_cpu());
-  cpu::sample(tokens, logits, params);
+namespace {
+
+// Shapes and dtypes of a sampling call (what the host knows); per-row parameters are the engine's.
+void check_sampling_batch(const SamplingBatch& s) {
+  KILN_ASSERT(s.logits.dtype == DType::f32 && s.logits.ndim() == 2);
+  const int64_t B = s.logits.size(0), V = s.logits.size(1);
+  KILN_ASSERT(V >= 1 && V < sampling::kMaxVocab);
+  KILN_ASSERT(s.params.dtype == DType::i32 && s.params.ndim() == 2 && s.params.size(0) == B &&
+              s.params.size(1) == kSamplingRowWords);
+  KILN_ASSERT(s.tokens.dtype == DType::i32 && s.tokens.ndim() == 1 && s.tokens.size(0) == B);
+  using sampling::present;
+  if (present(s.counts))
+    KILN_ASSERT(s.counts.dtype == DType::i32 && s.counts.ndim() == 2 && s.counts.size(1) == V);
+  if (present(s.logprobs))
+    KILN_ASSERT(s.logprobs.dtype == DType::f32 && s.logprobs.ndim() == 1 && s.logprobs.size(0) == B);
+  KILN_ASSERT(present(s.top_ids) == present(s.top_logprobs));
+  if (present(s.top_ids)) {
+    KILN_ASSERT(s.top_ids.dtype == DType::i32 && s.top_ids.ndim() == 2 && s.top_ids.size(0) == B &&
+                s.top_ids.size(1) == kMaxTopLogprobs);
+    KILN_ASSERT(s.top_logprobs.dtype == DType::f32 && s.top_logprobs.shape == s.top_ids.shape);
+  }
+  if (s.full) KILN_ASSERT(s.workspace.nbytes() >= sampling_workspace_bytes(B, V));
 }
 
-}  // namespace kiln::ops
+}  // namespace
 
-#include "kernels/rng.h"
+int64_t sampling_workspace_bytes(int64_t batch, int64_t vocab) {
+  return batch * sampling::row_workspace_bytes(vocab);
+}
 
-namespace kiln::ops {
-double sampling_uniform(uint64_t seed, uint64_t step) { return rng::uniform(seed, step); }
+void sample(Backend& be, const SamplingBatch& batch) {
+  check_sampling_batch(batch);
+  if (batch.logits.size(0) == 0) return;
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::sample(cuda_backend(be), batch);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::sample(batch);
+}
+
+void reset_token_counts(Backend& be, Tensor counts_row, Tensor prompt, Tensor output) {
+  KILN_ASSERT(counts_row.dtype == DType::i32 && counts_row.ndim() == 1);
+  for (const Tensor& ids : {prompt, output})
+    KILN_ASSERT(!sampling::present(ids) || (ids.dtype == DType::i32 && ids.ndim() == 1));
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::reset_token_counts(cuda_backend(be), counts_row, prompt, output);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::reset_token_counts(counts_row, prompt, output);
+}
+
+double sampling_uniform(uint64_t seed, uint64_t position) { return rng::uniform(seed, position); }
+
 }  // namespace kiln::ops

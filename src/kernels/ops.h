@@ -118,15 +118,4 @@ struct AttentionBounds {
 void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
                        const PagedKV& kv, AttentionBounds bounds, float scale);
 
-// Legacy sampler (one row of host parameters per row of logits, sorts the vocabulary); replaced by
-// sample(SamplingBatch) in kernels/sampling.h.
-struct SamplingParams {
-  float temperature = 0.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  uint64_t seed = 0;
-  uint64_t step = 0;
-};
-void sample(Backend& be, Tensor tokens, Tensor logits, const std::vector<SamplingParams>& params);
-
 }  // namespace kiln::ops

@@ -2,7 +2,9 @@
 // allocates, never copies to the host and never synchronises: the parameters live on the device (a
 // fixed buffer the engine rewrites each step), so sampled decode steps are captured in CUDA graphs.
 // CPU twin (kernels/cpu/sampling.cpp) and CUDA twin (kernels/cuda/sampling.cu) follow one algorithm,
-// stated in full in the CPU twin's header comment; the whole vocabulary is never sorted.
+// stated in full in the CPU twin's header comment, with the arithmetic of kernels/sampling_math.h:
+// both give the same token for the same inputs. The whole vocabulary is never sorted: cuts are
+// found by histograms (radix selection), masses are exact fixed-point integer sums.
 //
 // Per row b (logits [B, V] f32, the model's raw output):
 //   penalties (from the row's token counts, see below) -> greedy argmax, or temperature, top-k,
@@ -10,6 +12,12 @@
 //   on the row's logits, parameters, counts, seed and position: never on the other rows.
 //   Log-probabilities (when asked) are of the raw logits (temperature 1, no penalties): the chosen
 //   token's, and the top-N alternatives (descending, ties by lower index).
+//
+// Valid parameters (the engine checks them; the op only reads them on the device): temperature
+// finite (<= 0: greedy); top_p in (0, 1]; min_p in [0, 1]; repetition_penalty > 0 and finite;
+// frequency/presence penalties finite; top_logprobs in [0, kMaxTopLogprobs]; counts_row -1 or a row
+// of `counts`, distinct across the rows of one call; position >= 0. Out of range values give
+// defined but meaningless tokens (never an out-of-bounds access).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +39,7 @@ struct SamplingRow {
   float frequency_penalty = 0.0f;   // logit -= f * (count in output)
   float presence_penalty = 0.0f;    // logit -= p * (count in output > 0)
   int32_t logprobs = 0;             // 1: write the chosen token's log-probability
-  int32_t top_logprobs = 0;         // 0 .. kMaxTopLogprobs alternatives (implies logprobs)
+  int32_t top_logprobs = 0;         // 0 .. kMaxTopLogprobs alternatives (also writes logprobs[b])
   int32_t counts_row = -1;          // row of the token-count table (penalties), -1: none
   uint32_t seed_lo = 0, seed_hi = 0;  // the request's seed
   int32_t position = 0;             // absolute position of the token being drawn (prompt + output so far)
@@ -54,20 +62,34 @@ struct SamplingBatch {
   Tensor top_logprobs;  // [B, kMaxTopLogprobs] f32 out
   Tensor workspace;     // sampling_workspace_bytes(B, V) bytes (u8 / any dtype), scratch
   // Host-side: false when every row is greedy without penalties or log-probs (only the argmax
-  // kernel runs). A graph captured with `full` true serves every parameter mix.
+  // kernel runs; it still counts the token in counts rows). A graph captured with `full` true
+  // serves every parameter mix.
   bool full = true;
 };
 constexpr int32_t kPromptBit = 1 << 30;
 
-// Scratch bytes a call with up to `batch` rows of `vocab` logits needs.
+// The request seed of a row, as one 64-bit value.
+inline uint64_t sampling_seed(const SamplingRow& r) { return uint64_t(r.seed_lo) | (uint64_t(r.seed_hi) << 32); }
+inline void set_sampling_seed(SamplingRow& r, uint64_t seed) {
+  r.seed_lo = static_cast<uint32_t>(seed);
+  r.seed_hi = static_cast<uint32_t>(seed >> 32);
+}
+
+// Scratch bytes a call with up to `batch` rows of `vocab` logits needs (about 8 * vocab per row).
 int64_t sampling_workspace_bytes(int64_t batch, int64_t vocab);
 
+// tokens[b] = the token of row b; then counts[counts_row][token] += 1 for rows with counts_row >= 0
+// (when `counts` is given). Log-probabilities go to rows that ask (logprobs != 0 or top_logprobs > 0)
+// when the output tensors are given: logprobs[b] = log p(token), top_ids/top_logprobs[b][0 .. N) the
+// N = top_logprobs most likely tokens (slots past V hold id -1, log-prob -inf); other entries are
+// left untouched. A row whose raw logits have no finite maximum reports 0 for the tokens equal to it
+// and -inf for the others. V in [1, 2^23); `workspace` is needed only when `full` is true.
 void sample(Backend& be, const SamplingBatch& batch);
 
 // Rebuilds one request's counts row: zero, then kPromptBit for every prompt id and +1 for every
-// output id. counts_row: [V] i32 (a row of the table); prompt, output: [n] i32 on the device (may be empty).
+// output id (ids outside [0, V) are ignored). counts_row: [V] i32 (a row of the table); prompt,
+// output: [n] i32 on the device (may be empty).
 void reset_token_counts(Backend& be, Tensor counts_row, Tensor prompt, Tensor output);
-
 
 // The uniform draw of sample(): u in [0, 1) from (seed, position), the same on every device.
 double sampling_uniform(uint64_t seed, uint64_t position);

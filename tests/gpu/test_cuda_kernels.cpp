@@ -2,9 +2,10 @@
 // for several shapes including odd ones (unvectorisable rows, unaligned views), in f32 and bf16
 // (f16 where cheap). Both sides start from the same storage-rounded inputs; tolerances are relative
 // L2 errors: ~1e-5 for f32 outputs, 1e-2 for bf16 outputs. Index-like results (embedding rows, KV
-// writes, casts, greedy and sampled tokens) must match exactly. GemmFallbackKernel forces gemm.cu's
-// SIMT fallback (KILN_GEMM_FALLBACK=1); the last test replays a captured CUDA graph of the
-// decode-path ops and checks that it allocates nothing.
+// writes, casts, greedy tokens) must match exactly. The sampler has its own tests
+// (test_sampler_gpu.cpp). GemmFallbackKernel forces gemm.cu's SIMT fallback (KILN_GEMM_FALLBACK=1);
+// the last test replays a captured CUDA graph of the decode-path ops and checks that it allocates
+// nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -499,114 +500,6 @@ TEST(CudaKernels, KvCacheWrite) {
 
 // ---------------------------------------------------------------------------------------------
 
-TEST(CudaKernels, SampleGreedy) {
-  KILN_REQUIRE_GPU(be);
-  uint64_t seed = 1300;
-  for (int64_t V : {1003, 100000, 151936}) {
-    for (int64_t B : {1, 3, 17}) {
-      SCOPED_TRACE("V=" + std::to_string(V) + " B=" + std::to_string(B));
-      TensorBuffer logits = random_host(Shape{B, V}, kF32, seed++, 3.0f);
-      float* l = logits.ptr<float>();
-      // Row 0: a tie for the maximum (the lower index wins); row 1: NaNs; row 2: all -inf.
-      l[V - 5] = 100.0f;
-      l[7] = 100.0f;
-      if (B > 1) {
-        l[V + 3] = NAN;
-        l[V + 11] = 50.0f;
-      }
-      if (B > 2)
-        for (int64_t i = 0; i < V; ++i) l[2 * V + i] = -INFINITY;
-      std::vector<ops::SamplingParams> params(static_cast<size_t>(B));
-      TensorBuffer tokens = host_empty(Shape{B}, DType::i32);
-      cpu::sample(tokens, logits, params);
-      TensorBuffer d_logits = upload(*be, logits);
-      TensorBuffer d_tokens = device_empty(*be, Shape{B}, DType::i32);
-      ops::sample(*be, d_tokens, d_logits, params);
-      const std::vector<int32_t> got = host_i32(*be, d_tokens);
-      EXPECT_EQ(got, std::vector<int32_t>(tokens.ptr<int32_t>(), tokens.ptr<int32_t>() + B));
-      EXPECT_EQ(got[0], 7);
-    }
-  }
-}
-
-TEST(CudaKernels, SampleMatchesCpu) {
-  KILN_REQUIRE_GPU(be);
-  uint64_t seed = 1400;
-  struct Setting {
-    float temperature;
-    int32_t top_k;
-    float top_p;
-  };
-  const std::vector<Setting> settings = {{1.0f, 0, 1.0f},  {0.7f, 0, 1.0f},  {1.3f, 40, 1.0f}, {1.0f, 0, 0.9f},
-                                         {0.8f, 50, 0.8f}, {1.0f, 1, 1.0f},  {0.6f, 0, 0.3f},  {1.0f, 0, 0.0f},
-                                         {0.0f, 0, 1.0f},  {2.0f, 5000, 0.95f}};
-  int mismatches = 0, draws = 0;
-  for (int64_t V : {1003, 32000, 151936}) {
-    // 17 rows of a 151936 vocabulary exceed one sort chunk (2M elements): two chunks.
-    const int64_t B = V == 151936 ? 17 : static_cast<int64_t>(settings.size());
-    TensorBuffer logits = random_host(Shape{B, V}, kF32, seed++, 2.5f);
-    TensorBuffer d_logits = upload(*be, logits);
-    TensorBuffer d_tokens = device_empty(*be, Shape{B}, DType::i32);
-    TensorBuffer tokens = host_empty(Shape{B}, DType::i32);
-    const int steps = V == 151936 ? 6 : 25;
-    for (int step = 0; step < steps; ++step) {
-      std::vector<ops::SamplingParams> params(static_cast<size_t>(B));
-      for (int64_t b = 0; b < B; ++b) {
-        const Setting& s = settings[static_cast<size_t>(b) % settings.size()];
-        params[b].temperature = s.temperature;
-        params[b].top_k = s.top_k;
-        params[b].top_p = s.top_p;
-        params[b].seed = 1000 + static_cast<uint64_t>(b) * 7919;
-        params[b].step = static_cast<uint64_t>(step);
-      }
-      cpu::sample(tokens, logits, params);
-      ops::sample(*be, d_tokens, d_logits, params);
-      const std::vector<int32_t> got = host_i32(*be, d_tokens);
-      for (int64_t b = 0; b < B; ++b) {
-        ++draws;
-        if (got[b] != tokens.ptr<int32_t>()[b]) {
-          ++mismatches;
-          ADD_FAILURE() << "V=" << V << " row " << b << " step " << step << ": cuda " << got[b] << " cpu "
-                        << tokens.ptr<int32_t>()[b];
-        }
-      }
-    }
-  }
-  EXPECT_EQ(mismatches, 0) << "of " << draws << " draws";
-}
-
-// Special rows of the sampled path: +inf logit, all -inf, NaN (treated as -inf), V = 1.
-TEST(CudaKernels, SampleSpecialRows) {
-  KILN_REQUIRE_GPU(be);
-  const int64_t V = 1003;
-  TensorBuffer logits = random_host(Shape{3, V}, kF32, 1500, 2.0f);
-  float* l = logits.ptr<float>();
-  l[17] = INFINITY;
-  for (int64_t i = 0; i < V; ++i) l[V + i] = -INFINITY;
-  for (int64_t i = 0; i < V; i += 2) l[2 * V + i] = NAN;
-  std::vector<ops::SamplingParams> params(3);
-  for (auto& p : params) {
-    p.temperature = 1.0f;
-    p.seed = 3;
-  }
-  TensorBuffer tokens = host_empty(Shape{3}, DType::i32);
-  cpu::sample(tokens, logits, params);
-  TensorBuffer d_logits = upload(*be, logits);
-  TensorBuffer d_tokens = device_empty(*be, Shape{3}, DType::i32);
-  ops::sample(*be, d_tokens, d_logits, params);
-  EXPECT_EQ(host_i32(*be, d_tokens), std::vector<int32_t>(tokens.ptr<int32_t>(), tokens.ptr<int32_t>() + 3));
-
-  TensorBuffer one = random_host(Shape{2, 1}, kF32, 1501);
-  TensorBuffer d_one = upload(*be, one);
-  TensorBuffer d_two = device_empty(*be, Shape{2}, DType::i32);
-  std::vector<ops::SamplingParams> p2(2);
-  p2[1].temperature = 0.9f;
-  ops::sample(*be, d_two, d_one, p2);
-  EXPECT_EQ(host_i32(*be, d_two), (std::vector<int32_t>{0, 0}));
-}
-
-// ---------------------------------------------------------------------------------------------
-
 // The decode-path ops (norm, rope, KV write, linear, swiglu, greedy sampling) captured in a CUDA
 // graph and replayed give the same bits as the eager run, and allocate nothing once warm.
 TEST(CudaKernels, DecodeOpsGraphCaptureAndNoAllocation) {
@@ -631,7 +524,15 @@ TEST(CudaKernels, DecodeOpsGraphCaptureAndNoAllocation) {
   TensorBuffer h = device_empty(*be, Shape{1, H}, kBF16), q = device_empty(*be, Shape{1, heads * D}, kBF16);
   TensorBuffer gu = device_empty(*be, Shape{1, 2 * I}, kBF16), act = device_empty(*be, Shape{1, I}, kBF16);
   TensorBuffer logits = device_empty(*be, Shape{1, V}, kF32), tok = device_empty(*be, Shape{1}, DType::i32);
-  std::vector<ops::SamplingParams> greedy(1);
+  const ops::SamplingRow greedy_row;  // defaults: greedy, no penalties, no counts
+  TensorBuffer params_host = host_empty(Shape{1, ops::kSamplingRowWords}, DType::i32);
+  std::memcpy(params_host.ptr<int32_t>(), &greedy_row, sizeof(greedy_row));
+  TensorBuffer params = upload(*be, params_host);
+  ops::SamplingBatch greedy;
+  greedy.logits = logits;
+  greedy.params = params;
+  greedy.tokens = tok;
+  greedy.full = false;
 
   auto step = [&] {
     ops::add_rmsnorm_forward(*be, h, res, x, norm_w, 1e-6f);
@@ -643,7 +544,7 @@ TEST(CudaKernels, DecodeOpsGraphCaptureAndNoAllocation) {
     ops::swiglu_forward(*be, act, gu);
     ops::linear_forward(*be, logits, act, w_out);
     ops::softmax_forward(*be, logits, logits);
-    ops::sample(*be, tok, logits, greedy);
+    ops::sample(*be, greedy);
   };
   // Eager (warm-up: plans cached, scratch sized), keeping the residual as it was.
   TensorBuffer res0 = to_host(*be, res);

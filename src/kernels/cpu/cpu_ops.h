@@ -29,6 +29,7 @@ void qkv_rope_cache_write(Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor q
                           Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm, float eps);
 void attention_forward(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, const PagedKV& kv,
                        ops::AttentionBounds bounds, float scale);
-void sample(Tensor tokens, Tensor logits, const std::vector<ops::SamplingParams>& params);
+void sample(const ops::SamplingBatch& batch);
+void reset_token_counts(Tensor counts_row, Tensor prompt, Tensor output);
 
 }  // namespace kiln::cpu

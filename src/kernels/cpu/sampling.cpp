@@ -1,111 +1,327 @@
-// Token sampling, one row of logits at a time. logits: [B, V] (f32; bf16/f16 read as f32),
-// tokens: [B] i32, params: B entries. The CUDA twin mirrors this algorithm exactly:
+// Token sampling (ops::sample in kernels/sampling.h), the f32 reference. The CUDA twin
+// (kernels/cuda/sampling.cu) takes the same steps with the same arithmetic (kernels/sampling_math.h:
+// single IEEE f32 operations and exact integer masses), so the two give the same tokens bit for bit;
+// it only spreads the work over the threads of a block, which cannot change a result: every sum is
+// an exact integer and every choice is defined by the order below, never by a visiting order.
+// This file is compiled with -ffp-contract=off (src/CMakeLists.txt) so that no f32 operation fuses.
 //
-//   0. NaN logits are treated as -inf.
-//   1. Greedy: temperature <= 0 -> the index of the largest logit, lowest index on ties.
-//      (Also used when the largest logit is +inf or every logit is -inf: no finite distribution.)
-//   2. Order: token indices sorted by descending logit, ties by ascending index. Since
-//      logit / temperature is monotone, this is the descending-probability order (ties: lower
-//      index first). Probabilities, all in double:
-//         z_i = (double)logit_i / (double)temperature,  m = max_i z_i,
-//         p_i = exp(z_i - m) / sum_j exp(z_j - m).
-//   3. Top-k: if top_k > 0, keep the first min(top_k, V) tokens of the order.
-//   4. Top-p: if top_p < 1, renormalise the kept probabilities to q = p / sum(kept p) and keep,
-//      scanning the order, every token whose cumulative q mass BEFORE it is < top_p (so the
-//      first token is always kept): the smallest prefix whose mass reaches top_p.
-//   5. Draw: r = the kept probabilities renormalised to sum 1; u = ops::sampling_uniform(seed,
-//      step) in [0, 1); the result is the first kept token (in order) whose cumulative r mass is
-//      > u. If rounding leaves u >= the total, the result is the last kept token whose r is > 0.
+// The algorithm, for row b with parameters P = params[b] and V logits:
 //
-// Cumulative sums run in double, in the order of step 2.
+//  1. Values. x_i = logit_i (NaN as -inf), penalised when P.counts_row >= 0 and counts are given
+//     (sampling::penalise: repetition for tokens of the prompt or the output, then frequency and
+//     presence for tokens of the output). Greedy rows (temperature <= 0 or NaN): the token is the
+//     first index of the largest x_i; go to 10. Otherwise z_i = x_i / temperature (NaN as -inf).
+//  2. Order: z descending, ties by ascending index; key_i = order_key(z_i) (a > b <=> key a > key b).
+//     m = max z and `first` = the first index with z == m (the head of the order). If m is +-inf
+//     there is no finite distribution: the token is `first`; go to 10.
+//  3. Weights: d_i = z_i - m (f32), w_i = weight(d_i) = floor(exp_nonpos(d_i) * 2^40), 0 when
+//     d_i < -27 (relative probability below 2e-12); w_first = 2^40. Masses are uint64 sums of weights
+//     (exact, so independent of the summation order). Only positive weights can be drawn.
+//  4. Buckets: bucket_i = floor(-8 d_i), in 0 .. 216 when w_i > 0, else 255. Monotone along the
+//     order, so a bucket is a run of it. count[], mass[]: histograms of buckets 0 .. 254 over the
+//     row; n_pos = their total count, W = their total mass.
+//  5. Cuts, each keeping a prefix of the order:
+//     top-k, effective when 0 < top_k < n_pos (otherwise it keeps every positive weight anyway):
+//       the first top_k. Its bucket bk: the first bucket where the running count reaches top_k.
+//     top-p, on when top_p < 1: T = top_p_target(top_p, Wk) = max(1, ceil(top_p * Wk)) (double
+//       product), Wk = the mass of the top-k prefix (W without top-k); the shortest prefix whose mass
+//       reaches T. It lies inside the top-k prefix (whose mass Wk >= T). Its bucket bp: the first
+//       bucket where the running mass reaches T.
+//     The kept prefix is the top-p one when top-p is on, else the top-k one, else all of 0 .. 254.
+//  6. Candidates: the list of (key_i, i) with bucket_i <= bc, in index order, where bc = bk with
+//     top-k, else bp with top-p, else 254: every element of the kept prefix and of the cut's bucket.
+//     (Without a cut the CUDA twin skips the list and draws from the row: the same kept elements
+//     in the same order.)
+//  7. Selection of a cut inside its bucket b, for `need` relative to the bucket (top-k: the rank
+//     top_k - count before b; top-p: the mass T - mass before b): lo, hi = the least and greatest
+//     key in b. If lo == hi, K = lo. Otherwise the bits of the key below the common prefix of lo and
+//     hi are chosen 8 at a time from the highest differing bit down: per digit, a histogram
+//     (count, mass) over the entries of b that match the digits chosen so far; the chosen digit is
+//     the first, from the highest down, where the running count (top-k) or mass (top-p) reaches
+//     need, and need drops by what the digits above it hold. When the chosen digit's bin is kept
+//     whole (need equals its count or mass, or it holds one entry), the cut is "every key >=
+//     max(the bin's lowest key, lo)" and selection stops. Otherwise, once every bit is chosen, K is
+//     exact, with n_eq entries of key K of equal weight w_K; t = need (top-k) or ceil(need / w_K)
+//     (top-p) of them are kept: the t of lowest index. The cut (K, t) keeps key > K, and key == K
+//     among the first t such entries in index order (all when t == n_eq). The mass it keeps in b is
+//     what the digits above held plus t w_K (or the whole bin): with the mass before b, Wk of step 5.
+//  8. Min-p: a kept element also needs w >= min_p_floor(min_p) = ceil(min_p * 2^40) (0 if min_p <= 0).
+//  9. Draw: M = the mass of the kept elements; M == 0 (only when min_p > 1): the token is `first`.
+//     Otherwise u = rng::uniform(seed_lo | seed_hi << 32, position), R = draw_target(u, M) =
+//     min(floor(u * M), M - 1) (double product), and the token is the first kept element, in index
+//     order, at which the running kept mass (index order) exceeds R: token v has probability w_v / M
+//     (up to the 2^-53 granularity of u).
+// 10. tokens[b] = the token; when P.counts_row >= 0 and counts are given, counts[counts_row][token] += 1.
+//
+// Log-probabilities (rows with logprobs != 0 or top_logprobs > 0) of the raw logits l (NaN as -inf):
+// mx = max l; S = the sum of exp_nonpos(l_i - mx) (f32 terms) accumulated in double; lse = mx + log S;
+// log p(v) = (double) l_v - lse rounded to f32 (when mx is not finite: 0 where l_v == mx, else -inf).
+// Top-N: the first N = min(top_logprobs, kMaxTopLogprobs) elements of the order of l (descending, ties
+// by lower index); slots past V get id -1 and log-prob -inf. The sum order differs on CUDA (a tree
+// of doubles), so log-probabilities agree to f32 rounding, not bit for bit.
+//
+// `full` false (the host's promise that every row is greedy without penalties): the token is the
+// first index of the largest raw logit (NaN as -inf), then step 10.
 #include <algorithm>
+#include <bit>
 #include <cmath>
-#include <numeric>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/sampling_math.h"
 
 namespace kiln::cpu {
 namespace {
 
-int32_t argmax(const std::vector<float>& x) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < static_cast<int32_t>(x.size()); ++i)
-    if (x[i] > x[best]) best = i;
-  return best;
+namespace sm = kiln::sampling;
+
+constexpr uint32_t kAllTies = 0xffffffffu;
+
+// A cut of the order: keeps key > key, and key == key among the first `ties` entries of that key in
+// index order (kAllTies: all of them).
+struct Cut {
+  uint32_t key = 0;
+  uint32_t ties = kAllTies;
+  uint64_t mass = 0;  // mass kept inside the bucket the cut was selected in
+};
+
+struct Candidates {
+  std::vector<uint32_t> keys;
+  std::vector<int32_t> index;
+};
+
+// The first bin, in scan order (ascending bins, or descending), where the running count or mass
+// reaches need (1 <= need <= total), and what the bins before it hold.
+struct Pick {
+  int bin = -1;
+  uint64_t count_before = 0, mass_before = 0;
+};
+Pick pick(const uint64_t* count, const uint64_t* mass, bool ascending, bool by_mass, uint64_t need) {
+  Pick p;
+  for (int o = 0; o < sm::kBins; ++o) {
+    const int b = ascending ? o : sm::kBins - 1 - o;
+    if ((by_mass ? p.mass_before + mass[b] : p.count_before + count[b]) >= need) {
+      p.bin = b;
+      return p;
+    }
+    p.count_before += count[b];
+    p.mass_before += mass[b];
+  }
+  KILN_ASSERT(false && "need exceeds the histogram");
+  return p;
 }
 
-int32_t sample_row(std::vector<float>& logits, const ops::SamplingParams& p) {
-  for (float& v : logits)
-    if (std::isnan(v)) v = -INFINITY;
-  const int32_t best = argmax(logits);
-  if (p.temperature <= 0.0f || std::isinf(logits[best])) return best;
+// Step 7: the cut inside bucket b of the candidates. bucket_count: the entries of b.
+Cut select_in_bucket(const Candidates& c, float m, int b, bool by_mass, uint64_t need, uint64_t bucket_count) {
+  auto in_bucket = [&](uint32_t key) { return sm::bucket(sm::fsub(sm::key_value(key), m)) == b; };
+  auto weight_of = [&](uint32_t key) { return sm::weight(sm::fsub(sm::key_value(key), m)); };
+  uint32_t lo = 0xffffffffu, hi = 0;
+  for (uint32_t key : c.keys)
+    if (in_bucket(key)) lo = std::min(lo, key), hi = std::max(hi, key);
 
-  const int64_t V = static_cast<int64_t>(logits.size());
-  // Step 2: descending logit, ties by ascending index.
-  std::vector<int32_t> order(static_cast<size_t>(V));
-  std::iota(order.begin(), order.end(), 0);
-  auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  int64_t kept = V;
-  if (p.top_k > 0 && p.top_k < V) {
-    kept = p.top_k;
-    std::partial_sort(order.begin(), order.begin() + kept, order.end(), before);
-  } else {
-    std::sort(order.begin(), order.end(), before);
-  }
-
-  const double temperature = static_cast<double>(p.temperature);
-  const double m = static_cast<double>(logits[best]) / temperature;
-  double total = 0.0;
-  for (int64_t i = 0; i < V; ++i) total += std::exp(static_cast<double>(logits[i]) / temperature - m);
-  // Probabilities of the kept prefix, in order (step 3 already applied through `kept`).
-  std::vector<double> prob(static_cast<size_t>(kept));
-  for (int64_t r = 0; r < kept; ++r) prob[r] = std::exp(static_cast<double>(logits[order[r]]) / temperature - m) / total;
-
-  // Step 4: nucleus cut over the renormalised kept mass.
-  if (p.top_p < 1.0f) {
-    double kept_mass = 0.0;
-    for (int64_t r = 0; r < kept; ++r) kept_mass += prob[r];
-    const double top_p = static_cast<double>(p.top_p);
-    double cum = 0.0;
-    int64_t n = 0;
-    while (n < kept && (n == 0 || cum < top_p)) {
-      cum += prob[n] / kept_mass;
-      ++n;
+  uint64_t prefix = lo;  // the key bits chosen so far (all of them when lo == hi)
+  uint64_t n_eq = bucket_count, mass_above = 0;
+  if (lo != hi) {
+    int low = 32 - std::countl_zero(lo ^ hi);  // bits below `low` are still open
+    prefix = static_cast<uint64_t>(hi) >> low;
+    while (low > 0) {
+      const int width = std::min(low, 8), shift = low - width;
+      uint64_t count[sm::kBins] = {}, mass[sm::kBins] = {};
+      for (uint32_t key : c.keys) {
+        if (!in_bucket(key) || (static_cast<uint64_t>(key) >> low) != prefix) continue;
+        const uint32_t digit = (key >> shift) & ((1u << width) - 1);
+        count[digit] += 1;
+        mass[digit] += weight_of(key);
+      }
+      const Pick p = pick(count, mass, false, by_mass, need);
+      need -= by_mass ? p.mass_before : p.count_before;
+      mass_above += p.mass_before;
+      prefix = (prefix << width) | static_cast<uint64_t>(p.bin);
+      low = shift;
+      const uint64_t bin_count = count[p.bin], bin_mass = mass[p.bin];
+      if ((by_mass ? need == bin_mass : need == bin_count) || bin_count == 1)
+        return Cut{std::max(static_cast<uint32_t>(prefix << shift), lo), kAllTies, mass_above + bin_mass};
+      n_eq = bin_count;
     }
-    kept = n;
+  }
+  const uint32_t key = static_cast<uint32_t>(prefix);
+  const uint64_t w = weight_of(key);
+  const uint64_t t = by_mass ? (need + w - 1) / w : need;
+  return Cut{key, t >= n_eq ? kAllTies : static_cast<uint32_t>(t), mass_above + t * w};
+}
+
+int32_t first_max(const std::vector<float>& v, int64_t V) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < V; ++i)
+    if (v[i] > v[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+// Steps 1-9 for one row. z and c are scratch.
+int32_t sample_row(const float* logits, const int32_t* counts, const ops::SamplingRow& p, int64_t V,
+                   std::vector<float>& z, Candidates& c) {
+  const bool greedy = !(p.temperature > 0.0f);
+  for (int64_t i = 0; i < V; ++i) {
+    const float x = counts ? sm::penalise(logits[i], counts[i], p.repetition_penalty, p.frequency_penalty,
+                                          p.presence_penalty)
+                           : sm::clean(logits[i]);
+    z[i] = greedy ? x : sm::scaled(x, p.temperature);
+  }
+  const int32_t first = first_max(z, V);
+  const float m = z[first];
+  if (greedy || !std::isfinite(m)) return first;
+
+  uint64_t count[sm::kBins] = {}, mass[sm::kBins] = {};
+  uint64_t n_pos = 0, total = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    const float d = sm::fsub(z[i], m);
+    const int b = sm::bucket(d);
+    if (b == sm::kZeroBucket) continue;
+    const uint64_t w = sm::weight(d);
+    count[b] += 1, mass[b] += w;
+    n_pos += 1, total += w;
+  }
+  const bool k_on = p.top_k > 0 && static_cast<uint64_t>(p.top_k) < n_pos;
+  const bool p_on = p.top_p < 1.0f;
+  Pick bk, bp;
+  int bc = sm::kZeroBucket - 1;
+  if (k_on) {
+    bk = pick(count, mass, true, false, static_cast<uint64_t>(p.top_k));
+    bc = bk.bin;
+  } else if (p_on) {
+    bp = pick(count, mass, true, true, sm::top_p_target(p.top_p, total));
+    bc = bp.bin;
   }
 
-  // Step 5: draw.
-  double mass = 0.0;
-  for (int64_t r = 0; r < kept; ++r) mass += prob[r];
-  const double u = ops::sampling_uniform(p.seed, p.step);
-  double cum = 0.0;
-  int64_t last_positive = 0;
-  for (int64_t r = 0; r < kept; ++r) {
-    const double q = prob[r] / mass;
-    if (q > 0.0) last_positive = r;
-    cum += q;
-    if (cum > u) return order[r];
+  c.keys.clear();
+  c.index.clear();
+  for (int64_t i = 0; i < V; ++i) {
+    if (sm::bucket(sm::fsub(z[i], m)) > bc) continue;
+    c.keys.push_back(sm::order_key(z[i]));
+    c.index.push_back(static_cast<int32_t>(i));
   }
-  return order[last_positive];
+  const int64_t n = static_cast<int64_t>(c.keys.size());
+
+  Cut cut;  // every candidate
+  uint64_t kept_mass = total;
+  if (k_on) {
+    cut = select_in_bucket(c, m, bk.bin, false, static_cast<uint64_t>(p.top_k) - bk.count_before, count[bk.bin]);
+    kept_mass = bk.mass_before + cut.mass;
+  }
+  if (p_on) {
+    const uint64_t target = sm::top_p_target(p.top_p, kept_mass);
+    bp = pick(count, mass, true, true, target);
+    cut = select_in_bucket(c, m, bp.bin, true, target - bp.mass_before, count[bp.bin]);
+  }
+
+  // Entries of key == cut.key at positions <= tie_end are kept.
+  int64_t tie_end = n;
+  if (cut.ties != kAllTies) {
+    uint32_t seen = 0;
+    for (int64_t q = 0; q < n && tie_end == n; ++q)
+      if (c.keys[q] == cut.key && ++seen == cut.ties) tie_end = q;
+  }
+  const uint64_t min_w = sm::min_p_floor(p.min_p);
+  auto kept_weight = [&](int64_t q) -> uint64_t {
+    const uint32_t key = c.keys[q];
+    if (key < cut.key || (key == cut.key && q > tie_end)) return 0;
+    const uint64_t w = sm::weight(sm::fsub(sm::key_value(key), m));
+    return w >= min_w ? w : 0;
+  };
+  uint64_t kept = 0;
+  for (int64_t q = 0; q < n; ++q) kept += kept_weight(q);
+  if (kept == 0) return first;
+  const uint64_t r = sm::draw_target(sm::row_uniform(p), kept);
+  uint64_t run = 0;
+  for (int64_t q = 0; q < n; ++q) {
+    run += kept_weight(q);
+    if (run > r) return c.index[q];
+  }
+  KILN_ASSERT(false && "the draw ran past the kept mass");
+  return first;
+}
+
+// Log-probabilities of one row (see the header comment).
+void logprobs_row(const float* l, int64_t V, int32_t token, const ops::SamplingRow& p, float* logprob,
+                  int32_t* top_ids, float* top_logprobs) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, sm::clean(l[i]));
+  double s = 0.0;
+  for (int64_t i = 0; i < V; ++i) s += static_cast<double>(sm::exp_nonpos(sm::fsub(sm::clean(l[i]), mx)));
+  const bool finite = std::isfinite(mx);
+  const double lse = static_cast<double>(mx) + std::log(s);
+  auto logp = [&](float v) -> float {
+    if (!finite) return v == mx ? 0.0f : -INFINITY;
+    return static_cast<float>(static_cast<double>(v) - lse);
+  };
+  if (logprob) *logprob = logp(sm::clean(l[token]));
+
+  const int32_t n = std::clamp(p.top_logprobs, 0, ops::kMaxTopLogprobs);
+  if (n == 0 || !top_ids) return;
+  auto before = [&](int32_t a, int32_t b) {
+    const float va = sm::clean(l[a]), vb = sm::clean(l[b]);
+    return va > vb || (va == vb && a < b);
+  };
+  std::vector<int32_t> best;  // the first n of the order seen so far, in order
+  for (int64_t i = 0; i < V; ++i) {
+    const int32_t id = static_cast<int32_t>(i);
+    if (static_cast<int32_t>(best.size()) == n && !before(id, best.back())) continue;
+    if (static_cast<int32_t>(best.size()) == n) best.pop_back();
+    best.insert(std::upper_bound(best.begin(), best.end(), id, before), id);
+  }
+  for (int32_t r = 0; r < n; ++r) {
+    const bool has = r < static_cast<int32_t>(best.size());
+    top_ids[r] = has ? best[r] : -1;
+    top_logprobs[r] = has ? logp(sm::clean(l[best[r]])) : -INFINITY;
+  }
 }
 
 }  // namespace
 
-void sample(Tensor tokens, Tensor logits, const std::vector<ops::SamplingParams>& params) {
-  detail::check_float(logits);
-  detail::check_i32(tokens);
-  KILN_ASSERT(logits.ndim() == 2 && tokens.ndim() == 1);
-  const int64_t B = logits.size(0), V = logits.size(1);
-  KILN_ASSERT(tokens.size(0) == B && static_cast<int64_t>(params.size()) == B && V > 0);
-  KILN_ASSERT(V <= INT32_MAX);
-
-  std::vector<float> row(static_cast<size_t>(V));
+void sample(const ops::SamplingBatch& s) {
+  const int64_t B = s.logits.size(0), V = s.logits.size(1);
+  const float* logits = s.logits.ptr<const float>();
+  int32_t* counts = sm::present(s.counts) ? s.counts.ptr<int32_t>() : nullptr;
+  const int64_t count_rows = counts ? s.counts.size(0) : 0;
+  float* logprobs = sm::present(s.logprobs) ? s.logprobs.ptr<float>() : nullptr;
+  int32_t* top_ids = sm::present(s.top_ids) ? s.top_ids.ptr<int32_t>() : nullptr;
+  float* top_logprobs = sm::present(s.top_logprobs) ? s.top_logprobs.ptr<float>() : nullptr;
+  std::vector<float> z(static_cast<size_t>(V));
+  Candidates c;
   for (int64_t b = 0; b < B; ++b) {
-    detail::load_f32(logits, b * V, V, row.data());
-    tokens.ptr<int32_t>()[b] = sample_row(row, params[b]);
+    ops::SamplingRow p;
+    std::memcpy(static_cast<void*>(&p), s.params.ptr<const int32_t>() + b * ops::kSamplingRowWords, sizeof(p));
+    const float* row = logits + b * V;
+    int32_t* crow = counts && p.counts_row >= 0 && p.counts_row < count_rows ? counts + p.counts_row * V : nullptr;
+    int32_t token;
+    if (s.full) {
+      token = sample_row(row, crow, p, V, z, c);
+      if (p.logprobs != 0 || p.top_logprobs > 0)
+        logprobs_row(row, V, token, p, logprobs ? logprobs + b : nullptr,
+                     top_ids ? top_ids + b * ops::kMaxTopLogprobs : nullptr,
+                     top_logprobs ? top_logprobs + b * ops::kMaxTopLogprobs : nullptr);
+    } else {
+      for (int64_t i = 0; i < V; ++i) z[i] = sm::clean(row[i]);
+      token = first_max(z, V);
+    }
+    s.tokens.ptr<int32_t>()[b] = token;
+    if (crow) crow[token] += 1;
+  }
+}
+
+void reset_token_counts(Tensor counts_row, Tensor prompt, Tensor output) {
+  const int64_t V = counts_row.numel();
+  int32_t* row = counts_row.ptr<int32_t>();
+  std::fill(row, row + V, 0);
+  for (int64_t i = 0; i < (sm::present(prompt) ? prompt.numel() : 0); ++i) {
+    const int32_t id = prompt.ptr<const int32_t>()[i];
+    if (id >= 0 && id < V) row[id] |= ops::kPromptBit;
+  }
+  for (int64_t i = 0; i < (sm::present(output) ? output.numel() : 0); ++i) {
+    const int32_t id = output.ptr<const int32_t>()[i];
+    if (id >= 0 && id < V) row[id] += 1;
   }
 }
 

@@ -1,363 +1,574 @@
-// Token sampling: tokens[b] = a draw from logits[b] under params[b]. logits: [B, V] (f32; bf16/f16
-// read as f32), tokens: [B] i32 on the device, params: B host entries. Mirrors the CPU twin
-// (kernels/cpu/sampling.cpp) step for step:
-//   0. NaN logits count as -inf.
-//   1. Greedy (temperature <= 0, or the largest logit is +inf, or every logit is -inf): the index of
-//      the largest logit, lowest index on ties.
-//   2. Order: descending logit, ties by ascending index. Probabilities in double:
-//      z_i = (double)logit_i / (double)T, m = max z, p_i = exp(z_i - m) / sum_j exp(z_j - m).
-//   3. Top-k: keep the first min(top_k, V) of the order when top_k > 0.
-//   4. Top-p (top_p < 1): q = p / sum(kept p); keep every token whose cumulative q BEFORE it is
-//      < top_p (the first always).
-//   5. Draw: r = kept p / sum(kept p); u = rng::uniform(seed, step) (= ops::sampling_uniform); the
-//      first kept token whose cumulative r is > u, else the last kept token with r > 0.
-// Cumulative sums are double (block scans in order; only the association differs from the CPU).
+// Token sampling on CUDA, the twin of kernels/cpu/sampling.cpp (whose header comment states the
+// algorithm, steps 1-10) with the same arithmetic (kernels/sampling_math.h): the same tokens, bit
+// for bit. The call reads every parameter from the device (`params`), keeps its scratch in
+// `workspace`, allocates nothing, copies nothing to the host and never synchronises, so it can be
+// captured in a CUDA graph and replayed with new parameters written into `params`.
 //
-// Kernels:
-//   argmax_kernel  one block per row: greedy tokens. When every row is greedy this is the only work:
-//                  no allocation, no copy, no synchronisation (CUDA-graph capturable).
-//   prepare_kernel one block per sampled row: max/argmax, sum_j exp(z_j - m), and the sort input:
-//                  key = (row << 32) | k(logit) where k orders descending logits as ascending
-//                  unsigned values, value = index.
-//   radix sort     cub::DeviceRadixSort over the composite keys of a chunk of rows at once (the
-//                  whole GPU works on it, unlike a per-row segmented sort); radix sort is stable, so
-//                  equal logits keep ascending indices.
-//   select_kernel  one block per sampled row: steps 3-5 over the sorted row with tiled block scans
-//                  that stop at the first hit.
-// Sampled rows need a host->device copy of their parameters and temporary buffers (sort keys and
-// values for up to 2M elements at a time, ~50 MB, plus CUB's temporary storage) from the backend's
-// caching allocator; they are returned to it when sample() returns (stream order makes the reuse
-// safe). They do not use the scratch buffer, so growing it cannot invalidate a captured graph.
-#include <cub/block/block_scan.cuh>
-#include <cub/device/device_radix_sort.cuh>
-
+// Kernels, one block of 1024 threads per row:
+//   argmax_kernel   (`full` false) the first index of the largest raw logit; counts update.
+//   sample_kernel   steps 1-10. The row is cut into 32 contiguous chunks, one per warp (16-byte
+//                   loads when the rows allow). Passes over the row recompute the values from logits
+//                   and counts: F1 max and `first`; F2 bucket histograms (counts per warp, masses in
+//                   two shared-memory copies) and each warp's uncut kept mass; F3 the candidate list
+//                   in index order, each warp compacting its chunk with ballots at the offset its F2
+//                   counts give (no block barrier per element). Everything after touches only the
+//                   list (typically hundreds of entries): the selection passes of step 7, then the
+//                   tie position and the draw, both found by descending through 32 segments per level
+//                   (segment sums, then the segment holding the target), which yields the CPU twin's
+//                   first-exceeding position because the sums are exact integers. Without top-k and
+//                   top-p (or with an ineffective top-k) the kept set is every weight >= the min-p
+//                   floor: no histograms, no list; the draw descends into the chunk holding the target.
+//   logprob_kernel  (sampling_logprobs.cu) the log-probabilities of the rows that ask.
+//   reset_counts_kernel  reset_token_counts after a memset of the row.
 #include <climits>
-#include <cmath>
-#include <vector>
+#include <cstdint>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_util.cuh"
-#include "kernels/rng.h"
+#include "kernels/cuda/sampling_common.cuh"
+#include "kernels/sampling_math.h"
 
 namespace kiln::cuda {
 namespace {
 
-constexpr int kArgmaxThreads = 1024;
-constexpr int kThreads = 512;                       // prepare / select
-constexpr int kItems = 8;                           // select: consecutive items per thread per tile
-constexpr int64_t kChunkElems = int64_t(1) << 21;  // sorted together: this many elements (at least one row)
+namespace sm = kiln::sampling;
+using sampler::ArgMax;
+using sampler::better;
+using sampler::block_argmax;
+using sampler::kFull;
+using sampler::kThreads;
+using u64 = unsigned long long;
 
-struct RowParams {  // one sampled (non-greedy) row
-  double u;
-  float temperature;
-  float top_p;
-  int32_t top_k;
-  int32_t row;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = sm::kBins;
+constexpr int kMassCopies = 2;
+constexpr uint32_t kAllTies = 0xffffffffu;
+constexpr int64_t kGroup = 128;  // elements a warp loads per step: 4 per lane
+
+struct MinU32 {
+  __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const { return min(a, b); }
+};
+struct MaxU32 {
+  __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const { return max(a, b); }
 };
 
-struct RowStats {
-  double m;      // max_i z_i
-  double total;  // sum_i exp(z_i - m)
-  float max_logit;
-  int32_t argmax;
-};
-
-__device__ __forceinline__ float clean(float v) { return v != v ? -INFINITY : v; }
-
-// Ascending order of the key = descending order of the logit (NaN already -inf; -0 folded into +0
-// so that equal logits tie and fall back to the index order).
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (v == 0.0f) v = 0.0f;
-  const uint32_t u = __float_as_uint(v);
-  const uint32_t ascending = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return ~ascending;
-}
-__device__ __forceinline__ float key_logit(uint32_t key) {
-  const uint32_t ascending = ~key;
-  return __uint_as_float((ascending & 0x80000000u) ? (ascending & 0x7fffffffu) : ~ascending);
-}
-
-struct ArgMax {
-  float v;
-  int32_t i;
-};
-__device__ __forceinline__ ArgMax better(ArgMax a, ArgMax b) { return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a; }
-
-template <int kBlock>
-__device__ ArgMax block_argmax(ArgMax x, ArgMax* smem /* [32] */) {
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T v) {
+  const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = better(x, ArgMax{__shfl_xor_sync(0xffffffffu, x.v, o), __shfl_xor_sync(0xffffffffu, x.i, o)});
+  for (int o = 1; o < 32; o <<= 1) {
+    const T t = __shfl_up_sync(kFull, v, o);
+    if (lane >= o) v += t;
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows
+
+struct Row {  // what the passes over the row need in registers (the rest stays in `params`)
+  const float* logits;    // this row's logits
+  const int32_t* counts;  // its counts row, or null
+  float temperature, repetition, frequency, presence;
+  bool greedy;
+  bool vec;               // 16-byte loads (V % 4 == 0, aligned rows)
+};
+
+// Step 1: x (greedy) or z of one element.
+__device__ __forceinline__ float value(const Row& r, float logit, int32_t count) {
+  const float x = r.counts ? sm::penalise(logit, count, r.repetition, r.frequency, r.presence) : sm::clean(logit);
+  return r.greedy ? x : sm::scaled(x, r.temperature);
+}
+
+// v[j] = the value of element i + j, -inf from `end` on.
+__device__ __forceinline__ void load4(const Row& r, int64_t i, int64_t end, float (&v)[4]) {
+  if (r.vec && i + 4 <= end) {
+    const float4 l = __ldg(reinterpret_cast<const float4*>(r.logits + i));
+    int4 c = make_int4(0, 0, 0, 0);
+    if (r.counts) c = *reinterpret_cast<const int4*>(r.counts + i);
+    v[0] = value(r, l.x, c.x);
+    v[1] = value(r, l.y, c.y);
+    v[2] = value(r, l.z, c.z);
+    v[3] = value(r, l.w, c.w);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      v[j] = i + j < end ? value(r, __ldg(r.logits + i + j), r.counts ? r.counts[i + j] : 0) : -INFINITY;
+  }
+}
+
+// Warp w's chunk [lo, hi) of the row: 32 chunks of a multiple of kGroup elements.
+__device__ __forceinline__ void chunk_of(int64_t V, int warp, int64_t* lo, int64_t* hi) {
+  const int64_t c = (V + kWarps * kGroup - 1) / (kWarps * kGroup) * kGroup;
+  *lo = min(V, static_cast<int64_t>(warp) * c);
+  *hi = min(V, *lo + c);
+}
+
+// Calls f(i, v) over the warp's chunk: lane l gets elements i .. i+3 of each group of kGroup
+// (values v, -inf past hi). Every lane makes the same calls, so f may use warp collectives.
+template <typename F>
+__device__ __forceinline__ void walk_chunk(const Row& r, int64_t lo, int64_t hi, F&& f) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t g = lo; g < hi; g += 2 * kGroup) {
+    float a[4], b[4];
+    const int64_t ia = g + 4 * lane, ib = ia + kGroup;
+    load4(r, ia, hi, a);
+    load4(r, ib, hi, b);
+    f(ia, a);
+    f(ib, b);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Histograms and picks
+
+struct Pick {
+  int bin;
+  u64 count_before, mass_before;
+};
+
+struct Smem {
+  uint32_t warp_count[kWarps][kBins];  // F2: bucket counts per warp (F3 offsets); later digit counts
+  u64 mass[kMassCopies][kBins];
+  uint32_t bucket_count[kBins];
+  u64 bucket_mass[kBins];
+  uint32_t digit_count[kBins];
+  u64 digit_mass[kBins];
+  u64 seg[kWarps];
+  uint32_t red32[32];
+  ArgMax arg[32];
+  Pick pick_k, pick_p, pick_d;
+};
+
+__device__ void clear_hist(Smem& s) {
+  for (int k = threadIdx.x; k < kWarps * kBins; k += kThreads) (&s.warp_count[0][0])[k] = 0;
+  for (int k = threadIdx.x; k < kMassCopies * kBins; k += kThreads) (&s.mass[0][0])[k] = 0;
+}
+__device__ __forceinline__ void hist_add(Smem& s, int bin, u64 w) {
+  const int warp = threadIdx.x / 32;
+  atomicAdd(&s.warp_count[warp][bin], 1u);
+  atomicAdd(&s.mass[warp % kMassCopies][bin], w);
+}
+__device__ void merge_hist(Smem& s, uint32_t* count, u64* mass) {
+  for (int b = threadIdx.x; b < kBins; b += kThreads) {
+    uint32_t c = 0;
+    for (int w = 0; w < kWarps; ++w) c += s.warp_count[w][b];
+    u64 m = 0;
+    for (int k = 0; k < kMassCopies; ++k) m += s.mass[k][b];
+    count[b] = c;
+    mass[b] = m;
+  }
+}
+
+// Warp 0 only: the first bin, in scan order (ascending or descending bins), where the running count
+// or mass reaches need, written to *out. Lane l scans positions 8l .. 8l+7.
+__device__ void warp_pick(const uint32_t* count, const u64* mass, bool ascending, bool by_mass, u64 need, Pick* out) {
+  const int lane = threadIdx.x % 32;
+  auto bin_at = [&](int o) { return ascending ? o : kBins - 1 - o; };
+  u64 c = 0, m = 0;
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    c += count[bin_at(8 * lane + q)];
+    m += mass[bin_at(8 * lane + q)];
+  }
+  const u64 ci = warp_inclusive_sum(c), mi = warp_inclusive_sum(m);
+  const unsigned hit = __ballot_sync(kFull, (by_mass ? mi : ci) >= need);
+  if (lane != (hit ? __ffs(hit) - 1 : 31)) return;
+  u64 cb = ci - c, mb = mi - m;
+  for (int q = 0; q < 8; ++q) {
+    const int b = bin_at(8 * lane + q);
+    if (q == 7 || (by_mass ? mb + mass[b] : cb + count[b]) >= need) {
+      *out = Pick{b, cb, mb};
+      return;
+    }
+    cb += count[b];
+    mb += mass[b];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step 7 on the candidate list
+
+struct Cut {  // keeps key > key, and key == key among the first `ties` such entries (kAllTies: all)
+  uint32_t key;
+  uint32_t ties;
+  u64 mass;  // mass kept inside the bucket
+};
+
+// Out of line (like draw_uncut): these run a few times per row, and the kernel's hot loops keep
+// their registers.
+__device__ __noinline__ Cut select_in_bucket(const uint32_t* keys, int64_t n, float m, int bsel, bool by_mass,
+                                             u64 need, u64 bucket_count, Smem& s) {
+  auto in_bucket = [&](uint32_t key) { return sm::bucket(sm::fsub(sm::key_value(key), m)) == bsel; };
+  uint32_t lo = 0xffffffffu, hi = 0;
+  for (int64_t q = threadIdx.x; q < n; q += kThreads) {
+    const uint32_t key = keys[q];
+    if (in_bucket(key)) lo = min(lo, key), hi = max(hi, key);
+  }
+  lo = detail::block_reduce<kThreads>(lo, MinU32{}, 0xffffffffu, s.red32);
+  hi = detail::block_reduce<kThreads>(hi, MaxU32{}, 0u, s.red32);
+
+  u64 prefix = lo, n_eq = bucket_count, mass_above = 0;
+  if (lo != hi) {
+    int low = 32 - __clz(lo ^ hi);  // bits below `low` are still open
+    prefix = static_cast<u64>(hi) >> low;
+    while (low > 0) {
+      const int width = min(low, 8), shift = low - width;
+      __syncthreads();  // readers of the previous histogram are done
+      clear_hist(s);
+      __syncthreads();
+      for (int64_t q = threadIdx.x; q < n; q += kThreads) {
+        const uint32_t key = keys[q];
+        if (!in_bucket(key) || (static_cast<u64>(key) >> low) != prefix) continue;
+        const int digit = static_cast<int>((key >> shift) & ((1u << width) - 1));
+        hist_add(s, digit, sm::weight(sm::fsub(sm::key_value(key), m)));
+      }
+      __syncthreads();
+      merge_hist(s, s.digit_count, s.digit_mass);
+      __syncthreads();
+      if (threadIdx.x < 32) warp_pick(s.digit_count, s.digit_mass, false, by_mass, need, &s.pick_d);
+      __syncthreads();
+      const Pick p = s.pick_d;
+      const u64 bin_count = s.digit_count[p.bin], bin_mass = s.digit_mass[p.bin];
+      need -= by_mass ? p.mass_before : p.count_before;
+      mass_above += p.mass_before;
+      prefix = (prefix << width) | static_cast<u64>(p.bin);
+      low = shift;
+      if ((by_mass ? need == bin_mass : need == bin_count) || bin_count == 1)
+        return Cut{max(static_cast<uint32_t>(prefix << shift), lo), kAllTies, mass_above + bin_mass};
+      n_eq = bin_count;
+    }
+  }
+  const uint32_t key = static_cast<uint32_t>(prefix);
+  const u64 w = sm::weight(sm::fsub(sm::key_value(key), m));
+  const u64 t = by_mass ? (need + w - 1) / w : need;
+  return Cut{key, t >= n_eq ? kAllTies : static_cast<uint32_t>(t), mass_above + t * w};
+}
+
+// Sums f over the 32 segments of ceil(len / 32) positions of [lo, lo + len) (warp w: segment w)
+// into s.seg; every thread gets the total.
+template <typename F>
+__device__ u64 segment_sums(int64_t lo, int64_t len, F& f, Smem& s) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t seg = (len + kWarps - 1) / kWarps;
+  const int64_t a = lo + warp * seg, e = min(lo + len, a + seg);
+  u64 sum = 0;
+  for (int64_t q = a + lane; q < e; q += 32) sum += f(q);
+  sum = detail::warp_reduce(sum, detail::SumOp{});
+  __syncthreads();  // readers of the previous sums are done
+  if (lane == 0) s.seg[warp] = sum;
+  __syncthreads();
+  u64 total = 0;
+  for (int w = 0; w < kWarps; ++w) total += s.seg[w];
+  return total;
+}
+
+// With s.seg = segment_sums(lo, len, f): the first position of [lo, lo + len) at which the running
+// sum of f exceeds target (target < total). One segment level per pass; the last <= 32 positions are
+// scanned by every warp at once, so every thread gets the position.
+template <typename F>
+__device__ int64_t descend(int64_t lo, int64_t len, u64 target, F& f, Smem& s) {
+  while (true) {
+    const int64_t seg = (len + kWarps - 1) / kWarps;
+    int w = 0;
+    for (; w < kWarps - 1; ++w) {
+      const u64 v = s.seg[w];
+      if (target < v) break;
+      target -= v;
+    }
+    lo += w * seg;
+    len = min(seg, len - w * seg);
+    if (len <= 32) break;
+    segment_sums(lo, len, f, s);
+  }
+  const int lane = threadIdx.x % 32;
+  const u64 incl = warp_inclusive_sum(lane < len ? f(lo + lane) : u64(0));
+  const unsigned hit = __ballot_sync(kFull, incl > target);
+  return lo + (hit ? __ffs(hit) - 1 : len - 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sampled path (steps 3-9) of one row with finite max m
+
+// Steps 8-9 when no cut applies: every element of weight >= min_w is kept, so the draw needs no
+// candidate list. warp_mass: this warp's chunk's kept mass (every lane); the target's chunk is then
+// searched by descent, recomputing the weights from the row.
+__device__ __noinline__ int32_t draw_uncut(const Row& r, const ops::SamplingRow& p, int64_t V, float m, int32_t first,
+                                           u64 min_w, u64 warp_mass, Smem& s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
-  if (lane == 0) smem[warp] = x;
+  if (lane == 0) s.seg[warp] = warp_mass;
   __syncthreads();
-  x = lane < kBlock / 32 ? smem[lane] : ArgMax{-INFINITY, INT_MAX};
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = better(x, ArgMax{__shfl_xor_sync(0xffffffffu, x.v, o), __shfl_xor_sync(0xffffffffu, x.i, o)});
-  return x;
+  u64 kept = 0;
+  for (int k = 0; k < kWarps; ++k) kept += s.seg[k];
+  if (kept == 0) return first;
+  u64 target = sm::draw_target(sm::row_uniform(p), kept);
+  int w = 0;
+  for (; w < kWarps - 1; ++w) {
+    if (target < s.seg[w]) break;
+    target -= s.seg[w];
+  }
+  int64_t lo, hi;
+  chunk_of(V, w, &lo, &hi);
+  auto row_weight = [&](int64_t q) -> u64 {
+    const float z = value(r, __ldg(r.logits + q), r.counts ? r.counts[q] : 0);
+    const u64 wq = sm::weight(sm::fsub(z, m));
+    return wq >= min_w ? wq : 0;
+  };
+  if (hi <= lo) return first;  // only when the promise of exact sums is broken
+  segment_sums(lo, hi - lo, row_weight, s);
+  const int64_t q = descend(lo, hi - lo, target, row_weight, s);
+  return q >= 0 && q < V ? static_cast<int32_t>(q) : first;
 }
 
-// tokens[b] = argmax of row b (NaN as -inf, lowest index on ties). Grid: B blocks.
+__device__ int32_t sample_row(const Row& r, const ops::SamplingRow& p, int64_t V, float m, int32_t first,
+                              uint32_t* keys, int32_t* index, Smem& s) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int64_t lo, hi;
+  chunk_of(V, warp, &lo, &hi);
+
+  // F2: buckets (steps 3-4) when a cut may apply, and per warp the mass every element would keep
+  // without a cut (step 8 only).
+  const bool cuts = p.top_k > 0 || p.top_p < 1.0f;
+  const u64 min_w = sm::min_p_floor(p.min_p);
+  if (cuts) clear_hist(s);
+  __syncthreads();
+  u64 uncut = 0;
+  walk_chunk(r, lo, hi, [&](int64_t i, const float (&v)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (i + j >= hi) continue;
+      const float d = sm::fsub(v[j], m);
+      const int b = sm::bucket(d);
+      if (b == sm::kZeroBucket) continue;
+      const u64 wj = sm::weight(d);
+      if (cuts) hist_add(s, b, wj);
+      uncut += wj >= min_w ? wj : 0;
+    }
+  });
+  __syncthreads();
+  if (cuts) merge_hist(s, s.bucket_count, s.bucket_mass);
+  __syncthreads();
+
+  // Step 5: the buckets of the cuts (warp 0), seen by every thread after the barrier.
+  u64 n_pos = 0, total = 0;
+  if (cuts) {
+    for (int q = 0; q < 8; ++q) n_pos += s.bucket_count[8 * lane + q], total += s.bucket_mass[8 * lane + q];
+    n_pos = detail::warp_reduce(n_pos, detail::SumOp{});
+    total = detail::warp_reduce(total, detail::SumOp{});
+  }
+  const bool k_on = p.top_k > 0 && static_cast<u64>(p.top_k) < n_pos;
+  const bool p_on = p.top_p < 1.0f;
+  if (!k_on && !p_on) return draw_uncut(r, p, V, m, first, min_w, detail::warp_reduce(uncut, detail::SumOp{}), s);
+  if (warp == 0) {
+    if (k_on)
+      warp_pick(s.bucket_count, s.bucket_mass, true, false, static_cast<u64>(p.top_k), &s.pick_k);
+    else if (p_on)
+      warp_pick(s.bucket_count, s.bucket_mass, true, true, sm::top_p_target(p.top_p, total), &s.pick_p);
+  }
+  __syncthreads();
+  const int bc = k_on ? s.pick_k.bin : s.pick_p.bin;
+
+  // F3: the candidates (step 6), in index order: warp w writes its chunk's at its offset.
+  uint32_t mine = 0;
+  for (int q = 0; q < 8; ++q) mine += 8 * lane + q <= bc ? s.warp_count[warp][8 * lane + q] : 0u;
+  mine = detail::warp_reduce(mine, detail::SumOp{});
+  if (lane == 0) s.red32[warp] = mine;
+  __syncthreads();
+  int64_t offset = 0, n = 0;
+  for (int k = 0; k < kWarps; ++k) offset += k < warp ? s.red32[k] : 0u, n += s.red32[k];
+  walk_chunk(r, lo, hi, [&](int64_t i, const float (&v)[4]) {
+    bool take[4];
+    int count = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      take[j] = i + j < hi && sm::bucket(sm::fsub(v[j], m)) <= bc;
+      count += take[j];
+    }
+    const int incl = warp_inclusive_sum(count);
+    int64_t pos = offset + incl - count;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (!take[j]) continue;
+      keys[pos] = sm::order_key(v[j]);
+      index[pos] = static_cast<int32_t>(i + j);
+      ++pos;
+    }
+    offset += __shfl_sync(kFull, incl, 31);
+  });
+  __syncthreads();
+
+  // Step 7.
+  Cut cut{0, kAllTies, 0};
+  u64 kept_mass = total;
+  if (k_on) {
+    const Pick pk = s.pick_k;
+    cut = select_in_bucket(keys, n, m, pk.bin, false, static_cast<u64>(p.top_k) - pk.count_before,
+                           s.bucket_count[pk.bin], s);
+    kept_mass = pk.mass_before + cut.mass;
+  }
+  if (p_on) {
+    const u64 target = sm::top_p_target(p.top_p, kept_mass);
+    __syncthreads();
+    if (warp == 0) warp_pick(s.bucket_count, s.bucket_mass, true, true, target, &s.pick_p);
+    __syncthreads();
+    const Pick pp = s.pick_p;
+    cut = select_in_bucket(keys, n, m, pp.bin, true, target - pp.mass_before, s.bucket_count[pp.bin], s);
+  }
+
+  // The position of the last kept tie, then steps 8-9.
+  int64_t tie_end = n;
+  if (cut.ties != kAllTies) {
+    auto is_tie = [&](int64_t q) -> u64 { return keys[q] == cut.key ? 1 : 0; };
+    segment_sums(0, n, is_tie, s);
+    tie_end = descend(0, n, cut.ties - 1, is_tie, s);
+  }
+  auto kept_weight = [&](int64_t q) -> u64 {
+    const uint32_t key = keys[q];
+    if (key < cut.key || (key == cut.key && q > tie_end)) return 0;
+    const u64 wq = sm::weight(sm::fsub(sm::key_value(key), m));
+    return wq >= min_w ? wq : 0;
+  };
+  const u64 kept = segment_sums(0, n, kept_weight, s);
+  if (kept == 0) return first;
+  const int64_t q = descend(0, n, sm::draw_target(sm::row_uniform(p), kept), kept_weight, s);
+  // Always in range on valid inputs; the guard keeps a broken promise (two rows sharing a counts
+  // row) from writing outside the counts row.
+  const int32_t token = q >= 0 && q < n ? index[q] : first;
+  return token >= 0 && token < V ? token : first;
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    sample_kernel(int32_t* tokens, const float* logits, int64_t V, const ops::SamplingRow* params, int32_t* counts,
+                  int64_t count_rows, char* workspace, int64_t row_bytes, bool vec) {
+  __shared__ Smem s;
+  const int64_t b = blockIdx.x;
+  const ops::SamplingRow& p = params[b];
+  const int32_t counts_row = p.counts_row;
+  int32_t* crow = counts && counts_row >= 0 && counts_row < count_rows ? counts + counts_row * V : nullptr;
+  const Row r{logits + b * V, crow, p.temperature, p.repetition_penalty, p.frequency_penalty, p.presence_penalty,
+              !(p.temperature > 0.0f), vec};
+  int64_t lo, hi;
+  chunk_of(V, threadIdx.x / 32, &lo, &hi);
+
+  // F1 (steps 1-2).
+  ArgMax best{-INFINITY, INT_MAX};
+  walk_chunk(r, lo, hi, [&](int64_t i, const float (&v)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (i + j < hi) best = better(best, ArgMax{v[j], static_cast<int32_t>(i + j)});
+  });
+  best = block_argmax(best, s.arg);
+  int32_t token = best.i;
+  if (!r.greedy && isfinite(best.v)) {
+    char* ws = workspace + b * row_bytes;
+    token = sample_row(r, p, V, best.v, best.i, reinterpret_cast<uint32_t*>(ws),
+                       reinterpret_cast<int32_t*>(ws + sm::align256(4 * V)), s);
+  }
+  // Step 10. Every read of the counts row happened before a barrier thread 0 has passed.
+  if (threadIdx.x == 0) {
+    tokens[b] = token;
+    if (crow) crow[token] += 1;
+  }
+}
+
+// `full` false: tokens[b] = the first index of the largest raw logit (NaN as -inf); step 10.
 template <int N>
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(int32_t* tokens, const void* logits, DType dt, int64_t V) {
+__global__ void __launch_bounds__(kThreads)
+    argmax_kernel(int32_t* tokens, const float* logits, int64_t V, const ops::SamplingRow* params, int32_t* counts,
+                  int64_t count_rows) {
   __shared__ ArgMax smem[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * V;
   constexpr int kUnroll = 4;  // loads in flight per thread: one block streams a whole row
-  constexpr int64_t kStride = static_cast<int64_t>(kArgmaxThreads) * N;
+  constexpr int64_t kStride = static_cast<int64_t>(kThreads) * N;
   ArgMax best{-INFINITY, INT_MAX};
   for (int64_t i0 = static_cast<int64_t>(threadIdx.x) * N; i0 < V; i0 += kStride * kUnroll) {
     float v[kUnroll][N];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * kStride < V) detail::load_vec<N>(logits, base + i0 + u * kStride, dt, v[u]);
+      if (i0 + u * kStride < V) detail::load_vec<N>(logits, base + i0 + u * kStride, DType::f32, v[u]);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = i0 + u * kStride;
       if (i < V) {
 #pragma unroll
-        for (int k = 0; k < N; ++k) best = better(best, ArgMax{clean(v[u][k]), static_cast<int32_t>(i + k)});
+        for (int k = 0; k < N; ++k) best = better(best, ArgMax{sm::clean(v[u][k]), static_cast<int32_t>(i + k)});
       }
     }
   }
-  best = block_argmax<kArgmaxThreads>(best, smem);
-  if (threadIdx.x == 0) tokens[blockIdx.x] = best.i;
-}
-
-// Grid: the rows of one chunk; block j handles sampled row first + j and writes its V keys/values at
-// j * V.
-__global__ void __launch_bounds__(kThreads)
-    prepare_kernel(const void* logits, DType dt, int64_t V, const RowParams* params, RowStats* stats, int first,
-                   uint64_t* keys, int32_t* vals) {
-  __shared__ ArgMax smem_arg[32];
-  __shared__ double smem_sum[32];
-  const int j = blockIdx.x;
-  const RowParams P = params[first + j];
-  const int64_t base = static_cast<int64_t>(P.row) * V;
-
-  ArgMax best{-INFINITY, INT_MAX};
-  for (int64_t i = threadIdx.x; i < V; i += kThreads)
-    best = better(best, ArgMax{clean(detail::load1(logits, base + i, dt)), static_cast<int32_t>(i)});
-  best = block_argmax<kThreads>(best, smem_arg);
-
-  const double T = static_cast<double>(P.temperature);
-  const double m = static_cast<double>(best.v) / T;
-  const uint64_t row_bits = static_cast<uint64_t>(j) << 32;
-  double total = 0.0;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float l = clean(detail::load1(logits, base + i, dt));
-    total += exp(static_cast<double>(l) / T - m);
-    keys[static_cast<int64_t>(j) * V + i] = row_bits | order_key(l);
-    vals[static_cast<int64_t>(j) * V + i] = static_cast<int32_t>(i);
+  best = block_argmax(best, smem);
+  if (threadIdx.x == 0) {
+    tokens[blockIdx.x] = best.i;
+    const int32_t row = params[blockIdx.x].counts_row;
+    if (counts && row >= 0 && row < count_rows) counts[row * V + best.i] += 1;
   }
-  total = detail::block_reduce<kThreads>(total, detail::SumOp{}, 0.0, smem_sum);
-  if (threadIdx.x == 0) stats[first + j] = RowStats{m, total, best.v, best.i};
 }
 
-struct MaxI64 {
-  __device__ __forceinline__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
-};
-
-using BlockScan = cub::BlockScan<double, kThreads>;
-
-struct SelectSmem {
-  typename BlockScan::TempStorage scan;
-  double sum[32];
-  long long pos[32];
-  unsigned long long found;
-};
-
-struct Found {
-  long long index;          // first r with pred, or -1
-  long long last_positive;  // largest r < n with q(r) > 0 (0 if none), over the scanned tiles
-};
-
-// Scans r = 0 .. n-1 in order with the running sum `before` of q(0..r-1) and returns the first r
-// with pred(r, before, q(r)). Tiles of kThreads * kItems items (each thread kItems consecutive
-// ones); stops after the tile holding the first hit. All threads get the result.
-template <typename Q, typename Pred>
-__device__ Found scan_find(long long n, Q q_of, Pred pred, SelectSmem& sm) {
-  if (threadIdx.x == 0) sm.found = ULLONG_MAX;
-  __syncthreads();
-  double carry = 0.0;
-  long long last_pos = 0;
-  unsigned long long hit = ULLONG_MAX;
-  for (long long tile = 0; tile < n; tile += static_cast<long long>(kThreads) * kItems) {
-    const long long first = tile + static_cast<long long>(threadIdx.x) * kItems;
-    double q[kItems];
-    double sum = 0.0;
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      q[k] = first + k < n ? q_of(first + k) : 0.0;
-      sum += q[k];
-    }
-    double prefix, aggregate;
-    BlockScan(sm.scan).ExclusiveSum(sum, prefix, aggregate);
-    double before = carry + prefix;
-    unsigned long long mine = ULLONG_MAX;
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const long long r = first + k;
-      if (r < n) {
-        if (q[k] > 0.0) last_pos = r;
-        if (mine == ULLONG_MAX && pred(r, before, q[k])) mine = static_cast<unsigned long long>(r);
-        before += q[k];
-      }
-    }
-    if (mine != ULLONG_MAX) atomicMin(&sm.found, mine);
-    __syncthreads();  // also separates this tile's scan storage from the next tile's
-    hit = sm.found;
-    if (hit != ULLONG_MAX) break;  // uniform: every thread read the same value
-    carry += aggregate;
+__global__ void reset_counts_kernel(int32_t* row, int64_t V, const int32_t* prompt, int64_t n_prompt,
+                                    const int32_t* output, int64_t n_output) {
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n_prompt + n_output;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool in_prompt = k < n_prompt;
+    const int32_t id = in_prompt ? prompt[k] : output[k - n_prompt];
+    if (id < 0 || id >= V) continue;
+    if (in_prompt)
+      atomicOr(&row[id], ops::kPromptBit);
+    else
+      atomicAdd(&row[id], 1);
   }
-  Found f;
-  f.index = hit == ULLONG_MAX ? -1 : static_cast<long long>(hit);
-  f.last_positive = detail::block_reduce<kThreads>(last_pos, MaxI64{}, 0LL, sm.pos);
-  return f;
-}
-
-template <typename Q>
-__device__ double block_sum(long long n, Q q_of, SelectSmem& sm) {
-  double s = 0.0;
-  for (long long r = threadIdx.x; r < n; r += kThreads) s += q_of(r);
-  return detail::block_reduce<kThreads>(s, detail::SumOp{}, 0.0, sm.sum);
-}
-
-// Grid: the rows of one chunk, keys/vals sorted (row j at j * V, descending logits).
-__global__ void __launch_bounds__(kThreads)
-    select_kernel(int32_t* tokens, const RowParams* params, const RowStats* stats, int first, const uint64_t* keys,
-                  const int32_t* vals, int64_t V) {
-  __shared__ SelectSmem sm;
-  const int j = blockIdx.x;
-  const RowParams P = params[first + j];
-  const RowStats S = stats[first + j];
-  if (!isfinite(S.max_logit)) {  // +inf, or every logit -inf: no finite distribution (uniform branch)
-    if (threadIdx.x == 0) tokens[P.row] = S.argmax;
-    return;
-  }
-  const uint64_t* key = keys + static_cast<int64_t>(j) * V;
-  const int32_t* val = vals + static_cast<int64_t>(j) * V;
-  const double T = static_cast<double>(P.temperature);
-  auto prob = [&](long long r) {
-    return exp(static_cast<double>(key_logit(static_cast<uint32_t>(key[r]))) / T - S.m) / S.total;
-  };
-
-  long long kept = (P.top_k > 0 && P.top_k < V) ? P.top_k : V;
-  if (P.top_p < 1.0f) {
-    const double kept_mass = block_sum(kept, prob, sm);
-    const double top_p = static_cast<double>(P.top_p);
-    const Found f = scan_find(
-        kept, [&](long long r) { return prob(r) / kept_mass; },
-        [&](long long r, double before, double) { return r >= 1 && !(before < top_p); }, sm);
-    if (f.index >= 0) kept = f.index;
-  }
-  const double mass = block_sum(kept, prob, sm);
-  const double u = P.u;
-  const Found f = scan_find(
-      kept, [&](long long r) { return prob(r) / mass; },
-      [&](long long, double before, double q) { return before + q > u; }, sm);
-  if (threadIdx.x == 0) tokens[P.row] = val[f.index >= 0 ? f.index : f.last_positive];
-}
-
-int bits_for(int64_t x) {  // bits needed to represent x >= 0
-  int b = 0;
-  while (x > 0) {
-    ++b;
-    x >>= 1;
-  }
-  return b;
-}
-
-int64_t align_up(int64_t x) { return (x + 255) / 256 * 256; }
-
-size_t sort_temp_bytes(int64_t items, int end_bit) {
-  size_t bytes = 0;
-  cub::DoubleBuffer<uint64_t> k(nullptr, nullptr);
-  cub::DoubleBuffer<int32_t> v(nullptr, nullptr);
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, k, v, static_cast<int>(items), 0, end_bit));
-  return bytes;
 }
 
 }  // namespace
 
-void sample(CudaBackend& be, Tensor tokens, Tensor logits, const std::vector<ops::SamplingParams>& params) {
-  detail::check_float(be, logits);
-  detail::check_i32(be, tokens);
-  KILN_ASSERT(logits.ndim() == 2 && tokens.ndim() == 1);
-  const int64_t B = logits.size(0), V = logits.size(1);
-  KILN_ASSERT(tokens.size(0) == B && static_cast<int64_t>(params.size()) == B && V > 0);
-  KILN_ASSERT(V <= INT32_MAX && B < (int64_t(1) << 31));
-  if (B == 0) return;
+void sample(CudaBackend& be, const ops::SamplingBatch& s) {
+  detail::check_float(be, s.logits);
+  detail::check_i32(be, s.params);
+  detail::check_i32(be, s.tokens);
+  const int64_t B = s.logits.size(0), V = s.logits.size(1);
   cudaStream_t stream = detail::stream_of(be);
-
-  std::vector<RowParams> rows;
-  for (int64_t b = 0; b < B; ++b) {
-    const ops::SamplingParams& p = params[static_cast<size_t>(b)];
-    if (p.temperature > 0.0f)
-      rows.push_back(RowParams{rng::uniform(p.seed, p.step), p.temperature, p.top_p, p.top_k, static_cast<int32_t>(b)});
+  const auto* params = reinterpret_cast<const ops::SamplingRow*>(s.params.data);
+  int32_t* counts = nullptr;
+  int64_t count_rows = 0;
+  if (sm::present(s.counts)) {
+    detail::check_i32(be, s.counts);
+    counts = s.counts.ptr<int32_t>();
+    count_rows = s.counts.size(0);
   }
+  const float* logits = s.logits.ptr<const float>();
+  int32_t* tokens = s.tokens.ptr<int32_t>();
+  const unsigned grid = static_cast<unsigned>(B);
 
-  // Greedy rows (all rows; the sampled ones are overwritten below, in stream order).
-  if (static_cast<int64_t>(rows.size()) < B) {
-    const bool vec = V % 8 == 0 && detail::aligned16(logits.data);
-    if (vec)
-      argmax_kernel<8><<<static_cast<unsigned>(B), kArgmaxThreads, 0, stream>>>(tokens.ptr<int32_t>(), logits.data,
-                                                                              logits.dtype, V);
+  if (!s.full) {
+    if (V % 8 == 0 && detail::aligned16(logits))
+      argmax_kernel<8><<<grid, kThreads, 0, stream>>>(tokens, logits, V, params, counts, count_rows);
     else
-      argmax_kernel<1><<<static_cast<unsigned>(B), kArgmaxThreads, 0, stream>>>(tokens.ptr<int32_t>(), logits.data,
-                                                                              logits.dtype, V);
+      argmax_kernel<1><<<grid, kThreads, 0, stream>>>(tokens, logits, V, params, counts, count_rows);
     KILN_CUDA_CHECK_LAUNCH();
+    return;
   }
-  if (rows.empty()) return;
+  KILN_ASSERT(s.workspace.device == be.device() && s.workspace.data != nullptr);
+  char* ws = static_cast<char*>(s.workspace.data);
+  const int64_t row_bytes = sm::row_workspace_bytes(V);
+  const bool vec = V % 4 == 0 && detail::aligned16(logits) && (!counts || detail::aligned16(counts));
+  sample_kernel<<<grid, kThreads, 0, stream>>>(tokens, logits, V, params, counts, count_rows, ws, row_bytes, vec);
+  KILN_CUDA_CHECK_LAUNCH();
 
-  const int64_t n_rows = static_cast<int64_t>(rows.size());
-  const int64_t chunk_rows = std::min(n_rows, std::max<int64_t>(1, kChunkElems / V));
-  const int64_t last_rows = n_rows - (n_rows - 1) / chunk_rows * chunk_rows;  // rows of the last chunk
-  const int64_t chunk_items = chunk_rows * V;
-  const size_t temp_bytes = std::max(sort_temp_bytes(chunk_items, 32 + bits_for(chunk_rows - 1)),
-                                     sort_temp_bytes(last_rows * V, 32 + bits_for(last_rows - 1)));
+  sampler::launch_logprobs(be, s, ws, row_bytes);
+}
 
-  // One temporary allocation: params | stats | keys x2 | values x2 | sort temp.
-  const int64_t params_off = 0;
-  const int64_t stats_off = params_off + align_up(n_rows * static_cast<int64_t>(sizeof(RowParams)));
-  const int64_t keys0_off = stats_off + align_up(n_rows * static_cast<int64_t>(sizeof(RowStats)));
-  const int64_t keys1_off = keys0_off + align_up(chunk_items * 8);
-  const int64_t vals0_off = keys1_off + align_up(chunk_items * 8);
-  const int64_t vals1_off = vals0_off + align_up(chunk_items * 4);
-  const int64_t temp_off = vals1_off + align_up(chunk_items * 4);
-  const int64_t total_bytes = temp_off + align_up(static_cast<int64_t>(temp_bytes));
-  Result<void*> mem = be.allocate(total_bytes);
-  if (!mem.ok()) {
-    std::fprintf(stderr, "kiln: sampling: %s\n", mem.status().message().c_str());
-    std::abort();
-  }
-  Buffer buffer(&be, *mem, total_bytes);  // back to the cache on return; later users are stream-ordered
-  char* base = static_cast<char*>(buffer.data());
-  RowParams* d_params = reinterpret_cast<RowParams*>(base + params_off);
-  RowStats* d_stats = reinterpret_cast<RowStats*>(base + stats_off);
-  uint64_t* keys0 = reinterpret_cast<uint64_t*>(base + keys0_off);
-  uint64_t* keys1 = reinterpret_cast<uint64_t*>(base + keys1_off);
-  int32_t* vals0 = reinterpret_cast<int32_t*>(base + vals0_off);
-  int32_t* vals1 = reinterpret_cast<int32_t*>(base + vals1_off);
-  void* temp = base + temp_off;
-
-  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so `rows` may go away.
-  CUDA_CHECK(cudaMemcpyAsync(d_params, rows.data(), rows.size() * sizeof(RowParams), cudaMemcpyHostToDevice, stream));
-
-  for (int64_t first = 0; first < n_rows; first += chunk_rows) {
-    const int64_t rc = std::min(chunk_rows, n_rows - first);
-    prepare_kernel<<<static_cast<unsigned>(rc), kThreads, 0, stream>>>(logits.data, logits.dtype, V, d_params, d_stats,
-                                                                        static_cast<int>(first), keys0, vals0);
-    KILN_CUDA_CHECK_LAUNCH();
-    cub::DoubleBuffer<uint64_t> k(keys0, keys1);
-    cub::DoubleBuffer<int32_t> v(vals0, vals1);
-    size_t bytes = temp_bytes;
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, bytes, k, v, static_cast<int>(rc * V), 0, 32 + bits_for(rc - 1),
-                                               stream));
-    select_kernel<<<static_cast<unsigned>(rc), kThreads, 0, stream>>>(tokens.ptr<int32_t>(), d_params, d_stats,
-                                                                       static_cast<int>(first), k.Current(),
-                                                                       v.Current(), V);
-    KILN_CUDA_CHECK_LAUNCH();
-  }
+void reset_token_counts(CudaBackend& be, Tensor counts_row, Tensor prompt, Tensor output) {
+  detail::check_i32(be, counts_row);
+  const int64_t n_prompt = sm::present(prompt) ? prompt.numel() : 0;
+  const int64_t n_output = sm::present(output) ? output.numel() : 0;
+  if (n_prompt) detail::check_i32(be, prompt);
+  if (n_output) detail::check_i32(be, output);
+  be.zero(counts_row);
+  if (n_prompt + n_output == 0) return;
+  const int threads = 256;
+  reset_counts_kernel<<<detail::grid_for(be, n_prompt + n_output, threads), threads, 0, detail::stream_of(be)>>>(
+      counts_row.ptr<int32_t>(), counts_row.numel(), n_prompt ? prompt.ptr<const int32_t>() : nullptr, n_prompt,
+      n_output ? output.ptr<const int32_t>() : nullptr, n_output);
+  KILN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace kiln::cuda
