@@ -58,6 +58,13 @@ if [ "$WHAT" = engine ]; then
   timeout ${ENGINE_BENCH_TIMEOUT:-300} "$BUILD/bin/bench_engine" --config $CFG ${ENGINE_BENCH_ARGS:-} > "$OUT/bench_engine.json" \
     2> "$OUT/bench_engine.err" || { status=1; tail -5 "$OUT/bench_engine.err"; }
   cat "$OUT/bench_engine.json"
+  # The page size, chosen by measurement: batched decode at each candidate size (one file).
+  for ps in ${PAGE_SWEEP:-}; do
+    echo "page_size $ps"
+    timeout 120 "$BUILD/bin/bench_engine" --config $CFG --skip single,online,prefix --batches 32,128 --page-size $ps \
+      2>> "$OUT/bench_engine.err" | tr -d '\n' ; echo
+  done > "$OUT/bench_engine_pages.json"
+  [ -n "${PAGE_SWEEP:-}" ] && cat "$OUT/bench_engine_pages.json"
   if [ -f .carry/hf_bench.py ] && [ -z "${SKIP_HF:-}" ]; then
     PYTHONUNBUFFERED=1 timeout 240 python3 .carry/hf_bench.py --config $CFG --contexts 1024 --batches 1,8,32,64,128 \
       --skip static,train --out "$OUT/hf_bench.json" > "$OUT/hf_bench.log" 2>&1 || status=1
