@@ -52,7 +52,7 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
 fi
 if [ "$WHAT" = engine ]; then
   CFG=bench/configs/astrai-1b-shape.config.json
-  "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${ENGINE_FILTER:-*Engine*:*Sampl*:*Attention*:*Golden*:*Qkv*}" \
+  timeout ${ENGINE_TEST_TIMEOUT:-300} "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${ENGINE_FILTER:-*Engine*:*Sampl*:*Attention*:*Golden*:*Qkv*}" \
     > "$OUT/gpu_engine_tests.log" 2>&1 || status=1
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error" "$OUT/gpu_engine_tests.log" | head -50
   timeout ${ENGINE_BENCH_TIMEOUT:-300} "$BUILD/bin/bench_engine" --config $CFG ${ENGINE_BENCH_ARGS:-} > "$OUT/bench_engine.json" \
