@@ -200,6 +200,10 @@ int main(int argc, char** argv) {
                                {"tokens_per_s", dt > 0 ? static_cast<double>(tokens) / dt : 0.0},
                                {"ms_per_step", dt > 0 ? dt * 1e3 / std::max(1.0, static_cast<double>(tokens) / B) : 0.0},
                                {"graph_replays", st.graph_replays},
+                               {"engine_step_s", st.step_seconds},
+                               {"executor_s", st.executor_seconds},
+                               {"device_wait_s", st.device_wait_seconds},
+                               {"steps", st.steps},
                                {"kv_capacity_tokens", (*engine)->kv_capacity_tokens()}});
       std::fprintf(stderr, "decode B=%d: %.0f tok/s\n", B, dt > 0 ? tokens / dt : 0.0);
     }

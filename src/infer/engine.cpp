@@ -369,6 +369,9 @@ void Engine::publish_stats() {
   s.steps = steps_;
   s.preemptions = preemptions_;
   s.graph_replays = executor_->graph_replays();
+  s.step_seconds = step_seconds_;
+  s.executor_seconds = executor_->run_seconds();
+  s.device_wait_seconds = executor_->wait_seconds();
   s.policy_version = scheduler_->policy_version();
   s.prefix_hit_tokens = hits_total_;
   const auto& [t0, g0] = rate_window_.front();
@@ -385,7 +388,11 @@ void Engine::loop() {
       if (stopping_) break;
     }
     drain_inbox();
-    if (!scheduler_->idle()) step();
+    if (!scheduler_->idle()) {
+      const double t0 = now_seconds();
+      step();
+      step_seconds_ += now_seconds() - t0;
+    }
     publish_stats();
   }
   drain_inbox();

@@ -114,6 +114,10 @@ struct EngineStats {
   int64_t prompt_tokens = 0, prefix_hit_tokens = 0, generated_tokens = 0;
   int64_t steps = 0, preemptions = 0, graph_replays = 0;
   double tokens_per_second = 0.0;  // generated tokens per second over the last few seconds
+  // Where the engine thread's time went: whole steps, the executor's part of them, and the
+  // executor's wait for the device (step - executor = scheduling and events; executor - wait =
+  // packing, copies and launches).
+  double step_seconds = 0.0, executor_seconds = 0.0, device_wait_seconds = 0.0;
   uint64_t policy_version = 0;
 };
 
@@ -172,6 +176,7 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Live>> live_;
   std::deque<std::pair<double, int64_t>> rate_window_;  // (seconds, generated tokens) samples
   int64_t generated_total_ = 0, prompt_total_ = 0, hits_total_ = 0, steps_ = 0, preemptions_ = 0;
+  double step_seconds_ = 0;
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 #include "infer/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -272,6 +273,7 @@ void Executor::forward_and_sample(const Packed& p, bool full) {
 
 Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows) {
   KILN_ASSERT(!plan.entries.empty());
+  const auto t0 = std::chrono::steady_clock::now();
   bool decode_only = true, full = false, any_logprobs = false, any_top = false;
   for (const StepEntry& e : plan.entries) decode_only = decode_only && e.count == 1 && e.wants_logits;
   for (const ops::SamplingRow& r : rows) {
@@ -310,7 +312,11 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
     }
   }
   done_->record();
+  const auto t1 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(done_->wait());
+  const auto t2 = std::chrono::steady_clock::now();
+  wait_seconds_ += std::chrono::duration<double>(t2 - t1).count();
+  run_seconds_ += std::chrono::duration<double>(t2 - t0).count();
   std::vector<SampledToken> out(static_cast<size_t>(real_rows));
   for (int32_t i = 0; i < real_rows; ++i) {
     SampledToken& t = out[i];

@@ -64,6 +64,10 @@ class Executor {
 
   // Steps that replayed a captured graph, for tests and stats.
   int64_t graph_replays() const { return graph_replays_; }
+  // Seconds spent in run() in all, and waiting there for the device (the rest is host work:
+  // packing, copies and launches).
+  double run_seconds() const { return run_seconds_; }
+  double wait_seconds() const { return wait_seconds_; }
   // The KV storage, for tests (per layer [slots, Hkv, D]).
   const KVCache& kv_cache() const { return cache_; }
   // Test hook: the logits of the last step ([rows, vocab] f32 on the device).
@@ -109,6 +113,7 @@ class Executor {
   std::map<std::pair<int32_t, bool>, std::unique_ptr<CapturedWork>> graphs_;  // (bucket, full sampler)
   bool graphs_ok_ = true;
   int64_t graph_replays_ = 0;
+  double run_seconds_ = 0, wait_seconds_ = 0;
 };
 
 }  // namespace kiln
