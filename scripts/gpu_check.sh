@@ -110,4 +110,15 @@ if [ "$WHAT" = profile ]; then
     > /tmp/ncu.csv 2> /tmp/ncu.err || { tail -5 /tmp/ncu.err; status=1; }
   python3 scripts/ncu_summary.py /tmp/ncu.csv --steps 3 --top 30 | tee "$OUT/ncu_summary.txt"
 fi
+if [ "$WHAT" = profile-engine ]; then
+  # Per-kernel times of batched decode steps (Nsight Compute, eager steps so every kernel is seen):
+  # PROFILE_BATCH requests of a 1K prompt; the window skips warm-up and prefill.
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  B=${PROFILE_BATCH:-128}
+  "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip ${PROFILE_SKIP:-6000} \
+    --launch-count ${PROFILE_COUNT:-1200} "$BUILD/bin/bench_engine" --config bench/configs/astrai-1b-shape.config.json \
+    --skip single,online,prefix --batches $B --decode-tokens 60 --no-graphs > /tmp/ncu_engine.csv 2> /tmp/ncu_engine.err \
+    || { tail -5 /tmp/ncu_engine.err; status=1; }
+  python3 scripts/ncu_summary.py /tmp/ncu_engine.csv --steps ${PROFILE_STEPS:-5} --top 30 | tee "$OUT/ncu_engine_B$B.txt"
+fi
 exit $status
