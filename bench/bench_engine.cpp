@@ -48,6 +48,7 @@ std::vector<int32_t> random_ids(int32_t n, int64_t vocab, uint64_t seed) {
 struct Timing {
   Clock::time_point submitted, first, last;
   int32_t tokens = 0;
+  std::vector<Clock::time_point> times;  // of every token
 };
 
 // Drains every stream on one thread, stamping first / last token times as events arrive.
@@ -65,6 +66,7 @@ void drain_all(std::vector<std::shared_ptr<RequestStream>>& streams, std::vector
           if (t[i].tokens == 0) t[i].first = now;
           t[i].last = now;
           t[i].tokens += static_cast<int32_t>(e->tokens.size());
+          t[i].times.insert(t[i].times.end(), e->tokens.size(), now);
         }
         if (e->finished) {
           done[i] = true;
@@ -184,25 +186,33 @@ int main(int argc, char** argv) {
         streams.push_back(*s);
       }
       drain_all(streams, t);
-      Clock::time_point all_first = t[0].first, end = t[0].last;
-      for (const Timing& x : t) all_first = std::max(all_first, x.first), end = std::max(end, x.last);
-      // Tokens generated after every request had its first one.
-      int64_t tokens = 0;
+      // Steady state: from the moment every request has its first token to the moment the first
+      // one finishes, all B decode every step; the tokens stamped inside that window, over it.
+      Clock::time_point start = t[0].first, stop = t[0].last, end = t[0].last;
+      for (const Timing& x : t) start = std::max(start, x.first), stop = std::min(stop, x.last), end = std::max(end, x.last);
+      int64_t tokens = 0, all_tokens = 0;
       for (const Timing& x : t) {
-        const double span = secs(x.first, x.last);
-        const double after = secs(all_first, x.last);
-        tokens += span > 0 ? static_cast<int64_t>(std::llround((x.tokens - 1) * std::min(1.0, after / span))) : 0;
+        for (const Clock::time_point& when : x.times) tokens += when > start && when <= stop;
+        all_tokens += x.tokens;
       }
-      const double dt = secs(all_first, end);
+      const double dt = secs(start, stop);
+      const Clock::time_point t_submit = t[0].submitted;
       const EngineStats st = (*engine)->stats();
       out["decode"].push_back({{"batch", B},
                                {"context", context},
                                {"tokens_per_s", dt > 0 ? static_cast<double>(tokens) / dt : 0.0},
-                               {"ms_per_step", dt > 0 ? dt * 1e3 / std::max(1.0, static_cast<double>(tokens) / B) : 0.0},
+                               {"ms_per_step", tokens > 0 ? dt * 1e3 / (static_cast<double>(tokens) / B) : 0.0},
+                               {"steady_seconds", dt},
+                               {"all_tokens_per_s", static_cast<double>(all_tokens) / secs(t_submit, end)},
                                {"graph_replays", st.graph_replays},
                                {"engine_step_s", st.step_seconds},
                                {"executor_s", st.executor_seconds},
                                {"device_wait_s", st.device_wait_seconds},
+                               {"pack_s", st.pack_seconds},
+                               {"issue_s", st.issue_seconds},
+                               {"upload_s", st.upload_seconds},
+                               {"graph_launch_s", st.graph_launch_seconds},
+                               {"graph_device_s", st.graph_device_seconds},
                                {"steps", st.steps},
                                {"kv_capacity_tokens", (*engine)->kv_capacity_tokens()}});
       std::fprintf(stderr, "decode B=%d: %.0f tok/s\n", B, dt > 0 ? tokens / dt : 0.0);

@@ -10,6 +10,17 @@ namespace {
 
 int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
+// Token rows an eager step is padded to: powers of two up to 256, then multiples of 256. The GEMM
+// plans (and their one-time tuning) are per shape, so padding bounds the shapes a server meets.
+int32_t padded_tokens(int32_t t) {
+  if (t <= 256) {
+    int32_t p = 1;
+    while (p < t) p *= 2;
+    return p;
+  }
+  return (t + 255) / 256 * 256;
+}
+
 bool row_needs_full_sampler(const ops::SamplingRow& r) {
   return r.temperature > 0.0f || r.logprobs != 0 || r.top_logprobs > 0 || r.counts_row >= 0;
 }
@@ -35,7 +46,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const Transformer& model, con
 Status Executor::init() {
   const ModelConfig& c = model_.config();
   vocab_ = c.vocab_size;
-  const int64_t Bm = config_.max_running, Tm = config_.max_step_tokens;
+  const int64_t Bm = config_.max_running, Tm = padded_tokens(config_.max_step_tokens);
   max_pages_per_step_ = static_cast<int32_t>(
       std::min<int64_t>(Bm * ceil_div(config_.max_seq_len, config_.page_size), int64_t(1) << 30));
   KILN_ASSIGN_OR_RETURN(ws_, model_.make_workspace(Tm, Bm));
@@ -77,6 +88,8 @@ Status Executor::init() {
   KILN_ASSIGN_OR_RETURN(top_logprobs_host_, pinned_host_empty(be(), {Bm, N}, DType::f32));
   for (int32_t r = static_cast<int32_t>(Bm) - 1; r >= 0; --r) free_counts_rows_.push_back(r);
   done_ = be().create_event();
+  graph_start_ = be().create_event();
+  graph_end_ = be().create_event();
   KILN_RETURN_IF_ERROR(be().synchronize());
 
   if (config_.num_pages == 0) {
@@ -221,6 +234,9 @@ Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::Sam
     p.logit_rows = 1;
   }
   p.trim = p.max_q > 1;  // a single row per request gains nothing from trimming
+  // Padding rows (no request, no KV write) up to the padded token count.
+  for (int32_t t = p.tokens, end = padded_tokens(p.tokens); t < end; ++t) ids[t] = 0, positions[t] = 0, slots[t] = -1;
+  p.tokens = padded_tokens(p.tokens);
   return p;
 }
 
@@ -283,13 +299,23 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
   }
   const int32_t real_rows = static_cast<int32_t>(rows.size());
   const int32_t bucket = decode_only ? bucket_for(static_cast<int32_t>(plan.entries.size())) : 0;
+  bool timed_graph = false;
   const Packed p = pack(plan, rows, bucket);
+  const auto t_packed = std::chrono::steady_clock::now();
+  pack_seconds_ += std::chrono::duration<double>(t_packed - t0).count();
   upload(p);
+  const auto t_uploaded = std::chrono::steady_clock::now();
+  upload_seconds_ += std::chrono::duration<double>(t_uploaded - t_packed).count();
   if (bucket > 0 && config_.use_graphs && graphs_ok_) {
     const auto key = std::make_pair(bucket, full);
     auto it = graphs_.find(key);
     if (it != graphs_.end()) {
+      const auto tl = std::chrono::steady_clock::now();
+      graph_start_->record();
       it->second->replay();
+      graph_end_->record();
+      graph_launch_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
+      timed_graph = true;
       last_logits_ = ws_.logits.view().rows(0, p.logit_rows);
       ++graph_replays_;
     } else {
@@ -313,8 +339,10 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
   }
   done_->record();
   const auto t1 = std::chrono::steady_clock::now();
+  issue_seconds_ += std::chrono::duration<double>(t1 - t_packed).count();
   KILN_RETURN_IF_ERROR(done_->wait());
   const auto t2 = std::chrono::steady_clock::now();
+  if (timed_graph) graph_device_seconds_ += graph_end_->elapsed_ms(*graph_start_) * 1e-3;
   wait_seconds_ += std::chrono::duration<double>(t2 - t1).count();
   run_seconds_ += std::chrono::duration<double>(t2 - t0).count();
   std::vector<SampledToken> out(static_cast<size_t>(real_rows));

@@ -68,6 +68,13 @@ class Executor {
   // packing, copies and launches).
   double run_seconds() const { return run_seconds_; }
   double wait_seconds() const { return wait_seconds_; }
+  // The host parts: packing the step, and issuing it (copies, launches or graph replay).
+  double pack_seconds() const { return pack_seconds_; }
+  double issue_seconds() const { return issue_seconds_; }
+  double upload_seconds() const { return upload_seconds_; }  // the part of issuing that copies inputs
+  // Graph replays: host time in the launch call, and device time between events around it.
+  double graph_launch_seconds() const { return graph_launch_seconds_; }
+  double graph_device_seconds() const { return graph_device_seconds_; }
   // The KV storage, for tests (per layer [slots, Hkv, D]).
   const KVCache& kv_cache() const { return cache_; }
   // Test hook: the logits of the last step ([rows, vocab] f32 on the device).
@@ -113,7 +120,9 @@ class Executor {
   std::map<std::pair<int32_t, bool>, std::unique_ptr<CapturedWork>> graphs_;  // (bucket, full sampler)
   bool graphs_ok_ = true;
   int64_t graph_replays_ = 0;
-  double run_seconds_ = 0, wait_seconds_ = 0;
+  double run_seconds_ = 0, wait_seconds_ = 0, pack_seconds_ = 0, issue_seconds_ = 0, upload_seconds_ = 0;
+  double graph_launch_seconds_ = 0, graph_device_seconds_ = 0;
+  std::unique_ptr<Event> graph_start_, graph_end_;
 };
 
 }  // namespace kiln
