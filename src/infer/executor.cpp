@@ -168,6 +168,12 @@ Status Executor::warm_up() {
   return Status::Ok();
 }
 
+int32_t Executor::context_bucket(int32_t kv_len) const {
+  int32_t b = 1024;
+  while (b < kv_len) b *= 2;
+  return std::min(b, config_.max_seq_len);
+}
+
 int32_t Executor::bucket_for(int32_t batch) const {
   int32_t b = 1;
   while (b < batch) b *= 2;
@@ -224,7 +230,7 @@ Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::Sam
     for (int32_t b = 0; b < bucket; ++b) logit_rows[b] = b;
     p.tokens = p.requests = p.logit_rows = bucket;
     p.max_q = 1;
-    p.max_kv = config_.max_seq_len;
+    p.max_kv = context_bucket(p.max_kv);
     p.trim = false;
     return p;
   }
@@ -307,7 +313,7 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
   const auto t_uploaded = std::chrono::steady_clock::now();
   upload_seconds_ += std::chrono::duration<double>(t_uploaded - t_packed).count();
   if (bucket > 0 && config_.use_graphs && graphs_ok_) {
-    const auto key = std::make_pair(bucket, full);
+    const GraphKey key{bucket, p.max_kv, full};
     auto it = graphs_.find(key);
     if (it != graphs_.end()) {
       const auto tl = std::chrono::steady_clock::now();

@@ -9,13 +9,14 @@
 // asynchronous copies from pinned memory; the sampled tokens (and log-probs when asked) come back the
 // same way, waited for with an event. Pure decode steps are padded to a batch-size bucket (1, 2, 4,
 // ... up to max_running) with rows that write no KV and requests with no queries (the padding rule
-// of kernels/ops.h), so that on CUDA they replay a graph captured once per bucket (and per sampler
-// mode), bit-exact against the same step run eagerly, without allocating.
+// of kernels/ops.h), so that on CUDA they replay a graph captured once per (batch bucket, context
+// bucket, sampler mode), bit-exact against the same step run eagerly, without allocating.
 // Thread safety: none; the engine thread drives it.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -98,6 +99,9 @@ class Executor {
   ops::SamplingBatch sampling_view(int32_t rows, bool full) const;
   void forward_and_sample(const Packed& p, bool full);
   int32_t bucket_for(int32_t batch) const;
+  // The attention bound of a decode step whose longest context is kv_len: powers of two from 1024
+  // up to max_seq_len (a tight bound keeps the split-KV decode grid small).
+  int32_t context_bucket(int32_t kv_len) const;
 
   const Transformer& model_;
   Backend& be() const { return model_.backend(); }
@@ -117,7 +121,14 @@ class Executor {
   std::vector<int32_t> free_counts_rows_;
   std::unique_ptr<Event> done_;
   Tensor last_logits_;
-  std::map<std::pair<int32_t, bool>, std::unique_ptr<CapturedWork>> graphs_;  // (bucket, full sampler)
+  struct GraphKey {
+    int32_t batch, context;
+    bool full_sampler;
+    bool operator<(const GraphKey& o) const {
+      return std::tie(batch, context, full_sampler) < std::tie(o.batch, o.context, o.full_sampler);
+    }
+  };
+  std::map<GraphKey, std::unique_ptr<CapturedWork>> graphs_;
   bool graphs_ok_ = true;
   int64_t graph_replays_ = 0;
   double run_seconds_ = 0, wait_seconds_ = 0, pack_seconds_ = 0, issue_seconds_ = 0, upload_seconds_ = 0;
