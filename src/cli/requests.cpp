@@ -5,11 +5,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
+#include <thread>
 
 #include "cli/engine_flags.h"
 #include "cli/requests.h"

@@ -63,7 +63,8 @@ struct Engine::Live {
   std::unique_ptr<StopStringMatcher> text;  // with a tokenizer
   int32_t generated = 0;
   int32_t counts_row = -1;
-  uint64_t admission_seen = 0;  // the scheduler's admission stamp when counts were last rebuilt
+  uint64_t admission_seen = 0;  // the scheduler's admission stamp at the last admission seen
+  bool stopped_by_string = false;  // the text ends before a stop string: nothing held back is shown
   bool done = false;
 };
 
@@ -222,7 +223,7 @@ void Engine::finish(Live& live, const std::string& reason, const std::string& er
   e.finished = true;
   e.finish_reason = reason;
   e.error = error;
-  if (live.text && reason != "stop") e.text = live.text->flush();
+  if (live.text && !live.stopped_by_string) e.text = live.text->flush();  // held-back text goes out
   const Sequence* seq = scheduler_->find(live.id);
   e.usage.prompt_tokens = static_cast<int32_t>(live.request.prompt.size());
   e.usage.cached_tokens = seq ? std::max(seq->cached_prompt_tokens, 0) : 0;
@@ -271,6 +272,7 @@ void Engine::emit_token(Live& live, const GeneratedToken& token) {
   if (live.text) {
     StopStringMatcher::Update u = live.text->push(token.id);
     e.text = std::move(u.text);
+    live.stopped_by_string = u.stopped;
     stop = stop || u.stopped;
   }
   live.stream->push(std::move(e));
