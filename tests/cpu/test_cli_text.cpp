@@ -157,6 +157,9 @@ TEST(CliText, ChatKeepsTheConversation) {
                           tmp.file("m.json", messages.dump()));
   ASSERT_EQ(ct.exit_code, 0) << ct.output;
   EXPECT_EQ(turns[1]["prompt"], nlohmann::json::parse(ct.stdout_only)["prompt"]);
+  // Turn 2 reuses turn 1's KV through the prefix cache (at least the first turn's full pages).
+  EXPECT_EQ(turns[0]["cached_tokens"], 0);
+  EXPECT_GT(turns[1]["cached_tokens"].get<int>(), 0);
   // streaming mode prints the same replies, one per line
   RunResult s = run_kiln(args.substr(0, args.find(" --json")) + " --system " + shell_quote("Be brief."),
                          "Hi there\nAnd again\n");
