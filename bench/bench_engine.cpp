@@ -211,6 +211,8 @@ int main(int argc, char** argv) {
                                {"pack_s", st.pack_seconds},
                                {"issue_s", st.issue_seconds},
                                {"upload_s", st.upload_seconds},
+                               {"schedule_s", st.schedule_seconds},
+                               {"deliver_s", st.deliver_seconds},
                                {"graph_launch_s", st.graph_launch_seconds},
                                {"graph_device_s", st.graph_device_seconds},
                                {"steps", st.steps},

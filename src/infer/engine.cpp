@@ -283,7 +283,9 @@ void Engine::emit_token(Live& live, const GeneratedToken& token) {
 }
 
 void Engine::step() {
+  const double t_start = now_seconds();
   StepPlan plan = scheduler_->schedule();
+  schedule_seconds_ += now_seconds() - t_start;
   preemptions_ += static_cast<int64_t>(plan.preempted.size());
   for (uint64_t id : plan.preempted) {  // a preempted request gives its counts row back
     Live& live = *live_.at(id);
@@ -329,6 +331,7 @@ void Engine::step() {
   Result<std::vector<SampledToken>> out = executor_->run(plan, rows);
   ++steps_;
   if (!out.ok()) return fail_all(out.status().message());
+  const double t_deliver = now_seconds();
   scheduler_->commit(plan);
   for (size_t i = 0; i < sampled.size(); ++i) {
     Live& live = *sampled[i];
@@ -344,6 +347,7 @@ void Engine::step() {
     emit_token(live, t);
     if (live.done) live_.erase(live.id);
   }
+  deliver_seconds_ += now_seconds() - t_deliver;
 }
 
 void Engine::fail_all(const std::string& message) {
@@ -372,6 +376,8 @@ void Engine::publish_stats() {
   s.preemptions = preemptions_;
   s.graph_replays = executor_->graph_replays();
   s.step_seconds = step_seconds_;
+  s.schedule_seconds = schedule_seconds_;
+  s.deliver_seconds = deliver_seconds_;
   s.executor_seconds = executor_->run_seconds();
   s.device_wait_seconds = executor_->wait_seconds();
   s.pack_seconds = executor_->pack_seconds();

@@ -120,6 +120,7 @@ struct EngineStats {
   double step_seconds = 0.0, executor_seconds = 0.0, device_wait_seconds = 0.0;
   double pack_seconds = 0.0, issue_seconds = 0.0;  // the executor's host work: packing, issuing
   double upload_seconds = 0.0;                     // the input copies, part of issuing
+  double schedule_seconds = 0.0, deliver_seconds = 0.0;  // planning steps; committing and emitting tokens
   double graph_launch_seconds = 0.0, graph_device_seconds = 0.0;  // replays: host launch, device time
   uint64_t policy_version = 0;
 };
@@ -179,7 +180,7 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Live>> live_;
   std::deque<std::pair<double, int64_t>> rate_window_;  // (seconds, generated tokens) samples
   int64_t generated_total_ = 0, prompt_total_ = 0, hits_total_ = 0, steps_ = 0, preemptions_ = 0;
-  double step_seconds_ = 0;
+  double step_seconds_ = 0, schedule_seconds_ = 0, deliver_seconds_ = 0;
   std::thread thread_;
 };
 
