@@ -240,6 +240,14 @@ Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::Sam
     p.logit_rows = 1;
   }
   p.trim = p.max_q > 1;  // a single row per request gains nothing from trimming
+  // Logit rows padded to a power of two (copies of row 0, sampled greedily and ignored), so the
+  // final layer's and the head's GEMM shapes repeat too.
+  const ops::SamplingRow greedy;
+  for (int32_t r = p.logit_rows, end = bucket_for(p.logit_rows); r < end; ++r) {
+    logit_rows[r] = 0;
+    std::memcpy(h + off_params_ + r * ops::kSamplingRowWords, &greedy, sizeof(greedy));
+  }
+  p.logit_rows = bucket_for(p.logit_rows);
   // Padding rows (no request, no KV write) up to the padded token count.
   for (int32_t t = p.tokens, end = padded_tokens(p.tokens); t < end; ++t) ids[t] = 0, positions[t] = 0, slots[t] = -1;
   p.tokens = padded_tokens(p.tokens);
