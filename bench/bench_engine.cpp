@@ -51,15 +51,17 @@ struct Timing {
   std::vector<Clock::time_point> times;  // of every token
 };
 
-// Drains every stream on one thread, stamping first / last token times as events arrive.
+// Drains every stream on one thread, stamping first / last token times as events arrive. A stream
+// still empty (a request not yet submitted by another thread) is waited for.
 void drain_all(std::vector<std::shared_ptr<RequestStream>>& streams, std::vector<Timing>& t) {
   std::vector<bool> done(streams.size(), false);
   size_t left = streams.size();
   while (left > 0) {
     bool any = false;
     for (size_t i = 0; i < streams.size(); ++i) {
-      if (done[i] || !streams[i]) continue;
-      while (std::optional<EngineEvent> e = streams[i]->poll()) {
+      const std::shared_ptr<RequestStream> stream = std::atomic_load(&streams[i]);
+      if (done[i] || !stream) continue;
+      while (std::optional<EngineEvent> e = stream->poll()) {
         any = true;
         const auto now = Clock::now();
         if (!e->tokens.empty()) {
@@ -253,34 +255,11 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrival[i])));
         t[i].submitted = Clock::now();
         Result<std::shared_ptr<RequestStream>> s = (*engine)->submit(reqs[i]);
-        if (s.ok()) std::atomic_store(&streams[i], *s);
+        if (!s.ok()) std::exit(fail(s.status()));  // the drain would wait for it forever
+        std::atomic_store(&streams[i], *s);
       }
     });
-    // Drain as streams appear.
-    std::vector<bool> done(static_cast<size_t>(N), false);
-    int32_t left = N;
-    while (left > 0) {
-      bool any = false;
-      for (int32_t i = 0; i < N; ++i) {
-        std::shared_ptr<RequestStream> s = std::atomic_load(&streams[i]);
-        if (done[i] || !s) continue;
-        while (std::optional<EngineEvent> e = s->poll()) {
-          any = true;
-          const auto now = Clock::now();
-          if (!e->tokens.empty()) {
-            if (t[i].tokens == 0) t[i].first = now;
-            t[i].last = now;
-            t[i].tokens += static_cast<int32_t>(e->tokens.size());
-          }
-          if (e->finished) {
-            done[i] = true;
-            --left;
-            break;
-          }
-        }
-      }
-      if (!any) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
+    drain_all(streams, t);
     submitter.join();
     std::vector<double> ttft, tpot;
     int64_t tokens = 0;

@@ -126,40 +126,25 @@ Status Executor::init() {
 Status Executor::warm_up() {
   KILN_ASSIGN_OR_RETURN(KVCache dummy, model_.make_kv_cache(config_.page_size));
   std::swap(cache_, dummy);
-  int32_t* h = staging_host_.ptr<int32_t>();
   const int32_t T = config_.max_step_tokens, B = config_.max_running, ps = config_.page_size;
-  // Prefill: one request of T tokens; decode: B requests of one token at the longest context.
+  // Prefill: one request of T tokens; decode: B requests of one token at the longest context. Every
+  // page is page 0 of the one-page cache; the steps go through pack() like real ones.
   struct Shape {
     int32_t requests, q_len, kv_len;
   };
-  for (const Shape s : {Shape{1, T, T}, Shape{B, 1, config_.max_seq_len}}) {
-    const int32_t n_pages = ceil_div(s.kv_len, ps);
-    if (static_cast<int64_t>(n_pages) * s.requests > max_pages_per_step_) continue;
-    Packed p;
-    p.requests = s.requests;
-    p.tokens = s.requests * s.q_len;
-    p.logit_rows = s.requests;
-    p.pages = n_pages * s.requests;
-    p.max_q = s.q_len;
-    p.max_kv = s.kv_len;
-    p.trim = s.q_len > 1;
-    for (int32_t b = 0; b <= s.requests; ++b) {
-      h[off_q_indptr_ + b] = b * s.q_len;
-      h[off_page_indptr_ + b] = b * n_pages;
-      h[off_last_rows_ + b] = b;
+  for (const Shape shape : {Shape{1, T, T}, Shape{B, 1, config_.max_seq_len}}) {
+    const int32_t n_pages = ceil_div(shape.kv_len, ps);
+    if (static_cast<int64_t>(n_pages) * shape.requests > max_pages_per_step_) continue;
+    std::vector<Sequence> seqs(static_cast<size_t>(shape.requests));
+    StepPlan plan;
+    for (Sequence& seq : seqs) {
+      seq.tokens.assign(static_cast<size_t>(shape.kv_len), 0);
+      seq.pages.assign(static_cast<size_t>(n_pages), 0);
+      seq.computed = shape.kv_len - shape.q_len;
+      plan.entries.push_back({&seq, seq.computed, shape.q_len, true});
     }
-    for (int32_t b = 0; b < s.requests; ++b) {
-      h[off_last_page_ + b] = s.kv_len - (n_pages - 1) * ps;
-      h[off_logit_rows_ + b] = (b + 1) * s.q_len - 1;
-    }
-    const ops::SamplingRow row;
-    for (int32_t b = 0; b < s.requests; ++b) std::memcpy(h + off_params_ + b * ops::kSamplingRowWords, &row, sizeof(row));
-    for (int32_t t = 0; t < p.tokens; ++t) {
-      h[off_ids_ + t] = 0;
-      h[off_positions_ + t] = s.kv_len - s.q_len + t % s.q_len;
-      h[off_slots_ + t] = -1;
-    }
-    std::memset(h + off_pages_, 0, static_cast<size_t>(p.pages) * 4);
+    const std::vector<ops::SamplingRow> rows(seqs.size());
+    const Packed p = pack(plan, rows, shape.q_len == 1 ? bucket_for(shape.requests) : 0);
     upload(p);
     forward_and_sample(p, true);
     KILN_RETURN_IF_ERROR(be().synchronize());

@@ -84,9 +84,9 @@ class Executor {
  private:
   Executor(const Transformer& model, const ExecutorConfig& config) : model_(model), config_(config) {}
   Status init();
-  // Runs the largest prefill step and the largest decode step once over a one-page cache that is
-  // never written (slot -1, every page index 0), so that scratch buffers and GEMM plans exist
-  // before the free memory is measured.
+  // Runs the largest prefill step and the largest decode step once over a one-page scratch cache
+  // (every page index 0), so that scratch buffers and GEMM plans exist before the free memory is
+  // measured.
   Status warm_up();
   // Fills the host staging buffer for `plan`, padding a pure decode step to `bucket` rows when > 0.
   struct Packed {

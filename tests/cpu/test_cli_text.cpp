@@ -224,8 +224,10 @@ TEST(CliText, RequestsFileRunsEveryLineInOrder) {
   RunResult ids = run_kiln("tokenize --model " + m.dir() + " --text " +
                            shell_quote(nlohmann::json::parse(ct.stdout_only)["prompt"].get<std::string>()));
   EXPECT_EQ(out[3]["usage"]["prompt_tokens"], nlohmann::json::parse(ids.stdout_only)["ids"].size());
-  // The repeated prompt of line 6 found line 0's pages in the radix cache (or was computed alongside).
-  EXPECT_GE(out[5]["usage"]["cached_tokens"].get<int>(), 0);
+  // Line 6 waits for a running place (--max-running 3), by then line 0's prompt pages are cached:
+  // of its 4 tokens, the one full page of 2 before the last token comes from the radix cache.
+  EXPECT_EQ(out[0]["usage"]["cached_tokens"], 0);
+  EXPECT_EQ(out[5]["usage"]["cached_tokens"], 2);
   // --output writes the same lines to a file.
   const std::string results = (tmp.path / "out.jsonl").string();
   RunResult o = run_kiln("generate" + model + " --max-running 3 --requests " + file + " --output " + results);
