@@ -58,6 +58,11 @@ if [ "$WHAT" = engine ]; then
   timeout ${ENGINE_BENCH_TIMEOUT:-300} "$BUILD/bin/bench_engine" --config $CFG ${ENGINE_BENCH_ARGS:-} > "$OUT/bench_engine.json" \
     2> "$OUT/bench_engine.err" || { status=1; tail -5 "$OUT/bench_engine.err"; }
   cat "$OUT/bench_engine.json"
+  # Decode projections, cuBLASLt against the fused small-batch layers, at each token count given.
+  for t in ${DECODE_OPS_TOKENS:-}; do
+    "$BUILD/bin/bench_ops" --config $CFG --tokens $t --context 1024 | python3 -c 'import json, sys
+r = json.load(sys.stdin); print("tokens", r["tokens"], {k: round(v["us"], 2) for k, v in r["ops"].items() if k.startswith("decode_")})'
+  done
   # The page size, chosen by measurement: batched decode at each candidate size (one file).
   for ps in ${PAGE_SWEEP:-}; do
     echo "page_size $ps"

@@ -55,6 +55,38 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias) {
   cpu::linear_forward(y, x, w, bias);
 }
 
+bool fused_linear_supported(Backend& be, int64_t M, int64_t K, DType w_dtype) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::fused_linear_supported(M, K, w_dtype);
+#endif
+  (void)w_dtype;
+  return be.device().is_cpu() && M >= 1 && M <= kFusedLinearMaxRows && K > 0;
+}
+
+void norm_linear_forward(Backend& be, Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::norm_linear_forward(cuda_backend(be), y, x, norm_w, eps, w, bias);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::norm_linear_forward(y, x, norm_w, eps, w, bias);
+}
+
+void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::norm_linear_swiglu_forward(cuda_backend(be), out, x, norm_w, eps, w, bias);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::norm_linear_swiglu_forward(out, x, norm_w, eps, w, bias);
+}
+
+void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, Tensor bias) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::linear_residual_forward(cuda_backend(be), residual, x, w, bias);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::linear_residual_forward(residual, x, w, bias);
+}
+
 void gemm(Backend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda()) return cuda::gemm(cuda_backend(be), c, a, trans_a, b, trans_b, alpha, beta);

@@ -49,6 +49,25 @@ void rope_forward(Backend& be, Tensor x, Tensor positions, Tensor inv_freq, floa
 // y may be bf16 or f32 (logits). bias has y's dtype or f32.
 void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias = {});
 
+// Small-batch linear layers with their neighbours fused: the decode path of the transformer, where
+// a step's few rows make each projection a matrix-vector product bound by reading the weights.
+// w: [N, K]; x: [M, K] viewed from [..., K]; bias: [N] or absent; 1 <= M <= kFusedLinearMaxRows.
+//   norm_linear_forward:        y[M, N] = rmsnorm(x; norm_w, eps) @ w^T + bias
+//   norm_linear_swiglu_forward: out[M, I] = silu(g) * u, [g | u] = rmsnorm(x) @ w^T + bias, w: [2I, K]
+//   linear_residual_forward:    residual[M, N] += x @ w^T + bias   (residual f32)
+// rmsnorm(x) here is r * (x * norm_w) with r = 1 / sqrt(mean(x^2) + eps) applied to the product's
+// f32 result: y = r * ((x * norm_w) @ w^T). The normed input x is the f32 residual stream; the
+// other x has w's dtype. CUDA: kiln's own kernel (tensor cores over the batch rows, each weight byte
+// read once, no atomics: deterministic), bf16/f16 weights, x * norm_w rounded to w's dtype, K a
+// multiple of 32 and 16-byte aligned bases; y bf16/f16/f32. CPU: f32.
+constexpr int32_t kFusedLinearMaxRows = 32;
+// Whether the fused layers take M rows of width K with weights of w_dtype on this backend.
+bool fused_linear_supported(Backend& be, int64_t M, int64_t K, DType w_dtype);
+void norm_linear_forward(Backend& be, Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias = {});
+void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
+                                Tensor bias = {});
+void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, Tensor bias = {});
+
 // General matrix product for the backward passes: C = alpha * op(A) @ op(B) + beta * C, row-major,
 // op(X) = X^T when trans_X. A: [M, K] (or [K, M]), B: [K, N] (or [N, K]), C: [M, N].
 void gemm(Backend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);

@@ -123,6 +123,15 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   return ws;
 }
 
+bool Transformer::uses_fused_layers(int64_t tokens) const {
+  const ModelConfig& c = config_;
+  Backend& be = backend_;
+  const int64_t q_width = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
+  return ops::fused_linear_supported(be, tokens, c.hidden_size, dtype_) &&
+         ops::fused_linear_supported(be, tokens, q_width, dtype_) &&
+         ops::fused_linear_supported(be, tokens, c.intermediate_size, dtype_);
+}
+
 Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const {
   const ModelConfig& c = config_;
   const int64_t T = batch.ids.numel(), R = batch.logit_rows.numel();
@@ -145,14 +154,22 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   Tensor q_indptr = batch.q_indptr;
   ops::AttentionBounds attention_bounds = batch.bounds;
 
+  // Steps of a few rows (decode) run the fused small-batch layers: the norms folded into the
+  // projections that read them, SwiGLU into gate/up, the residual adds into o and down.
+  const bool fused = uses_fused_layers(T);
+
   ops::embedding_forward(be, residual, embed_tokens_, batch.ids);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = layers_[i];
-    if (i == 0)
-      ops::rmsnorm_forward(be, normed, residual, L.input_norm, eps);
-    else
-      ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
-    ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
+    if (fused) {
+      ops::norm_linear_forward(be, qkv, residual, L.input_norm, eps, L.qkv_proj, L.qkv_bias);
+    } else {
+      if (i == 0)
+        ops::rmsnorm_forward(be, normed, residual, L.input_norm, eps);
+      else
+        ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
+      ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
+    }
     ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
                               rope_.attention_scaling, L.q_norm, L.k_norm, eps);
     if (trim_last_layer && i == c.num_hidden_layers - 1) {
@@ -171,11 +188,27 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     }
     ops::attention_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], q_indptr, batch.kv,
                            attention_bounds, scale);
+    if (fused) {
+      ops::linear_residual_forward(be, residual, attn, L.o_proj, L.o_bias);
+      ops::norm_linear_swiglu_forward(be, act, residual, L.post_norm, eps, L.gate_up_proj, L.gate_up_bias);
+      ops::linear_residual_forward(be, residual, act, L.down_proj, L.down_bias);
+      continue;
+    }
     ops::linear_forward(be, proj, attn, L.o_proj, L.o_bias);
     ops::add_rmsnorm_forward(be, normed, residual, proj, L.post_norm, eps);
     ops::linear_forward(be, gate_up, normed, L.gate_up_proj, L.gate_up_bias);
     ops::swiglu_forward(be, act, gate_up);
     ops::linear_forward(be, hidden, act, L.down_proj, L.down_bias);
+  }
+  Tensor logits = ws.logits.view().rows(0, R);
+  if (fused) {
+    Tensor final_residual = residual;
+    if (!trim_last_layer) {  // gather the logit rows
+      final_residual = ws.last_residual.view().rows(0, R);
+      ops::embedding_forward(be, final_residual, residual, batch.logit_rows);
+    }
+    ops::norm_linear_forward(be, logits, final_residual, final_norm_, eps, lm_head_);
+    return logits;
   }
   ops::add_rmsnorm_forward(be, normed, residual, hidden, final_norm_, eps);
   Tensor final_rows = normed;
@@ -183,7 +216,6 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     final_rows = ws.gathered.view().rows(0, R);
     ops::embedding_forward(be, final_rows, normed, batch.logit_rows);
   }
-  Tensor logits = ws.logits.view().rows(0, R);
   ops::linear_forward(be, logits, final_rows, lm_head_);
   return logits;
 }

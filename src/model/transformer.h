@@ -102,7 +102,10 @@ class Transformer {
   Result<ForwardWorkspace> make_workspace(int64_t max_tokens, int64_t max_logit_rows) const;
 
   // Runs the batch; writes logits [R, vocab] f32 into ws.logits rows 0..R-1 and returns that view.
+  // Batches of at most ops::kFusedLinearMaxRows tokens (decode steps) run the fused small-batch
+  // layers of kernels/ops.h where the backend has them (uses_fused_layers), others the separate ops.
   Tensor forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const;
+  bool uses_fused_layers(int64_t tokens) const;
 
  private:
   Transformer(Backend& backend, ModelConfig config);

@@ -18,6 +18,11 @@ void rope_forward(CudaBackend& be, Tensor x, Tensor positions, Tensor inv_freq, 
 void linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor bias);
 void gemm(CudaBackend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);
 void bias_add_forward(CudaBackend& be, Tensor y, Tensor bias);
+bool fused_linear_supported(int64_t M, int64_t K, DType w_dtype);
+void norm_linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias);
+void norm_linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
+                                Tensor bias);
+void linear_residual_forward(CudaBackend& be, Tensor residual, Tensor x, Tensor w, Tensor bias);
 void swiglu_forward(CudaBackend& be, Tensor out, Tensor gate_up);
 void softmax_forward(CudaBackend& be, Tensor y, Tensor x);
 void log_softmax_forward(CudaBackend& be, Tensor y, Tensor x);

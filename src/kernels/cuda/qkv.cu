@@ -5,17 +5,18 @@
 // Per head row: optional RMSNorm (y = x * (1/sqrt(mean(x^2) + eps)) * w, rounded to the output
 // dtype, as rmsnorm_forward), then rotary embedding with the same cos/sin table and f32 arithmetic
 // as rope_forward, stored to q_out or to the key cache slot; value rows are copied to the cache.
-// Launch: one block of 4 warps per token; the block first builds the token's (cos, sin) table in
-// shared memory, then each warp takes whole heads (lane i holds elements i, i + 32, ...). A negative
-// slot skips the token's cache writes (as kv_cache_write does).
+// Launch: grid (T, ceil(heads / 8)), a warp per (token, head), so that every head's load, norm and
+// store chain runs in parallel (a block per token walking its heads was latency-bound: 10 us per
+// layer at B=128); lane i holds elements i, i + 32, ... and computes the (cos, sin) pairs of the
+// frequencies it stores. A negative slot skips the token's cache writes (as kv_cache_write does).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_util.cuh"
 
 namespace kiln::cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
 constexpr int kMaxHeadDim = 256;
 constexpr int kPerLane = kMaxHeadDim / 32;
 
@@ -24,67 +25,61 @@ __global__ void __launch_bounds__(kThreads)
                           DType in_dt, const int32_t* positions, const int32_t* slots, const float* inv_freq,
                           float scaling, const void* q_norm, DType qn_dt, const void* k_norm, DType kn_dt, int Hq,
                           int Hkv, int D, float eps) {
-  __shared__ float2 cs[kMaxHeadDim / 2];
   __shared__ float rows[kWarps][kMaxHeadDim];
   const int64_t t = blockIdx.x;
   const int half = D / 2;
-  const float pos = static_cast<float>(positions[t]);
-  for (int i = threadIdx.x; i < half; i += kThreads) {
-    cs[i] = detail::rope_cos_sin(pos, inv_freq[i], scaling);
-  }
-  __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int heads = Hq + 2 * Hkv;
+  const int h = blockIdx.y * kWarps + warp;
+  if (h >= heads) return;
   const int64_t in_row = t * static_cast<int64_t>(heads) * D;
   const int slot = slots[t];
+  const float pos = static_cast<float>(positions[t]);
   float* row = rows[warp];
-  for (int h = warp; h < heads; h += kWarps) {
-    const bool is_q = h < Hq, is_k = !is_q && h < Hq + Hkv;
-    float x[kPerLane];
+  const bool is_q = h < Hq, is_k = !is_q && h < Hq + Hkv;
+  float x[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane + 32 * j;
+    x[j] = i < D ? detail::load1(qkv, in_row + static_cast<int64_t>(h) * D + i, in_dt) : 0.0f;
+  }
+  if (!is_q && !is_k) {  // value head: straight into the cache
+    if (slot < 0) return;
+    const int64_t dst = (static_cast<int64_t>(slot) * Hkv + (h - Hq - Hkv)) * D;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+      if (lane + 32 * j < D) detail::store1(v_cache, dst + lane + 32 * j, c_dt, x[j]);
+    return;
+  }
+  if (!is_q && slot < 0) return;
+  const DType out_dt = is_q ? q_dt : c_dt;
+  const void* w = is_q ? q_norm : k_norm;
+  if (w) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) ss += x[j] * x[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv_rms = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+    const DType w_dt = is_q ? qn_dt : kn_dt;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int i = lane + 32 * j;
-      x[j] = i < D ? detail::load1(qkv, in_row + static_cast<int64_t>(h) * D + i, in_dt) : 0.0f;
+      if (i < D) x[j] = detail::round_to(out_dt, __fmul_rn(__fmul_rn(x[j], inv_rms), detail::load1(w, i, w_dt)));
     }
-    if (!is_q && !is_k) {  // value head: straight into the cache
-      if (slot < 0) continue;
-      const int64_t dst = (static_cast<int64_t>(slot) * Hkv + (h - Hq - Hkv)) * D;
+  }
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j)
-        if (lane + 32 * j < D) detail::store1(v_cache, dst + lane + 32 * j, c_dt, x[j]);
-      continue;
-    }
-    if (!is_q && slot < 0) continue;
-    const DType out_dt = is_q ? q_dt : c_dt;
-    const void* w = is_q ? q_norm : k_norm;
-    if (w) {
-      float ss = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) ss += x[j] * x[j];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float inv_rms = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-      const DType w_dt = is_q ? qn_dt : kn_dt;
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int i = lane + 32 * j;
-        if (i < D) x[j] = detail::round_to(out_dt, __fmul_rn(__fmul_rn(x[j], inv_rms), detail::load1(w, i, w_dt)));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      if (lane + 32 * j < D) row[lane + 32 * j] = x[j];
-    __syncwarp();
-    void* out = is_q ? q_out : k_cache;
-    const int64_t dst = is_q ? (t * Hq + h) * static_cast<int64_t>(D)
-                             : (static_cast<int64_t>(slot) * Hkv + (h - Hq)) * static_cast<int64_t>(D);
-    for (int i = lane; i < half; i += 32) {
-      const float x0 = row[i], x1 = row[i + half];
-      const float2 r = cs[i];
-      detail::store1(out, dst + i, out_dt, __fsub_rn(__fmul_rn(x0, r.x), __fmul_rn(x1, r.y)));
-      detail::store1(out, dst + i + half, out_dt, __fadd_rn(__fmul_rn(x1, r.x), __fmul_rn(x0, r.y)));
-    }
-    __syncwarp();
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j < D) row[lane + 32 * j] = x[j];
+  __syncwarp();
+  void* out = is_q ? q_out : k_cache;
+  const int64_t dst = is_q ? (t * Hq + h) * static_cast<int64_t>(D)
+                           : (static_cast<int64_t>(slot) * Hkv + (h - Hq)) * static_cast<int64_t>(D);
+  for (int i = lane; i < half; i += 32) {
+    const float x0 = row[i], x1 = row[i + half];
+    const float2 r = detail::rope_cos_sin(pos, inv_freq[i], scaling);
+    detail::store1(out, dst + i, out_dt, __fsub_rn(__fmul_rn(x0, r.x), __fmul_rn(x1, r.y)));
+    detail::store1(out, dst + i + half, out_dt, __fadd_rn(__fmul_rn(x1, r.x), __fmul_rn(x0, r.y)));
   }
 }
 
@@ -106,7 +101,8 @@ void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor 
   KILN_ASSERT(!q_norm.data || q_norm.numel() == D);
   KILN_ASSERT(!k_norm.data || k_norm.numel() == D);
   if (T == 0) return;
-  qkv_rope_cache_kernel<<<static_cast<unsigned>(T), kThreads, 0, detail::stream_of(be)>>>(
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((Hq + 2 * Hkv + kWarps - 1) / kWarps));
+  qkv_rope_cache_kernel<<<grid, kThreads, 0, detail::stream_of(be)>>>(
       q_out.data, q_out.dtype, k_cache.data, v_cache.data, k_cache.dtype, qkv.data, qkv.dtype,
       positions.ptr<const int32_t>(), slots.ptr<const int32_t>(), inv_freq.ptr<const float>(), attention_scaling,
       q_norm.data, q_norm.dtype, k_norm.data, k_norm.dtype, static_cast<int>(Hq), static_cast<int>(Hkv),
