@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   time_op("swiglu", 0, e2 * T * 3 * I, [&] { ops::swiglu_forward(be, act, gu); });
   time_op("down_proj", 2.0 * T * I * H, 0, [&] { ops::linear_forward(be, out, act, wd); });
   res["layer_us"] = total_us;
-  if (ops::fused_linear_supported(be, T, H, bf) && ops::fused_linear_supported(be, T, I, bf)) {
+  if (ops::fused_linear_valid(be, T, H, bf) && ops::fused_linear_valid(be, T, I, bf)) {
     // Decode projections over every layer's own weights (as a decode step reads them: from HBM, not
     // from L2), per layer: cuBLASLt with the separate norm / SwiGLU / residual-add kernels, against
     // the fused small-batch layers.

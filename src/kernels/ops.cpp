@@ -55,12 +55,20 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias) {
   cpu::linear_forward(y, x, w, bias);
 }
 
-bool fused_linear_supported(Backend& be, int64_t M, int64_t K, DType w_dtype) {
+bool fused_linear_valid(Backend& be, int64_t M, int64_t K, DType w_dtype) {
 #ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::fused_linear_supported(M, K, w_dtype);
+  if (be.device().is_cuda()) return cuda::fused_linear_valid(M, K, w_dtype);
 #endif
   (void)w_dtype;
   return be.device().is_cpu() && M >= 1 && M <= kFusedLinearMaxRows && K > 0;
+}
+
+bool fused_linear_preferred(Backend& be, FusedLinear kind, int64_t M, int64_t N, int64_t K, DType w_dtype) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::fused_linear_preferred(cuda_backend(be), kind, M, N, K, w_dtype);
+#endif
+  (void)kind, (void)N;
+  return fused_linear_valid(be, M, K, w_dtype);
 }
 
 void norm_linear_forward(Backend& be, Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias) {

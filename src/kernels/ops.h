@@ -61,8 +61,13 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias = {})
 // read once, no atomics: deterministic), bf16/f16 weights, x * norm_w rounded to w's dtype, K a
 // multiple of 32 and 16-byte aligned bases; y bf16/f16/f32. CPU: f32.
 constexpr int32_t kFusedLinearMaxRows = 32;
+enum class FusedLinear { norm, norm_swiglu, residual };
 // Whether the fused layers take M rows of width K with weights of w_dtype on this backend.
-bool fused_linear_supported(Backend& be, int64_t M, int64_t K, DType w_dtype);
+bool fused_linear_valid(Backend& be, int64_t M, int64_t K, DType w_dtype);
+// Whether the fused layer of `kind` is valid and, by measurement, faster than the separate ops
+// (cuBLASLt and the norm / SwiGLU / add kernels) for M rows, N outputs (SwiGLU: I) of width K. The
+// CPU answers with validity, so that its twin runs wherever the CUDA path might.
+bool fused_linear_preferred(Backend& be, FusedLinear kind, int64_t M, int64_t N, int64_t K, DType w_dtype);
 void norm_linear_forward(Backend& be, Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias = {});
 void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
                                 Tensor bias = {});

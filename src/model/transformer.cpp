@@ -126,10 +126,9 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
 bool Transformer::uses_fused_layers(int64_t tokens) const {
   const ModelConfig& c = config_;
   Backend& be = backend_;
-  const int64_t q_width = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
-  return ops::fused_linear_supported(be, tokens, c.hidden_size, dtype_) &&
-         ops::fused_linear_supported(be, tokens, q_width, dtype_) &&
-         ops::fused_linear_supported(be, tokens, c.intermediate_size, dtype_);
+  const int64_t H = c.hidden_size, q_width = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
+  return ops::fused_linear_valid(be, tokens, H, dtype_) && ops::fused_linear_valid(be, tokens, q_width, dtype_) &&
+         ops::fused_linear_valid(be, tokens, c.intermediate_size, dtype_);
 }
 
 Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const {
@@ -157,12 +156,36 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   // Steps of a few rows (decode) run the fused small-batch layers: the norms folded into the
   // projections that read them, SwiGLU into gate/up, the residual adds into o and down.
   const bool fused = uses_fused_layers(T);
+  // The projections of that path: each on the fused kernel where it is the faster choice
+  // (ops::fused_linear_preferred), else on the separate ops with the same result. The residual
+  // stream stays complete after every sublayer.
+  auto preferred = [&](ops::FusedLinear kind, Tensor x, Tensor w, bool swiglu) {
+    return ops::fused_linear_preferred(be, kind, x.size(0), swiglu ? w.size(0) / 2 : w.size(0), x.size(-1), dtype_);
+  };
+  auto norm_project = [&](Tensor y, Tensor x, Tensor norm_w, Tensor w, Tensor bias, Tensor normed_rows) {
+    if (preferred(ops::FusedLinear::norm, x, w, false)) return ops::norm_linear_forward(be, y, x, norm_w, eps, w, bias);
+    ops::rmsnorm_forward(be, normed_rows, x, norm_w, eps);
+    ops::linear_forward(be, y, normed_rows, w, bias);
+  };
+  auto norm_mlp_in = [&](Tensor act_rows, Tensor x, Tensor norm_w, Tensor w, Tensor bias, Tensor normed_rows,
+                         Tensor gate_up_rows) {
+    if (preferred(ops::FusedLinear::norm_swiglu, x, w, true))
+      return ops::norm_linear_swiglu_forward(be, act_rows, x, norm_w, eps, w, bias);
+    ops::rmsnorm_forward(be, normed_rows, x, norm_w, eps);
+    ops::linear_forward(be, gate_up_rows, normed_rows, w, bias);
+    ops::swiglu_forward(be, act_rows, gate_up_rows);
+  };
+  auto project_add = [&](Tensor resid, Tensor x, Tensor w, Tensor bias) {
+    if (preferred(ops::FusedLinear::residual, x, w, false)) return ops::linear_residual_forward(be, resid, x, w, bias);
+    ops::gemm(be, resid, x, false, w, true, 1.0f, 1.0f);
+    if (bias.data) ops::bias_add_forward(be, resid, bias);
+  };
 
   ops::embedding_forward(be, residual, embed_tokens_, batch.ids);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = layers_[i];
     if (fused) {
-      ops::norm_linear_forward(be, qkv, residual, L.input_norm, eps, L.qkv_proj, L.qkv_bias);
+      norm_project(qkv, residual, L.input_norm, L.qkv_proj, L.qkv_bias, normed);
     } else {
       if (i == 0)
         ops::rmsnorm_forward(be, normed, residual, L.input_norm, eps);
@@ -189,9 +212,9 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     ops::attention_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], q_indptr, batch.kv,
                            attention_bounds, scale);
     if (fused) {
-      ops::linear_residual_forward(be, residual, attn, L.o_proj, L.o_bias);
-      ops::norm_linear_swiglu_forward(be, act, residual, L.post_norm, eps, L.gate_up_proj, L.gate_up_bias);
-      ops::linear_residual_forward(be, residual, act, L.down_proj, L.down_bias);
+      project_add(residual, attn, L.o_proj, L.o_bias);
+      norm_mlp_in(act, residual, L.post_norm, L.gate_up_proj, L.gate_up_bias, normed, gate_up);
+      project_add(residual, act, L.down_proj, L.down_bias);
       continue;
     }
     ops::linear_forward(be, proj, attn, L.o_proj, L.o_bias);
@@ -207,7 +230,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
       final_residual = ws.last_residual.view().rows(0, R);
       ops::embedding_forward(be, final_residual, residual, batch.logit_rows);
     }
-    ops::norm_linear_forward(be, logits, final_residual, final_norm_, eps, lm_head_);
+    norm_project(logits, final_residual, final_norm_, lm_head_, Tensor{}, ws.gathered.view().rows(0, R));
     return logits;
   }
   ops::add_rmsnorm_forward(be, normed, residual, hidden, final_norm_, eps);

@@ -18,7 +18,8 @@ void rope_forward(CudaBackend& be, Tensor x, Tensor positions, Tensor inv_freq, 
 void linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor bias);
 void gemm(CudaBackend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);
 void bias_add_forward(CudaBackend& be, Tensor y, Tensor bias);
-bool fused_linear_supported(int64_t M, int64_t K, DType w_dtype);
+bool fused_linear_valid(int64_t M, int64_t K, DType w_dtype);
+bool fused_linear_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t N, int64_t K, DType w_dtype);
 void norm_linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias);
 void norm_linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
                                 Tensor bias);
