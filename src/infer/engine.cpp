@@ -65,7 +65,9 @@ struct Engine::Live {
   int32_t counts_row = -1;
   uint64_t admission_seen = 0;  // the scheduler's admission stamp at the last admission seen
   bool stopped_by_string = false;  // the text ends before a stop string: nothing held back is shown
-  bool done = false;
+  bool done = false;               // the final event was pushed
+  bool retired = false;            // out of the scheduler (its KV freed)
+  int32_t cached_tokens = 0;       // usage: prefix-cached prompt tokens, kept when it is retired
 };
 
 Engine::Engine(std::shared_ptr<const Transformer> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
@@ -224,11 +226,18 @@ void Engine::finish(Live& live, const std::string& reason, const std::string& er
   e.finish_reason = reason;
   e.error = error;
   if (live.text && !live.stopped_by_string) e.text = live.text->flush();  // held-back text goes out
-  const Sequence* seq = scheduler_->find(live.id);
+  if (const Sequence* seq = live.retired ? nullptr : scheduler_->find(live.id))
+    live.cached_tokens = std::max(seq->cached_prompt_tokens, 0);
   e.usage.prompt_tokens = static_cast<int32_t>(live.request.prompt.size());
-  e.usage.cached_tokens = seq ? std::max(seq->cached_prompt_tokens, 0) : 0;
+  e.usage.cached_tokens = live.cached_tokens;
   e.usage.completion_tokens = live.generated;
   live.stream->push(std::move(e));
+}
+
+void Engine::retire(Live& live) {
+  if (live.retired) return;
+  live.retired = true;
+  if (const Sequence* seq = scheduler_->find(live.id)) live.cached_tokens = std::max(seq->cached_prompt_tokens, 0);
   if (live.counts_row >= 0) executor_->release_counts_row(live.counts_row);
   live.counts_row = -1;
   scheduler_->remove(live.id);
@@ -244,42 +253,80 @@ void Engine::drain_inbox() {
   }
   for (auto& [id, live] : arrivals) {
     if (live->request.max_tokens == 0) {
-      Live& l = *live;
-      live_.emplace(id, std::move(live));
-      finish(l, "length");
-      live_.erase(id);
+      finish(*live, "length");
       continue;
     }
     scheduler_->add(id, live->request.prompt);
     prompt_total_ += static_cast<int64_t>(live->request.prompt.size());
     live_.emplace(id, std::move(live));
   }
+  if (!cancels.empty()) deliver_pending();  // a cancelled request's earlier tokens go out first
   for (uint64_t id : cancels) {
     auto it = live_.find(id);
     if (it == live_.end()) continue;
     finish(*it->second, "abort");
+    retire(*it->second);
     live_.erase(it);
   }
 }
 
-void Engine::emit_token(Live& live, const GeneratedToken& token) {
-  const GenerationRequest& r = live.request;
-  ++live.generated;
-  EngineEvent e;
-  e.tokens.push_back(token);
-  bool stop = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token.id) != r.stop_token_ids.end() ||
-              (!r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token.id) != eos_ids_.end());
-  if (live.text) {
-    StopStringMatcher::Update u = live.text->push(token.id);
-    e.text = std::move(u.text);
-    live.stopped_by_string = u.stopped;
-    stop = stop || u.stopped;
+void Engine::commit_step(const StepPlan& plan, const std::vector<Live*>& sampled,
+                         const std::vector<SampledToken>& out, uint64_t version) {
+  scheduler_->commit(plan);
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Live& live = *sampled[i];
+    if (live.done) continue;  // a stop string ended it while this step ran: its token is dropped
+    const GenerationRequest& r = live.request;
+    const SampledToken& s = out[i];
+    scheduler_->append(scheduler_->find(live.id), s.token);
+    ++generated_total_;
+    ++live.generated;
+    PendingToken p{&live, GeneratedToken{}, nullptr};
+    p.token.id = s.token;
+    p.token.logprob = s.logprob;
+    p.token.top = s.top;
+    p.token.policy_version = version;
+    const bool stop = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), s.token) != r.stop_token_ids.end() ||
+                      (!r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), s.token) != eos_ids_.end());
+    if (stop || live.generated >= r.max_tokens) {
+      p.finish_reason = stop ? "stop" : "length";
+      retire(live);  // not planned again; its events still go out in order
+    }
+    pending_.push_back(std::move(p));
   }
-  live.stream->push(std::move(e));
-  if (stop)
-    finish(live, "stop");
-  else if (live.generated >= r.max_tokens)
-    finish(live, "length");
+  for (Live* live : ended_by_stop_string_) {
+    retire(*live);
+    live_.erase(live->id);
+  }
+  ended_by_stop_string_.clear();
+}
+
+void Engine::deliver_pending() {
+  const double t0 = now_seconds();
+  for (PendingToken& p : pending_) {
+    Live& live = *p.live;
+    if (live.done) continue;
+    EngineEvent e;
+    e.tokens.push_back(std::move(p.token));
+    bool by_string = false;
+    if (live.text) {
+      StopStringMatcher::Update u = live.text->push(e.tokens.back().id);
+      e.text = std::move(u.text);
+      live.stopped_by_string = u.stopped;
+      by_string = u.stopped;
+    }
+    live.stream->push(std::move(e));
+    if (!by_string && !p.finish_reason) continue;
+    finish(live, by_string ? "stop" : p.finish_reason);
+    if (live.retired)
+      live_.erase(live.id);
+    else if (executor_->in_flight())
+      ended_by_stop_string_.push_back(&live);  // planned in the step on the device: retired after it
+    else
+      retire(live), live_.erase(live.id);
+  }
+  pending_.clear();
+  deliver_seconds_ += now_seconds() - t0;
 }
 
 void Engine::step() {
@@ -292,7 +339,7 @@ void Engine::step() {
     if (live.counts_row >= 0) executor_->release_counts_row(live.counts_row);
     live.counts_row = -1;
   }
-  if (plan.empty()) return;
+  if (plan.empty()) return deliver_pending();
   const uint64_t version = scheduler_->policy_version();
   std::vector<ops::SamplingRow> rows;
   std::vector<Live*> sampled;
@@ -328,34 +375,22 @@ void Engine::step() {
     rows.push_back(row);
     sampled.push_back(&live);
   }
-  Result<std::vector<SampledToken>> out = executor_->run(plan, rows);
+  executor_->launch(plan, rows);
+  deliver_pending();  // the previous step's events, while the device runs this one
+  Result<std::vector<SampledToken>> out = executor_->wait();
   ++steps_;
   if (!out.ok()) return fail_all(out.status().message());
-  const double t_deliver = now_seconds();
-  scheduler_->commit(plan);
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    Live& live = *sampled[i];
-    const SampledToken& s = (*out)[i];
-    Sequence* seq = scheduler_->find(live.id);
-    scheduler_->append(seq, s.token);
-    ++generated_total_;
-    GeneratedToken t;
-    t.id = s.token;
-    t.logprob = s.logprob;
-    t.top = s.top;
-    t.policy_version = version;
-    emit_token(live, t);
-    if (live.done) live_.erase(live.id);
-  }
-  deliver_seconds_ += now_seconds() - t_deliver;
+  commit_step(plan, sampled, *out, version);
 }
 
 void Engine::fail_all(const std::string& message) {
+  pending_.clear();
+  ended_by_stop_string_.clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
     fatal_ = message;
   }
-  for (auto& [id, live] : live_) finish(*live, "abort", message);
+  for (auto& [id, live] : live_) finish(*live, "abort", message), retire(*live);
   live_.clear();
 }
 
@@ -406,10 +441,12 @@ void Engine::loop() {
       step();
       step_seconds_ += now_seconds() - t0;
     }
+    if (scheduler_->idle()) deliver_pending();  // nothing left to overlap with
     publish_stats();
   }
   drain_inbox();
-  for (auto& [id, live] : live_) finish(*live, "abort", "the engine shut down");
+  deliver_pending();
+  for (auto& [id, live] : live_) finish(*live, "abort", "the engine shut down"), retire(*live);
   live_.clear();
 }
 

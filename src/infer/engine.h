@@ -33,6 +33,8 @@ namespace kiln {
 
 class Scheduler;
 class Executor;
+struct StepPlan;
+struct SampledToken;
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;         // token ids, at least one
@@ -153,7 +155,16 @@ class Engine {
   void step();
   void drain_inbox();
   void finish(Live& live, const std::string& reason, const std::string& error = "");
-  void emit_token(Live& live, const GeneratedToken& token);
+  // After a step's tokens are back: appends them to their sequences, ends the requests that hit a
+  // stop token or max_tokens (out of the scheduler before the next step is planned), and queues
+  // the tokens' events; drops requests a stop string ended while the step ran.
+  void commit_step(const StepPlan& plan, const std::vector<Live*>& sampled, const std::vector<SampledToken>& out,
+                   uint64_t version);
+  // Pushes the queued events (detokenizing, matching stop strings) while the next step runs on
+  // the device; a stop string ends its request, which leaves the scheduler after that step.
+  void deliver_pending();
+  // Takes a finished request out of the scheduler and the live table.
+  void retire(Live& live);
   void publish_stats();
   // A step failed (a device error): every open request ends with the message; later submits fail.
   void fail_all(const std::string& message);
@@ -178,6 +189,13 @@ class Engine {
 
   // The engine thread's own state.
   std::map<uint64_t, std::unique_ptr<Live>> live_;
+  struct PendingToken {
+    Live* live;
+    GeneratedToken token;
+    const char* finish_reason;  // "stop" / "length" when this token ends the request, else nullptr
+  };
+  std::vector<PendingToken> pending_;  // events of the last step, delivered during the next one
+  std::vector<Live*> ended_by_stop_string_;  // still scheduled: retired after the step in flight
   std::deque<std::pair<double, int64_t>> rate_window_;  // (seconds, generated tokens) samples
   int64_t generated_total_ = 0, prompt_total_ = 0, hits_total_ = 0, steps_ = 0, preemptions_ = 0;
   double step_seconds_ = 0, schedule_seconds_ = 0, deliver_seconds_ = 0;

@@ -287,7 +287,12 @@ void Executor::forward_and_sample(const Packed& p, bool full) {
 }
 
 Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows) {
-  KILN_ASSERT(!plan.entries.empty());
+  launch(plan, rows);
+  return wait();
+}
+
+void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows) {
+  KILN_ASSERT(!plan.entries.empty() && !in_flight_);
   const auto t0 = std::chrono::steady_clock::now();
   bool decode_only = true, full = false, any_logprobs = false, any_top = false;
   for (const StepEntry& e : plan.entries) decode_only = decode_only && e.count == 1 && e.wants_logits;
@@ -339,11 +344,23 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
   done_->record();
   const auto t1 = std::chrono::steady_clock::now();
   issue_seconds_ += std::chrono::duration<double>(t1 - t_packed).count();
+  run_seconds_ += std::chrono::duration<double>(t1 - t0).count();
+  in_flight_ = true;
+  in_flight_rows_.assign(rows.begin(), rows.end());
+  in_flight_timed_graph_ = timed_graph;
+}
+
+Result<std::vector<SampledToken>> Executor::wait() {
+  KILN_ASSERT(in_flight_);
+  in_flight_ = false;
+  const std::vector<ops::SamplingRow>& rows = in_flight_rows_;
+  const int32_t real_rows = static_cast<int32_t>(rows.size());
+  const auto t1 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(done_->wait());
   const auto t2 = std::chrono::steady_clock::now();
-  if (timed_graph) graph_device_seconds_ += graph_end_->elapsed_ms(*graph_start_) * 1e-3;
+  if (in_flight_timed_graph_) graph_device_seconds_ += graph_end_->elapsed_ms(*graph_start_) * 1e-3;
   wait_seconds_ += std::chrono::duration<double>(t2 - t1).count();
-  run_seconds_ += std::chrono::duration<double>(t2 - t0).count();
+  run_seconds_ += std::chrono::duration<double>(t2 - t1).count();
   std::vector<SampledToken> out(static_cast<size_t>(real_rows));
   for (int32_t i = 0; i < real_rows; ++i) {
     SampledToken& t = out[i];

@@ -56,6 +56,12 @@ class Executor {
   // Runs `plan`. rows[i] are the sampling parameters of the i-th entry that wants logits (their
   // `position` already set); returns one SampledToken per such entry, in plan order.
   Result<std::vector<SampledToken>> run(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows);
+  // run() in two halves, so that the caller works while the device runs the step: launch() packs,
+  // copies and issues it (the sampled tokens' copy back included); wait() waits for it and returns
+  // the tokens. One step in flight at a time; nothing else may touch the executor in between.
+  void launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows);
+  Result<std::vector<SampledToken>> wait();
+  bool in_flight() const { return in_flight_; }
 
   // Rows of the token-count table, one per running request with penalties.
   int32_t acquire_counts_row();
@@ -134,6 +140,8 @@ class Executor {
   double run_seconds_ = 0, wait_seconds_ = 0, pack_seconds_ = 0, issue_seconds_ = 0, upload_seconds_ = 0;
   double graph_launch_seconds_ = 0, graph_device_seconds_ = 0;
   std::unique_ptr<Event> graph_start_, graph_end_;
+  bool in_flight_ = false, in_flight_timed_graph_ = false;
+  std::vector<ops::SamplingRow> in_flight_rows_;  // the launched step's rows, for wait()
 };
 
 }  // namespace kiln
