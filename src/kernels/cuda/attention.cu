@@ -34,7 +34,7 @@
 //     rows from there, as cheap as a contiguous cache; a step across a page boundary or on pages
 //     of fewer than 16 keys looks each of its rows up (a page-table read per row).
 //     Splits: num_splits = clamp(S, 1, ceil(max_kv_len / 64)), S the count (from floor(W / base)
-//     up) that fills whole waves best, base = B * Hkv * row_tiles, W = SMs * resident decode
+//     to 2W / base) that fills whole waves best, base = B * Hkv * row_tiles, W = SMs * resident decode
 //     blocks per SM (occupancy query: 3 for D=64, 2 for D=128); each block at least 64 keys. Each block computes its key
 //     range on the device from the true lengths: active = min(num_splits, ceil(n_keys / 64)),
 //     steps = ceil(n_keys / 16), ceil(steps / active) steps per split, so a graph captured with
@@ -1515,15 +1515,16 @@ struct Args {
 };
 
 constexpr int kDecodeMaxRowTiles = 4;  // decode path while max_q_len * G <= 64
-// Splits so that the decode grid fills whole waves of resident blocks: from floor(W / base) (at
-// least 1) up to max(2x that, 4), the count whose last wave is fullest (fewest splits on ties). A
-// grid of 1.3 waves (B=128: 512 blocks over 396 slots) idles a third of the GPU in its second wave;
-// three splits make it 3.9 waves. Without the length cap this is the most any max_kv_len can ask
-// for (used to size the scratch).
+// Splits so that the decode grid fills whole waves of resident blocks, within two waves: from
+// floor(W / base) (at least 1) up to 2W / base, the count whose last wave is fullest (fewest splits
+// on ties). B=32 (base 128, W 396): 3 splits, one full wave, where ceil(W / base) = 4 made 1.3
+// waves; B=64: 3 (1.94 waves). Grids of two waves and more keep one split: the combine pass costs
+// more there than the last wave's idle slots (measured: three splits at B=256 took 10% longer).
+// Without the length cap this is the most any max_kv_len can ask for (used to size the scratch).
 int decode_max_splits(int base_blocks, int sm_count, int blocks_per_sm) {
   const int target = blocks_per_sm * std::max(sm_count, 1);
   const int lo = std::clamp(target / base_blocks, 1, kDecodeMaxSplits);
-  const int hi = std::min(std::max(2 * lo, 4), kDecodeMaxSplits);
+  const int hi = std::clamp(2 * target / base_blocks, lo, kDecodeMaxSplits);
   int best = lo;
   double best_eff = 0.0;
   for (int s = lo; s <= hi; ++s) {
