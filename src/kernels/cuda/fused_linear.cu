@@ -10,10 +10,10 @@
 // slots {2t, 2t+1, 2t+8, 2t+9} of both operands then hold the same physical k).
 //
 // Block: kWarps warps over the same RG x 16 weight rows (SwiGLU: 16 gate rows and the 16 up rows of
-// the same outputs; the vocabulary head: 64 rows, so each batch row read serves more weights), each
-// warp a contiguous range of K; weight loads run a chunk group ahead in a register double buffer
-// and bypass L1 (the batch rows, re-read by every block, stay in it). Narrow matrices (o, down:
-// fewer row tiles than two per SM) split K over a cluster of KS blocks. The warps' partial sums meet
+// the same outputs), each warp a contiguous range of K; weight loads run a chunk group ahead in a
+// register double buffer and bypass L1 (the batch rows, re-read by every block, stay in it); at most
+// 128 registers, two blocks per SM. Long-K narrow matrices (down: fewer row tiles than two per SM)
+// split K over a cluster of two blocks. The warps' partial sums meet
 // in shared memory, the cluster's through distributed shared memory, always added in a fixed order:
 // no atomics, so results are deterministic and a replayed graph is bit-exact. Epilogue per output: times the
 // batch row's 1 / rms when normed, plus bias, then stored, added to the f32 residual, or SwiGLU.
@@ -45,7 +45,7 @@ enum class Epilogue { store, add_residual, swiglu };
 // allow).
 template <int MT, int RG, bool kNorm>
 struct Tile {
-  static constexpr int U = RG * MT >= 2 ? 1 : 2;
+  static constexpr int U = RG * MT >= 4 ? 1 : RG * MT == 2 ? (kNorm ? 1 : 2) : (kNorm ? 2 : 4);
   using XWord = std::conditional_t<kNorm, float4, uint4>;
   static constexpr int XW = kNorm ? 2 : 1;  // XWords per thread per chunk and batch tile
   struct Stage {
@@ -269,11 +269,12 @@ void launch_kernel(cudaStream_t stream, int row_blocks, void* y, DType y_dt, con
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps));
 }
 
-// Blocks of a cluster splitting K: enough blocks for two per SM, each warp keeping >= 2 chunks.
-int k_splits(int row_blocks, int K, int sm_count, int max_splits) {
-  int ks = 1;
-  while (ks < max_splits && row_blocks * ks < 2 * sm_count && K / 32 / (2 * ks * kWarps) >= 2) ks *= 2;
-  return ks;
+// Blocks of a cluster splitting K: two for long-K matrices that fill fewer than two blocks per SM
+// (the down projection: 96 row tiles, K = 6912), else one. Measured (bench_ops, 1 to 32 rows): the
+// down projection took 10.7 / 12.4 / 12.1 us at 1 row with 2 / 1 / 4 splits; o and q/k/v (K = 1536)
+// were fastest unsplit; 3 or 4 splits never won.
+int k_splits(int row_blocks, int K, int sm_count) {
+  return row_blocks < 2 * sm_count && K / 32 / kWarps >= 16 ? 2 : 1;
 }
 
 template <int MT, bool kNorm, Epilogue kEpi>
@@ -285,16 +286,9 @@ void launch_for_tiles(CudaBackend& be, void* y, DType y_dt, const void* x, const
   const int sms = be.multiprocessor_count();
 #define KILN_FUSED_LINEAR(RG, KS, OG) \
   launch_kernel<MT, RG, KS, kNorm, kEpi>(stream, (tiles16 + OG - 1) / OG, y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps)
-  if constexpr (kEpi == Epilogue::swiglu) {
-    const int ks = k_splits(tiles16, K, sms, 2);
-    if (ks == 1) KILN_FUSED_LINEAR(2, 1, 1);
-    else KILN_FUSED_LINEAR(2, 2, 1);
-  } else {
-    const int ks = k_splits(tiles16, K, sms, 4);
-    if (ks == 1) KILN_FUSED_LINEAR(1, 1, 1);
-    else if (ks == 2) KILN_FUSED_LINEAR(1, 2, 1);
-    else KILN_FUSED_LINEAR(1, 4, 1);
-  }
+  constexpr int RG = kEpi == Epilogue::swiglu ? 2 : 1;
+  if (k_splits(tiles16, K, sms) == 1) KILN_FUSED_LINEAR(RG, 1, 1);
+  else KILN_FUSED_LINEAR(RG, 2, 1);
 #undef KILN_FUSED_LINEAR
 }
 
@@ -333,7 +327,8 @@ bool fused_linear_valid(int64_t M, int64_t K, DType w_dtype) {
 // projections of the astrai-1b shape over 24 layers' weights, 1 to 32 rows): the fused kernel wins
 // for q/k/v (6.3 vs 15.4 us at 1 row, 8.6 vs 15.3 at 32) and o (5.6 vs 9.5, 7.3 vs 10.2), and for
 // gate/up + SwiGLU up to 16 rows (18.0 vs 20.6 at 1, 20.5 vs 21.0 at 16; 46 vs 21 at 32); cuBLASLt
-// wins for the long-K down projection (13.3 vs 11.6 at 1 row) and the vocabulary head (103 vs 91).
+// wins for the vocabulary head (103 vs 91) and the long-K down projection above 8 rows (14.9 vs 11.0
+// at 32; at 1-8 rows they tie within the run-to-run spread, 10.7-12.9 against 10.4-13.4).
 bool fused_linear_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t N, int64_t K,
                             DType w_dtype) {
   if (!fused_linear_valid(M, K, w_dtype)) return false;
@@ -341,7 +336,7 @@ bool fused_linear_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, i
   switch (kind) {
     case ops::FusedLinear::norm: return !wide;
     case ops::FusedLinear::norm_swiglu: return M <= 16;
-    case ops::FusedLinear::residual: return K <= 2 * N;
+    case ops::FusedLinear::residual: return K <= 2 * N || M <= 8;
   }
   return false;
 }
