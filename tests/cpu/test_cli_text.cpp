@@ -255,12 +255,19 @@ TEST(CliText, StopStringsEndTheTextAcrossTokenBoundaries) {
   if ((static_cast<unsigned char>(stop[0]) & 0xC0) == 0x80) GTEST_SKIP() << "the middle of the text is inside a character";
   nlohmann::json with_stop = nlohmann::json::parse(line + "}");
   with_stop["stop"] = {stop, "never-appears-xyz"};
-  RunResult r = run_kiln("generate" + model + " --requests " + tmp.file("b.jsonl", with_stop.dump() + "\n"));
+  // Beside a request that runs on: the engine finds the stop string while the next step (which
+  // includes the stopped request) runs, so that step's token for it must be dropped.
+  RunResult r = run_kiln("generate" + model + " --requests " +
+                         tmp.file("b.jsonl", with_stop.dump() + "\n" + line + "}\n"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   nlohmann::json o = json_lines(r.stdout_only)[0];
   EXPECT_EQ(o["finish_reason"], "stop");
   EXPECT_EQ(o["text"], text.substr(0, text.find(stop))) << "stop '" << stop << "'";
-  EXPECT_LE(o["ids"].size(), json_lines(free.stdout_only)[0]["ids"].size());
+  const nlohmann::json free_ids = json_lines(free.stdout_only)[0]["ids"];
+  ASSERT_LT(o["ids"].size(), free_ids.size());
+  for (size_t i = 0; i < o["ids"].size(); ++i) EXPECT_EQ(o["ids"][i], free_ids[i]) << i;
+  EXPECT_EQ(o["usage"]["completion_tokens"], o["ids"].size());
+  EXPECT_EQ(json_lines(r.stdout_only)[1]["ids"], free_ids);  // the other request is unaffected
 }
 
 TEST(CliTextErrors, BadInputsFailCleanly) {
