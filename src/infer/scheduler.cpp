@@ -106,6 +106,23 @@ bool Scheduler::reserve(Sequence* seq, int32_t tokens, StepPlan& plan, bool may_
   return true;
 }
 
+bool Scheduler::awaits_shared_prefix(const Sequence* seq) const {
+  const int32_t ps = config_.page_size;
+  const int32_t n = static_cast<int32_t>(seq->tokens.size());
+  const int32_t matched = static_cast<int32_t>(seq->pages.size());
+  const int32_t max_pages = (n - 1) / ps;
+  if (matched >= max_pages) return false;
+  for (const Sequence* r : running_) {
+    // Full pages both share beyond what the cache gave, that r has not offered to the cache yet.
+    const int32_t limit = std::min<int32_t>(max_pages * ps, static_cast<int32_t>(r->tokens.size()));
+    int32_t common = matched * ps;
+    while (common < limit && r->tokens[common] == seq->tokens[common]) ++common;
+    const int32_t shared_pages = common / ps;
+    if (shared_pages > matched && r->offered_pages < shared_pages) return true;
+  }
+  return false;
+}
+
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int32_t budget = config_.max_step_tokens;
@@ -144,8 +161,9 @@ StepPlan Scheduler::schedule() {
     add_entry(seq, chunk);
   }
   // 3. Admissions in arrival order.
-  while (!waiting_.empty() && budget > 0 && static_cast<int32_t>(running_.size()) < config_.max_running) {
-    Sequence* seq = waiting_.front();
+  for (auto it = waiting_.begin();
+       it != waiting_.end() && budget > 0 && static_cast<int32_t>(running_.size()) < config_.max_running;) {
+    Sequence* seq = *it;
     const int32_t n = static_cast<int32_t>(seq->tokens.size());
     KILN_ASSERT(seq->pages.empty() && seq->computed == 0);
     if (config_.prefix_cache) {
@@ -153,6 +171,11 @@ StepPlan Scheduler::schedule() {
       seq->pages = radix_.match(seq->tokens.data(), n, version_, (n - 1) / config_.page_size);
       seq->computed = static_cast<int32_t>(seq->pages.size()) * config_.page_size;
       seq->offered_pages = static_cast<int32_t>(seq->pages.size());
+      if (awaits_shared_prefix(seq)) {  // it waits for those pages instead of computing them again
+        release_pages(seq);
+        ++it;
+        continue;
+      }
     }
     const int32_t chunk = std::min(n - seq->computed, budget);
     if (!reserve(seq, seq->computed + chunk, plan, false)) {
@@ -160,7 +183,7 @@ StepPlan Scheduler::schedule() {
       break;
     }
     if (seq->cached_prompt_tokens < 0) seq->cached_prompt_tokens = std::min(seq->computed, seq->prompt_len);
-    waiting_.pop_front();
+    it = waiting_.erase(it);
     seq->running = true;
     seq->admission = ++admissions_;
     running_.push_back(seq);

@@ -10,7 +10,10 @@
 //      preemption), oldest first, while the budget lasts;
 //   3. the waiting sequences in arrival order (FCFS: the first that does not fit stops admission),
 //      each starting after the longest prefix the radix cache holds for its tokens (of the current
-//      policy version), with a first chunk that fits the budget.
+//      policy version), with a first chunk that fits the budget. A sequence that shares at least one
+//      more full page with a running sequence that has not computed (and cached) it yet waits for
+//      those pages instead of computing them again: 64 requests arriving together with one 2K-token
+//      system prompt prefill it once. Later arrivals are still admitted past it.
 // An entry whose chunk reaches the end of the sequence's tokens asks for logits (a new token).
 // When pages run out, unreferenced cached pages are evicted (LRU); if that is not enough, the
 // newest running sequence is preempted: its full pages are offered to the radix cache, its pages
@@ -107,6 +110,9 @@ class Scheduler {
   void offer_full_pages(Sequence* seq);
   void release_pages(Sequence* seq);
   void enqueue_waiting(Sequence* seq);  // by arrival order
+  // Whether a running sequence is computing full pages of `seq`'s prefix beyond its radix match
+  // (seq->pages), which the cache will hold once they are committed.
+  bool awaits_shared_prefix(const Sequence* seq) const;
 
   SchedulerConfig config_;
   PagePool pool_;

@@ -214,6 +214,44 @@ TEST(Scheduler, PrefixHitRebuildsTheMappingOntoSharedPages) {
   EXPECT_EQ(t.count, 4);
 }
 
+TEST(Scheduler, ConcurrentRequestsWaitForASharedPrefixInsteadOfRecomputingIt) {
+  // Page size 4, budget 12 tokens: request 1's 20-token prompt takes two steps. Request 2 shares its
+  // first 16 tokens (4 full pages); request 3 shares nothing and is admitted past the waiting 2.
+  Scheduler s(small_config(64, 4, 8, 12));
+  std::vector<int32_t> a = iota_tokens(20), b = iota_tokens(18), c = iota_tokens(6, 900);
+  b[16] = 1, b[17] = 2;
+  s.add(1, a);
+  s.add(2, b);
+  s.add(3, c);
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 1u);  // request 1's first chunk uses the whole budget
+  EXPECT_EQ(p.entries[0].seq->id, 1u);
+  finish_step(s, p);
+  p = s.schedule();  // 1 computes 12..20; 2 waits for pages 3 and 4 (12..16); 3 goes ahead
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[0].seq->id, 1u);
+  EXPECT_EQ(p.entries[1].seq->id, 3u);
+  EXPECT_EQ(p.entries[1].start, 0);
+  EXPECT_EQ(s.waiting_count(), 1);
+  finish_step(s, p);
+  p = s.schedule();  // the shared 16 tokens are cached now: 2 computes only its own 2
+  const StepEntry& e = p.entries.back();
+  ASSERT_EQ(e.seq->id, 2u);
+  EXPECT_EQ(e.start, 16);
+  EXPECT_EQ(e.count, 2);
+  EXPECT_EQ(e.seq->cached_prompt_tokens, 16);
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(e.seq->pages[k], s.find(1)->pages[k]);
+}
+
+TEST(Scheduler, NoPrefixCacheAdmitsSharedPrefixesAtOnce) {
+  SchedulerConfig cfg = small_config(64, 4, 8, 64);
+  cfg.prefix_cache = false;
+  Scheduler s(cfg);
+  s.add(1, iota_tokens(20));
+  s.add(2, iota_tokens(20));
+  EXPECT_EQ(s.schedule().entries.size(), 2u);
+}
+
 TEST(Scheduler, NoPrefixCacheMeansNoSharing) {
   SchedulerConfig c = small_config(64, 4, 8, 64);
   c.prefix_cache = false;
