@@ -283,13 +283,13 @@ void launch_for_tiles(CudaBackend& be, void* y, DType y_dt, const void* x, const
   cudaStream_t stream = detail::stream_of(be);
   const int out_rows = kEpi == Epilogue::swiglu ? N / 2 : N;
   const int tiles16 = (out_rows + 15) / 16;
-  const int sms = be.multiprocessor_count();
-#define KILN_FUSED_LINEAR(RG, KS, OG) \
-  launch_kernel<MT, RG, KS, kNorm, kEpi>(stream, (tiles16 + OG - 1) / OG, y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps)
   constexpr int RG = kEpi == Epilogue::swiglu ? 2 : 1;
-  if (k_splits(tiles16, K, sms) == 1) KILN_FUSED_LINEAR(RG, 1, 1);
-  else KILN_FUSED_LINEAR(RG, 2, 1);
-#undef KILN_FUSED_LINEAR
+  auto run = [&](auto ks) {
+    launch_kernel<MT, RG, decltype(ks)::value, kNorm, kEpi>(stream, tiles16, y, y_dt, x, w, norm_w, bias, b_dt, M, N,
+                                                            K, eps);
+  };
+  if (k_splits(tiles16, K, be.multiprocessor_count()) == 1) run(std::integral_constant<int, 1>{});
+  else run(std::integral_constant<int, 2>{});
 }
 
 template <bool kNorm, Epilogue kEpi>
