@@ -1,4 +1,4 @@
-// Internal hooks of the CUDA attention kernels (kernels/cuda/attention.cu), for tests and
+// Internal hooks of the CUDA attention kernels (kernels/cuda/attention*.cu), for tests and
 // benchmarks only; the model code goes through ops::attention_forward.
 //
 // The prefill (tensor-core, long query runs) path has three compiled variants (D = 64 / 128):

@@ -1,0 +1,224 @@
+// Internal to the attention kernel files (attention.cu: the entry point, the generic kernel and
+// the per-backend state; attention_decode.cu, attention_prefill.cu, attention_wgmma.cu: one kernel
+// family each): shared constants, device helpers, the paged view as the kernels take it, the launch
+// arguments, and the launchers of each family (explicitly instantiated for bf16 and f16 in their
+// files). The design of every kernel is described at the top of attention.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+
+#include "backend/cuda_backend.h"
+#include "kernels/cuda/attention_internal.h"
+#include "kernels/cuda/mma_util.cuh"
+#include "kernels/paged_kv.h"
+
+namespace kiln::cuda::attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kThreads = 128;  // 4 warps for every kernel here
+constexpr int kWarps = kThreads / 32;
+
+// ------------------------------------------------------------------------------------------------
+// Small device helpers.
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy; zero-fills the destination when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// 2^x on the SFU, subnormal results flushed to zero (weights that small do not matter); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+
+// Pairs of elements as float2 (generic kernel).
+__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 load2(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ float2 load2(const __half* p) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
+__device__ __forceinline__ void store2(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store2(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The paged view (kernels/paged_kv.h) as the kernels take it: a kernel argument by value.
+//
+// Key j of request b is pool row paged_kv_slot(indices, indptr[b], size, j)
+//   = indices[indptr[b] + j / size] * size + j % size.
+// The division by the page size is a multiply-high, an add and a shift by constants computed on the
+// host (PageDivisor below), exact for every page size >= 1 and every 0 <= j < 2^31; for a power of
+// two it is j >> log2(size). Pool rows fit in int32 (the host checks that the pool has < 2^31 rows),
+// so rows are int32 and become 64-bit element offsets when multiplied by the row stride Hkv * D.
+struct PagedArgs {
+  const int* indptr;   // page_indptr [B + 1]
+  const int* indices;  // page_indices
+  const int* last;     // last_page_len [B]
+  int size;            // page_size >= 1
+  uint32_t magic;      // j / size == (umulhi(j, magic) + j) >> shift
+  int shift;
+};
+
+// Request b's keys: its page ids are indices[first ..] in position order (`indices` stays the
+// kernel argument, so it costs no register).
+struct PagedKeys {
+  const int* indices;
+  int first;  // indptr[b]
+  int size;
+  uint32_t magic;
+  int shift;
+
+  // Page (within the request) of key j.
+  __device__ __forceinline__ int page(int j) const {
+    const uint32_t u = static_cast<uint32_t>(j);
+    return static_cast<int>((__umulhi(u, magic) + u) >> shift);
+  }
+  // Pool row of key j < kv_len (reads the page table): paged_kv_slot(...) of kernels/paged_kv.h.
+  __device__ __forceinline__ int row(int j) const {
+    const int p = page(j);
+    return page_id(p) * size + (j - p * size);
+  }
+  // Pool page holding the request's page p.
+  __device__ __forceinline__ int page_id(int p) const { return __ldg(indices + first + p); }
+};
+
+// Element offset of pool row `row` (0 <= row < 2^31) in rows of `stride` elements: one 32 x 32 ->
+// 64-bit multiply.
+__device__ __forceinline__ int64_t row_offset(int row, int stride) {
+  return static_cast<int64_t>(static_cast<uint64_t>(static_cast<uint32_t>(row)) * static_cast<uint32_t>(stride));
+}
+
+// A request's keys; reads indptr[b] only (a request with no pages has kv_len 0 and its page table
+// is never read).
+__device__ __forceinline__ PagedKeys request_keys(const PagedArgs& kv, int b) {
+  return PagedKeys{kv.indices, kv.indptr[b], kv.size, kv.magic, kv.shift};
+}
+__device__ __forceinline__ int request_kv_len(const PagedArgs& kv, int b) {
+  return paged_kv_len(kv.indptr, kv.last, kv.size, b);
+}
+
+// Pool rows of the prefill kernels' K/V tiles, in shared memory: rows[(tile & 1) * BN + r] is the
+// row of key tile * BN + r of the request (meaningless past n_keys, where nothing is copied).
+// Each key's page is looked up once, by thread tid < BN for key tile * BN + tid (not by each of the
+// threads that copy a chunk of its row): fetch() reads the page id from the page table (global) at
+// the top of the iteration that computes tile - 2, store() writes the row at its end, so the
+// page-table latency hides behind a tile of compute; a barrier separates the store from the copies
+// of iteration tile - 1 that read it. The two slots alternate: rows of tile t + 2 overwrite those
+// of tile t, whose copies were issued an iteration earlier. The copies then cost one shared-memory
+// load per row whatever the page size (pages of BN keys or more, contiguous caches included, could
+// skip it, but the load costs about what the address arithmetic of consecutive rows would).
+template <int BN>
+struct TileRows {
+  int* rows;    // [2][BN] in shared memory
+  int pid = 0;  // page id of this thread's key in the fetched tile
+
+  __device__ __forceinline__ void fetch(const PagedKeys& keys, int tile, int n_keys, int tid) {
+    const int key = tile * BN + tid;
+    pid = (tid < BN && key < n_keys) ? keys.page_id(keys.page(key)) : 0;
+  }
+  __device__ __forceinline__ void store(const PagedKeys& keys, int tile, int tid) const {
+    if (tid < BN) {
+      const int key = tile * BN + tid;
+      rows[(tile & 1) * BN + tid] = pid * keys.size + (key - keys.page(key) * keys.size);
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Host side shared by the files.
+
+struct Args {
+  void* out;
+  const void* q;
+  const void* k;
+  const void* v;
+  const int* q_indptr;
+  PagedArgs kv;
+  int B, Hq, Hkv, G, D, max_q_len, max_kv_len;
+  float sl;  // scale * log2(e)
+};
+
+constexpr int kDecodeMaxRowTiles = 4;  // decode path while max_q_len * G <= 64
+
+// Per-backend state (CudaBackend::attention_state()), created on the first call on that backend:
+// facts of its device and what was done to the kernels there. Kernel attributes and occupancy are
+// per device, so none of this lives in function-local statics (which would tie it to whichever
+// GPU ran first). attention_train.cu shares it (kernels/cuda/attention_internal.h).
+struct AttentionState {
+  int device = 0;
+  bool has_wgmma = false;                    // sm_90: the wgmma kernels are built for sm_90a only
+  int env_prefill_variant = -1;              // KILN_ATTN_PREFILL_VARIANT, -1 if unset or invalid
+  std::map<const void*, int> smem_limit;     // kernel -> dynamic shared-memory limit set on the device
+  std::map<const void*, int> blocks_per_sm;  // decode kernel -> resident blocks per SM
+};
+
+// The backend's state, created on its first call (attention.cu).
+AttentionState& state_of(CudaBackend& be);
+
+// Runs f with `device` current (cudaFuncSetAttribute and the occupancy query act on the current
+// device), then restores the previous one.
+template <typename F>
+void with_device(int device, F&& f) {
+  int cur = 0;
+  CUDA_CHECK(cudaGetDevice(&cur));
+  if (cur != device) CUDA_CHECK(cudaSetDevice(device));
+  f();
+  if (cur != device) CUDA_CHECK(cudaSetDevice(cur));
+}
+
+template <typename Kernel>
+const void* kernel_key(Kernel* kernel) {
+  return reinterpret_cast<const void*>(kernel);
+}
+
+// The kernel families' launchers. Decode: D 64 or 128 (attention_decode.cu). Prefill on mma.sync,
+// variant 0 (attention_prefill.cu). Prefill on wgmma, variants 1 and 2 (attention_wgmma.cu).
+template <typename T>
+void launch_decode(CudaBackend& be, const Args& a);
+template <typename T>
+void launch_prefill_mma(CudaBackend& be, const Args& a);
+template <typename T>
+void launch_prefill_wgmma(CudaBackend& be, const Args& a, int variant);
+
+}  // namespace kiln::cuda::attn
