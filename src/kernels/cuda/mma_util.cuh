@@ -1,6 +1,7 @@
-// Device helpers shared by kiln's tensor-core kernels (attention, the decode linear layers):
-// streaming 16-byte loads, word access into a 16-byte vector, and the m16n8k16 mma.sync per element
-// type. Header-only device code; no state.
+// Device helpers shared by kiln's tensor-core kernels (attention, its training kernels, the fused
+// linear layers): PTX wrappers for shared-memory copies and loads, streaming 16-byte loads, word
+// access into a 16-byte vector, and the m16n8k16 mma.sync per element type. Header-only device
+// code; no state.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,6 +10,42 @@
 #include <cstdint>
 
 namespace kiln::cuda {
+
+// Shared-memory addresses, cp.async copies, ldmatrix loads and the SFU's 2^x.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy; zero-fills the destination when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// 2^x on the SFU, subnormal results flushed to zero (weights that small do not matter); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // Streaming 16-byte load of read-only data (K/V cache rows): bypasses L1 allocation.
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {
