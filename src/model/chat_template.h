@@ -4,6 +4,7 @@
 // Thread safety: a ChatTemplate is immutable after parse(); render() may run on several threads.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,16 @@ namespace jinja {
 struct Program;
 }
 
+// Bounds on one render, so that a hostile template ends with a clear error instead of exhausting
+// the stack, the memory or the time. The defaults are far above what real chat templates use.
+struct TemplateLimits {
+  int32_t max_depth = 400;                      // nested expressions, blocks and macro calls
+  int64_t max_loop_iterations = 1'000'000;      // for-loop iterations in one render (about 1 s)
+  int64_t max_output_bytes = int64_t(64) << 20; // the rendered text, and any string built on the way
+  int64_t max_list_items = 10'000'000;          // any list built (repetition, concatenation)
+  int32_t max_context_depth = 1000;             // nesting of the JSON context (messages, tools)
+};
+
 // A compiled chat template. Immutable after parse(); render() is safe from several threads.
 class ChatTemplate {
  public:
@@ -25,7 +36,8 @@ class ChatTemplate {
   // Renders with the variables in `context` (a JSON object: messages, tools, add_generation_prompt,
   // bos_token, eos_token, and any extra keys). A template that calls raise_exception(msg) returns an
   // error whose message is msg (prefixed by nothing else, so the CLI can print it).
-  Result<std::string> render(const nlohmann::ordered_json& context) const;
+  // Exceeding a limit is an error naming it.
+  Result<std::string> render(const nlohmann::ordered_json& context, const TemplateLimits& limits = {}) const;
   const std::string& name() const;
 
  private:

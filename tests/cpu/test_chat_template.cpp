@@ -160,6 +160,98 @@ TEST(ChatTemplate, RaiseExceptionPassesMessageThrough) {
   EXPECT_NE(e.status().message().find("tmpl-name, line 2"), std::string::npos) << e.status().message();
 }
 
+// Hostile templates end with an error that names the limit, never a crash, hang or overflow; the
+// arithmetic that fits gives Python's results.
+TEST(ChatTemplate, LimitsEndHostileTemplatesWithClearErrors) {
+  auto render = [](const std::string& src, const TemplateLimits& limits = {}) {
+    auto t = ChatTemplate::parse(src, "t");
+    if (!t.ok()) return Result<std::string>(t.status());
+    return t.value().render(ojson::object(), limits);
+  };
+  auto expect_error = [&](const std::string& src, const std::string& mention, const TemplateLimits& limits = {}) {
+    auto r = render(src, limits);
+    ASSERT_FALSE(r.ok()) << src;
+    EXPECT_NE(r.status().message().find(mention), std::string::npos) << src << ": " << r.status().message();
+  };
+  expect_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "max_depth");
+  // Parsing: nesting is bounded, and a chain of 100,000 operators (a tree as deep) is parsed, freed
+  // and refused when rendered.
+  expect_error("{{ " + std::string(3000, '(') + "1" + std::string(3000, ')') + " }}", "nest deeper than");
+  expect_error("{{ " + std::string(100000, '-') + "1 }}", "nest deeper than");
+  expect_error([] {
+    std::string s;
+    for (int i = 0; i < 3000; ++i) s += "{% if true %}";
+    return s;
+  }(), "nest deeper than");
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) chain += " + 1";
+  expect_error(chain + " }}", "max_depth");
+  expect_error("{{ 'x' * 100000000000 }}", "max_output_bytes");
+  expect_error("{{ 'ab' * 9223372036854775807 }}", "max_output_bytes");
+  expect_error("{{ [1, 2] * 100000000000 }}", "max_list_items");
+  expect_error("{% set s = 'x' * 1000 %}{% for i in range(100000) %}{{ s }}{% endfor %}", "max_output_bytes");
+  TemplateLimits few_loops;
+  few_loops.max_loop_iterations = 20000;
+  expect_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "max_loop_iterations",
+               few_loops);
+  expect_error("{{ 9223372036854775807 + 1 }}", "integer overflow");
+  expect_error("{{ 4611686018427387904 * 2 }}", "integer overflow");
+  expect_error("{{ -9223372036854775807 - 2 }}", "integer overflow");
+  expect_error("{{ 3 ** 40 }}", "integer overflow");
+  expect_error("{{ -(-9223372036854775807 - 1) }}", "integer overflow");
+  // Smaller limits apply as given.
+  TemplateLimits small;
+  small.max_output_bytes = 10;
+  expect_error("{{ 'x' * 11 }}", "max_output_bytes", small);
+  small = TemplateLimits{};
+  small.max_loop_iterations = 5;
+  expect_error("{% for i in range(6) %}{% endfor %}", "max_loop_iterations", small);
+  // Within the limits: Python's values.
+  auto ok = render("{{ 2 ** 62 }} {{ 1 ** 1000000000000 }} {{ (-1) ** 1000000000001 }} {{ 0 ** 0 }} "
+                   "{{ 9223372036854775806 + 1 }} {{ (-9223372036854775807 - 1) % -1 }} {{ 'ab' * 3 }} {{ 'x' * -2 }}|");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok.value(), "4611686018427387904 1 -1 1 9223372036854775807 0 ababab |");
+  auto deep = render("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}done{% endif %}{% endmacro %}{{ f(50) }}");
+  ASSERT_TRUE(deep.ok()) << deep.status().message();
+  EXPECT_EQ(deep.value(), "done");
+}
+
+// A namespace can hold itself or a chain of others as long as the loops allow: printing guards
+// cycles as Python does, tojson refuses them, and nothing recurses without bound (freeing included).
+TEST(ChatTemplate, SelfReferencesAndLongChainsOfNamespaces) {
+  auto render = [](const std::string& src) {
+    auto t = ChatTemplate::parse(src, "t");
+    if (!t.ok()) return Result<std::string>(t.status());
+    return t.value().render(ojson::object());
+  };
+  auto cyc = render("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}|{{ ns == ns }}");
+  ASSERT_TRUE(cyc.ok()) << cyc.status().message();
+  EXPECT_EQ(cyc.value(), "<Namespace {'a': 1, 'me': <Namespace {...}>}>|True");
+  auto js = render("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns | tojson }}");
+  ASSERT_FALSE(js.ok());
+  EXPECT_NE(js.status().message().find("Circular reference"), std::string::npos) << js.status().message();
+  const std::string chain =
+      "{% set root = namespace(c=none) %}{% set st = namespace(cur=root) %}"
+      "{% for i in range(100000) %}{% set tmp = st.cur %}{% set nxt = namespace(c=none) %}"
+      "{% set tmp.c = nxt %}{% set st.cur = nxt %}{% endfor %}";
+  auto deep = render(chain + "{{ root.c.c.c.c is defined }}|{{ root }}");
+  ASSERT_TRUE(deep.ok()) << deep.status().message();
+  EXPECT_EQ(deep.value().substr(0, 5), "True|");
+  EXPECT_NE(deep.value().find("..."), std::string::npos);
+}
+
+TEST(ChatTemplate, DeeplyNestedMessagesAreAnError) {
+  auto t = ChatTemplate::parse("{{ messages }}", "t");
+  ASSERT_TRUE(t.ok());
+  ojson deep = ojson::array();
+  for (int i = 0; i < 30000; ++i) deep = ojson::array({std::move(deep)});
+  ChatTemplateInputs in;
+  in.messages = ojson::array({ojson{{"role", "user"}, {"content", std::move(deep)}}});
+  auto r = apply_chat_template(t.value(), in);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("nest deeper"), std::string::npos) << r.status().message();
+}
+
 TEST(ChatTemplate, StrftimeNowAndThreadSafeRender) {
   auto t = ChatTemplate::parse("{{ strftime_now('%Y') }}|{% for m in messages %}{{ m.content }}{% endfor %}", "t");
   ASSERT_TRUE(t.ok());

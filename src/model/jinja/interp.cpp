@@ -5,7 +5,9 @@
 // and the globals range, dict, namespace, raise_exception and strftime_now. Also ChatTemplate and
 // apply_chat_template (the public API in model/chat_template.h).
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <ctime>
 #include <map>
 
@@ -169,7 +171,33 @@ const std::map<std::string, TestFn>& tests();
 
 struct Interp {
   const Program& prog;
+  const TemplateLimits& limits;
   int line = 0;  // line of the expression being evaluated, for error messages
+  int depth = 0;               // nested eval / exec calls now
+  int64_t iterations = 0;      // for-loop iterations so far
+  // Every namespace() of the render: the only mutable containers, hence the only way to a cycle of
+  // references; their contents are dropped when the render ends, so cycles cannot leak.
+  std::vector<std::weak_ptr<Dict>> namespaces;
+
+  // Counts one level of nesting for the scope of an eval or exec call.
+  struct Nesting {
+    int& depth;
+    explicit Nesting(int& d) : depth(d) { ++depth; }
+    ~Nesting() { --depth; }
+  };
+  Status too_deep() const {
+    return fail("the template nests deeper than " + std::to_string(limits.max_depth) +
+                " levels (a recursive macro?); TemplateLimits::max_depth bounds it");
+  }
+  Status check_size(size_t bytes) const {
+    if (limits.max_output_bytes >= 0 && bytes <= static_cast<uint64_t>(limits.max_output_bytes)) return Status::Ok();
+    return fail("a string of more than " + std::to_string(limits.max_output_bytes) +
+                " bytes; TemplateLimits::max_output_bytes bounds the output and every string built");
+  }
+  Status check_items(size_t n) const {
+    if (limits.max_list_items >= 0 && n <= static_cast<uint64_t>(limits.max_list_items)) return Status::Ok();
+    return fail("a list of more than " + std::to_string(limits.max_list_items) + " items; TemplateLimits::max_list_items bounds it");
+  }
 
   Status fail(const std::string& m) const {
     return invalid_argument("chat template " + prog.name + ", line " + std::to_string(line) + ": " + m);
@@ -296,6 +324,8 @@ struct Interp {
 
 Result<Value> Interp::eval(const Expr& e, const FrameP& f) {
   line = e.line;
+  Nesting nest(depth);
+  if (depth > limits.max_depth) return too_deep();
   switch (e.kind) {
     case EK::Const: return e.cval;
     case EK::Name: {
@@ -380,7 +410,9 @@ Result<Value> Interp::eval(const Expr& e, const FrameP& f) {
       line = e.line;
       if (!v.is_num()) return fail(std::string("bad operand type for unary ") + (e.kind == EK::Neg ? "-" : "+") + ": '" + type_name(v) + "'");
       if (e.kind == EK::Pos) return v.t == Value::T::Bool ? Value::integer(v.as_int()) : v;
-      return v.t == Value::T::Float ? Value::number(-v.f) : Value::integer(-v.as_int());
+      if (v.t == Value::T::Float) return Value::number(-v.f);
+      if (v.as_int() == INT64_MIN) return fail("integer overflow in unary -");
+      return Value::integer(-v.as_int());
     }
     case EK::Not: {
       KILN_ASSIGN_OR_RETURN(Value v, eval(*e.ch[0], f));
@@ -431,7 +463,11 @@ Result<Value> Interp::eval(const Expr& e, const FrameP& f) {
 }
 
 Result<Value> Interp::binary(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") return Value::str(to_str(a) + to_str(b));
+  if (op == "~") {
+    std::string x = to_str(a), y = to_str(b);
+    KILN_RETURN_IF_ERROR(check_size(x.size() + y.size()));
+    return Value::str(x + y);
+  }
   auto bad = [&] {
     if (a.is_undef() || b.is_undef()) {
       const Value& u = a.is_undef() ? a : b;
@@ -439,13 +475,28 @@ Result<Value> Interp::binary(const std::string& op, const Value& a, const Value&
     }
     return fail("unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
   };
+  // kiln's integers are 64-bit where Python's are unbounded: a result that does not fit is an error.
+  auto overflow = [&] { return fail("integer overflow in '" + op + "' (kiln's template integers are 64-bit)"); };
   if (a.is_num() && b.is_num()) {
     bool ints = a.is_int() && b.is_int();
     int64_t x = a.as_int(), y = b.as_int();
     double p = a.as_double(), q = b.as_double();
-    if (op == "+") return ints ? Value::integer(x + y) : Value::number(p + q);
-    if (op == "-") return ints ? Value::integer(x - y) : Value::number(p - q);
-    if (op == "*") return ints ? Value::integer(x * y) : Value::number(p * q);
+    int64_t r = 0;
+    if (op == "+") {
+      if (!ints) return Value::number(p + q);
+      if (__builtin_add_overflow(x, y, &r)) return overflow();
+      return Value::integer(r);
+    }
+    if (op == "-") {
+      if (!ints) return Value::number(p - q);
+      if (__builtin_sub_overflow(x, y, &r)) return overflow();
+      return Value::integer(r);
+    }
+    if (op == "*") {
+      if (!ints) return Value::number(p * q);
+      if (__builtin_mul_overflow(x, y, &r)) return overflow();
+      return Value::integer(r);
+    }
     if (op == "/") {
       if (q == 0) return fail("division by zero");
       return Value::number(p / q);
@@ -453,6 +504,10 @@ Result<Value> Interp::binary(const std::string& op, const Value& a, const Value&
     if (op == "//" || op == "%") {
       if (q == 0) return fail(op == "//" ? "integer division or modulo by zero" : "modulo by zero");
       if (ints) {
+        if (x == INT64_MIN && y == -1) {
+          if (op == "%") return Value::integer(0);
+          return overflow();
+        }
         int64_t d = x / y, m = x % y;
         if (m != 0 && ((m < 0) != (y < 0))) { d -= 1; m += y; }
         return Value::integer(op == "//" ? d : m);
@@ -462,24 +517,40 @@ Result<Value> Interp::binary(const std::string& op, const Value& a, const Value&
       return op == "//" ? Value::number(std::floor(p / q)) : Value::number(m);
     }
     if (op == "**") {
-      if (ints && y >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < y; ++k) r *= x;
-        return Value::integer(r);
+      if (ints && y >= 0) {  // by squaring: y may be large when x is 0 or +-1
+        int64_t result = 1, base = x;
+        for (int64_t e = y; e > 0; e >>= 1) {
+          if ((e & 1) && __builtin_mul_overflow(result, base, &result)) return overflow();
+          // base^2 is needed by a higher bit, so its overflow is the result's
+          if (e > 1 && __builtin_mul_overflow(base, base, &base)) return overflow();
+        }
+        return Value::integer(result);
       }
       return Value::number(std::pow(p, q));
     }
   }
-  if (op == "+" && a.is_str() && b.is_str()) return Value::str(a.s + b.s);
+  if (op == "+" && a.is_str() && b.is_str()) {
+    KILN_RETURN_IF_ERROR(check_size(a.s.size() + b.s.size()));
+    return Value::str(a.s + b.s);
+  }
   if (op == "+" && a.is_list() && b.is_list()) {
+    KILN_RETURN_IF_ERROR(check_items(a.l->size() + b.l->size()));
     List l = *a.l;
     l.insert(l.end(), b.l->begin(), b.l->end());
     return Value::list(std::move(l), a.tuple);
   }
   if (op == "*" && ((a.is_str() || a.is_list()) && b.is_int())) {
-    int64_t n = b.as_int();
+    const int64_t n = std::max<int64_t>(b.as_int(), 0);
+    const size_t unit = a.is_str() ? a.s.size() : a.l->size();
+    // The size is checked before anything is built: n * unit may not even fit in 64 bits.
+    if (unit > 0 && n > 0) {
+      const bool too_big = static_cast<uint64_t>(n) > static_cast<uint64_t>(INT64_MAX) / unit;
+      const size_t total = too_big ? SIZE_MAX : static_cast<size_t>(n) * unit;
+      KILN_RETURN_IF_ERROR(a.is_str() ? check_size(total) : check_items(total));
+    }
     if (a.is_str()) {
       std::string s;
+      s.reserve(static_cast<size_t>(n) * unit);
       for (int64_t k = 0; k < n; ++k) s += a.s;
       return Value::str(s);
     }
@@ -535,6 +606,9 @@ Status Interp::exec_for(const Node& n, const FrameP& f, std::string& out) {
   }
   int64_t len = int64_t(items.size());
   for (int64_t k = 0; k < len; ++k) {
+    if (++iterations > limits.max_loop_iterations)
+      return fail("more than " + std::to_string(limits.max_loop_iterations) +
+                  " loop iterations; TemplateLimits::max_loop_iterations bounds them");
     FrameP it = child(f);
     Value loop = Value::dict();
     Dict& d = *loop.d;
@@ -568,14 +642,20 @@ Status Interp::exec_for(const Node& n, const FrameP& f, std::string& out) {
 }
 
 Status Interp::exec(const Body& body, const FrameP& f, std::string& out, Flow& flow) {
+  Nesting nest(depth);
+  if (depth > limits.max_depth) return too_deep();
   for (auto& np : body) {
     const Node& n = *np;
     line = n.line;
     switch (n.kind) {
-      case NK::Text: out += n.text; break;
+      case NK::Text:
+        out += n.text;
+        KILN_RETURN_IF_ERROR(check_size(out.size()));
+        break;
       case NK::Output: {
         KILN_ASSIGN_OR_RETURN(Value v, eval(*n.expr, f));
         out += to_str(v);
+        KILN_RETURN_IF_ERROR(check_size(out.size()));
         break;
       }
       case NK::If: {
@@ -1327,9 +1407,10 @@ void add_globals(Interp& in, Frame& g) {
     for (auto& [k, v] : a.kw) d.d->set(k, v);
     return d;
   }));
-  g.set("namespace", Value::func([](Args& a) -> Result<Value> {
+  g.set("namespace", Value::func([self](Args& a) -> Result<Value> {
     Value d = Value::dict();
     d.ns = true;
+    self->namespaces.push_back(d.d);
     if (!a.pos.empty() && a.pos[0].is_dict()) d.d->items = a.pos[0].d->items;
     for (auto& [k, v] : a.kw) d.d->set(k, v);
     return d;
@@ -1357,21 +1438,51 @@ Result<ChatTemplate> ChatTemplate::parse(const std::string& source, const std::s
 
 const std::string& ChatTemplate::name() const { return program_->name; }
 
-Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context) const {
+namespace {
+
+// Nesting depth of a JSON value, without recursion (the value may come from anyone).
+int64_t json_depth(const nlohmann::ordered_json& root) {
+  int64_t deepest = 0;
+  std::vector<std::pair<const nlohmann::ordered_json*, int64_t>> stack = {{&root, 1}};
+  while (!stack.empty()) {
+    auto [j, d] = stack.back();
+    stack.pop_back();
+    deepest = std::max(deepest, d);
+    if (j->is_array() || j->is_object())
+      for (const auto& e : *j) stack.emplace_back(&e, d + 1);
+  }
+  return deepest;
+}
+
+}  // namespace
+
+Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context, const TemplateLimits& limits) const {
   KILN_ASSERT(program_ != nullptr);
   if (!context.is_object()) return invalid_argument("chat template " + program_->name + ": the context must be a JSON object");
-  jinja::Interp in{*program_};
+  if (json_depth(context) > limits.max_context_depth)
+    return invalid_argument("chat template " + program_->name + ": the messages / tools nest deeper than " +
+                            std::to_string(limits.max_context_depth) + " levels");
+  jinja::Interp in{*program_, limits};
   auto globals = std::make_shared<jinja::Frame>();
   jinja::add_globals(in, *globals);
   for (auto& [k, v] : context.items()) globals->set(k, jinja::Value::from_json(v));
   auto top = jinja::child(globals);
   std::string out;
   jinja::Flow flow = jinja::Flow::Normal;
-  KILN_RETURN_IF_ERROR(in.exec(program_->body, top, out, flow));
+  const Status st = in.exec(program_->body, top, out, flow);
+  for (const auto& w : in.namespaces)
+    if (auto d = w.lock()) d->items.clear();
+  KILN_RETURN_IF_ERROR(st);
   return out;
 }
 
 Result<std::string> apply_chat_template(const ChatTemplate& tmpl, const ChatTemplateInputs& in) {
+  // Checked before the inputs are copied: copying JSON recurses as deep as it nests.
+  const int64_t limit = TemplateLimits{}.max_context_depth - 1;
+  for (const auto* j : {&in.messages, &in.tools, &in.extra})
+    if (json_depth(*j) > limit)
+      return invalid_argument("chat template " + tmpl.name() + ": the messages / tools nest deeper than " +
+                              std::to_string(limit) + " levels");
   nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
   ctx["bos_token"] = in.bos_token;
   ctx["eos_token"] = in.eos_token;

@@ -11,6 +11,22 @@
 #include <set>
 
 namespace kiln::jinja {
+Expr::~Expr() {
+  std::vector<ExprP> pending;
+  auto take = [&](Expr& e) {
+    for (ExprP& c : e.ch)
+      if (c) pending.push_back(std::move(c));
+    for (auto& kv : e.kwargs)
+      if (kv.second) pending.push_back(std::move(kv.second));
+  };
+  take(*this);
+  while (!pending.empty()) {
+    ExprP e = std::move(pending.back());
+    pending.pop_back();
+    take(*e);  // e's own destructor then finds no children
+  }
+}
+
 namespace {
 
 enum class TT { Data, VarBegin, VarEnd, BlockBegin, BlockEnd, Name, String, Int, Float, Op, Eof };
@@ -273,6 +289,16 @@ struct Parser {
   std::vector<Tok> toks;
   const std::string& name;
   size_t k = 0;
+  int nesting = 0;  // recursive parse calls in progress (kMaxParseNesting)
+
+  struct Nest {
+    int& n;
+    explicit Nest(int& x) : n(x) { ++n; }
+    ~Nest() { --n; }
+  };
+  Status too_deep() const {
+    return err("expressions or blocks nest deeper than " + std::to_string(kMaxParseNesting) + " levels");
+  }
 
   const Tok& cur() const { return toks[k]; }
   const Tok& peek(size_t n = 1) const { return toks[std::min(k + n, toks.size() - 1)]; }
@@ -311,6 +337,8 @@ struct Parser {
 
   // ---- expressions ----
   Result<ExprP> expression() {  // condexpr
+    Nest nest(nesting);
+    if (nesting > kMaxParseNesting) return too_deep();
     KILN_ASSIGN_OR_RETURN(ExprP e, or_expr());
     while (is_name("if")) {
       int line = cur().line;
@@ -345,6 +373,8 @@ struct Parser {
     return e;
   }
   Result<ExprP> not_expr() {
+    Nest nest(nesting);
+    if (nesting > kMaxParseNesting) return too_deep();
     if (is_name("not")) {
       auto n = make(EK::Not, cur().line); ++k;
       KILN_ASSIGN_OR_RETURN(ExprP r, not_expr());
@@ -387,6 +417,8 @@ struct Parser {
   Result<ExprP> pow() { return binary_chain(&Parser::unary_f, {"**"}); }
   Result<ExprP> unary_f() { return unary(true); }
   Result<ExprP> unary(bool with_filter) {
+    Nest nest(nesting);
+    if (nesting > kMaxParseNesting) return too_deep();
     ExprP e;
     if (is_op("-") || is_op("+")) {
       e = make(is_op("-") ? EK::Neg : EK::Pos, cur().line); ++k;
@@ -603,6 +635,8 @@ struct Parser {
   // ---- statements ----
   // Parses nodes until a block tag named in `ends`; leaves the parser after that tag's name.
   Status body(Body& out, const std::set<std::string>& ends, std::string* which, const std::string& opener, int open_line) {
+    Nest nest(nesting);
+    if (nesting > kMaxParseNesting) return too_deep();
     for (;;) {
       const Tok& t = cur();
       if (t.type == TT::Eof) {

@@ -27,7 +27,17 @@ struct Expr {
   std::vector<std::pair<std::string, ExprP>> kwargs;  // Call/Filter/Test keyword args
   std::vector<std::string> ops;  // Compare: ops[k] between ch[k] and ch[k+1]
   bool negate = false;           // Test: `is not`
+
+  Expr() = default;
+  Expr(const Expr&) = delete;
+  Expr& operator=(const Expr&) = delete;
+  // Frees the subtree without recursion: a long operator chain makes a tree as deep as it is long.
+  ~Expr();
 };
+
+// Nesting of expressions and blocks the parser follows (parentheses, unary operators, nested
+// blocks), so that a hostile template cannot exhaust the stack while it is parsed.
+constexpr int kMaxParseNesting = 200;
 
 struct Node;
 using NodeP = std::unique_ptr<Node>;

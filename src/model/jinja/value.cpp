@@ -15,6 +15,29 @@ const Value* Args::get(size_t index, const std::string& name) const {
   return index < pos.size() ? &pos[index] : nullptr;
 }
 
+Value::~Value() {
+  const bool owns_list = l && l.use_count() == 1, owns_dict = d && d.use_count() == 1;
+  if (!owns_list && !owns_dict) return;
+  std::vector<Value> pending;
+  // Moves the elements of the containers only `v` holds into `pending`, leaving them empty.
+  auto detach = [&pending](Value& v) {
+    if (v.l && v.l.use_count() == 1) {
+      for (Value& e : *v.l) pending.push_back(std::move(e));
+      v.l->clear();
+    }
+    if (v.d && v.d.use_count() == 1) {
+      for (auto& kv : v.d->items) pending.push_back(std::move(kv.second));
+      v.d->items.clear();
+    }
+  };
+  detach(*this);
+  while (!pending.empty()) {
+    Value v = std::move(pending.back());
+    pending.pop_back();
+    detach(v);  // v's own destructor then finds its containers empty
+  }
+}
+
 Value Value::list(List x, bool tuple) {
   Value v;
   v.t = T::List;
@@ -140,33 +163,54 @@ static std::string str_repr(const std::string& s) {
   return out;
 }
 
-std::string repr(const Value& v) {
-  switch (v.t) {
-    case Value::T::Undefined: return "";
-    case Value::T::None: return "None";
-    case Value::T::Bool: return v.b ? "True" : "False";
-    case Value::T::Int: return std::to_string(v.i);
-    case Value::T::Float: return float_repr(v.f);
-    case Value::T::Str: return str_repr(v.s);
-    case Value::T::List: {
-      std::string out = v.tuple ? "(" : "[";
-      for (size_t k = 0; k < v.l->size(); ++k) out += (k ? ", " : "") + repr((*v.l)[k]);
-      if (v.tuple && v.l->size() == 1) out += ",";
-      return out + (v.tuple ? ")" : "]");
-    }
-    case Value::T::Dict: {
-      std::string out = v.ns ? "<Namespace {" : "{";
-      bool first = true;
-      for (auto& [k, e] : v.d->items) {
-        out += (first ? "" : ", ") + str_repr(k) + ": " + repr(e);
-        first = false;
+namespace {
+
+// repr() with Python's guard for containers that hold themselves ("[...]", "{...}"), and a bound
+// on nesting (kMaxValueNesting; deeper parts print as "..."), so no value can exhaust the stack.
+struct ReprWriter {
+  std::vector<const void*> open;  // containers being printed, outermost first
+
+  std::string write(const Value& v) {
+    switch (v.t) {
+      case Value::T::Undefined: return "";
+      case Value::T::None: return "None";
+      case Value::T::Bool: return v.b ? "True" : "False";
+      case Value::T::Int: return std::to_string(v.i);
+      case Value::T::Float: return float_repr(v.f);
+      case Value::T::Str: return str_repr(v.s);
+      case Value::T::List: {
+        if (std::find(open.begin(), open.end(), v.l.get()) != open.end()) return v.tuple ? "(...)" : "[...]";
+        if (open.size() >= kMaxValueNesting) return "...";
+        open.push_back(v.l.get());
+        std::string out = v.tuple ? "(" : "[";
+        for (size_t k = 0; k < v.l->size(); ++k) out += (k ? ", " : "") + write((*v.l)[k]);
+        if (v.tuple && v.l->size() == 1) out += ",";
+        open.pop_back();
+        return out + (v.tuple ? ")" : "]");
       }
-      return out + (v.ns ? "}>" : "}");
+      case Value::T::Dict: {
+        const bool cycle = std::find(open.begin(), open.end(), v.d.get()) != open.end();
+        if (cycle) return v.ns ? "<Namespace {...}>" : "{...}";
+        if (open.size() >= kMaxValueNesting) return "...";
+        open.push_back(v.d.get());
+        std::string out = v.ns ? "<Namespace {" : "{";
+        bool first = true;
+        for (auto& [k, e] : v.d->items) {
+          out += (first ? "" : ", ") + str_repr(k) + ": " + write(e);
+          first = false;
+        }
+        open.pop_back();
+        return out + (v.ns ? "}>" : "}");
+      }
+      case Value::T::Func: return "<function>";
     }
-    case Value::T::Func: return "<function>";
+    return "";
   }
-  return "";
-}
+};
+
+}  // namespace
+
+std::string repr(const Value& v) { return ReprWriter{}.write(v); }
 
 std::string to_str(const Value& v) { return v.is_str() ? v.s : repr(v); }
 
@@ -212,6 +256,8 @@ struct JsonWriter {
     out.append(size_t(indent * level), ' ');
   }
   Status write(const Value& v, int level) {
+    if (level >= kMaxValueNesting) return invalid_argument("Circular reference detected (or nesting deeper than " +
+                                                           std::to_string(kMaxValueNesting) + " levels)");
     switch (v.t) {
       case Value::T::None: out += "null"; return Status::Ok();
       case Value::T::Bool: out += v.b ? "true" : "false"; return Status::Ok();
@@ -269,7 +315,12 @@ Result<std::string> to_json(const Value& v, bool ensure_ascii, int indent, const
   return std::move(w.out);
 }
 
-bool equals(const Value& a, const Value& b) {
+static bool equals_at(const Value& a, const Value& b, int depth);
+bool equals(const Value& a, const Value& b) { return equals_at(a, b, 0); }
+
+// Past kMaxValueNesting (a container holding itself) values compare unequal.
+static bool equals_at(const Value& a, const Value& b, int depth) {
+  if (depth >= kMaxValueNesting) return false;
   if (a.is_num() && b.is_num()) {
     if (a.is_int() && b.is_int()) return a.as_int() == b.as_int();
     return a.as_double() == b.as_double();
@@ -279,15 +330,18 @@ bool equals(const Value& a, const Value& b) {
     case Value::T::Undefined: case Value::T::None: return true;
     case Value::T::Str: return a.s == b.s;
     case Value::T::List:
+      if (a.l == b.l) return true;  // the same object (Python compares identical elements equal)
       if (a.l->size() != b.l->size()) return false;
       for (size_t k = 0; k < a.l->size(); ++k)
-        if (!equals((*a.l)[k], (*b.l)[k])) return false;
+        if (!equals_at((*a.l)[k], (*b.l)[k], depth + 1)) return false;
       return true;
     case Value::T::Dict:
+      if (a.d == b.d) return true;
+      if (a.ns || b.ns) return false;  // namespaces compare by identity, like jinja2's Namespace
       if (a.d->items.size() != b.d->items.size()) return false;
       for (auto& [k, v] : a.d->items) {
         const Value* o = b.d->find(k);
-        if (!o || !equals(v, *o)) return false;
+        if (!o || !equals_at(v, *o, depth + 1)) return false;
       }
       return true;
     case Value::T::Func: return a.fn == b.fn;

@@ -44,6 +44,13 @@ struct Value {
   std::shared_ptr<Func> fn;
 
   Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) = default;
+  // Frees nested lists and dicts without recursion (a template can build a chain of namespaces as
+  // long as its loops allow).
+  ~Value();
   static Value undef(std::string what = "") { Value v; v.s = std::move(what); return v; }
   static Value none() { Value v; v.t = T::None; return v; }
   static Value boolean(bool x) { Value v; v.t = T::Bool; v.b = x; return v; }
@@ -72,6 +79,10 @@ struct Dict {
   const Value* find(const std::string& k) const;
   void set(const std::string& k, Value v);
 };
+
+// Nesting the value functions below follow: repr prints deeper parts as "...", tojson fails, ==
+// compares them unequal (a namespace can be made to hold itself; Python's guards differ only there).
+constexpr int kMaxValueNesting = 1000;
 
 // Python str(): strings as they are, everything else as repr (undefined prints empty).
 std::string to_str(const Value& v);
