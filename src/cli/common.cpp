@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstdio>
 #include <fstream>
@@ -70,7 +71,15 @@ Status SamplingFlags::apply(GenerationRequest* r) const {
   r->temperature = temperature;
   r->top_k = top_k;
   r->top_p = top_p;
-  r->seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
+  if (seed.empty()) {
+    r->seed = std::random_device{}();
+  } else {
+    uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(seed.data(), seed.data() + seed.size(), v);
+    if (ec != std::errc() || end != seed.data() + seed.size())
+      return invalid_argument("--seed must be an integer in [0, 18446744073709551615], not '" + seed + "'");
+    r->seed = v;
+  }
   return Status::Ok();
 }
 

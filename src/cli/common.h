@@ -36,7 +36,7 @@ struct SamplingFlags {
   float temperature;
   int32_t top_k = 0;
   float top_p;
-  int64_t seed = -1;
+  std::string seed;  // as given: parsed (range-checked) by apply(); empty: random
   SamplingFlags(float default_temperature, float default_top_p)
       : temperature(default_temperature), top_p(default_top_p) {}
   void add(CLI::App* cmd);

@@ -282,6 +282,24 @@ Status parse_into(const json& j, const std::string& src, ModelConfig* c) {
   if (c->head_dim % 2 != 0)
     return invalid_argument(src + ": head_dim " + std::to_string(c->head_dim) +
                             " is odd; rotary embeddings need an even head_dim");
+  // What kiln's kernels and int32 indexing can run, checked before anything is sized from these
+  // numbers (a config.json with a billion layers must not allocate its tables).
+  struct Bound {
+    const char* key;
+    int64_t value, max;
+    const char* why;
+  };
+  for (const Bound& b : {Bound{"num_hidden_layers", c->num_hidden_layers, 1024, "kiln runs at most 1024 layers"},
+                         Bound{"hidden_size", c->hidden_size, int64_t(1) << 18, "kiln runs hidden sizes up to 262144"},
+                         Bound{"intermediate_size", c->intermediate_size, int64_t(1) << 20,
+                               "kiln runs intermediate sizes up to 1048576"},
+                         Bound{"num_attention_heads", c->num_attention_heads, 1024, "kiln runs at most 1024 heads"},
+                         Bound{"head_dim", c->head_dim, 256, "kiln's attention kernels take head_dim up to 256"},
+                         Bound{"vocab_size", c->vocab_size, int64_t(1) << 30, "token ids are int32"},
+                         Bound{"max_position_embeddings", c->max_position_embeddings, int64_t(1) << 24,
+                               "kiln runs contexts up to 16777216 tokens"}})
+    if (b.value > b.max)
+      return r.bad_value(b.key, "is " + std::to_string(b.value) + ", above " + std::to_string(b.max) + ": " + b.why);
 
   double eps = 1e-6;  // the default of LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config
   KILN_RETURN_IF_ERROR(r.get_float("rms_norm_eps", &eps, false));

@@ -1,5 +1,7 @@
 #include "model/tensor_table.h"
 
+#include <map>
+
 #include "kernels/ops.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -101,6 +103,17 @@ void randomize_weights(Backend& be, const ModelTensorLayout& layout, const Model
     else
       ops::fill_normal(be, t, 0.02f, seed * 1000003ull + index);
   }
+}
+
+Status check_checkpoint(const ModelTensorLayout& layout, const std::string& model_dir) {
+  KILN_ASSIGN_OR_RETURN(SafetensorsCheckpoint ckpt, SafetensorsCheckpoint::open(model_dir));
+  std::map<std::string, Shape> fused(layout.fused.begin(), layout.fused.end());
+  for (const HfTensor& t : layout.hf) {
+    Shape shape = fused.at(t.fused);
+    shape.dims[0] = t.row_end - t.row_begin;
+    KILN_RETURN_IF_ERROR(check_tensor(ckpt, t.name, shape));
+  }
+  return Status::Ok();
 }
 
 Status load_weights(Backend& be, const ModelTensorLayout& layout, const ModelWeights& w, const std::string& model_dir) {

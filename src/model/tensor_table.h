@@ -57,6 +57,10 @@ class ModelWeights {
 // layout.fused), so one config and seed give one model on every device up to storage rounding.
 void randomize_weights(Backend& be, const ModelTensorLayout& layout, const ModelWeights& w, uint64_t seed);
 
+// Checks that the safetensors of `model_dir` hold every Hugging Face tensor of `layout` with its
+// shape, allocating nothing (run before the weights are allocated).
+Status check_checkpoint(const ModelTensorLayout& layout, const std::string& model_dir);
+
 // Loads every Hugging Face tensor of `layout` from the safetensors of `model_dir` into `w`
 // (converting dtypes); errors name the tensor and the file.
 Status load_weights(Backend& be, const ModelTensorLayout& layout, const ModelWeights& w, const std::string& model_dir);

@@ -62,6 +62,7 @@ Result<std::unique_ptr<Transformer>> Transformer::load(Backend& backend, const s
                  config.source.c_str(), static_cast<long long>(config.sliding_window));
   if (options.random_weights) return random(backend, config, options.seed);
   std::unique_ptr<Transformer> m(new Transformer(backend, std::move(config)));
+  KILN_RETURN_IF_ERROR(check_checkpoint(m->layout_, model_dir));  // before any allocation
   KILN_RETURN_IF_ERROR(m->allocate_weights());
   KILN_RETURN_IF_ERROR(load_weights(backend, m->layout_, m->weights_, model_dir));
   KILN_RETURN_IF_ERROR(m->bind_weights());

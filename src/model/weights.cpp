@@ -89,6 +89,10 @@ Status load_tensor_into(Backend& be, const SafetensorsCheckpoint& ckpt, const st
   return be.synchronize();  // staging must outlive the copy
 }
 
+Status check_tensor(const SafetensorsCheckpoint& ckpt, const std::string& name, const Shape& expected_shape) {
+  return find_checked(ckpt, name, expected_shape, DType::f32).status();
+}
+
 Result<TensorBuffer> load_tensor(Backend& be, const SafetensorsCheckpoint& ckpt, const std::string& name,
                                  Shape expected_shape, DType target_dtype) {
   // Check first, so a mismatch never costs device memory.

@@ -23,4 +23,9 @@ Result<TensorBuffer> load_tensor(Backend& be, const SafetensorsCheckpoint& ckpt,
 // a rows() slice of a larger tensor is fine) gives the expected shape and the target dtype.
 Status load_tensor_into(Backend& be, const SafetensorsCheckpoint& ckpt, const std::string& name, Tensor dst);
 
+// The checks of load_tensor alone (present, expected shape, a float dtype), allocating nothing: a
+// loader runs them for every tensor before it allocates, so a config.json that does not match its
+// checkpoint fails before it costs memory.
+Status check_tensor(const SafetensorsCheckpoint& ckpt, const std::string& name, const Shape& expected_shape);
+
 }  // namespace kiln

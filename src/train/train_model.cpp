@@ -62,6 +62,7 @@ Status TrainModel::init_rope() {
 Result<std::unique_ptr<TrainModel>> TrainModel::load(Backend& be, const std::string& model_dir,
                                                      const TrainModelOptions& options) {
   KILN_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
+  KILN_RETURN_IF_ERROR(check_checkpoint(model_tensor_layout(config), model_dir));  // before any allocation
   KILN_ASSIGN_OR_RETURN(ParameterSet params,
                         ParameterSet::create(be, config, options.no_decay, /*mixed_precision=*/be.device().is_cuda()));
   std::unique_ptr<TrainModel> m(new TrainModel(be, std::move(config), std::move(params), options));

@@ -176,6 +176,36 @@ TEST(CliErrors, MissingConfigKey) {
   expect_clean_failure(run_kiln("generate --model " + m.dir()), "hidden_size");
 }
 
+// Sizes kiln cannot run are refused before anything is sized from them (a billion layers used to
+// abort in std::bad_alloc, ten million to exhaust the memory), and a config that asks for more
+// layers than its checkpoint holds fails on the first missing tensor before any weight is allocated.
+TEST(CliErrors, ConfigSizesAreBoundedAndCheckedAgainstTheCheckpoint) {
+  ModelCopy m("tiny-llama");
+  const nlohmann::json original = m.config();
+  for (const auto& [key, value] : std::vector<std::pair<std::string, int64_t>>{
+           {"num_hidden_layers", 1000000000}, {"num_hidden_layers", 10000000}, {"head_dim", 512},
+           {"vocab_size", int64_t(1) << 40}, {"max_position_embeddings", int64_t(1) << 40}}) {
+    nlohmann::json c = original;
+    c[key] = value;
+    m.write_config(c);
+    expect_clean_failure(run_kiln("generate --model " + m.dir() + " --prompt-ids 1,2"), key);
+    expect_clean_failure(run_kiln("generate --model " + m.dir() + " --random-weights --prompt-ids 1,2"), key);
+  }
+  nlohmann::json c = original;
+  c["num_hidden_layers"] = 500;
+  m.write_config(c);
+  expect_clean_failure(run_kiln("generate --model " + m.dir() + " --prompt-ids 1,2"), "model.layers.2.");
+}
+
+TEST(CliErrors, SeedOutOfRange) {
+  for (const char* seed : {"18446744073709551616", "-1", "12x"})
+    expect_clean_failure(run_kiln("generate --model " + testdata_dir() + "/tiny-llama --prompt-ids 1,2 --seed " + seed),
+                         "--seed");
+  RunResult ok = run_kiln("generate --model " + testdata_dir() + "/tiny-llama --prompt-ids 1,2 --max-tokens 1 --seed 18446744073709551615");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.stdout_only.find("\"seed\":18446744073709551615"), std::string::npos) << ok.stdout_only;
+}
+
 TEST(CliErrors, TruncatedSafetensorsHeader) {
   ModelCopy m("tiny-llama");
   std::string bytes = m.read_bytes("model.safetensors");
