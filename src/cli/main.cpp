@@ -2,6 +2,9 @@
 // Every failure prints "kiln: error: <what to do>" on stderr and exits non-zero.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <exception>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -28,7 +31,17 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  for (auto& [cmd, run] : commands)
-    if (cmd->parsed()) return run();
+  // The last error boundary: the layers below return a Status for what they expect to fail; whatever
+  // else escapes (a bug, or memory running out in a container) still ends with a message and exit 1.
+  try {
+    for (auto& [cmd, run] : commands)
+      if (cmd->parsed()) return run();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "kiln: error: out of host memory; use a smaller model, batch or context\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln: error: %s (an unexpected failure: please report it)\n", e.what());
+    return 1;
+  }
   return 2;
 }

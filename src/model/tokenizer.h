@@ -40,6 +40,8 @@ class Tokenizer {
 
  private:
   explicit Tokenizer(std::unique_ptr<tok::TokenizerImpl> impl);
+  // from_json_text without its error boundary (JSON type errors escape as exceptions).
+  static Result<std::unique_ptr<Tokenizer>> from_json_unchecked(const std::string& text, const std::string& source);
   std::unique_ptr<tok::TokenizerImpl> impl_;
 };
 

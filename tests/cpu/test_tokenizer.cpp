@@ -305,3 +305,32 @@ TEST(TokenizerErrors, DecodeOutOfRangeAndInvalidUtf8) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Values of the wrong type anywhere in tokenizer.json are an error naming the file and the key's
+// path, never an escaping exception (an added token's "special": "yes", a post-processor's ids).
+TEST(Tokenizer, WrongTypesAreErrorsNamingTheKey) {
+  std::ifstream in(test::testdata_dir() + "/chat_templates/models/chatml/tokenizer.json");
+  const nlohmann::json original = nlohmann::json::parse(in);
+  auto expect_error = [](const nlohmann::json& j, const std::string& mention) {
+    auto t = Tokenizer::from_json_text(j.dump(), "bad/tokenizer.json");
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find("bad/tokenizer.json"), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find(mention), std::string::npos) << t.status().message();
+  };
+  nlohmann::json j = original;
+  j["added_tokens"][0]["special"] = "yes";
+  expect_error(j, "/added_tokens/0/special");
+  j = original;
+  auto& specials = j["post_processor"]["special_tokens"];
+  specials[specials.begin().key()]["ids"] = {"x"};
+  expect_error(j, "type must be number");
+  j = original;
+  j["model"]["vocab"] = 5;
+  expect_error(j, "");
+}
+
+}  // namespace
+}  // namespace kiln

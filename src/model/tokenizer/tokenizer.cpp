@@ -56,6 +56,17 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_file(const std::string& path)
 }
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& text, const std::string& source) {
+  // The error boundary of tokenizer.json: the component parsers check what they rely on, and any
+  // other value of the wrong type (nlohmann's exception, which names the key's path) becomes an
+  // error naming the file.
+  try {
+    return from_json_unchecked(text, source);
+  } catch (const Json::exception& e) {
+    return config_error(source, std::string("a value has the wrong type or is missing: ") + e.what());
+  }
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_unchecked(const std::string& text, const std::string& source) {
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return config_error(source, "not valid JSON (expected a Hugging Face tokenizer.json object)");
@@ -76,7 +87,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(const std::string& 
 
   std::vector<tok::AddedToken> added;
   int32_t max_id = static_cast<int32_t>(impl->model->id_to_token().size()) - 1;
-  for (const auto& t : j.value("added_tokens", Json::array())) {
+  const Json no_tokens = Json::array();
+  for (const auto& t : present("added_tokens") ? j["added_tokens"] : no_tokens) {
     if (!t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") || !t["content"].is_string())
       return config_error(source, "an added_tokens entry needs \"id\" and \"content\": " + t.dump());
     tok::AddedToken a;
