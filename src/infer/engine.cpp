@@ -318,12 +318,12 @@ void Engine::deliver_pending() {
     live.stream->push(std::move(e));
     if (!by_string && !p.finish_reason) continue;
     finish(live, by_string ? "stop" : p.finish_reason);
-    if (live.retired)
-      live_.erase(live.id);
-    else if (executor_->in_flight())
+    if (executor_->in_flight() && !live.retired) {
       ended_by_stop_string_.push_back(&live);  // planned in the step on the device: retired after it
-    else
-      retire(live), live_.erase(live.id);
+      continue;
+    }
+    retire(live);  // nothing when it already is
+    live_.erase(live.id);
   }
   pending_.clear();
   deliver_seconds_ += now_seconds() - t0;
@@ -390,7 +390,10 @@ void Engine::fail_all(const std::string& message) {
     std::lock_guard<std::mutex> lock(mu_);
     fatal_ = message;
   }
-  for (auto& [id, live] : live_) finish(*live, "abort", message), retire(*live);
+  for (auto& [id, live] : live_) {
+    finish(*live, "abort", message);
+    retire(*live);
+  }
   live_.clear();
 }
 
@@ -446,7 +449,10 @@ void Engine::loop() {
   }
   drain_inbox();
   deliver_pending();
-  for (auto& [id, live] : live_) finish(*live, "abort", "the engine shut down"), retire(*live);
+  for (auto& [id, live] : live_) {
+    finish(*live, "abort", "the engine shut down");
+    retire(*live);
+  }
   live_.clear();
 }
 

@@ -346,14 +346,15 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   issue_seconds_ += std::chrono::duration<double>(t1 - t_packed).count();
   run_seconds_ += std::chrono::duration<double>(t1 - t0).count();
   in_flight_ = true;
-  in_flight_rows_.assign(rows.begin(), rows.end());
+  in_flight_rows_ = &rows;
   in_flight_timed_graph_ = timed_graph;
 }
 
 Result<std::vector<SampledToken>> Executor::wait() {
   KILN_ASSERT(in_flight_);
   in_flight_ = false;
-  const std::vector<ops::SamplingRow>& rows = in_flight_rows_;
+  const std::vector<ops::SamplingRow>& rows = *in_flight_rows_;
+  in_flight_rows_ = nullptr;
   const int32_t real_rows = static_cast<int32_t>(rows.size());
   const auto t1 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(done_->wait());

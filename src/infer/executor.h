@@ -58,7 +58,8 @@ class Executor {
   Result<std::vector<SampledToken>> run(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows);
   // run() in two halves, so that the caller works while the device runs the step: launch() packs,
   // copies and issues it (the sampled tokens' copy back included); wait() waits for it and returns
-  // the tokens. One step in flight at a time; nothing else may touch the executor in between.
+  // the tokens. One step in flight at a time; nothing else may touch the executor in between, and
+  // `rows` must stay alive (unchanged) until wait() returns: wait() reads their log-prob requests.
   void launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows);
   Result<std::vector<SampledToken>> wait();
   bool in_flight() const { return in_flight_; }
@@ -141,7 +142,7 @@ class Executor {
   double graph_launch_seconds_ = 0, graph_device_seconds_ = 0;
   std::unique_ptr<Event> graph_start_, graph_end_;
   bool in_flight_ = false, in_flight_timed_graph_ = false;
-  std::vector<ops::SamplingRow> in_flight_rows_;  // the launched step's rows, for wait()
+  const std::vector<ops::SamplingRow>* in_flight_rows_ = nullptr;  // the caller's rows of the launched step
 };
 
 }  // namespace kiln
