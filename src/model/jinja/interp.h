@@ -1,0 +1,206 @@
+// Internal to the chat-template interpreter (interp.cpp: evaluation, statements, globals and the
+// public API; builtins.cpp: Python string helpers, methods, filters and tests): the scope frames,
+// the interpreter's state and the lookups both files share. Not part of kiln's API.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/chat_template.h"
+#include "model/jinja/parser.h"
+
+namespace kiln::jinja {
+
+
+struct Frame;
+using FrameP = std::shared_ptr<Frame>;
+struct Frame {
+  FrameP parent;
+  std::vector<std::pair<std::string, Value>> vars;
+  const Value* find(const std::string& k) const {
+    for (const Frame* f = this; f; f = f->parent.get())
+      for (auto& [name, v] : f->vars)
+        if (name == k) return &v;
+    return nullptr;
+  }
+  void set(const std::string& k, Value v) {
+    for (auto& [name, old] : vars)
+      if (name == k) { old = std::move(v); return; }
+    vars.emplace_back(k, std::move(v));
+  }
+};
+inline FrameP child(const FrameP& parent) { auto f = std::make_shared<Frame>(); f->parent = parent; return f; }
+
+enum class Flow { Normal, Break, Continue };
+
+
+// Python's slice bounds for a sequence of `len` (a, b: None/undefined or ints; step != 0).
+void slice_indices(int64_t len, const Value& a, const Value& b, int64_t step, int64_t& start, int64_t& stop);
+// Python's three-way comparison of numbers, strings and lists (an error for other types).
+Result<int> compare3(const Value& a, const Value& b);
+
+struct Interp;
+using FilterFn = Result<Value> (*)(Interp&, const Value&, Args&);
+using TestFn = Result<bool> (*)(Interp&, const Value&, Args&);
+const std::map<std::string, FilterFn>& filters();
+const std::map<std::string, TestFn>& tests();
+
+struct Interp {
+  const Program& prog;
+  const TemplateLimits& limits;
+  int line = 0;  // line of the expression being evaluated, for error messages
+  int depth = 0;               // nested eval / exec calls now
+  int64_t iterations = 0;      // for-loop iterations so far
+  // Every namespace() of the render: the only mutable containers, hence the only way to a cycle of
+  // references; their contents are dropped when the render ends, so cycles cannot leak.
+  std::vector<std::weak_ptr<Dict>> namespaces;
+
+  // Counts one level of nesting for the scope of an eval or exec call.
+  struct Nesting {
+    int& depth;
+    explicit Nesting(int& d) : depth(d) { ++depth; }
+    ~Nesting() { --depth; }
+  };
+  Status too_deep() const {
+    return fail("the template nests deeper than " + std::to_string(limits.max_depth) +
+                " levels (a recursive macro?); TemplateLimits::max_depth bounds it");
+  }
+  Status check_size(size_t bytes) const {
+    if (limits.max_output_bytes >= 0 && bytes <= static_cast<uint64_t>(limits.max_output_bytes)) return Status::Ok();
+    return fail("a string of more than " + std::to_string(limits.max_output_bytes) +
+                " bytes; TemplateLimits::max_output_bytes bounds the output and every string built");
+  }
+  Status check_items(size_t n) const {
+    if (limits.max_list_items >= 0 && n <= static_cast<uint64_t>(limits.max_list_items)) return Status::Ok();
+    return fail("a list of more than " + std::to_string(limits.max_list_items) + " items; TemplateLimits::max_list_items bounds it");
+  }
+
+  Status fail(const std::string& m) const {
+    return invalid_argument("chat template " + prog.name + ", line " + std::to_string(line) + ": " + m);
+  }
+
+  // ---- lookup ----
+  Result<Value> getattr(const Value& obj, const std::string& name) {
+    if (obj.is_undef()) return fail(obj.s.empty() ? "undefined value has no attribute '" + name + "'" : "'" + obj.s + "' is undefined");
+    if (obj.is_dict()) {
+      if (!obj.ns) {
+        Value m = method(obj, name);
+        if (!m.is_undef()) return m;
+      }
+      const Value* v = obj.d->find(name);
+      return v ? *v : Value::undef("'dict object' has no attribute '" + name + "'");
+    }
+    Value m = method(obj, name);
+    if (!m.is_undef()) return m;
+    return Value::undef(std::string("'") + type_name(obj) + " object' has no attribute '" + name + "'");
+  }
+  Result<Value> getitem(const Value& obj, const Value& key) {
+    if (obj.is_undef()) return fail(obj.s.empty() ? "undefined value has no item" : "'" + obj.s + "' is undefined");
+    if (obj.is_dict()) {
+      if (key.is_str()) {
+        if (const Value* v = obj.d->find(key.s)) return *v;
+        return getattr(obj, key.s);
+      }
+      return Value::undef("'dict object' has no attribute '" + to_str(key) + "'");
+    }
+    if ((obj.is_list() || obj.is_str()) && key.is_int()) {
+      if (obj.is_list()) {
+        int64_t n = int64_t(obj.l->size()), k = key.as_int();
+        if (k < 0) k += n;
+        if (k < 0 || k >= n) return Value::undef(std::string("'") + type_name(obj) + " object' has no element " + std::to_string(key.as_int()));
+        return (*obj.l)[size_t(k)];
+      }
+      std::u32string u = utf8_decode(obj.s);
+      int64_t n = int64_t(u.size()), k = key.as_int();
+      if (k < 0) k += n;
+      if (k < 0 || k >= n) return Value::undef("'str object' has no element " + std::to_string(key.as_int()));
+      return Value::str(utf8_encode(u.substr(size_t(k), 1)));
+    }
+    if (key.is_str()) return getattr(obj, key.s);
+    return Value::undef(std::string("'") + type_name(obj) + " object' has no element " + to_str(key));
+  }
+
+  // Bound methods of str, dict and list (the sandbox's safe ones); undefined when none.
+  Value method(const Value& obj, const std::string& name);
+
+  // ---- expressions ----
+  Result<Value> eval(const Expr& e, const FrameP& f);
+  Result<Args> eval_args(const Expr& e, const FrameP& f, size_t first) {
+    Args a;
+    for (size_t k = first; k < e.ch.size(); ++k) {
+      KILN_ASSIGN_OR_RETURN(Value v, eval(*e.ch[k], f));
+      a.pos.push_back(std::move(v));
+    }
+    for (auto& [k, x] : e.kwargs) {
+      KILN_ASSIGN_OR_RETURN(Value v, eval(*x, f));
+      a.kw.emplace_back(k, std::move(v));
+    }
+    return a;
+  }
+  Result<Value> call(const Value& fn, Args& a) {
+    if (fn.t != Value::T::Func) {
+      if (fn.is_undef()) return fail(fn.s.empty() ? "undefined value is not callable" : "'" + fn.s + "' is undefined");
+      return fail(std::string("'") + type_name(fn) + "' object is not callable");
+    }
+    return (*fn.fn)(a);
+  }
+  Result<Value> apply_filter(const std::string& name, const Value& v, Args& a) {
+    auto it = filters().find(name);
+    if (it == filters().end()) return fail("No filter named '" + name + "'.");
+    return it->second(*this, v, a);
+  }
+  Result<bool> apply_test(const std::string& name, const Value& v, Args& a) {
+    auto it = tests().find(name);
+    if (it == tests().end()) return fail("No test named '" + name + "'.");
+    return it->second(*this, v, a);
+  }
+  Result<Value> binary(const std::string& op, const Value& a, const Value& b);
+  Result<bool> contains(const Value& container, const Value& item) {
+    if (container.is_str() && item.is_str()) return container.s.find(item.s) != std::string::npos;
+    if (container.is_list()) {
+      for (auto& x : *container.l)
+        if (equals(x, item)) return true;
+      return false;
+    }
+    if (container.is_dict()) return item.is_str() && container.d->find(item.s) != nullptr;
+    if (container.is_undef()) return false;  // jinja2's Undefined iterates as empty: `x in undefined` is False
+    return fail(std::string("argument of type '") + type_name(container) + "' is not iterable");
+  }
+  // Items of an iterable value (dict: keys, str: characters).
+  Result<List> iterate(const Value& v) {
+    if (v.is_list()) return *v.l;
+    if (v.is_dict()) {
+      List out;
+      for (auto& kv : v.d->items) out.push_back(Value::str(kv.first));
+      return out;
+    }
+    if (v.is_str()) {
+      List out;
+      for (char32_t c : utf8_decode(v.s)) out.push_back(Value::str(utf8_encode(std::u32string(1, c))));
+      return out;
+    }
+    if (v.is_undef()) return List{};
+    return fail(std::string("'") + type_name(v) + "' object is not iterable");
+  }
+
+  // ---- statements ----
+  Status exec(const Body& body, const FrameP& f, std::string& out, Flow& flow);
+  Status exec_for(const Node& n, const FrameP& f, std::string& out);
+  Status assign(const std::vector<std::string>& targets, const Value& v, Frame& f) {
+    if (targets.size() == 1) { f.set(targets[0], v); return Status::Ok(); }
+    KILN_ASSIGN_OR_RETURN(List items, iterate(v));
+    if (items.size() != targets.size())
+      return fail((items.size() > targets.size() ? "too many values to unpack (expected " : "not enough values to unpack (expected ") +
+                  std::to_string(targets.size()) + ")");
+    for (size_t k = 0; k < targets.size(); ++k) f.set(targets[k], items[k]);
+    return Status::Ok();
+  }
+  Value make_macro(const Node& n, const FrameP& f);
+};
+
+
+}  // namespace kiln::jinja
