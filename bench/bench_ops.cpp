@@ -116,56 +116,6 @@ int main(int argc, char** argv) {
   time_op("swiglu", 0, e2 * T * 3 * I, [&] { ops::swiglu_forward(be, act, gu); });
   time_op("down_proj", 2.0 * T * I * H, 0, [&] { ops::linear_forward(be, out, act, wd); });
   res["layer_us"] = total_us;
-  if (ops::fused_linear_valid(be, T, H, bf) && ops::fused_linear_valid(be, T, I, bf)) {
-    // Decode projections over every layer's own weights (as a decode step reads them: from HBM, not
-    // from L2), per layer: cuBLASLt with the separate norm / SwiGLU / residual-add kernels, against
-    // the fused small-batch layers.
-    const int64_t L = c.num_hidden_layers, QKV = (Hq + 2 * Hkv) * D;
-    std::vector<TensorBuffer> lw;
-    for (int64_t l = 0; l < L; ++l) {
-      lw.push_back(buf({QKV, H}, bf));
-      lw.push_back(buf({H, Hq * D}, bf));
-      lw.push_back(buf({2 * I, H}, bf));
-      lw.push_back(buf({H, I}, bf));
-    }
-    TensorBuffer qkv = buf({T, QKV}, bf), head = buf({c.vocab_size, H}, bf), logits = buf({T, c.vocab_size}, DType::f32);
-    auto per_layer = [&](const char* name, double bytes, const std::function<void(int64_t)>& fn) {
-      const double before = total_us;
-      time_op(name, 0, bytes * L, [&] {
-        for (int64_t l = 0; l < L; ++l) fn(l);
-      });
-      total_us = before;
-      res["ops"][name]["us"] = res["ops"][name]["us"].get<double>() / L;
-    };
-    Tensor attn2 = attn.view().view({T, Hq * D});
-    per_layer("decode_qkv_cublas", e2 * QKV * H, [&](int64_t l) {
-      ops::add_rmsnorm_forward(be, normed, resid, out, w_norm, 1e-5f);
-      ops::linear_forward(be, qkv, normed, lw[4 * l]);
-    });
-    per_layer("decode_qkv_fused", e2 * QKV * H, [&](int64_t l) {
-      ops::norm_linear_forward(be, qkv, resid, w_norm, 1e-5f, lw[4 * l]);
-    });
-    per_layer("decode_o_cublas", e2 * H * Hq * D, [&](int64_t l) { ops::linear_forward(be, out, attn2, lw[4 * l + 1]); });
-    per_layer("decode_o_fused", e2 * H * Hq * D, [&](int64_t l) { ops::linear_residual_forward(be, resid, attn2, lw[4 * l + 1]); });
-    per_layer("decode_gate_up_cublas", e2 * 2 * I * H, [&](int64_t l) {
-      ops::add_rmsnorm_forward(be, normed, resid, out, w_norm, 1e-5f);
-      ops::linear_forward(be, gu, normed, lw[4 * l + 2]);
-      ops::swiglu_forward(be, act, gu);
-    });
-    per_layer("decode_gate_up_fused", e2 * 2 * I * H, [&](int64_t l) {
-      ops::norm_linear_swiglu_forward(be, act, resid, w_norm, 1e-5f, lw[4 * l + 2]);
-    });
-    per_layer("decode_down_cublas", e2 * H * I, [&](int64_t l) { ops::linear_forward(be, out, act, lw[4 * l + 3]); });
-    per_layer("decode_down_fused", e2 * H * I, [&](int64_t l) { ops::linear_residual_forward(be, resid, act, lw[4 * l + 3]); });
-    const double before = total_us;
-    time_op("decode_head_cublas", 0, e2 * c.vocab_size * H, [&] {
-      ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-      ops::linear_forward(be, logits, normed, head);
-    });
-    time_op("decode_head_fused", 0, e2 * c.vocab_size * H,
-            [&] { ops::norm_linear_forward(be, logits, resid, w_norm, 1e-5f, head); });
-    total_us = before;
-  }
   res["layers"] = c.num_hidden_layers;
   res["model_ms_excluding_embedding_and_head"] = total_us * c.num_hidden_layers / 1e3;
   std::cout << res.dump(1) << std::endl;

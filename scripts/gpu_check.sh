@@ -58,11 +58,15 @@ if [ "$WHAT" = engine ]; then
   timeout ${ENGINE_BENCH_TIMEOUT:-300} "$BUILD/bin/bench_engine" --config $CFG ${ENGINE_BENCH_ARGS:-} > "$OUT/bench_engine.json" \
     2> "$OUT/bench_engine.err" || { status=1; tail -5 "$OUT/bench_engine.err"; }
   cat "$OUT/bench_engine.json"
-  # Decode projections, cuBLASLt against the fused small-batch layers, at each token count given.
-  for t in ${DECODE_OPS_TOKENS:-}; do
-    "$BUILD/bin/bench_ops" --config $CFG --tokens $t --context 1024 | python3 -c 'import json, sys
-r = json.load(sys.stdin); print("tokens", r["tokens"], {k: round(v["us"], 2) for k, v in r["ops"].items() if k.startswith("decode_")})'
-  done
+  # Decode projections: cuBLASLt, the fused small-batch kernel and the TMA kernel at each row count
+  # given (LINEAR_ROWS, e.g. "1,8,32,128"; LINEAR_SPLITS=1 adds the TMA kernel's K-split sweep).
+  if [ -n "${LINEAR_ROWS:-}" ]; then
+    timeout ${LINEAR_TIMEOUT:-150} "$BUILD/bin/bench_linear" --config $CFG --rows "$LINEAR_ROWS" ${LINEAR_SPLITS:+--splits} > "$OUT/bench_linear.json" \
+      2> "$OUT/bench_linear.err" || { status=1; tail -5 "$OUT/bench_linear.err"; }
+    python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+for m, ops in r["rows"].items(): print("rows", m, {k: round(v["us"], 2) for k, v in ops.items()})' "$OUT/bench_linear.json"
+  fi
   # The page size, chosen by measurement: batched decode at each candidate size (one file).
   for ps in ${PAGE_SWEEP:-}; do
     echo "page_size $ps"

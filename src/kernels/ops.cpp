@@ -55,20 +55,21 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias) {
   cpu::linear_forward(y, x, w, bias);
 }
 
-bool fused_linear_valid(Backend& be, int64_t M, int64_t K, DType w_dtype) {
+bool fused_linear_valid(Backend& be, FusedLinear kind, int64_t M, int64_t K, DType w_dtype) {
 #ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::fused_linear_valid(M, K, w_dtype);
+  if (be.device().is_cuda()) return cuda::fused_linear_valid(cuda_backend(be), kind, M, K, w_dtype);
 #endif
   (void)w_dtype;
-  return be.device().is_cpu() && M >= 1 && M <= kFusedLinearMaxRows && K > 0;
+  const bool normed = kind == FusedLinear::norm || kind == FusedLinear::norm_swiglu;
+  return be.device().is_cpu() && M >= 1 && M <= (normed ? kNormLinearMaxRows : kFusedLinearMaxRows) && K > 0;
 }
 
 bool fused_linear_preferred(Backend& be, FusedLinear kind, int64_t M, int64_t N, int64_t K, DType w_dtype) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda()) return cuda::fused_linear_preferred(cuda_backend(be), kind, M, N, K, w_dtype);
 #endif
-  (void)kind, (void)N;
-  return fused_linear_valid(be, M, K, w_dtype);
+  (void)N;
+  return fused_linear_valid(be, kind, M, K, w_dtype);
 }
 
 void norm_linear_forward(Backend& be, Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias) {
@@ -93,6 +94,14 @@ void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, T
 #endif
   KILN_ASSERT(be.device().is_cpu());
   cpu::linear_residual_forward(residual, x, w, bias);
+}
+
+void linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor w, Tensor bias) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::linear_swiglu_forward(cuda_backend(be), out, x, w, bias);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::linear_swiglu_forward(out, x, w, bias);
 }
 
 void gemm(Backend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta) {

@@ -51,19 +51,23 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias = {})
 
 // Small-batch linear layers with their neighbours fused: the decode path of the transformer, where
 // a step's few rows make each projection a matrix-vector product bound by reading the weights.
-// w: [N, K]; x: [M, K] viewed from [..., K]; bias: [N] or absent; 1 <= M <= kFusedLinearMaxRows.
+// w: [N, K]; x: [M, K] viewed from [..., K]; bias: [N] or absent.
 //   norm_linear_forward:        y[M, N] = rmsnorm(x; norm_w, eps) @ w^T + bias
 //   norm_linear_swiglu_forward: out[M, I] = silu(g) * u, [g | u] = rmsnorm(x) @ w^T + bias, w: [2I, K]
+//   linear_swiglu_forward:      out[M, I] = silu(g) * u, [g | u] = x @ w^T + bias, w: [2I, K]
 //   linear_residual_forward:    residual[M, N] += x @ w^T + bias   (residual f32)
 // rmsnorm(x) here is r * (x * norm_w) with r = 1 / sqrt(mean(x^2) + eps) applied to the product's
-// f32 result: y = r * ((x * norm_w) @ w^T). The normed input x is the f32 residual stream; the
-// other x has w's dtype. CUDA: kiln's own kernel (tensor cores over the batch rows, each weight byte
-// read once, no atomics: deterministic), bf16/f16 weights, x * norm_w rounded to w's dtype, K a
-// multiple of 32 and 16-byte aligned bases; y bf16/f16/f32. CPU: f32.
-constexpr int32_t kFusedLinearMaxRows = 32;
-enum class FusedLinear { norm, norm_swiglu, residual };
-// Whether the fused layers take M rows of width K with weights of w_dtype on this backend.
-bool fused_linear_valid(Backend& be, int64_t M, int64_t K, DType w_dtype);
+// f32 result: y = r * ((x * norm_w) @ w^T). The normed input x is the f32 residual stream (at most
+// kNormLinearMaxRows rows); the other x has w's dtype (at most kFusedLinearMaxRows rows). CUDA:
+// kiln's own kernels, deterministic (no atomics): up to 32 rows tensor cores over the batch rows
+// with the norm folded in (bf16/f16 weights, x * norm_w rounded to w's dtype, K a multiple of 32);
+// on Hopper, bf16, a TMA weight stream into wgmma (K a multiple of 8); 16-byte aligned bases; y
+// bf16/f16/f32. CPU: f32.
+constexpr int32_t kFusedLinearMaxRows = 128;
+constexpr int32_t kNormLinearMaxRows = 32;
+enum class FusedLinear { norm, norm_swiglu, swiglu, residual };
+// Whether the fused layer of `kind` takes M rows of width K with weights of w_dtype on this backend.
+bool fused_linear_valid(Backend& be, FusedLinear kind, int64_t M, int64_t K, DType w_dtype);
 // Whether the fused layer of `kind` is valid and, by measurement, faster than the separate ops
 // (cuBLASLt and the norm / SwiGLU / add kernels) for M rows, N outputs (SwiGLU: I) of width K. The
 // CPU answers with validity, so that its twin runs wherever the CUDA path might.
@@ -71,6 +75,7 @@ bool fused_linear_preferred(Backend& be, FusedLinear kind, int64_t M, int64_t N,
 void norm_linear_forward(Backend& be, Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias = {});
 void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
                                 Tensor bias = {});
+void linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor w, Tensor bias = {});
 void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, Tensor bias = {});
 
 // General matrix product for the backward passes: C = alpha * op(A) @ op(B) + beta * C, row-major,

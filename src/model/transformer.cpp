@@ -128,8 +128,9 @@ bool Transformer::uses_fused_layers(int64_t tokens) const {
   const ModelConfig& c = config_;
   Backend& be = backend_;
   const int64_t H = c.hidden_size, q_width = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
-  return ops::fused_linear_valid(be, tokens, H, dtype_) && ops::fused_linear_valid(be, tokens, q_width, dtype_) &&
-         ops::fused_linear_valid(be, tokens, c.intermediate_size, dtype_);
+  return ops::fused_linear_valid(be, ops::FusedLinear::residual, tokens, q_width, dtype_) &&
+         ops::fused_linear_valid(be, ops::FusedLinear::swiglu, tokens, H, dtype_) &&
+         ops::fused_linear_valid(be, ops::FusedLinear::residual, tokens, c.intermediate_size, dtype_);
 }
 
 Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const {
@@ -173,6 +174,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     if (preferred(ops::FusedLinear::norm_swiglu, x, w, true))
       return ops::norm_linear_swiglu_forward(be, act_rows, x, norm_w, eps, w, bias);
     ops::rmsnorm_forward(be, normed_rows, x, norm_w, eps);
+    if (preferred(ops::FusedLinear::swiglu, x, w, true)) return ops::linear_swiglu_forward(be, act_rows, normed_rows, w, bias);
     ops::linear_forward(be, gate_up_rows, normed_rows, w, bias);
     ops::swiglu_forward(be, act_rows, gate_up_rows);
   };

@@ -1,11 +1,14 @@
-// The fused small-batch linear layers: CUDA (bf16 weights, kiln's tensor-core kernel) against the CPU
-// twin on the same inputs, over batch sizes on both sides of each n8 tile, odd output counts and
-// several widths; plus determinism (two runs give the same bits).
+// The fused small-batch linear layers: CUDA (bf16 weights, kiln's tensor-core kernel up to 32 rows,
+// the TMA streaming kernel up to 128) against the CPU twin on the same inputs, over batch sizes on
+// both sides of each tile, odd output counts, widths off the kernels' k steps, every K split of the
+// TMA kernel; plus determinism (two runs give the same bits).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda_backend.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "test_util.h"
 
@@ -21,7 +24,8 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
                         Case{32, 200, 512, false}, Case{31, 13, 32, true}, Case{16, 40000, 256, true},
                         Case{5, 33800, 96, false}}) {
     SCOPED_TRACE(testing::Message() << "M=" << c.M << " N=" << c.N << " K=" << c.K << " bias=" << c.bias);
-    ASSERT_TRUE(ops::fused_linear_valid(*gpu, c.M, c.K, DType::bf16));
+    ASSERT_TRUE(ops::fused_linear_valid(*gpu, ops::FusedLinear::norm, c.M, c.K, DType::bf16));
+    auto& cuda_be = static_cast<CudaBackend&>(*gpu);
     auto dev = [&](Tensor t) { return std::move(to_device(*gpu, t)).value(); };
     TensorBuffer x = random_host({c.M, c.K}, DType::f32, 11);  // the residual stream
     TensorBuffer xb = random_host({c.M, c.K}, DType::bf16, 12);  // an attention / activation input
@@ -45,14 +49,19 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
       ops::norm_linear_forward(*gpu, dy2, dx, dg, eps, dw, dbias);
       EXPECT_EQ(to_f32(*gpu, dy2), to_f32(*gpu, dy));
     }
-    // linear_residual
+    // linear_residual and linear_swiglu on this kernel (the ops may pick the TMA kernel)
     {
       TensorBuffer rc = host_empty({c.M, c.N}, DType::f32);
       std::copy(r.ptr<float>(), r.ptr<float>() + c.M * c.N, rc.ptr<float>());
       ops::linear_residual_forward(*cpu, rc, xb, w, bias);
       TensorBuffer dr = dev(r);
-      ops::linear_residual_forward(*gpu, dr, dxb, dw, dbias);
+      cuda::fused_linear_kernel_forward(cuda_be, ops::FusedLinear::residual, dr, dxb, Tensor{}, 0.0f, dw, dbias);
       EXPECT_LE(rel_error(to_f32(*gpu, dr), to_f32(*cpu, rc)), 1e-3);
+      TensorBuffer act = host_empty({c.M, c.N}, DType::f32);
+      ops::linear_swiglu_forward(*cpu, act, xb, w2, bias2);
+      TensorBuffer dact = std::move(empty(*gpu, {c.M, c.N}, DType::bf16)).value();
+      cuda::fused_linear_kernel_forward(cuda_be, ops::FusedLinear::swiglu, dact, dxb, Tensor{}, 0.0f, dw2, dbias2);
+      EXPECT_LE(rel_error(to_f32(*gpu, dact), to_f32(*cpu, act)), 2e-2);
     }
     // norm_linear_swiglu
     {
@@ -62,6 +71,64 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
       ops::fill_constant(*gpu, dact, NAN);
       ops::norm_linear_swiglu_forward(*gpu, dact, dx, dg, eps, dw2, dbias2);
       EXPECT_LE(rel_error(to_f32(*gpu, dact), to_f32(*cpu, act)), 2e-2);
+    }
+  }
+}
+
+// The TMA streaming kernel, each epilogue against the CPU twin: batch rows on both sides of every
+// BM tile (16, 32, 64, 128), output counts off the 64-row (SwiGLU: 32-output) tiles, K off the
+// 64-wide k step, every K split; bits equal across runs.
+TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
+  KILN_REQUIRE_GPU(gpu);
+  auto& cuda_be = static_cast<CudaBackend&>(*gpu);
+  if (!cuda::linear_tma_valid(cuda_be, 1, 64, DType::bf16)) GTEST_SKIP() << "needs a Hopper GPU (sm_90)";
+  auto cpu = make_cpu_backend();
+  struct Case { int64_t M, N, K; bool bias; int splits; };
+  for (const Case& c : {Case{1, 64, 64, false, 0}, Case{5, 37, 200, true, 0}, Case{16, 2048, 1536, false, 0},
+                        Case{17, 1536, 1536, true, 8}, Case{32, 100, 6912, false, 0}, Case{33, 13, 8, true, 1},
+                        Case{64, 300, 520, false, 2}, Case{65, 1536, 6912, true, 0}, Case{100, 13824, 256, false, 0},
+                        Case{128, 77, 1544, true, 4}, Case{127, 4000, 64, false, 8}, Case{128, 2048, 1536, false, 3}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << c.M << " N=" << c.N << " K=" << c.K << " bias=" << c.bias
+                                    << " splits=" << c.splits);
+    ASSERT_TRUE(cuda::linear_tma_valid(cuda_be, c.M, c.K, DType::bf16));
+    auto dev = [&](Tensor t) { return std::move(to_device(*gpu, t)).value(); };
+    TensorBuffer x = random_host({c.M, c.K}, DType::bf16, 21);
+    TensorBuffer w = random_host({c.N, c.K}, DType::bf16, 22, 0.05f), b = random_host({c.N}, DType::bf16, 23);
+    TensorBuffer w2 = random_host({2 * c.N, c.K}, DType::bf16, 24, 0.05f), b2 = random_host({2 * c.N}, DType::f32, 25);
+    TensorBuffer r = random_host({c.M, c.N}, DType::f32, 26);
+    const Tensor bias = c.bias ? b.view() : Tensor{}, bias2 = c.bias ? b2.view() : Tensor{};
+    TensorBuffer dx = dev(x), dw = dev(w), db = dev(b), dw2 = dev(w2), db2 = dev(b2);
+    const Tensor dbias = c.bias ? db.view() : Tensor{}, dbias2 = c.bias ? db2.view() : Tensor{};
+    using cuda::TmaEpilogue;
+    // store: bf16 and f32 outputs
+    for (DType y_dt : {DType::bf16, DType::f32}) {
+      TensorBuffer y = host_empty({c.M, c.N}, DType::f32);
+      ops::linear_forward(*cpu, y, x, w, bias);
+      TensorBuffer dy = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
+      ops::fill_constant(*gpu, dy, NAN);
+      cuda::linear_tma_forward(cuda_be, TmaEpilogue::store, dy, dx, dw, dbias, c.splits);
+      EXPECT_LE(rel_error(to_f32(*gpu, dy), to_f32(*cpu, y)), y_dt == DType::f32 ? 1e-4 : 1e-2);
+      TensorBuffer dy2 = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
+      cuda::linear_tma_forward(cuda_be, TmaEpilogue::store, dy2, dx, dw, dbias, c.splits);
+      EXPECT_EQ(to_f32(*gpu, dy2), to_f32(*gpu, dy));
+    }
+    // add into the f32 residual
+    {
+      TensorBuffer rc = host_empty({c.M, c.N}, DType::f32);
+      std::copy(r.ptr<float>(), r.ptr<float>() + c.M * c.N, rc.ptr<float>());
+      ops::linear_residual_forward(*cpu, rc, x, w, bias);
+      TensorBuffer dr = dev(r);
+      cuda::linear_tma_forward(cuda_be, TmaEpilogue::add_residual, dr, dx, dw, dbias, c.splits);
+      EXPECT_LE(rel_error(to_f32(*gpu, dr), to_f32(*cpu, rc)), 1e-4);
+    }
+    // SwiGLU of [gate; up]
+    {
+      TensorBuffer act = host_empty({c.M, c.N}, DType::f32);
+      ops::linear_swiglu_forward(*cpu, act, x, w2, bias2);
+      TensorBuffer dact = std::move(empty(*gpu, {c.M, c.N}, DType::f32)).value();
+      ops::fill_constant(*gpu, dact, NAN);
+      cuda::linear_tma_forward(cuda_be, TmaEpilogue::swiglu, dact, dx, dw2, dbias2, c.splits);
+      EXPECT_LE(rel_error(to_f32(*gpu, dact), to_f32(*cpu, act)), 1e-4);
     }
   }
 }

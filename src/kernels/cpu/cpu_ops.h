@@ -17,6 +17,7 @@ void rope_forward(Tensor x, Tensor positions, Tensor inv_freq, float attention_s
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor bias);
 void norm_linear_forward(Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias);
 void norm_linear_swiglu_forward(Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias);
+void linear_swiglu_forward(Tensor out, Tensor x, Tensor w, Tensor bias);
 void linear_residual_forward(Tensor residual, Tensor x, Tensor w, Tensor bias);
 void gemm(Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);
 void bias_add_forward(Tensor y, Tensor bias);

@@ -1,5 +1,6 @@
 // CPU twins of the fused small-batch linear layers (ops.h: norm_linear_forward,
-// norm_linear_swiglu_forward, linear_residual_forward), composed in f32 from the same formulas:
+// norm_linear_swiglu_forward, linear_swiglu_forward, linear_residual_forward), composed in f32 from
+// the same formulas:
 // the normed rows x * norm_w scaled by 1 / rms after the product, as the CUDA kernels do.
 #include <cmath>
 #include <vector>
@@ -46,6 +47,17 @@ std::vector<float> norm_linear_f32(Tensor x, Tensor norm_w, float eps, Tensor w,
   return out;
 }
 
+// out[M, I] = silu(g) * u of the rows [g | u] of gu [M, 2I].
+void swiglu_rows(Tensor out, const std::vector<float>& gu, int64_t M, int64_t I) {
+  std::vector<float> act(static_cast<size_t>(M * I));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < I; ++i) {
+      const float g = gu[m * 2 * I + i], u = gu[m * 2 * I + I + i];
+      act[m * I + i] = g / (1.0f + std::exp(-g)) * u;
+    }
+  detail::store_f32(out, 0, out.numel(), act.data());
+}
+
 }  // namespace
 
 void norm_linear_forward(Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias) {
@@ -59,14 +71,16 @@ void norm_linear_swiglu_forward(Tensor out, Tensor x, Tensor norm_w, float eps, 
   detail::check_float(out);
   const int64_t K = x.size(-1), M = x.numel() / K, I = w.size(0) / 2;
   KILN_ASSERT(w.size(0) % 2 == 0 && out.numel() == M * I);
-  const std::vector<float> gu = norm_linear_f32(x, norm_w, eps, w, bias);
-  std::vector<float> act(static_cast<size_t>(M * I));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t i = 0; i < I; ++i) {
-      const float g = gu[m * 2 * I + i], u = gu[m * 2 * I + I + i];
-      act[m * I + i] = g / (1.0f + std::exp(-g)) * u;
-    }
-  detail::store_f32(out, 0, out.numel(), act.data());
+  swiglu_rows(out, norm_linear_f32(x, norm_w, eps, w, bias), M, I);
+}
+
+void linear_swiglu_forward(Tensor out, Tensor x, Tensor w, Tensor bias) {
+  detail::check_float(out);
+  const int64_t K = x.size(-1), M = x.numel() / K, I = w.size(0) / 2;
+  KILN_ASSERT(w.size(0) % 2 == 0 && out.numel() == M * I);
+  std::vector<float> gu(static_cast<size_t>(M * 2 * I));
+  linear_forward(host_f32(gu, M, 2 * I), x.view(Shape{M, K}), w, bias);
+  swiglu_rows(out, gu, M, I);
 }
 
 void linear_residual_forward(Tensor residual, Tensor x, Tensor w, Tensor bias) {

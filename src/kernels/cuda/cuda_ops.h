@@ -18,12 +18,30 @@ void rope_forward(CudaBackend& be, Tensor x, Tensor positions, Tensor inv_freq, 
 void linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor bias);
 void gemm(CudaBackend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);
 void bias_add_forward(CudaBackend& be, Tensor y, Tensor bias);
-bool fused_linear_valid(int64_t M, int64_t K, DType w_dtype);
+bool fused_linear_valid(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t K, DType w_dtype);
 bool fused_linear_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t N, int64_t K, DType w_dtype);
 void norm_linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias);
 void norm_linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
                                 Tensor bias);
 void linear_residual_forward(CudaBackend& be, Tensor residual, Tensor x, Tensor w, Tensor bias);
+void linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor w, Tensor bias);
+// The fused small-batch kernel itself (at most ops::kNormLinearMaxRows rows, K % 32 == 0), whatever
+// the measured preference: for benchmarks and tests. y, x as the ops of `kind` take them.
+void fused_linear_kernel_forward(CudaBackend& be, ops::FusedLinear kind, Tensor y, Tensor x, Tensor norm_w, float eps,
+                                 Tensor w, Tensor bias);
+
+// Streaming linear layers on Hopper for 1 .. kLinearTmaMaxRows rows (linear_tma.cu): TMA weight
+// stream into wgmma, K split over a cluster for few-tile matrices, deterministic. x and w bf16, K a
+// multiple of 8, 16-byte aligned bases. y = epilogue(x @ w^T + bias): stored in y's dtype, added
+// into the f32 residual y, or SwiGLU of w = [gate; up] (y [M, N / 2]). k_splits 0 chooses.
+constexpr int64_t kLinearTmaMaxRows = 128;
+enum class TmaEpilogue { store, add_residual, swiglu };
+bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype);
+// Whether, by measurement, the streaming kernel beats what the op would run otherwise (cuBLASLt, or
+// the fused small-batch kernel where that takes the shape) for M rows, N weight rows, width K.
+bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype);
+void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
+                        int k_splits = 0);
 void swiglu_forward(CudaBackend& be, Tensor out, Tensor gate_up);
 void softmax_forward(CudaBackend& be, Tensor y, Tensor x);
 void log_softmax_forward(CudaBackend& be, Tensor y, Tensor x);

@@ -292,13 +292,19 @@ void launch_for_tiles(CudaBackend& be, void* y, DType y_dt, const void* x, const
   else run(std::integral_constant<int, 2>{});
 }
 
+constexpr int64_t kMaxRows = ops::kNormLinearMaxRows;  // this kernel's batch rows (4 n8 tiles)
+
+bool kernel_valid(int64_t M, int64_t K, DType w_dtype) {
+  return M >= 1 && M <= kMaxRows && K % 32 == 0 && K > 0 && K < (int64_t(1) << 30) && w_dtype == DType::bf16;
+}
+
 template <bool kNorm, Epilogue kEpi>
 void launch(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor norm_w, Tensor bias, float eps) {
   detail::check_float(be, y);
   detail::check_float(be, x);
   detail::check_float(be, w);
   const int64_t K = x.size(-1), M = x.numel() / std::max<int64_t>(K, 1), N = w.size(0);
-  KILN_ASSERT(fused_linear_valid(M, K, w.dtype));
+  KILN_ASSERT(kernel_valid(M, K, w.dtype));
   KILN_ASSERT(w.ndim() == 2 && w.size(1) == K && N < (int64_t(1) << 30));
   KILN_ASSERT(x.dtype == (kNorm ? DType::f32 : w.dtype));
   KILN_ASSERT(y.numel() == M * (kEpi == Epilogue::swiglu ? N / 2 : N));
@@ -316,27 +322,48 @@ void launch(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor norm_w, Tensor
   else launch_for_tiles<4, kNorm, kEpi>(be, y.data, y.dtype, x.data, wt, nt, bias.data, bias.dtype, m, n, k, eps);
 }
 
-}  // namespace
-
-bool fused_linear_valid(int64_t M, int64_t K, DType w_dtype) {
-  return M >= 1 && M <= ops::kFusedLinearMaxRows && K % 32 == 0 && K > 0 && K < (int64_t(1) << 30) &&
-         w_dtype == DType::bf16;
-}
-
 // Measured on the H200 against cuBLASLt plus the separate norm / SwiGLU kernels (bench_ops, decode
-// projections of the astrai-1b shape over 24 layers' weights, 1 to 32 rows): the fused kernel wins
-// for q/k/v (6.3 vs 15.4 us at 1 row, 8.6 vs 15.3 at 32) and o (5.6 vs 9.5, 7.3 vs 10.2), and for
+// projections of the astrai-1b shape over 24 layers' weights, 1 to 32 rows): this kernel wins for
+// q/k/v (6.3 vs 15.4 us at 1 row, 8.6 vs 15.3 at 32) and o (5.6 vs 9.5, 7.3 vs 10.2), and for
 // gate/up + SwiGLU up to 16 rows (18.0 vs 20.6 at 1, 20.5 vs 21.0 at 16; 46 vs 21 at 32); cuBLASLt
 // wins for the vocabulary head (103 vs 91) and the long-K down projection above 8 rows (14.9 vs 11.0
 // at 32; at 1-8 rows they tie within the run-to-run spread, 10.7-12.9 against 10.4-13.4).
-bool fused_linear_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t N, int64_t K,
-                            DType w_dtype) {
-  if (!fused_linear_valid(M, K, w_dtype)) return false;
+bool kernel_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t N, int64_t K, DType w_dtype) {
+  if (!kernel_valid(M, K, w_dtype)) return false;
   const bool wide = N >= 32 * static_cast<int64_t>(be.multiprocessor_count()) * 16;
   switch (kind) {
     case ops::FusedLinear::norm: return !wide;
-    case ops::FusedLinear::norm_swiglu: return M <= 16;
+    case ops::FusedLinear::norm_swiglu:
+    case ops::FusedLinear::swiglu: return M <= 16;
     case ops::FusedLinear::residual: return K <= 2 * N || M <= 8;
+  }
+  return false;
+}
+
+// The streaming kernel (linear_tma.cu) for the unnormed kinds where it is the faster choice or
+// the only one that takes the rows.
+bool use_tma(CudaBackend& be, TmaEpilogue epi, int64_t M, int64_t N, int64_t K, DType w_dtype) {
+  return linear_tma_valid(be, M, K, w_dtype) && (!kernel_valid(M, K, w_dtype) || linear_tma_preferred(be, epi, M, N, K, w_dtype));
+}
+
+}  // namespace
+
+bool fused_linear_valid(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t K, DType w_dtype) {
+  const bool normed = kind == ops::FusedLinear::norm || kind == ops::FusedLinear::norm_swiglu;
+  return kernel_valid(M, K, w_dtype) || (!normed && linear_tma_valid(be, M, K, w_dtype));
+}
+
+bool fused_linear_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t N, int64_t K,
+                            DType w_dtype) {
+  switch (kind) {
+    case ops::FusedLinear::norm:
+    case ops::FusedLinear::norm_swiglu: return kernel_preferred(be, kind, M, N, K, w_dtype);
+    case ops::FusedLinear::swiglu:
+      return kernel_preferred(be, kind, M, N, K, w_dtype) ||
+             linear_tma_preferred(be, TmaEpilogue::swiglu, M, 2 * N, K, w_dtype);
+    case ops::FusedLinear::residual:
+      return kernel_preferred(be, kind, M, N, K, w_dtype) ||
+             linear_tma_preferred(be, TmaEpilogue::add_residual, M, N, K, w_dtype);
   }
   return false;
 }
@@ -350,7 +377,27 @@ void norm_linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor no
   launch<true, Epilogue::swiglu>(be, out, x, w, norm_w, bias, eps);
 }
 
+void linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor w, Tensor bias) {
+  const int64_t K = x.size(-1), M = x.numel() / std::max<int64_t>(K, 1);
+  if (use_tma(be, TmaEpilogue::swiglu, M, w.size(0), K, w.dtype))
+    return linear_tma_forward(be, TmaEpilogue::swiglu, out, x, w, bias);
+  launch<false, Epilogue::swiglu>(be, out, x, w, Tensor{}, bias, 0.0f);
+}
+
+void fused_linear_kernel_forward(CudaBackend& be, ops::FusedLinear kind, Tensor y, Tensor x, Tensor norm_w, float eps,
+                                 Tensor w, Tensor bias) {
+  switch (kind) {
+    case ops::FusedLinear::norm: return launch<true, Epilogue::store>(be, y, x, w, norm_w, bias, eps);
+    case ops::FusedLinear::norm_swiglu: return launch<true, Epilogue::swiglu>(be, y, x, w, norm_w, bias, eps);
+    case ops::FusedLinear::swiglu: return launch<false, Epilogue::swiglu>(be, y, x, w, Tensor{}, bias, 0.0f);
+    case ops::FusedLinear::residual: return launch<false, Epilogue::add_residual>(be, y, x, w, Tensor{}, bias, 0.0f);
+  }
+}
+
 void linear_residual_forward(CudaBackend& be, Tensor residual, Tensor x, Tensor w, Tensor bias) {
+  const int64_t K = x.size(-1), M = x.numel() / std::max<int64_t>(K, 1);
+  if (use_tma(be, TmaEpilogue::add_residual, M, w.size(0), K, w.dtype))
+    return linear_tma_forward(be, TmaEpilogue::add_residual, residual, x, w, bias);
   launch<false, Epilogue::add_residual>(be, residual, x, w, Tensor{}, bias, 0.0f);
 }
 

@@ -4,7 +4,8 @@
 //     x: [..., K] viewed as [M, K]; w: [N, K]; y: [..., N]. x and w share a dtype (bf16, f16 or f32);
 //     y is that dtype or f32 (logits). The bias is fused through CUBLASLT_EPILOGUE_BIAS when it has
 //     y's dtype and a 16-byte-aligned base (added in f32 before y is rounded, like the CPU twin);
-//     otherwise bias_add_forward runs after the product.
+//     otherwise bias_add_forward runs after the product. Batches of a few to 128 rows of bf16 run on
+//     the streaming kernel instead where it is faster (linear_tma.cu, linear_tma_preferred).
 //   gemm: C = alpha * op(A) @ op(B) + beta * C, row-major, op(X) = X^T when trans_X.
 //     A: [M, K] (or [K, M]), B: [K, N] (or [N, K]), C: [M, N]; A and B share a dtype, C is that
 //     dtype or f32. BLAS convention: with beta == 0, C is not read.
@@ -354,6 +355,9 @@ void linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor bias) 
     KILN_ASSERT(bias.numel() == N);
   }
   if (M == 0 || N == 0) return;
+  if (linear_tma_preferred(be, TmaEpilogue::store, M, N, K, x.dtype) && detail::aligned16(x.data) &&
+      detail::aligned16(w.data))
+    return linear_tma_forward(be, TmaEpilogue::store, y, x, w, bias);
   if (K == 0) {
     fill_constant(be, y, 0.0f);
     if (has_bias) bias_add_forward(be, y, bias.view(Shape{N}));

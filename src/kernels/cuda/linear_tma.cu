@@ -1,0 +1,292 @@
+// Streaming linear layers for a few to 128 rows on Hopper (cuda_ops.h: linear_tma_forward): the
+// batched decode steps' projections, bound by reading each weight byte once.
+//
+// y^T = W x^T on wgmma with the weight tile as operand A (64 weight rows) and the batch rows as
+// operand B (N = BM, 16 to 128 rows, zero-padded by TMA past M). Both tiles arrive by TMA in
+// 64-wide k steps (128-byte rows, 128-byte swizzle) into a ring of shared-memory stages that
+// complete on mbarriers; thread 0 refills a stage as soon as the warpgroup has read it, so the ring
+// keeps kStages weight tiles in flight per block and two blocks share an SM. One warpgroup per
+// block; its accumulators are the 64 x BM tile of y^T.
+//
+// Few-tile matrices (the attention projections, the long-K down projection) split K over a cluster
+// of up to 8 blocks; the blocks' tiles meet in shared memory and each block finishes a share of the
+// outputs, adding the ranks' partial sums in rank order through distributed shared memory: no
+// atomics, so results are deterministic and a replayed graph is bit-exact.
+//
+// Epilogues: store (y in its dtype), add into the f32 residual, or SwiGLU. For SwiGLU a tile's 64
+// weight rows are 32 gate rows and the 32 up rows of the same outputs (two TMA boxes per stage).
+//
+// Programmatic dependent launch: the kernel is launched with the programmatic stream
+// serialization attribute, loads its first weight tiles, and only then waits for the grid before
+// it (whose output x is); so a projection's weight stream starts while the previous kernel drains.
+#include <cooperative_groups.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/attention_internal.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/hopper_util.cuh"
+#include "kernels/cuda/kernel_util.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+using namespace hopper;
+
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kBK = 64;        // k per stage: one 128-byte swizzled row per tile row
+constexpr int kBW = 64;        // weight rows per tile (wgmma M)
+constexpr int kMaxSplits = 8;  // portable cluster size
+constexpr int kStageBudget = 96 * 1024;
+
+template <int BM>
+struct Geometry {
+  static constexpr int kWBytes = kBW * kBK * 2;
+  static constexpr int kXBytes = BM * kBK * 2;
+  static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024 (BM % 8 == 0)
+  static constexpr int kStages = std::clamp(kStageBudget / kStageBytes, 2, 8);
+  static constexpr int kRedStride = BM + 1;  // floats per weight row of the reduction tile
+  static constexpr int kRedBytes = kBW * kRedStride * 4;
+  static constexpr int kSmem = std::max(kStages * kStageBytes, kRedBytes) + 1024;  // + alignment slack
+};
+
+template <int BM, TmaEpilogue kEpi>
+__global__ void __launch_bounds__(kThreads, 2)
+    linear_tma_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
+                      void* __restrict__ y, DType y_dt, const void* __restrict__ bias, DType b_dt, int M, int N, int K) {
+  using G = Geometry<BM>;
+  constexpr int kStages = G::kStages;
+  constexpr bool kSwiglu = kEpi == TmaEpilogue::swiglu;
+  constexpr int kOuts = kSwiglu ? kBW / 2 : kBW;  // outputs per tile
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full[kStages];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int tid = threadIdx.x;
+  const int splits = gridDim.y, rank = blockIdx.y;
+  const int out_rows = kSwiglu ? N / 2 : N;
+  const int o0 = blockIdx.x * kOuts;  // first output of the tile
+
+  // This rank's k tiles.
+  const int k_tiles = (K + kBK - 1) / kBK;
+  const int per_rank = (k_tiles + splits - 1) / splits;
+  const int kt0 = min(k_tiles, rank * per_rank);
+  const int n_k = min(k_tiles, kt0 + per_rank) - kt0;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  auto load_w = [&](int s, int kt) {
+    uint8_t* dst = smem + s * G::kStageBytes;
+    mbar_arrive_expect_tx(&full[s], G::kStageBytes);
+    if constexpr (kSwiglu) {
+      tma_load_2d(dst, &w_map, kt * kBK, o0, &full[s]);
+      tma_load_2d(dst + G::kWBytes / 2, &w_map, kt * kBK, out_rows + o0, &full[s]);
+    } else {
+      tma_load_2d(dst, &w_map, kt * kBK, o0, &full[s]);
+    }
+  };
+  auto load_x = [&](int s, int kt) {
+    tma_load_2d(smem + s * G::kStageBytes + G::kWBytes, &x_map, kt * kBK, 0, &full[s]);
+  };
+
+  // The weights do not depend on the previous kernel: start their stream before waiting for it.
+  const int prologue = min(kStages, n_k);
+  if (tid == 0)
+    for (int s = 0; s < prologue; ++s) load_w(s, kt0 + s);
+  grid_dependency_wait();
+  if (tid == 0)
+    for (int s = 0; s < prologue; ++s) load_x(s, kt0 + s);
+
+  float acc[BM / 2];
+#pragma unroll
+  for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < n_k; ++i) {
+    const int s = i % kStages;
+    mbar_wait(&full[s], (i / kStages) & 1);
+    const uint32_t wa = smem_u32(smem + s * G::kStageBytes), xa = wa + G::kWBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) WgmmaSS<BM>::run(acc, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(acc);
+    __syncthreads();  // every warp has read stage s
+    if (tid == 0 && i + kStages < n_k) {
+      load_w(s, kt0 + i + kStages);
+      load_x(s, kt0 + i + kStages);
+    }
+  }
+  launch_dependents();
+
+  // The tile to shared memory (the stages are free: every load issued has been consumed):
+  // red[r][m] = y^T of weight row r (of the tile), batch row m.
+  float* red = reinterpret_cast<float*>(smem);
+  {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const int r = 16 * warp + g, m = 8 * j + 2 * t;
+      red[r * G::kRedStride + m] = acc[4 * j];
+      red[r * G::kRedStride + m + 1] = acc[4 * j + 1];
+      red[(r + 8) * G::kRedStride + m] = acc[4 * j + 2];
+      red[(r + 8) * G::kRedStride + m + 1] = acc[4 * j + 3];
+    }
+  }
+  if (splits > 1) cg::this_cluster().sync();
+  else __syncthreads();
+  auto total = [&](int offset) {
+    if (splits == 1) return red[offset];
+    float v = 0.0f;
+    for (int q = 0; q < splits; ++q) v += cg::this_cluster().map_shared_rank(red, q)[offset];
+    return v;
+  };
+
+  // One thread per (batch row m, output j of the tile), outputs fastest for contiguous stores;
+  // the cluster's ranks take turns over the elements.
+  for (int idx = tid + rank * kThreads; idx < M * kOuts; idx += splits * kThreads) {
+    const int m = idx / kOuts, jl = idx % kOuts, j = o0 + jl;
+    if (j >= out_rows) continue;
+    float v = total(jl * G::kRedStride + m);
+    if (bias) v += detail::load1(bias, j, b_dt);
+    const int64_t o = static_cast<int64_t>(m) * out_rows + j;
+    if constexpr (kEpi == TmaEpilogue::store) {
+      detail::store1(y, o, y_dt, v);
+    } else if constexpr (kEpi == TmaEpilogue::add_residual) {
+      float* r = static_cast<float*>(y) + o;
+      *r = *r + v;
+    } else {
+      float u = total((kOuts + jl) * G::kRedStride + m);
+      if (bias) u += detail::load1(bias, out_rows + j, b_dt);
+      detail::store1(y, o, y_dt, v / (1.0f + expf(-v)) * u);
+    }
+  }
+  if (splits > 1) cg::this_cluster().sync();  // keep this block's tile alive until every rank has read it
+}
+
+// cuTensorMapEncodeTiled from the driver (through the runtime: no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    KILN_ASSERT(q == cudaDriverEntryPointSuccess && p != nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// Tensor map of a row-major bf16 matrix [rows, cols] read in boxes of box_rows x 64 columns, with
+// the 128-byte swizzle; out-of-bounds elements read as zeros.
+CUtensorMap tile_map(const void* base, int64_t rows, int64_t cols, int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
+                                          strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  KILN_ASSERT(r == CUDA_SUCCESS);
+  return map;
+}
+
+// Blocks of a cluster splitting K: the fewest (1, 2, 4, 8) that give the grid at least 90% of one
+// block per SM, keeping at least two k tiles per block.
+int choose_splits(int tiles, int k_tiles, int sm_count) {
+  int s = 1;
+  while (s < kMaxSplits && tiles * s * 10 < 9 * sm_count && k_tiles / (2 * s) >= 2) s *= 2;
+  return s;
+}
+
+template <int BM, TmaEpilogue kEpi>
+void launch_bm(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, const void* bias, DType b_dt,
+               int M, int N, int K, int splits) {
+  using G = Geometry<BM>;
+  constexpr bool kSwiglu = kEpi == TmaEpilogue::swiglu;
+  const int out_rows = kSwiglu ? N / 2 : N;
+  const int tiles = (out_rows + (kSwiglu ? kBW / 2 : kBW) - 1) / (kSwiglu ? kBW / 2 : kBW);
+  const int k_tiles = (K + kBK - 1) / kBK;
+  if (splits <= 0) splits = choose_splits(tiles, k_tiles, be.multiprocessor_count());
+  splits = std::clamp(splits, 1, kMaxSplits);
+  const CUtensorMap w_map = tile_map(w, N, K, kSwiglu ? kBW / 2 : kBW);
+  const CUtensorMap x_map = tile_map(x, M, K, BM);
+  auto kernel = linear_tma_kernel<BM, kEpi>;
+  attention_allow_smem(be, reinterpret_cast<const void*>(kernel), G::kSmem);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = G::kSmem;
+  cfg.stream = detail::stream_of(be);
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, w_map, x_map, y, y_dt, bias, b_dt, M, N, K));
+}
+
+template <TmaEpilogue kEpi>
+void launch(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, const void* bias, DType b_dt, int M,
+            int N, int K, int splits) {
+  if (M <= 16) launch_bm<16, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  else if (M <= 32) launch_bm<32, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  else if (M <= 64) launch_bm<64, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  else launch_bm<128, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+}
+
+}  // namespace
+
+bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype) {
+  return attention_device_has_wgmma(be) && dtype == DType::bf16 && M >= 1 && M <= kLinearTmaMaxRows && K > 0 &&
+         K % 8 == 0 && K < (int64_t(1) << 31);
+}
+
+// To be measured (bench_ops): every valid shape above 8 rows.
+bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype) {
+  (void)epilogue, (void)N;
+  return linear_tma_valid(be, M, K, dtype) && M > 8;
+}
+
+void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
+                        int k_splits) {
+  detail::check_float(be, y);
+  detail::check_float(be, x);
+  detail::check_float(be, w);
+  const int64_t K = x.size(-1), M = x.numel() / std::max<int64_t>(K, 1), N = w.size(0);
+  KILN_ASSERT(linear_tma_valid(be, M, K, w.dtype) && x.dtype == w.dtype);
+  KILN_ASSERT(w.ndim() == 2 && w.size(1) == K && N < (int64_t(1) << 31));
+  KILN_ASSERT(detail::aligned16(x.data) && detail::aligned16(w.data));
+  const bool swiglu = epilogue == TmaEpilogue::swiglu;
+  if (swiglu) KILN_ASSERT(N % 2 == 0);
+  KILN_ASSERT(y.numel() == M * (swiglu ? N / 2 : N));
+  if (epilogue == TmaEpilogue::add_residual) KILN_ASSERT(y.dtype == DType::f32);
+  if (bias.data) {
+    detail::check_float(be, bias);
+    KILN_ASSERT(bias.numel() == N);
+  }
+  if (N == 0) return;
+  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  switch (epilogue) {
+    case TmaEpilogue::store:
+      return launch<TmaEpilogue::store>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits);
+    case TmaEpilogue::add_residual:
+      return launch<TmaEpilogue::add_residual>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k,
+                                               k_splits);
+    case TmaEpilogue::swiglu:
+      return launch<TmaEpilogue::swiglu>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits);
+  }
+}
+
+}  // namespace kiln::cuda
