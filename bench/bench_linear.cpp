@@ -1,9 +1,9 @@
 // The decode step's projections at small batch sizes, each implementation beside the others: cuBLASLt
 // with the separate norm / SwiGLU / residual-add kernels, kiln's fused small-batch kernel (up to 32
 // rows), and the streaming TMA kernel (Hopper, up to 128 rows), over every layer's own weights (as
-// a decode step reads them: from HBM, not L2). Prints JSON: microseconds per layer (median of
-// repeats, CUDA events) and the weight bytes' GB/s, per row count; optionally a sweep of the TMA
-// kernel's K split.
+// a decode step reads them: from HBM, not L2), captured in a CUDA graph and replayed like a decode
+// step. Prints JSON: microseconds per layer (median of repeats, CUDA events) and the weight bytes'
+// GB/s, per row count; optionally a sweep of the TMA kernel's K split.
 // Usage: bench_linear --config bench/configs/astrai-1b-shape.config.json [--rows 1,8,32,128] [--splits]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -38,10 +38,12 @@ int main(int argc, char** argv) {
   std::vector<int64_t> row_counts = {1, 8, 16, 32, 64, 128};
   int reps = 20;
   bool sweep_splits = false;
+  std::vector<std::string> only;
   app.add_option("--config", config_path, "Hugging Face config.json")->required();
   app.add_option("--rows", row_counts, "batch rows (tokens of the step)")->delimiter(',');
   app.add_option("--reps", reps, "timed repeats (median)");
   app.add_flag("--splits", sweep_splits, "also time the TMA kernel at each K split (1, 2, 4, 8)");
+  app.add_option("--only", only, "time only these entries (e.g. gate_up_tma; for profilers)")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 #ifndef KILN_WITH_CUDA
   (void)reps, (void)sweep_splits;
@@ -77,13 +79,17 @@ int main(int argc, char** argv) {
   TensorBuffer logits_b = buf({T, c.vocab_size}, DType::f32);
 
   nlohmann::json res = {{"config", config_path}, {"layers", L}};
+  // Median time of one replay of fn captured as a CUDA graph (as the engine's decode steps run).
   auto time = [&](const std::function<void()>& fn) {
-    fn();
+    fn();  // plans cuBLASLt's shapes and raises kernel limits outside the capture
+    Result<std::unique_ptr<CapturedWork>> graph = be.capture(fn);
+    KILN_ASSERT(graph.ok());
+    (*graph)->replay();
     std::vector<float> ms;
     auto a = be.create_event(), b = be.create_event();
     for (int r = 0; r < reps; ++r) {
       a->record();
-      fn();
+      (*graph)->replay();
       b->record();
       KILN_ASSERT(b->wait().ok());
       ms.push_back(b->elapsed_ms(*a));
@@ -99,6 +105,7 @@ int main(int argc, char** argv) {
     nlohmann::json row;
     // One projection over the layers' weights (w_index < 0: the head, once), per layer.
     auto entry = [&](const std::string& name, int w_index, double bytes, const std::function<void(Tensor)>& fn) {
+      if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) return;
       const int64_t n = w_index < 0 ? 1 : L;
       const double us = time([&] {
         for (int64_t l = 0; l < n; ++l) fn(w_index < 0 ? head.view() : lw[4 * l + w_index].view());
@@ -165,9 +172,11 @@ int main(int argc, char** argv) {
       tma_entries(0, "");
       if (sweep_splits)
         for (int s : {1, 2, 4, 8}) tma_entries(s, "_ks" + std::to_string(s));
-      // The projection alone, without the norm kernel before it.
-      entry("qkv_tma_no_norm", 0, e2 * QKV * H,
+      // The projections alone, without the norm kernels between (what a norm folded in would cost).
+      entry("qkv_tma_bare", 0, e2 * QKV * H,
             [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}); });
+      entry("gate_up_tma_bare", 2, e2 * 2 * I * H,
+            [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}); });
     }
     res["rows"][std::to_string(M)] = row;
   }

@@ -43,7 +43,7 @@ void expect_close(const float* got, const std::vector<double>& want) {
 TEST(FusedLinear, MatchHandWrittenReference) {
   auto be = make_cpu_backend();
   const float eps = 1e-5f;
-  for (const Shape3& s : {Shape3{1, 16, 32}, Shape3{5, 37, 96}, Shape3{32, 64, 64}}) {
+  for (const Shape3& s : {Shape3{1, 16, 32}, Shape3{5, 37, 96}, Shape3{32, 64, 64}, Shape3{100, 40, 48}}) {
     for (bool with_bias : {false, true}) {
       SCOPED_TRACE(testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K << " bias=" << with_bias);
       TensorBuffer x = random_host({s.M, s.K}, DType::f32, 1), g = random_host({s.K}, DType::f32, 2);
@@ -74,6 +74,17 @@ TEST(FusedLinear, MatchHandWrittenReference) {
       for (int64_t m = 0; m < s.M; ++m)
         for (int64_t n = 0; n < s.N; ++n) {
           const double gate = gu[m * 2 * s.N + n], up = gu[m * 2 * s.N + s.N + n];
+          want_act[m * s.N + n] = gate / (1.0 + std::exp(-gate)) * up;
+        }
+      expect_close(act.ptr<float>(), want_act);
+
+      // The same SwiGLU without the norm: [gate | up] = x @ w2^T + bias2
+      ops::linear_swiglu_forward(*be, act, x, w2, with_bias ? b2.view() : Tensor{});
+      const std::vector<double> gu_plain =
+          reference(x.ptr<float>(), nullptr, w2.ptr<float>(), with_bias ? b2.ptr<float>() : nullptr, s2, eps);
+      for (int64_t m = 0; m < s.M; ++m)
+        for (int64_t n = 0; n < s.N; ++n) {
+          const double gate = gu_plain[m * 2 * s.N + n], up = gu_plain[m * 2 * s.N + s.N + n];
           want_act[m * s.N + n] = gate / (1.0 + std::exp(-gate)) * up;
         }
       expect_close(act.ptr<float>(), want_act);

@@ -1,5 +1,5 @@
-// The engine on CUDA (bf16): batched requests agree with each request run alone within bf16
-// tolerance, and steady-state decode (graph replay) allocates no device memory.
+// The engine on CUDA (bf16): batched requests agree with each request run alone up to near-ties and
+// within bf16 tolerance, and steady-state decode (graph replay) allocates no device memory.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,12 +15,16 @@ namespace {
 struct Generated {
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> top;  // the two most likely tokens at each step
 };
 
 Generated drain(RequestStream& s) {
   Generated r;
   while (std::optional<EngineEvent> e = s.next())
-    for (const GeneratedToken& t : e->tokens) r.ids.push_back(t.id), r.logprobs.push_back(t.logprob);
+    for (const GeneratedToken& t : e->tokens) {
+      r.ids.push_back(t.id), r.logprobs.push_back(t.logprob);
+      r.top.push_back(t.top);
+    }
   return r;
 }
 
@@ -31,11 +35,19 @@ GenerationRequest greedy_request(int i, int64_t vocab) {
   r.max_tokens = 8 + i % 17;
   r.ignore_eos = true;
   r.logprobs = true;
+  r.top_logprobs = 2;
   return r;
 }
 
+// Greedy tokens of each request run in a batch equal those of the request run alone up to the
+// first near-tie of the alone run: where they differ, the batched token is the alone run's second
+// choice and the two choices' log-probabilities are within bf16 tolerance (the batch shape changes
+// bf16 rounding, so a near-tie may flip; anything else is a bug). Log-probs of the shared tokens,
+// and of the first differing one, agree within bf16 tolerance.
 TEST(EngineGpu, BatchedAgreesWithAloneWithinBf16Tolerance) {
   KILN_REQUIRE_GPU(be);
+  const double tol = 3e-2;
+  auto rel = [](double a, double b) { return std::fabs(a - b) / std::max(1.0, std::fabs(b)); };
   for (const char* name : {"tiny-llama", "tiny-qwen3"}) {
     Result<std::unique_ptr<Transformer>> m = Transformer::load(*be, testdata_dir() + "/" + name);
     ASSERT_TRUE(m.ok()) << m.status().message();
@@ -59,19 +71,24 @@ TEST(EngineGpu, BatchedAgreesWithAloneWithinBf16Tolerance) {
     int identical = 0;
     double worst = 0;
     for (int i = 0; i < n; ++i) {
+      SCOPED_TRACE(testing::Message() << name << " request " << i);
       Generated a = drain(**(*alone)->submit(greedy_request(i, vocab)));
-      ASSERT_EQ(a.ids.size(), together[i].ids.size());
+      const Generated& b = together[i];
+      ASSERT_EQ(a.ids.size(), b.ids.size());
       size_t agree = 0;
-      while (agree < a.ids.size() && a.ids[agree] == together[i].ids[agree]) ++agree;
+      while (agree < a.ids.size() && a.ids[agree] == b.ids[agree]) ++agree;
       identical += agree == a.ids.size();
-      // Log-probs of the shared prefix of tokens (and of the first differing one) agree within bf16.
-      for (size_t t = 0; t < std::min(agree + 1, a.ids.size()); ++t)
-        worst = std::max(worst, std::fabs(static_cast<double>(a.logprobs[t] - together[i].logprobs[t])) /
-                                    std::max(1.0, std::fabs(static_cast<double>(a.logprobs[t]))));
+      for (size_t t = 0; t < std::min(agree + 1, a.ids.size()); ++t) worst = std::max(worst, rel(b.logprobs[t], a.logprobs[t]));
+      if (agree < a.ids.size()) {
+        const auto& top = a.top[agree];
+        ASSERT_EQ(top.size(), 2u);
+        EXPECT_EQ(top[0].first, a.ids[agree]);
+        EXPECT_EQ(top[1].first, b.ids[agree]) << "the batched token is not the alone run's second choice";
+        EXPECT_LE(rel(top[1].second, top[0].second), tol) << "a flip away from a near-tie at token " << agree;
+      }
     }
-    EXPECT_LE(worst, 3e-2) << name;
-    // bf16 rounding depends on the batch shape, so a near-tie may flip; almost all must agree.
-    EXPECT_GE(identical, n - 2) << name;
+    EXPECT_LE(worst, tol) << name;
+    EXPECT_GE(identical, n / 2) << name;  // near-ties are the exception
   }
 }
 

@@ -1,6 +1,7 @@
 // The decode / short-query split-KV kernel and its combine pass (family 1 of attention.cu's
 // description), with the host choice of the split count.
 #include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/hopper_util.cuh"
 
 namespace kiln::cuda::attn {
 namespace {
@@ -45,6 +46,7 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   __shared__ __align__(16) float sm_acc[kWarps][16][D + kPad];
   __shared__ float sm_m[kWarps][16];
   __shared__ float sm_l[kWarps][16];
+  hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y % Hkv;
@@ -343,6 +345,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float sm_w[kDecodeMaxSplits];
   __shared__ __align__(16) float sm_o[kWarps][D];
   __shared__ float sm_red[2][kWarps];
+  hopper::launch_dependents();
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;

@@ -322,20 +322,22 @@ void launch(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor norm_w, Tensor
   else launch_for_tiles<4, kNorm, kEpi>(be, y.data, y.dtype, x.data, wt, nt, bias.data, bias.dtype, m, n, k, eps);
 }
 
-// Measured on the H200 against cuBLASLt plus the separate norm / SwiGLU kernels (bench_ops, decode
-// projections of the astrai-1b shape over 24 layers' weights, 1 to 32 rows): this kernel wins for
-// q/k/v (6.3 vs 15.4 us at 1 row, 8.6 vs 15.3 at 32) and o (5.6 vs 9.5, 7.3 vs 10.2), and for
-// gate/up + SwiGLU up to 16 rows (18.0 vs 20.6 at 1, 20.5 vs 21.0 at 16; 46 vs 21 at 32); cuBLASLt
-// wins for the vocabulary head (103 vs 91) and the long-K down projection above 8 rows (14.9 vs 11.0
-// at 32; at 1-8 rows they tie within the run-to-run spread, 10.7-12.9 against 10.4-13.4).
+// Measured on the H200 against cuBLASLt plus the separate norm / SwiGLU kernels (bench_linear:
+// the decode projections of the astrai-1b shape over 24 layers' weights, captured in a CUDA graph
+// like a decode step; us per layer at 1 / 8 / 16 / 32 rows): q/k/v 5.1 / 5.3 / 7.4 / 8.6 against
+// 6.9 / 6.9 / 7.0 / 7.0; o 4.1 / 4.3 / 5.0 / 5.9 against 6.2 / 5.1 / 5.1 / 5.1; gate/up + SwiGLU
+// 16.7 / 16.8 / 19.1 / 44.8 against 16.7 / 16.5 / 17.0 / 17.5; down 8.9 / 9.3 / 11.3 / 13.6
+// against 9.9 / 10.0 / 10.1 / 10.3; the vocabulary head 109 against 79 at one row. (Timed as
+// separate launches instead, cuBLASLt pays ~5 us more per call and the fused kernel looked better
+// up to 32 rows.) This kernel takes the rows where it is not slower.
 bool kernel_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t N, int64_t K, DType w_dtype) {
   if (!kernel_valid(M, K, w_dtype)) return false;
   const bool wide = N >= 32 * static_cast<int64_t>(be.multiprocessor_count()) * 16;
   switch (kind) {
-    case ops::FusedLinear::norm: return !wide;
+    case ops::FusedLinear::norm: return !wide && M <= 8;
     case ops::FusedLinear::norm_swiglu:
-    case ops::FusedLinear::swiglu: return M <= 16;
-    case ops::FusedLinear::residual: return K <= 2 * N || M <= 8;
+    case ops::FusedLinear::swiglu: return M <= 8;
+    case ops::FusedLinear::residual: return M <= 8 || (M <= 16 && K <= 2 * N);
   }
   return false;
 }

@@ -4,9 +4,9 @@
 // y^T = W x^T on wgmma with the weight tile as operand A (64 weight rows) and the batch rows as
 // operand B (N = BM, 16 to 128 rows, zero-padded by TMA past M). Both tiles arrive by TMA in
 // 64-wide k steps (128-byte rows, 128-byte swizzle) into a ring of shared-memory stages that
-// complete on mbarriers; thread 0 refills a stage as soon as the warpgroup has read it, so the ring
-// keeps kStages weight tiles in flight per block and two blocks share an SM. One warpgroup per
-// block; its accumulators are the 64 x BM tile of y^T.
+// complete on mbarriers. A producer warp refills a stage as soon as the consumer warpgroup's wgmmas
+// on it have completed (an "empty" mbarrier per stage), so the ring keeps kStages tiles in flight
+// per block; two blocks share an SM. The consumers' accumulators are the 64 x BM tile of y^T.
 //
 // Few-tile matrices (the attention projections, the long-K down projection) split K over a cluster
 // of up to 8 blocks; the blocks' tiles meet in shared memory and each block finishes a share of the
@@ -35,11 +35,13 @@ namespace {
 namespace cg = cooperative_groups;
 using namespace hopper;
 
-constexpr int kThreads = 128;  // one warpgroup
+constexpr int kConsumers = 128;  // one warpgroup of consumers
+constexpr int kConsumerWarps = kConsumers / 32;
+constexpr int kThreads = kConsumers + 32;  // and a producer warp
 constexpr int kBK = 64;        // k per stage: one 128-byte swizzled row per tile row
 constexpr int kBW = 64;        // weight rows per tile (wgmma M)
 constexpr int kMaxSplits = 8;  // portable cluster size
-constexpr int kStageBudget = 96 * 1024;
+constexpr int kStageBudget = 96 * 1024;  // shared-memory bytes of the stage ring: two blocks per SM
 
 template <int BM>
 struct Geometry {
@@ -47,7 +49,7 @@ struct Geometry {
   static constexpr int kXBytes = BM * kBK * 2;
   static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024 (BM % 8 == 0)
   static constexpr int kStages = std::clamp(kStageBudget / kStageBytes, 2, 8);
-  static constexpr int kRedStride = BM + 1;  // floats per weight row of the reduction tile
+  static constexpr int kRedStride = BM + 4;  // floats per weight row of the reduction tile
   static constexpr int kRedBytes = kBW * kRedStride * 4;
   static constexpr int kSmem = std::max(kStages * kStageBytes, kRedBytes) + 1024;  // + alignment slack
 };
@@ -61,7 +63,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr bool kSwiglu = kEpi == TmaEpilogue::swiglu;
   constexpr int kOuts = kSwiglu ? kBW / 2 : kBW;  // outputs per tile
   extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t full[kStages];
+  __shared__ __align__(8) uint64_t full[kStages];   // stage s loaded (TMA transactions)
+  __shared__ __align__(8) uint64_t empty[kStages];  // stage s read (one arrival per consumer warp)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
   const int tid = threadIdx.x;
@@ -77,94 +80,145 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) mbar_init(&full[s], 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
     mbar_fence_init();
   }
   __syncthreads();
 
-  auto load_w = [&](int s, int kt) {
-    uint8_t* dst = smem + s * G::kStageBytes;
-    mbar_arrive_expect_tx(&full[s], G::kStageBytes);
-    if constexpr (kSwiglu) {
-      tma_load_2d(dst, &w_map, kt * kBK, o0, &full[s]);
-      tma_load_2d(dst + G::kWBytes / 2, &w_map, kt * kBK, out_rows + o0, &full[s]);
-    } else {
-      tma_load_2d(dst, &w_map, kt * kBK, o0, &full[s]);
-    }
-  };
-  auto load_x = [&](int s, int kt) {
-    tma_load_2d(smem + s * G::kStageBytes + G::kWBytes, &x_map, kt * kBK, 0, &full[s]);
-  };
-
-  // The weights do not depend on the previous kernel: start their stream before waiting for it.
-  const int prologue = min(kStages, n_k);
-  if (tid == 0)
-    for (int s = 0; s < prologue; ++s) load_w(s, kt0 + s);
-  grid_dependency_wait();
-  if (tid == 0)
-    for (int s = 0; s < prologue; ++s) load_x(s, kt0 + s);
-
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
-  for (int i = 0; i < n_k; ++i) {
-    const int s = i % kStages;
-    mbar_wait(&full[s], (i / kStages) & 1);
-    const uint32_t wa = smem_u32(smem + s * G::kStageBytes), xa = wa + G::kWBytes;
-    wgmma_fence();
+  if (tid >= kConsumers) {
+    // Producer warp, one lane: stage s is refilled once the consumers have released it (their
+    // wgmmas on it completed). The weights do not depend on the previous kernel: the first stages'
+    // weight loads are issued before waiting for it, then their x.
+    if (tid == kConsumers) {
+      auto load_w = [&](int s, int kt) {
+        uint8_t* dst = smem + s * G::kStageBytes;
+        mbar_arrive_expect_tx(&full[s], G::kStageBytes);
+        if constexpr (kSwiglu) {
+          tma_load_2d(dst, &w_map, kt * kBK, o0, &full[s]);
+          tma_load_2d(dst + G::kWBytes / 2, &w_map, kt * kBK, out_rows + o0, &full[s]);
+        } else {
+          tma_load_2d(dst, &w_map, kt * kBK, o0, &full[s]);
+        }
+      };
+      auto load_x = [&](int s, int kt) {
+        tma_load_2d(smem + s * G::kStageBytes + G::kWBytes, &x_map, kt * kBK, 0, &full[s]);
+      };
+      const int prologue = min(kStages, n_k);
+      for (int s = 0; s < prologue; ++s) load_w(s, kt0 + s);
+      grid_dependency_wait();
+      for (int s = 0; s < prologue; ++s) load_x(s, kt0 + s);
+      for (int i = kStages; i < n_k; ++i) {
+        const int s = i % kStages;
+        mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
+        load_w(s, kt0 + i);
+        load_x(s, kt0 + i);
+      }
+    } else {
+      grid_dependency_wait();
+    }
+  } else {
+    // Consumer warpgroup: one wgmma group per stage, the previous stage released as soon as its
+    // group has completed (one group stays in flight).
+    grid_dependency_wait();
+    const int lane = tid % 32;
+    for (int i = 0; i < n_k; ++i) {
+      const int s = i % kStages;
+      mbar_wait(&full[s], (i / kStages) & 1);
+      const uint32_t wa = smem_u32(smem + s * G::kStageBytes), xa = wa + G::kWBytes;
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) WgmmaSS<BM>::run(acc, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32));
-    wgmma_commit();
+      for (int kk = 0; kk < kBK / 16; ++kk) WgmmaSS<BM>::run(acc, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32));
+      wgmma_commit();
+      wgmma_wait<1>();
+      fence_regs(acc);
+      if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % kStages]);
+    }
     wgmma_wait<0>();
     fence_regs(acc);
-    __syncthreads();  // every warp has read stage s
-    if (tid == 0 && i + kStages < n_k) {
-      load_w(s, kt0 + i + kStages);
-      load_x(s, kt0 + i + kStages);
-    }
   }
   launch_dependents();
+  __syncthreads();  // every load issued has been consumed: the stages are free
 
-  // The tile to shared memory (the stages are free: every load issued has been consumed):
-  // red[r][m] = y^T of weight row r (of the tile), batch row m.
+  // The tile to shared memory: red[r][m] = y^T of weight row r (of the tile), batch row m; rows
+  // 16-byte aligned.
   float* red = reinterpret_cast<float*>(smem);
-  {
+  if (tid < kConsumers) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
       const int r = 16 * warp + g, m = 8 * j + 2 * t;
-      red[r * G::kRedStride + m] = acc[4 * j];
-      red[r * G::kRedStride + m + 1] = acc[4 * j + 1];
-      red[(r + 8) * G::kRedStride + m] = acc[4 * j + 2];
-      red[(r + 8) * G::kRedStride + m + 1] = acc[4 * j + 3];
+      *reinterpret_cast<float2*>(&red[r * G::kRedStride + m]) = make_float2(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<float2*>(&red[(r + 8) * G::kRedStride + m]) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
     }
   }
   if (splits > 1) cg::this_cluster().sync();
   else __syncthreads();
-  auto total = [&](int offset) {
-    if (splits == 1) return red[offset];
-    float v = 0.0f;
-    for (int q = 0; q < splits; ++q) v += cg::this_cluster().map_shared_rank(red, q)[offset];
-    return v;
-  };
 
-  // One thread per (batch row m, output j of the tile), outputs fastest for contiguous stores;
-  // the cluster's ranks take turns over the elements.
-  for (int idx = tid + rank * kThreads; idx < M * kOuts; idx += splits * kThreads) {
-    const int m = idx / kOuts, jl = idx % kOuts, j = o0 + jl;
-    if (j >= out_rows) continue;
-    float v = total(jl * G::kRedStride + m);
-    if (bias) v += detail::load1(bias, j, b_dt);
-    const int64_t o = static_cast<int64_t>(m) * out_rows + j;
-    if constexpr (kEpi == TmaEpilogue::store) {
-      detail::store1(y, o, y_dt, v);
-    } else if constexpr (kEpi == TmaEpilogue::add_residual) {
-      float* r = static_cast<float*>(y) + o;
-      *r = *r + v;
-    } else {
-      float u = total((kOuts + jl) * G::kRedStride + m);
-      if (bias) u += detail::load1(bias, out_rows + j, b_dt);
-      detail::store1(y, o, y_dt, v / (1.0f + expf(-v)) * u);
+  // Output groups of 4 batch rows x 1 output, outputs fastest (consecutive threads: consecutive
+  // outputs, so shared-memory reads avoid bank conflicts and stores are contiguous). A thread takes
+  // kChunk groups kConsumers apart and issues all their shared-memory loads (the cluster's ranks, in
+  // rank order) and residual loads before any store, so that their latencies overlap.
+  constexpr int kGroups = BM / 4 * kOuts;
+  constexpr int kChunk = 4, kStep = kChunk * kConsumers;
+  const int m_groups = (M + 3) / 4;
+  for (int base = rank * kStep + tid; tid < kConsumers && base < kGroups; base += splits * kStep) {
+    float4 v[kChunk], u[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int idx = base + c * kConsumers, jl = idx % kOuts, mq = idx / kOuts;
+      v[c] = u[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (mq >= m_groups) continue;
+#pragma unroll
+      for (int q = 0; q < kMaxSplits; ++q) {  // unrolled: the ranks' loads are in flight together
+        if (q >= splits) break;
+        const float* src = splits == 1 ? red : cg::this_cluster().map_shared_rank(red, q);
+        const float4 a = *reinterpret_cast<const float4*>(&src[jl * G::kRedStride + 4 * mq]);
+        v[c].x += a.x, v[c].y += a.y, v[c].z += a.z, v[c].w += a.w;
+        if constexpr (kSwiglu) {
+          const float4 b = *reinterpret_cast<const float4*>(&src[(kOuts + jl) * G::kRedStride + 4 * mq]);
+          u[c].x += b.x, u[c].y += b.y, u[c].z += b.z, u[c].w += b.w;
+        }
+      }
+    }
+    float res[kChunk][4];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int idx = base + c * kConsumers, jl = idx % kOuts, mq = idx / kOuts, j = o0 + jl;
+      const bool ok = mq < m_groups && j < out_rows;
+      const float bv = ok && bias ? detail::load1(bias, j, b_dt) : 0.0f;
+      const float bu = kSwiglu && ok && bias ? detail::load1(bias, out_rows + j, b_dt) : 0.0f;
+      const float vs[4] = {v[c].x, v[c].y, v[c].z, v[c].w}, us[4] = {u[c].x, u[c].y, u[c].z, u[c].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = 4 * mq + e;
+        float val = vs[e] + bv;
+        if constexpr (kEpi == TmaEpilogue::add_residual) {
+          if (ok && m < M) val += static_cast<const float*>(y)[static_cast<int64_t>(m) * out_rows + j];
+        } else if constexpr (kSwiglu) {
+          const float up = us[e] + bu;
+          val = val / (1.0f + expf(-val)) * up;
+        }
+        res[c][e] = val;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const int idx = base + c * kConsumers, jl = idx % kOuts, mq = idx / kOuts, j = o0 + jl;
+      if (mq >= m_groups || j >= out_rows) continue;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = 4 * mq + e;
+        if (m >= M) break;
+        const int64_t o = static_cast<int64_t>(m) * out_rows + j;
+        if constexpr (kEpi == TmaEpilogue::add_residual) static_cast<float*>(y)[o] = res[c][e];
+        else detail::store1(y, o, y_dt, res[c][e]);
+      }
     }
   }
   if (splits > 1) cg::this_cluster().sync();  // keep this block's tile alive until every rank has read it
@@ -198,11 +252,14 @@ CUtensorMap tile_map(const void* base, int64_t rows, int64_t cols, int box_rows)
   return map;
 }
 
-// Blocks of a cluster splitting K: the fewest (1, 2, 4, 8) that give the grid at least 90% of one
-// block per SM, keeping at least two k tiles per block.
+// Blocks of a cluster splitting K (1, 2, 4 or 8): doubled while the grid has fewer blocks than a
+// third of the SMs or a block more than 32 k tiles, keeping at least two k tiles per block.
+// Measured (bench_linear, 1 to 128 rows): o and q/k/v (24 k tiles, 24 and 32 tiles) fastest with 2,
+// the down projection (108 k tiles, 24 tiles) with 4 (8 at one row: 9.3 against 10.0 us), gate/up
+// (216 tiles) with 1.
 int choose_splits(int tiles, int k_tiles, int sm_count) {
   int s = 1;
-  while (s < kMaxSplits && tiles * s * 10 < 9 * sm_count && k_tiles / (2 * s) >= 2) s *= 2;
+  while (s < kMaxSplits && (tiles * s * 3 < sm_count || k_tiles > 32 * s) && k_tiles / (2 * s) >= 2) s *= 2;
   return s;
 }
 
@@ -253,10 +310,13 @@ bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype) {
          K % 8 == 0 && K < (int64_t(1) << 31);
 }
 
-// To be measured (bench_ops): every valid shape above 8 rows.
+// Measured on the H200 (bench_linear, graph replay, astrai-1b shape over 24 layers' weights;
+// docs/perf-notes.md): gate/up + SwiGLU after the norm kernel 17.2 against cuBLASLt's 18.1 us at 64
+// rows (17.8 / 17.5 at 32, 20.8 / 20.1 at 128); every other projection is faster on cuBLASLt or
+// the fused small-batch kernel.
 bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype) {
-  (void)epilogue, (void)N;
-  return linear_tma_valid(be, M, K, dtype) && M > 8;
+  (void)N;
+  return linear_tma_valid(be, M, K, dtype) && epilogue == TmaEpilogue::swiglu && M > 32 && M <= 64;
 }
 
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,

@@ -13,6 +13,7 @@
 // registers between the sum of squares and the write; longer rows re-read the rest (an L1/L2 hit).
 // Rows whose length is a multiple of 8 with 16-byte-aligned bases use 16-byte vector accesses.
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
 
 namespace kiln::cuda {
@@ -31,6 +32,7 @@ __global__ void __launch_bounds__(kBlock)
   constexpr int kRowsPerBlock = kBlock / kThreads;
   constexpr int kCache = 32 / N;  // chunks of N values held in registers per thread
   __shared__ float smem[32];
+  hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
 
   const int lane = threadIdx.x % kThreads;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreads;
