@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <climits>
 #include <cstdio>
 #include <fstream>
@@ -65,7 +66,8 @@ void SamplingFlags::add(CLI::App* cmd) {
 }
 
 Status SamplingFlags::apply(GenerationRequest* r) const {
-  if (!(temperature >= 0)) return invalid_argument("--temperature must be >= 0 (0 is greedy)");
+  if (!(temperature >= 0) || !std::isfinite(temperature))
+    return invalid_argument("--temperature must be a finite value >= 0 (0 is greedy)");
   if (!(top_p > 0 && top_p <= 1)) return invalid_argument("--top-p must be in (0, 1]");
   if (top_k < 0) return invalid_argument("--top-k must be >= 0 (0: all tokens)");
   r->temperature = temperature;
@@ -74,13 +76,17 @@ Status SamplingFlags::apply(GenerationRequest* r) const {
   if (seed.empty()) {
     r->seed = std::random_device{}();
   } else {
-    uint64_t v = 0;
-    const auto [end, ec] = std::from_chars(seed.data(), seed.data() + seed.size(), v);
-    if (ec != std::errc() || end != seed.data() + seed.size())
-      return invalid_argument("--seed must be an integer in [0, 18446744073709551615], not '" + seed + "'");
-    r->seed = v;
+    KILN_ASSIGN_OR_RETURN(r->seed, parse_u64(seed, "--seed"));
   }
   return Status::Ok();
+}
+
+Result<uint64_t> parse_u64(const std::string& text, const char* flag) {
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+    return invalid_argument(std::string(flag) + " must be an integer in [0, 18446744073709551615], not '" + text + "'");
+  return v;
 }
 
 bool TextStreamer::push(int32_t id) {
@@ -107,7 +113,7 @@ Result<LoadedModel> load_model(const ModelFlags& f) {
   KILN_ASSIGN_OR_RETURN(l.backend, make_backend(device));
   ModelLoadOptions opts;
   opts.random_weights = f.random_weights;
-  opts.seed = f.weight_seed;
+  KILN_ASSIGN_OR_RETURN(opts.seed, parse_u64(f.weight_seed, "--weight-seed"));
   KILN_ASSIGN_OR_RETURN(l.model, Transformer::load(*l.backend, f.model_dir, opts));
   return l;
 }

@@ -20,6 +20,8 @@ namespace kiln::cli {
 int fail(const Status& s);
 // "1, 2,3" -> {1, 2, 3}; an error naming `flag` on anything that is not an integer.
 Result<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag);
+// A flag's unsigned 64-bit value (seeds): decimal digits only, in range, else an error naming it.
+Result<uint64_t> parse_u64(const std::string& text, const char* flag);
 // Reads a whole file, or stdin for "-".
 Result<std::string> read_text(const std::string& path);
 
@@ -27,7 +29,7 @@ struct ModelFlags {
   std::string model_dir;
   std::string device = "cpu";
   bool random_weights = false;
-  uint64_t weight_seed = 0;
+  std::string weight_seed = "0";  // parsed (range-checked) by load_model
   void add(CLI::App* cmd, const std::string& default_model);
 };
 

@@ -136,21 +136,22 @@ Runner add_generate(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   CLI::App* g = app.add_subcommand("generate", "generate a continuation of a prompt (ids as JSON, or streamed text)");
   f->model.add(g, KILN_DEFAULT_MODEL);
-  g->add_option("--prompt-ids", f->prompt_ids, "prompt token ids, comma separated")->capture_default_str();
-  g->add_option("--prompt", f->prompt_text, "prompt text: encoded with the folder's tokenizer, the reply streams as text");
-  g->add_flag("--json", f->json, "with --prompt: print JSON (ids and text) instead of streaming text");
+  CLI::Option* ids = g->add_option("--prompt-ids", f->prompt_ids, "prompt token ids, comma separated")->capture_default_str();
+  CLI::Option* text =
+      g->add_option("--prompt", f->prompt_text, "prompt text: encoded with the folder's tokenizer, the reply streams as text");
+  text->excludes(ids);
+  g->add_flag("--json", f->json, "with --prompt: print JSON (ids and text) instead of streaming text")->needs(text);
   g->add_option("--max-tokens", f->max_tokens, "new tokens to generate")->capture_default_str();
   f->sampling.add(g);
   g->add_flag("--ignore-eos", f->ignore_eos, "do not stop at the model's EOS token");
-  g->add_option("--requests", f->requests.requests,
-                 "a JSONL file of requests run together through the engine (one result line each, in order)");
-  g->add_option("--output", f->requests.output, "with --requests: write the results here instead of stdout");
+  CLI::Option* requests = g->add_option("--requests", f->requests.requests,
+                                         "a JSONL file of requests run together through the engine (one result line each, in order)");
+  requests->excludes(ids)->excludes(text);
+  g->add_option("--output", f->requests.output, "with --requests: write the results here instead of stdout")->needs(requests);
   f->engine.add(g);
   return [f, g] {
     f->prompt_given = g->count("--prompt") > 0;
-    if (!f->requests.requests.empty()) {
-      if (f->prompt_given || g->count("--prompt-ids") > 0)
-        return fail(invalid_argument("--requests runs a file of requests; it cannot be combined with --prompt or --prompt-ids"));
+    if (!f->requests.requests.empty()) {  // --prompt and --prompt-ids exclude it (CLI)
       f->requests.default_max_tokens = f->max_tokens;
       return run_requests(f->model, f->engine, f->requests);
     }

@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
+    std::fprintf(stderr, "kiln: error: %s\nRun with --help for more information.\n", e.what());
+    return e.get_exit_code();
   }
   // The last error boundary: the layers below return a Status for what they expect to fail; whatever
   // else escapes (a bug, or memory running out in a container) still ends with a message and exit 1.

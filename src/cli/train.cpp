@@ -26,7 +26,7 @@ struct TrainFlags {
   std::string optimizer = "adamw";
   std::string save_dtype;  // empty: the source checkpoint's dtype
   bool shuffle = false;
-  uint64_t seed = 0;
+  std::string seed = "0";  // parsed (range-checked) by run_train
 };
 
 Result<std::pair<float, float>> parse_betas(const std::string& text) {
@@ -55,6 +55,8 @@ int run_train(const TrainFlags& f) {
   if (f.batch_size <= 0) return fail(invalid_argument("--batch-size must be positive"));
   if (f.grad_accum <= 0) return fail(invalid_argument("--grad-accum must be positive"));
   if (f.steps < 0) return fail(invalid_argument("--steps must be >= 0"));
+  Result<uint64_t> seed = parse_u64(f.seed, "--seed");
+  if (!seed.ok()) return fail(seed.status());
   if (!(f.label_smoothing >= 0.0f && f.label_smoothing <= 1.0f))
     return fail(invalid_argument("--label-smoothing must be in [0, 1]"));
   OptimizerOptions opt;
@@ -103,7 +105,7 @@ int run_train(const TrainFlags& f) {
                static_cast<long long>(n_examples), static_cast<long long>(steps), f.grad_accum, f.batch_size,
                f.optimizer.c_str(), static_cast<double>(f.lr), m.params().no_decay_names().size());
 
-  ExampleStream stream(*examples, f.shuffle, f.seed);
+  ExampleStream stream(*examples, f.shuffle, *seed);
   for (int64_t step = 1; step <= steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     std::vector<HostBatch> micro;

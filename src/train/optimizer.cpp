@@ -10,8 +10,11 @@ Result<Optimizer> Optimizer::create(Backend& be, ParameterSet& params, const Opt
   if (!(options.lr >= 0.0f) || !std::isfinite(options.lr)) return invalid_argument("--lr must be a finite value >= 0");
   if (!(options.beta1 >= 0.0f && options.beta1 < 1.0f) || !(options.beta2 >= 0.0f && options.beta2 < 1.0f))
     return invalid_argument("--betas must both be in [0, 1)");
-  if (!(options.eps > 0.0f)) return invalid_argument("--eps must be > 0");
-  if (!(options.weight_decay >= 0.0f)) return invalid_argument("--weight-decay must be >= 0");
+  if (!(options.eps > 0.0f) || !std::isfinite(options.eps)) return invalid_argument("--eps must be a finite value > 0");
+  if (!(options.weight_decay >= 0.0f) || !std::isfinite(options.weight_decay))
+    return invalid_argument("--weight-decay must be a finite value >= 0");
+  if (!(options.clip_norm >= 0.0f) || !std::isfinite(options.clip_norm))
+    return invalid_argument("--clip-norm must be a finite value > 0 (0 or absent: no clipping)");
   Optimizer opt(be, params, options);
   if (options.kind == OptimizerOptions::Kind::adamw) {
     KILN_ASSIGN_OR_RETURN(opt.m_, empty(be, {params.size()}, DType::f32));

@@ -22,7 +22,7 @@ struct OptimizerOptions {
   float lr = 1e-5f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0.0f;
-  float clip_norm = 0.0f;  // <= 0: no clipping
+  float clip_norm = 0.0f;  // 0: no clipping (negative or non-finite: refused by create)
 };
 
 struct OptimizerStepInfo {

@@ -206,6 +206,20 @@ TEST(CliErrors, SeedOutOfRange) {
   EXPECT_NE(ok.stdout_only.find("\"seed\":18446744073709551615"), std::string::npos) << ok.stdout_only;
 }
 
+TEST(CliErrors, BadOrConflictingFlags) {
+  const std::string gen = "generate --model " + testdata_dir() + "/tiny-llama ";
+  expect_clean_failure(run_kiln(gen + "--prompt x --prompt-ids 1,2"), "--prompt");
+  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --json"), "--json requires --prompt");
+  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --output /tmp/kiln-never-written"), "--output requires --requests");
+  expect_clean_failure(run_kiln(gen + "--requests /tmp/kiln-none.jsonl --prompt-ids 1,2"), "--requests");
+  for (const char* t : {"nan", "inf", "-1"}) expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --temperature " + t), "--temperature");
+  for (const char* p : {"nan", "0", "1.5"}) expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --top-p " + p), "--top-p");
+  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-tokens 2147483647"), "max_tokens");
+  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-tokens 99999999999"), "--max-tokens");
+  expect_clean_failure(run_kiln(gen + "--random-weights --weight-seed -3"), "--weight-seed");
+  expect_clean_failure(run_kiln(gen + "--kv-memory 1e30"), "--kv-memory");
+}
+
 TEST(CliErrors, TruncatedSafetensorsHeader) {
   ModelCopy m("tiny-llama");
   std::string bytes = m.read_bytes("model.safetensors");

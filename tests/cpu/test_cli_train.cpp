@@ -174,6 +174,10 @@ TEST(CliTrain, BadInputFailsCleanly) {
   expect_clean_failure(train(good, " --betas 0.9"), "--betas");
   expect_clean_failure(train(good, " --no-decay q_proj"), "q_proj");
   expect_clean_failure(train(good, " --no-decay '('"), "--no-decay");
+  for (const char* flag : {"--lr", "--eps", "--weight-decay", "--clip-norm"})
+    for (const char* v : {"nan", "inf", "-1"}) expect_clean_failure(train(good, std::string(" ") + flag + " " + v), flag);
+  expect_clean_failure(train(good, " --betas nan,0.9"), "--betas");
+  for (const char* v : {"-1", "18446744073709551616"}) expect_clean_failure(train(good, std::string(" --seed ") + v), "--seed");
   expect_clean_failure(run_kiln("train" + model + " --data " + tmp.sub("missing.jsonl") + out), "missing.jsonl");
   // An output path under a regular file cannot be created.
   const std::string blocker = tmp.file("blocker", "x");
