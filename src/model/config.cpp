@@ -412,7 +412,7 @@ Result<ModelConfig> load_model_config_file(const std::string& path) {
   json j;
   try {
     j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors, and numbers out of range
     return invalid_argument(path + " is not valid JSON: " + e.what());
   }
   return parse_model_config(j, path);

@@ -156,7 +156,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   try {
     const char* h = reinterpret_cast<const char*>(bytes + 8);
     header = json::parse(h, h + header_len);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors, and numbers out of range
     return invalid_argument(path + ": the header is not valid JSON (" + e.what() + ")" + corrupt);
   }
   if (!header.is_object())
@@ -278,7 +278,7 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& mod
   json j;
   try {
     j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors, and numbers out of range
     return invalid_argument(index + " is not valid JSON: " + e.what());
   }
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())

@@ -91,7 +91,7 @@ Status save_hf_checkpoint(Backend& be, const ParameterSet& params, const std::st
     std::ifstream in(src_config);
     try {
       cfg = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // syntax errors, and numbers out of range
       return invalid_argument("cannot re-read '" + src_config.string() + "': " + e.what());
     }
   }

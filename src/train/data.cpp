@@ -87,7 +87,7 @@ Result<std::vector<TrainExample>> read_training_jsonl(const std::string& path, c
     nlohmann::json obj;
     try {
       obj = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // syntax errors, and numbers out of range
       return invalid_argument(where + ": not valid JSON (" + e.what() + ")");
     }
     if (!obj.is_object()) return invalid_argument(where + ": each line must be a JSON object with \"input_ids\"");

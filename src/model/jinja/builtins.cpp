@@ -1,6 +1,7 @@
 // The chat-template interpreter's builtins: Python string helpers (by code point), the str / dict /
 // list methods, and the filters and tests chat templates use (see interp.cpp for the evaluator).
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -344,9 +345,12 @@ Result<Value> attr_path(Interp& in, const Value& v, const std::string& path) {
   for (;;) {
     size_t e = path.find('.', b);
     std::string part = path.substr(b, e == std::string::npos ? std::string::npos : e - b);
-    bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    // An all-digit part is an index when it fits in 64 bits (else a key, which no list has).
+    int64_t index = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), index);
+    const bool digits = !part.empty() && ec == std::errc() && end == part.data() + part.size() && part[0] != '-';
     if (cur.is_undef()) return cur;
-    KILN_ASSIGN_OR_RETURN(cur, in.getitem(cur, digits ? Value::integer(std::stoll(part)) : Value::str(part)));
+    KILN_ASSIGN_OR_RETURN(cur, in.getitem(cur, digits ? Value::integer(index) : Value::str(part)));
     if (e == std::string::npos) return cur;
     b = e + 1;
   }

@@ -261,7 +261,7 @@ Value Interp::make_macro(const Node& n, const FrameP& defining) {
   const Node* node = &n;
   Interp* self = this;
   return Value::func([self, node, defining](Args& a) -> Result<Value> {
-    FrameP f = child(defining);
+    FrameP f = self->child(defining);
     if (a.pos.size() > node->targets.size())
       return self->fail("macro '" + node->text + "' takes not more than " + std::to_string(node->targets.size()) + " argument(s)");
     for (auto& [k, v] : a.kw)
@@ -499,14 +499,14 @@ Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context, 
                             std::to_string(limits.max_context_depth) + " levels");
   jinja::Interp in{*program_, limits};
   auto globals = std::make_shared<jinja::Frame>();
+  in.frames.push_back(globals);
   jinja::add_globals(in, *globals);
   for (auto& [k, v] : context.items()) globals->set(k, jinja::Value::from_json(v));
-  auto top = jinja::child(globals);
+  auto top = in.child(globals);
   std::string out;
   jinja::Flow flow = jinja::Flow::Normal;
   const Status st = in.exec(program_->body, top, out, flow);
-  for (const auto& w : in.namespaces)
-    if (auto d = w.lock()) d->items.clear();
+  in.release();
   KILN_RETURN_IF_ERROR(st);
   return out;
 }

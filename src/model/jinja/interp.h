@@ -55,9 +55,25 @@ struct Interp {
   int line = 0;  // line of the expression being evaluated, for error messages
   int depth = 0;               // nested eval / exec calls now
   int64_t iterations = 0;      // for-loop iterations so far
-  // Every namespace() of the render: the only mutable containers, hence the only way to a cycle of
-  // references; their contents are dropped when the render ends, so cycles cannot leak.
+  // Every namespace() and every scope frame of the render: the ways to a cycle of references (a
+  // namespace holding itself; a macro, which keeps its defining frame alive, stored in that frame
+  // or below it). Their contents are dropped when the render ends, so cycles cannot leak.
   std::vector<std::weak_ptr<Dict>> namespaces;
+  std::vector<std::weak_ptr<Frame>> frames;
+
+  // A new scope below `parent`, recorded in `frames`.
+  FrameP child(const FrameP& parent) {
+    FrameP f = jinja::child(parent);
+    frames.push_back(f);
+    return f;
+  }
+  // Drops what the render's namespaces and frames hold (at its end).
+  void release() {
+    for (const auto& w : namespaces)
+      if (auto d = w.lock()) d->items.clear();
+    for (const auto& w : frames)
+      if (auto f = w.lock()) f->vars.clear(), f->parent.reset();
+  }
 
   // Counts one level of nesting for the scope of an eval or exec call.
   struct Nesting {

@@ -7,6 +7,7 @@
 //   primary with postfix (.attr [item] (call)) and filters/tests (| f, is t).
 #include "model/jinja/parser.h"
 
+#include <charconv>
 #include <cstring>
 #include <set>
 
@@ -531,7 +532,11 @@ struct Parser {
         if (cur().type == TT::Int) {
           auto n = make(EK::Item, line);
           auto idx = make(EK::Const, line);
-          idx->cval = Value::integer(std::stoll(toks[k++].v));
+          const std::string& digits = toks[k++].v;
+          int64_t index = 0;
+          const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+          if (ec != std::errc() || end != digits.data() + digits.size()) return err("number out of range: " + digits, line);
+          idx->cval = Value::integer(index);
           n->ch.push_back(std::move(e)); n->ch.push_back(std::move(idx)); e = std::move(n);
           continue;
         }

@@ -1,9 +1,8 @@
-// libFuzzer target for the tokenizer: random bytes go to encode/decode of both golden tokenizers
+// Fuzz target (fuzz_common.h) for the tokenizer: random bytes go to encode/decode of both golden tokenizers
 // (testdata/tokenizers). No input may crash; for valid UTF-8 input, the byte-level BPE tokenizer
 // must round-trip (decode(encode(s)) == s), and streaming must give decode()'s text. Each input is
 // used as raw bytes and as random Unicode (3 bytes per code point). The input is
 // also read as little-endian int32 ids for decode (ids outside the vocabulary must be errors).
-// Not part of the default build: scripts/fuzz.sh compiles it with clang++ -fsanitize=fuzzer,address.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "fuzz_common.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -37,8 +37,6 @@ const Tokenizers& tokenizers() {
   return t;
 }
 
-}  // namespace
-
 // Random Unicode: every 3 input bytes name a code point (surrogates folded away), as UTF-8.
 std::string as_unicode(const uint8_t* data, size_t size) {
   std::string u;
@@ -62,7 +60,9 @@ std::string as_unicode(const uint8_t* data, size_t size) {
   return u;
 }
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+}  // namespace
+
+int kiln::fuzz::tokenizer_encode(const uint8_t* data, size_t size) {
   const Tokenizers& t = tokenizers();
   std::string raw_text(reinterpret_cast<const char*>(data), size);
   std::string unicode_text = as_unicode(data, size);
@@ -73,20 +73,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto ids = tok->encode(s, special);
       if (!ids.ok()) continue;  // invalid UTF-8
       auto text = tok->decode(ids.value(), false);
-      if (!text.ok()) std::abort();
+      if (!text.ok()) kiln::fuzz::invariant_failed("tokenizer_encode", "decode of encoded ids failed");
       // Round trip, unless the text spells a special token (encode then maps it to one id, and its
       // decode is that token's text too, so equality still holds; it is checked all the same).
       if (tok == t.bytelevel.get() && !special && text.value() != s) {
-        std::fprintf(stderr, "byte-level round trip differs\n");
-        std::abort();
+        kiln::fuzz::invariant_failed("tokenizer_encode", "byte-level round trip differs");
       }
       kiln::StreamingDecoder stream(*tok, false);
       std::string all;
       for (int32_t id : ids.value()) all += stream.push(id).value();
       all += stream.finish();
       if (all != text.value()) {
-        std::fprintf(stderr, "stream differs from decode\n");
-        std::abort();
+        kiln::fuzz::invariant_failed("tokenizer_encode", "stream differs from decode");
       }
     }
     // The bytes as ids.
@@ -95,9 +93,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bool in_range = true;
     for (int32_t id : raw) in_range = in_range && id >= 0 && id < tok->vocab_size();
     auto d = tok->decode(raw, true);
-    if (d.ok() != in_range) std::abort();
+    if (d.ok() != in_range) kiln::fuzz::invariant_failed("tokenizer_encode", "decode accepted an id outside the vocabulary, or refused one inside");
     for (int32_t& id : raw) id = static_cast<int32_t>(static_cast<uint32_t>(id) % static_cast<uint32_t>(tok->vocab_size()));
-    if (!tok->decode(raw, false).ok()) std::abort();
+    if (!tok->decode(raw, false).ok()) kiln::fuzz::invariant_failed("tokenizer_encode", "decode of in-range ids failed");
   }
   return 0;
 }
+
+KILN_FUZZ_ENTRY(tokenizer_encode)

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of kiln's fuzz targets (fuzz/corpus/<target>/seed-*) from testdata/.
+Run from the repository root; the output is committed. Inputs the fuzzer finds that once broke a
+target go beside the seeds as regress-* files (scripts/fuzz.sh prints where crashes land)."""
+import json, os, struct, glob
+
+root = "fuzz/corpus"
+
+def put(target, name, data):
+    d = os.path.join(root, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "seed-" + name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+
+# tokenizer_encode: the golden tokenizer texts.
+for i, c in enumerate(json.load(open("testdata/tokenizers/golden.json"))["cases"]):
+    put("tokenizer_encode", f"golden{i:02d}", c["text"])
+
+# tokenizer_json: small versions of the test tokenizers (BPE vocabularies cut to 300 ids, merges
+# kept where both parts and the result survive).
+for path in sorted(glob.glob("testdata/tokenizers/more/*.tokenizer.json"))[:8] + \
+            ["testdata/tokenizers/bytelevel-bpe.tokenizer.json", "testdata/tokenizers/sentencepiece-bpe.tokenizer.json"]:
+    j = json.load(open(path))
+    m = j["model"]
+    if m.get("type") == "BPE":
+        vocab = {k: v for k, v in m["vocab"].items() if v < 300}
+        merges = []
+        for mg in m.get("merges", []):
+            a, b = mg.split(" ", 1) if isinstance(mg, str) else mg
+            if a in vocab and b in vocab and (a + b) in vocab:
+                merges.append(mg)
+        m["vocab"], m["merges"] = vocab, merges
+        j["added_tokens"] = [t for t in j.get("added_tokens", []) if t["id"] < 300]
+    put("tokenizer_json", os.path.basename(path).replace(".tokenizer.json", ""), json.dumps(j, ensure_ascii=False))
+
+# config_json: the fixture models' configs.
+for path in sorted(glob.glob("testdata/*/config.json")):
+    put("config_json", path.split("/")[1], open(path).read())
+
+# safetensors_header: small files in the format (u64 header length, JSON header, data).
+def safetensors(tensors, metadata=None):
+    header, data = {}, b""
+    for name, (dtype, shape, payload) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(payload)]}
+        data += payload
+    if metadata:
+        header["__metadata__"] = metadata
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + data
+put("safetensors_header", "f32", safetensors({"w": ("F32", [2, 3], struct.pack("<6f", *range(6)))}, {"format": "pt"}))
+put("safetensors_header", "mixed", safetensors({"a": ("BF16", [4], b"\x80\x3f" * 4), "b": ("I32", [1, 2], struct.pack("<2i", 1, 2)),
+                                                "c": ("F16", [0], b""), "d": ("F64", [1], struct.pack("<d", 1.0))}))
+put("safetensors_header", "scalar", safetensors({"s": ("F32", [], struct.pack("<f", 1.0))}))
+
+# chat_template: the model templates of the fixtures, one with messages and tools after a NUL.
+for path in sorted(glob.glob("testdata/chat_templates/models/*/chat_template.jinja")):
+    put("chat_template", path.split("/")[3], open(path).read())
+msgs = [{"role": "user", "content": "what is 2+2?"}, {"role": "assistant", "content": "4"}]
+put("chat_template", "with-context", "{% for m in messages %}{{ m.role }}: {{ m.content | trim }}\n{% endfor %}" + "\0" +
+    json.dumps({"messages": msgs, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}))
+put("chat_template", "macros", "{% macro f(x) %}{{ x * 2 }}{% endmacro %}{% set ns = namespace(a=[]) %}"
+    "{% for i in range(3) %}{% set ns.a = ns.a + [f(i)] %}{% endfor %}{{ ns.a | join(',') }} {{ 'x' * 3 }} {{ messages | tojson }}")
+
+# training_jsonl: lines the reader takes, and the optional fields.
+put("training_jsonl", "ids", '{"input_ids": [5, 6, 7]}\n{"input_ids": [1, 2, 3, 4]}\n')
+put("training_jsonl", "labels", '{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}\n\n{"input_ids": [9], "labels": [9]}\n')
+put("training_jsonl", "positions", '{"input_ids": [5, 6, 7, 8], "position_ids": [0, 1, 0, 1]}\n')
