@@ -8,6 +8,8 @@
 #include <functional>
 
 #include "infer/engine.h"
+#include "infer/executor.h"
+#include "infer/scheduler.h"
 #include "model/safetensors.h"
 #include "model/transformer.h"
 #include "test_util.h"
@@ -273,6 +275,53 @@ void check_training_golden(Backend& be, const std::string& model, const std::str
   const std::vector<float> ref_after = golden_floats(golden, "train.loss_after_step1");
   EXPECT_LE(rel_error({static_cast<float>(nll / labelled)}, ref_after), tol.loss)
       << golden << ": loss after the AdamW step " << nll / labelled << " vs " << ref_after[0];
+}
+
+double check_teacher_forced_decode(Backend& be, const std::string& model, double tol, bool use_graphs) {
+  Result<std::unique_ptr<Transformer>> m = Transformer::load(be, testdata_dir() + "/" + model);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  if (!m.ok()) return INFINITY;
+  const int64_t vocab = (*m)->config().vocab_size;
+  const std::vector<int32_t> prompt = golden_ints(model, "seq_b.input_ids");
+  const std::vector<int32_t> forced = golden_ints(model, "greedy.new_tokens");
+  const std::vector<float> full = golden_floats(model, "greedy.full_logits");
+  ExecutorConfig ec;
+  ec.page_size = 8;
+  ec.num_pages = static_cast<int32_t>((prompt.size() + forced.size()) / 8 + 4);
+  ec.max_running = 1;
+  ec.max_step_tokens = static_cast<int32_t>(prompt.size());
+  ec.max_seq_len = static_cast<int32_t>(prompt.size() + forced.size() + 8);
+  ec.use_graphs = use_graphs;
+  Result<std::unique_ptr<Executor>> ex = Executor::create(**m, ec);
+  EXPECT_TRUE(ex.ok()) << ex.status().message();
+  if (!ex.ok()) return INFINITY;
+  SchedulerConfig sc;
+  sc.num_pages = ec.num_pages;
+  sc.page_size = ec.page_size;
+  sc.max_running = ec.max_running;
+  sc.max_step_tokens = ec.max_step_tokens;
+  Scheduler sched(sc);
+  sched.add(1, prompt);
+  double worst = 0;
+  for (size_t j = 0; j < forced.size(); ++j) {
+    StepPlan plan = sched.schedule();
+    EXPECT_EQ(plan.entries.size(), 1u);
+    if (plan.entries.size() != 1) return INFINITY;
+    ops::SamplingRow row;  // greedy; the sampled token is discarded
+    row.position = plan.entries[0].start + plan.entries[0].count;
+    Result<std::vector<SampledToken>> out = (*ex)->run(plan, {row});
+    EXPECT_TRUE(out.ok()) << out.status().message();
+    if (!out.ok()) return INFINITY;
+    const std::vector<float> got = row_slice(to_f32(be, (*ex)->last_logits()), 0, vocab);
+    const std::vector<float> want = row_slice(full, static_cast<int64_t>(prompt.size() + j) - 1, vocab);
+    const double err = rel_error(got, want);
+    EXPECT_LE(err, tol) << model << ": logits of decode step " << j << " (teacher-forced)";
+    worst = std::max(worst, err);
+    sched.commit(plan);
+    sched.append(plan.entries[0].seq, forced[j]);
+  }
+  if (use_graphs && forced.size() > 2) EXPECT_GT((*ex)->graph_replays(), 0) << model;
+  return worst;
 }
 
 }  // namespace kiln::test

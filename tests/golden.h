@@ -32,6 +32,11 @@ enum class GreedyCheck {
 // relative-error tolerance for logits, and compares greedy tokens as `greedy` says.
 void check_golden_model(Backend& be, const std::string& model, double logits_tolerance,
                         GreedyCheck greedy = GreedyCheck::exact);
+// Teacher-forced decode: the prompt of the greedy fixture, then its reference tokens fed one per
+// step through the engine's scheduler and executor (decode steps, CUDA graphs when use_graphs),
+// whatever the model would have picked; every step's logits against the reference's full forward
+// within logits_tolerance (relative L2). Returns the worst step's error.
+double check_teacher_forced_decode(Backend& be, const std::string& model, double logits_tolerance, bool use_graphs);
 
 // Tolerances (relative L2 errors) of a training check.
 struct TrainingTolerances {

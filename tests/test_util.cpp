@@ -101,6 +101,51 @@ std::vector<float> to_f32(Backend& be, Tensor t) {
   return out;
 }
 
+double elem_error(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double ss = 0;
+  for (float v : b) ss += static_cast<double>(v) * v;
+  const double rms = b.empty() ? 0.0 : std::sqrt(ss / static_cast<double>(b.size()));
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return std::numeric_limits<double>::infinity();
+    const double scale = std::fabs(static_cast<double>(b[i])) + rms;
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    worst = std::max(worst, scale > 0 ? d / scale : d);
+  }
+  return worst;
+}
+
+double elem_bound(double l2_tolerance) {
+  if (l2_tolerance >= 5e-3) return 4.0 / 256.0;
+  if (l2_tolerance >= 5e-4) return 4.0 / 2048.0;
+  return 100.0 * l2_tolerance;
+}
+
+testing::AssertionResult assert_close(const char* got_expr, const char* want_expr, const char* tol_expr,
+                                      const std::vector<float>& got, const std::vector<float>& want, double tol) {
+  return assert_close_bound(got_expr, want_expr, tol_expr, "elem_bound(tol)", got, want, tol, elem_bound(tol));
+}
+
+testing::AssertionResult assert_close_bound(const char* got_expr, const char* want_expr, const char* tol_expr,
+                                            const char* bound_expr, const std::vector<float>& got,
+                                            const std::vector<float>& want, double tol, double bound) {
+  const double l2 = rel_error(got, want), elem = elem_error(got, want);
+  if (l2 < tol && elem < bound) return testing::AssertionSuccess();
+  size_t worst = 0;
+  double worst_d = -1;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= worst_d)) worst = i, worst_d = d;
+  }
+  testing::AssertionResult r = testing::AssertionFailure();
+  r << got_expr << " against " << want_expr << " (tolerance " << tol_expr << " = " << tol << "): relative L2 error "
+    << l2 << ", per-element error " << elem << " (bound " << bound_expr << " = " << bound << ")";
+  if (got.size() != want.size()) return r << "; sizes " << got.size() << " and " << want.size();
+  if (!got.empty()) r << "; largest difference at element " << worst << ": " << got[worst] << " against " << want[worst];
+  return r;
+}
+
 double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
   double num = 0, den = 0;

@@ -24,6 +24,27 @@ std::vector<float> to_f32(Backend& be, Tensor t);
 // ||a - b|| / ||b||, with NaN anywhere giving +inf.
 double rel_error(const std::vector<float>& a, const std::vector<float>& b);
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+// max_i |a_i - b_i| / (|b_i| + rms(b)): every element against its own magnitude, floored at the
+// tensor's typical one so that values near zero are judged at its scale; NaN anywhere gives +inf.
+double elem_error(const std::vector<float>& a, const std::vector<float>& b);
+// The per-element bound that goes with a relative-L2 tolerance, from the rounding of the result's
+// type: a bf16 result (tolerance >= 5e-3) four bf16 roundings (2^-6), an f16 result or a bf16
+// product kept in f32 (>= 5e-4) four f16 roundings (2^-9), an f32 result 100 x the tolerance.
+double elem_bound(double l2_tolerance);
+// gtest predicates of EXPECT_CLOSE(_BOUND): the relative L2 error below tol and elem_error below
+// elem_bound(tol) (or the bound given), naming the worst element when not.
+testing::AssertionResult assert_close(const char* got_expr, const char* want_expr, const char* tol_expr,
+                                      const std::vector<float>& got, const std::vector<float>& want, double tol);
+testing::AssertionResult assert_close_bound(const char* got_expr, const char* want_expr, const char* tol_expr,
+                                            const char* bound_expr, const std::vector<float>& got,
+                                            const std::vector<float>& want, double tol, double elem_bound);
+// A device result against its reference: relative L2 error and every element (one wrong row in
+// thousands fails, which the L2 norm alone lets pass).
+#define EXPECT_CLOSE(got, want, tol) EXPECT_PRED_FORMAT3(::kiln::test::assert_close, got, want, tol)
+// The same with a per-element bound of the caller's (for results whose rounding error scales with
+// their inputs rather than with their own magnitude; the caller says why).
+#define EXPECT_CLOSE_BOUND(got, want, tol, elem_bound) \
+  EXPECT_PRED_FORMAT4(::kiln::test::assert_close_bound, got, want, tol, elem_bound)
 
 // A paged KV view held in host i32 tensors (GPU tests copy them with to_device).
 struct PagedTables {

@@ -70,8 +70,9 @@ struct ModelConfig {
 
   DType dtype = DType::f32;  // the checkpoint's dtype ("dtype" / "torch_dtype"); f32 when absent
 
-  // Sliding-window attention size, 0 when the model attends to the full context. Recorded, not
-  // implemented: whoever loads the model warns when it is non-zero.
+  // Sliding-window attention size, 0 when the model attends to the full context. Not implemented:
+  // the engine's context and training sequences stay within the window, where attending to every
+  // earlier token is exactly sliding-window attention; longer requests are refused with the reason.
   int64_t sliding_window = 0;
 
   RopeConfig rope;

@@ -55,11 +55,6 @@ Status Transformer::bind_weights() {
 Result<std::unique_ptr<Transformer>> Transformer::load(Backend& backend, const std::string& model_dir,
                                                        const ModelLoadOptions& options) {
   KILN_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
-  if (config.sliding_window > 0)
-    std::fprintf(stderr,
-                 "kiln: warning: %s asks for sliding-window attention (%lld tokens), which kiln does not implement "
-                 "yet: contexts longer than the window attend to every earlier token\n",
-                 config.source.c_str(), static_cast<long long>(config.sliding_window));
   if (options.random_weights) return random(backend, config, options.seed);
   std::unique_ptr<Transformer> m(new Transformer(backend, std::move(config)));
   KILN_RETURN_IF_ERROR(check_checkpoint(m->layout_, model_dir));  // before any allocation

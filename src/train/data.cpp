@@ -44,6 +44,10 @@ Status validate(const TrainExample& ex, const ModelConfig& c, const std::string&
     return invalid_argument(where + ": the sequence has " + std::to_string(n) +
                             " tokens, more than the model's max_position_embeddings (" +
                             std::to_string(c.max_position_embeddings) + ")");
+  if (c.sliding_window > 0 && n > c.sliding_window)
+    return invalid_argument(where + ": the sequence has " + std::to_string(n) + " tokens, more than the model's " +
+                            "sliding window (" + std::to_string(c.sliding_window) +
+                            "); kiln does not implement sliding-window attention yet, so it trains within the window");
   const std::string vocab = "[0, " + std::to_string(c.vocab_size) + ")";
   for (int64_t i = 0; i < n; ++i)
     if (ex.input_ids[i] < 0 || ex.input_ids[i] >= c.vocab_size)

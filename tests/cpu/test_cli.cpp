@@ -197,6 +197,25 @@ TEST(CliErrors, ConfigSizesAreBoundedAndCheckedAgainstTheCheckpoint) {
   expect_clean_failure(run_kiln("generate --model " + m.dir() + " --prompt-ids 1,2"), "model.layers.2.");
 }
 
+// A sliding window smaller than max_position_embeddings bounds the context kiln runs exactly
+// (attention over every earlier token equals sliding-window attention within the window).
+TEST(CliErrors, SlidingWindowBoundsTheContext) {
+  ModelCopy m("tiny-qwen2");
+  nlohmann::json c = m.config();
+  c["use_sliding_window"] = true;
+  c["sliding_window"] = 16;
+  m.write_config(c);
+  RunResult ok = run_kiln("generate --model " + m.dir() + " --prompt-ids 1,2,3 --max-tokens 13");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  expect_clean_failure(run_kiln("generate --model " + m.dir() + " --prompt-ids 1,2,3 --max-tokens 14"), "16 tokens");
+  std::string line = "{\"input_ids\": [";
+  for (int i = 0; i < 17; ++i) line += (i ? ", " : "") + std::to_string(5 + i);
+  line += "]}\n";
+  m.write_text("d.jsonl", line);
+  expect_clean_failure(run_kiln("train --model " + m.dir() + " --data " + m.path("d.jsonl") + " --output " + m.path("out")),
+                       "sliding window");
+}
+
 TEST(CliErrors, SeedOutOfRange) {
   for (const char* seed : {"18446744073709551616", "-1", "12x"})
     expect_clean_failure(run_kiln("generate --model " + testdata_dir() + "/tiny-llama --prompt-ids 1,2 --seed " + seed),

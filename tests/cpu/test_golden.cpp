@@ -11,6 +11,7 @@ class GoldenCpu : public testing::TestWithParam<const char*> {};
 TEST_P(GoldenCpu, MatchesTransformers) {
   auto be = make_cpu_backend();
   check_golden_model(*be, GetParam(), 1e-5);
+  check_teacher_forced_decode(*be, GetParam(), 1e-5, /*use_graphs=*/false);
 }
 
 // tiny-llama and tiny-qwen2 come from ../shared/fixtures; the others from

@@ -235,8 +235,11 @@ void check_case(Backend& be, const AttnCase& c, double tol, bool all_variants = 
     ASSERT_TRUE(st.ok()) << st.message();
     std::vector<float> got = request_rows(be, out, in.used_rows);
     EXPECT_EQ(count_nonfinite(got), 0) << "rows left unwritten or NaN read from unused cache rows";
-    const double err = rel_error(got, want);
-    EXPECT_LE(err, tol) << "max abs diff " << max_abs_diff(got, want);
+    // The prefill kernels round P to the compute dtype before P V: an output element's error is up to
+    // u * sum_k p_k |v_k|, which is V's scale, several times the output's own (an average over many
+    // keys): sixteen units of rounding per element here; decode (P as hi + lo) keeps four.
+    if (in.bounds.max_q_len > 1) EXPECT_CLOSE_BOUND(got, want, tol, 4 * elem_bound(tol));
+    else EXPECT_CLOSE(got, want, tol);
   }
 }
 
@@ -689,7 +692,7 @@ TEST(AttentionGpu, DecodeGraphReplay) {
     ref_in.bounds = ops::AttentionBounds{1, 1, kv_len};
     std::vector<float> want = cpu_reference(ref_in);
     EXPECT_EQ(count_nonfinite(got), 0);
-    EXPECT_LE(rel_error(got, want), kTolBf16);
+    EXPECT_CLOSE(got, want, kTolBf16);
     if (kv_len == kMaxKv) {
       EXPECT_EQ(got, eager) << "graph replay differs from the eager call";
     } else {
@@ -759,7 +762,7 @@ TEST(AttentionGpu, DecodeGraphReplayPaged) {
     const ops::AttentionBounds tight{kBatch, 1, *std::max_element(lens.begin(), lens.end())};
     const std::vector<float> want = cpu_reference(in.q, in.k, in.v, in.qi, t.view(), tight, in.scale, in.used_rows);
     EXPECT_EQ(count_nonfinite(got), 0);
-    EXPECT_LE(rel_error(got, want), kTolBf16);
+    EXPECT_CLOSE(got, want, kTolBf16);
     TensorBuffer out2 = device_copy(*be, nan_host(in.q.shape(), c.dtype));
     ops::attention_forward(*be, out2, q, k, v, qi, view, tight, in.scale);
     EXPECT_EQ(to_f32(*be, out2), got) << "tight-bounds eager call differs from the graph replay";

@@ -44,7 +44,7 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
       TensorBuffer dy = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
       ops::fill_constant(*gpu, dy, NAN);
       ops::norm_linear_forward(*gpu, dy, dx, dg, eps, dw, dbias);
-      EXPECT_LE(rel_error(to_f32(*gpu, dy), to_f32(*cpu, y)), 1e-2);
+      EXPECT_CLOSE(to_f32(*gpu, dy), to_f32(*cpu, y), 1e-2);
       TensorBuffer dy2 = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
       ops::norm_linear_forward(*gpu, dy2, dx, dg, eps, dw, dbias);
       EXPECT_EQ(to_f32(*gpu, dy2), to_f32(*gpu, dy));
@@ -56,12 +56,12 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
       ops::linear_residual_forward(*cpu, rc, xb, w, bias);
       TensorBuffer dr = dev(r);
       cuda::fused_linear_kernel_forward(cuda_be, ops::FusedLinear::residual, dr, dxb, Tensor{}, 0.0f, dw, dbias);
-      EXPECT_LE(rel_error(to_f32(*gpu, dr), to_f32(*cpu, rc)), 1e-3);
+      EXPECT_CLOSE(to_f32(*gpu, dr), to_f32(*cpu, rc), 1e-3);
       TensorBuffer act = host_empty({c.M, c.N}, DType::f32);
       ops::linear_swiglu_forward(*cpu, act, xb, w2, bias2);
       TensorBuffer dact = std::move(empty(*gpu, {c.M, c.N}, DType::bf16)).value();
       cuda::fused_linear_kernel_forward(cuda_be, ops::FusedLinear::swiglu, dact, dxb, Tensor{}, 0.0f, dw2, dbias2);
-      EXPECT_LE(rel_error(to_f32(*gpu, dact), to_f32(*cpu, act)), 2e-2);
+      EXPECT_CLOSE(to_f32(*gpu, dact), to_f32(*cpu, act), 2e-2);
     }
     // norm_linear_swiglu
     {
@@ -70,7 +70,7 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
       TensorBuffer dact = std::move(empty(*gpu, {c.M, c.N}, DType::bf16)).value();
       ops::fill_constant(*gpu, dact, NAN);
       ops::norm_linear_swiglu_forward(*gpu, dact, dx, dg, eps, dw2, dbias2);
-      EXPECT_LE(rel_error(to_f32(*gpu, dact), to_f32(*cpu, act)), 2e-2);
+      EXPECT_CLOSE(to_f32(*gpu, dact), to_f32(*cpu, act), 2e-2);
     }
   }
 }
@@ -107,7 +107,7 @@ TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
       TensorBuffer dy = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
       ops::fill_constant(*gpu, dy, NAN);
       cuda::linear_tma_forward(cuda_be, TmaEpilogue::store, dy, dx, dw, dbias, c.splits);
-      EXPECT_LE(rel_error(to_f32(*gpu, dy), to_f32(*cpu, y)), y_dt == DType::f32 ? 1e-4 : 1e-2);
+      EXPECT_CLOSE(to_f32(*gpu, dy), to_f32(*cpu, y), y_dt == DType::f32 ? 1e-4 : 1e-2);
       TensorBuffer dy2 = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
       cuda::linear_tma_forward(cuda_be, TmaEpilogue::store, dy2, dx, dw, dbias, c.splits);
       EXPECT_EQ(to_f32(*gpu, dy2), to_f32(*gpu, dy));
@@ -119,7 +119,7 @@ TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
       ops::linear_residual_forward(*cpu, rc, x, w, bias);
       TensorBuffer dr = dev(r);
       cuda::linear_tma_forward(cuda_be, TmaEpilogue::add_residual, dr, dx, dw, dbias, c.splits);
-      EXPECT_LE(rel_error(to_f32(*gpu, dr), to_f32(*cpu, rc)), 1e-4);
+      EXPECT_CLOSE(to_f32(*gpu, dr), to_f32(*cpu, rc), 1e-4);
     }
     // SwiGLU of [gate; up]
     {
@@ -128,7 +128,7 @@ TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
       TensorBuffer dact = std::move(empty(*gpu, {c.M, c.N}, DType::f32)).value();
       ops::fill_constant(*gpu, dact, NAN);
       cuda::linear_tma_forward(cuda_be, TmaEpilogue::swiglu, dact, dx, dw2, dbias2, c.splits);
-      EXPECT_LE(rel_error(to_f32(*gpu, dact), to_f32(*cpu, act)), 1e-4);
+      EXPECT_CLOSE(to_f32(*gpu, dact), to_f32(*cpu, act), 1e-4);
     }
   }
 }

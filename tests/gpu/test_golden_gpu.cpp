@@ -2,6 +2,7 @@
 // error and identical greedy tokens, also through the captured-graph decode path.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "golden.h"
@@ -29,6 +30,18 @@ TEST(GoldenGpu, MoreArchitectures) {
     SCOPED_TRACE(model);
     check_golden_model(*be, model, 2e-2, GreedyCheck::until_near_tie);
   }
+}
+
+// Every decode step of every fixture against transformers, past any near-tie: the reference's
+// tokens are fed back (teacher forcing), eagerly and through the captured graphs.
+TEST(GoldenGpu, TeacherForcedDecode) {
+  KILN_REQUIRE_GPU(be);
+  for (const char* model : {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-llama-biased", "tiny-qwen2-bf16"})
+    for (bool graphs : {false, true}) {
+      SCOPED_TRACE(std::string(model) + (graphs ? " graphs" : " eager"));
+      const double worst = check_teacher_forced_decode(*be, model, 2e-2, graphs);
+      std::printf("teacher-forced decode %s (%s): worst step logits error %.2e\n", model, graphs ? "graphs" : "eager", worst);
+    }
 }
 
 }  // namespace kiln::test

@@ -150,7 +150,7 @@ void check_cross_entropy(Backend& be, int64_t R, int64_t V, DType dt, float ls, 
     }
   }
   EXPECT_EQ(failures, 0);
-  EXPECT_LT(rel_error(grad, ref), dt == DType::f32 ? 1e-5 : 1e-2);
+  EXPECT_CLOSE(grad, ref, dt == DType::f32 ? 1e-5 : 1e-2);
 }
 
 TEST(LossOptimGpu, CrossEntropyMatchesCpu) {

@@ -99,8 +99,8 @@ TEST(TrainBackwardGpu, RmsnormBackward) {
           TensorBuffer gdw = upload(*be, dw0);
           ops::rmsnorm_backward(*be, gdx.view, gdw, gdy.view, gx.view, gw.view, eps, accumulate);
           ASSERT_TRUE(be->synchronize().ok());
-          EXPECT_LE(rel_error(to_f32(*be, gdx.view), to_f32(*cpu, dx_ref)), tol_for(dt));
-          EXPECT_LE(rel_error(to_f32(*be, gdw), to_f32(*cpu, dw_ref)), kWeightGradTol);
+          EXPECT_CLOSE(to_f32(*be, gdx.view), to_f32(*cpu, dx_ref), tol_for(dt));
+          EXPECT_CLOSE(to_f32(*be, gdw), to_f32(*cpu, dw_ref), kWeightGradTol);
         }
       }
     }
@@ -170,8 +170,8 @@ TEST(TrainBackwardGpu, SwigluBackward) {
         ops::swiglu_backward(*be, ggu.view, gd.view, ggu.view);
         ASSERT_TRUE(be->synchronize().ok());
         const std::vector<float> want = to_f32(*cpu, ref);
-        EXPECT_LE(rel_error(to_f32(*be, out), want), tol_for(dt));
-        EXPECT_LE(rel_error(to_f32(*be, ggu.view), want), tol_for(dt));
+        EXPECT_CLOSE(to_f32(*be, out), want, tol_for(dt));
+        EXPECT_CLOSE(to_f32(*be, ggu.view), want, tol_for(dt));
       }
     }
   }
@@ -195,7 +195,7 @@ TEST(TrainBackwardGpu, EmbeddingBackwardRepeatedIds) {
         TensorBuffer gtable = upload(*be, table0), gdy = upload(*be, dy), gids = upload(*be, ids);
         ops::embedding_backward(*be, gtable, gdy, gids);
         ASSERT_TRUE(be->synchronize().ok());
-        EXPECT_LE(rel_error(to_f32(*be, gtable), to_f32(*cpu, ref)), kWeightGradTol);
+        EXPECT_CLOSE(to_f32(*be, gtable), to_f32(*cpu, ref), kWeightGradTol);
       }
     }
   }
@@ -218,7 +218,7 @@ TEST(TrainBackwardGpu, BiasBackward) {
         ops::bias_backward(*be, gdb, gdy.view);
         ops::bias_backward(*be, gdb2, gdy.view);
         ASSERT_TRUE(be->synchronize().ok());
-        EXPECT_LE(rel_error(to_f32(*be, gdb), to_f32(*cpu, ref)), kWeightGradTol);
+        EXPECT_CLOSE(to_f32(*be, gdb), to_f32(*cpu, ref), kWeightGradTol);
         TensorBuffer a = to_host(*be, gdb), b = to_host(*be, gdb2);
         EXPECT_EQ(std::memcmp(a.view().data, b.view().data, static_cast<size_t>(N * 4)), 0) << "not reproducible";
       }
@@ -284,8 +284,8 @@ TEST(TrainBackwardGpu, QkvSplitRopeForward) {
       ops::qkv_split_rope_forward(*be, gq, gk, gv, gqkv, gpos, ginv, scaling, c.norms ? gqn.view() : Tensor{},
                                   c.norms ? gkn.view() : Tensor{}, eps);
       ASSERT_TRUE(be->synchronize().ok());
-      EXPECT_LE(rel_error(to_f32(*be, gq), to_f32(*cpu, q)), tol_for(dt));
-      EXPECT_LE(rel_error(to_f32(*be, gk), to_f32(*cpu, k)), tol_for(dt));
+      EXPECT_CLOSE(to_f32(*be, gq), to_f32(*cpu, q), tol_for(dt));
+      EXPECT_CLOSE(to_f32(*be, gk), to_f32(*cpu, k), tol_for(dt));
       EXPECT_EQ(to_f32(*be, gv), to_f32(*cpu, v));  // a copy
     }
   }
@@ -319,10 +319,10 @@ TEST(TrainBackwardGpu, QkvSplitRopeBackward) {
                                    gdq, gdk, gdv, gqkv, gpos, ginv, scaling, c.norms ? gqn.view() : Tensor{},
                                    c.norms ? gkn.view() : Tensor{}, eps);
       ASSERT_TRUE(be->synchronize().ok());
-      EXPECT_LE(rel_error(to_f32(*be, gd_qkv), to_f32(*cpu, d_qkv)), tol_for(dt));
+      EXPECT_CLOSE(to_f32(*be, gd_qkv), to_f32(*cpu, d_qkv), tol_for(dt));
       if (c.norms) {
-        EXPECT_LE(rel_error(to_f32(*be, gdqn), to_f32(*cpu, dqn)), kWeightGradTol);
-        EXPECT_LE(rel_error(to_f32(*be, gdkn), to_f32(*cpu, dkn)), kWeightGradTol);
+        EXPECT_CLOSE(to_f32(*be, gdqn), to_f32(*cpu, dqn), kWeightGradTol);
+        EXPECT_CLOSE(to_f32(*be, gdkn), to_f32(*cpu, dkn), kWeightGradTol);
       } else {
         EXPECT_EQ(to_f32(*be, gdqn), to_f32(*cpu, dqn0));  // absent norms: untouched
       }

@@ -58,8 +58,8 @@ struct Interp {
   // Every namespace() and every scope frame of the render: the ways to a cycle of references (a
   // namespace holding itself; a macro, which keeps its defining frame alive, stored in that frame
   // or below it). Their contents are dropped when the render ends, so cycles cannot leak.
-  std::vector<std::weak_ptr<Dict>> namespaces;
-  std::vector<std::weak_ptr<Frame>> frames;
+  std::vector<std::weak_ptr<Dict>> namespaces{};
+  std::vector<std::weak_ptr<Frame>> frames{};
 
   // A new scope below `parent`, recorded in `frames`.
   FrameP child(const FrameP& parent) {

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds the CPU test suite with AddressSanitizer and UndefinedBehaviorSanitizer (g++, build-asan/)
+# and runs it; any report fails the run (UBSan does not recover, ASan checks leaks at exit).
+# Usage: scripts/sanitize.sh [gtest filter]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=build-asan
+flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+cmake -S . -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_CUDA=OFF \
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+ninja -C "$out" kiln kiln_tests
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
+# The CLI tests run the kiln binary of this build (KILN_BINARY is compiled into the suite).
+"$out/tests/kiln_tests" --gtest_brief=1 ${1:+--gtest_filter="$1"}
