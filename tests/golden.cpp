@@ -320,7 +320,9 @@ double check_teacher_forced_decode(Backend& be, const std::string& model, double
     sched.commit(plan);
     sched.append(plan.entries[0].seq, forced[j]);
   }
-  if (use_graphs && forced.size() > 2) EXPECT_GT((*ex)->graph_replays(), 0) << model;
+  if (use_graphs && forced.size() > 2) {
+    EXPECT_GT((*ex)->graph_replays(), 0) << model;
+  }
   return worst;
 }
 

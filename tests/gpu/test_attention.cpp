@@ -238,8 +238,11 @@ void check_case(Backend& be, const AttnCase& c, double tol, bool all_variants = 
     // The prefill kernels round P to the compute dtype before P V: an output element's error is up to
     // u * sum_k p_k |v_k|, which is V's scale, several times the output's own (an average over many
     // keys): sixteen units of rounding per element here; decode (P as hi + lo) keeps four.
-    if (in.bounds.max_q_len > 1) EXPECT_CLOSE_BOUND(got, want, tol, 4 * elem_bound(tol));
-    else EXPECT_CLOSE(got, want, tol);
+    if (in.bounds.max_q_len > 1) {
+      EXPECT_CLOSE_BOUND(got, want, tol, 4 * elem_bound(tol));
+    } else {
+      EXPECT_CLOSE(got, want, tol);
+    }
   }
 }
 
