@@ -9,6 +9,7 @@ flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-fr
 cmake -S . -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_CUDA=OFF \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 ninja -C "$out" kiln kiln_tests
-export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
+# allocator_may_return_null: kiln turns a failed allocation into an out-of-memory status (tested).
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:allocator_may_return_null=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
 # The CLI tests run the kiln binary of this build (KILN_BINARY is compiled into the suite).
 "$out/tests/kiln_tests" --gtest_brief=1 ${1:+--gtest_filter="$1"}

@@ -49,7 +49,12 @@ Status Executor::init() {
   const int64_t Bm = config_.max_running, Tm = padded_tokens(config_.max_step_tokens);
   max_pages_per_step_ = static_cast<int32_t>(
       std::min<int64_t>(Bm * ceil_div(config_.max_seq_len, config_.page_size), int64_t(1) << 30));
-  KILN_ASSIGN_OR_RETURN(ws_, model_.make_workspace(Tm, Bm));
+  Result<ForwardWorkspace> ws = model_.make_workspace(Tm, Bm);
+  if (!ws.ok())
+    return out_of_memory("the step workspace for " + std::to_string(config_.max_step_tokens) + " tokens and " +
+                         std::to_string(Bm) + " requests does not fit: " + ws.status().message() +
+                         "; lower --max-step-tokens or --max-running");
+  ws_ = std::move(ws).value();
 
   int64_t at = 0;
   auto section = [&](int64_t& off, int64_t n) {
@@ -114,7 +119,8 @@ Status Executor::init() {
   Result<KVCache> cache = model_.make_kv_cache(config_.num_pages * config_.page_size);
   if (!cache.ok())
     return out_of_memory("the KV cache of " + std::to_string(config_.num_pages * int64_t(config_.page_size)) +
-                         " tokens does not fit in device memory: " + cache.status().message() + "; lower --kv-tokens");
+                         " tokens does not fit in " + (be().device().is_cpu() ? "memory" : "device memory") + ": " +
+                         cache.status().message() + "; lower --kv-tokens or --kv-memory");
   cache_ = std::move(cache).value();
   for (size_t l = 0; l < cache_.k.size(); ++l) {  // no stale bits: padding reads and tests see zeros
     be().zero(cache_.k[l]);

@@ -237,6 +237,9 @@ TEST(CliErrors, BadOrConflictingFlags) {
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-tokens 99999999999"), "--max-tokens");
   expect_clean_failure(run_kiln(gen + "--random-weights --weight-seed -3"), "--weight-seed");
   expect_clean_failure(run_kiln(gen + "--kv-memory 1e30"), "--kv-memory");
+  // Sizes that cannot be allocated: an out-of-memory status naming the flag to change.
+  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens 2000000000"), "--max-step-tokens");
+  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --kv-tokens 2000000000"), "--kv-tokens");
 }
 
 TEST(CliErrors, TruncatedSafetensorsHeader) {
