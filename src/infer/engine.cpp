@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <new>
 
 #include "infer/executor.h"
 #include "infer/scheduler.h"
@@ -447,7 +448,16 @@ void Engine::loop() {
     drain_inbox();
     if (!scheduler_->idle()) {
       const double t0 = now_seconds();
-      step();
+      // The engine thread's error boundary: what a step throws (host memory running out, a bug)
+      // ends the running requests with the reason, as a failed step's status does, instead of
+      // taking the process down with every caller.
+      try {
+        step();
+      } catch (const std::bad_alloc&) {
+        fail_all("out of host memory in an engine step; lower --max-running or --max-step-tokens");
+      } catch (const std::exception& e) {
+        fail_all(std::string("an engine step failed: ") + e.what());
+      }
       step_seconds_ += now_seconds() - t0;
     }
     if (scheduler_->idle()) deliver_pending();  // nothing left to overlap with
