@@ -12,6 +12,7 @@
 
 #include "fuzz_common.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer/unicode.h"
 
 namespace {
 
@@ -44,18 +45,7 @@ std::string as_unicode(const uint8_t* data, size_t size) {
     uint32_t cp = (uint32_t{data[i]} | uint32_t{data[i + 1]} << 8 | uint32_t{data[i + 2]} << 16) % 0x110000;
     if (data[i + 2] & 0x80) cp %= 0x3000;  // favour the common planes
     if (cp >= 0xD800 && cp <= 0xDFFF) cp -= 0x800;
-    if (cp < 0x80) u.push_back(static_cast<char>(cp));
-    else if (cp < 0x800) { u.push_back(static_cast<char>(0xC0 | (cp >> 6))); u.push_back(static_cast<char>(0x80 | (cp & 0x3F))); }
-    else if (cp < 0x10000) {
-      u.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      u.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      u.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      u.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      u.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      u.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      u.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
+    kiln::tok::append_utf8(u, static_cast<char32_t>(cp));
   }
   return u;
 }

@@ -85,6 +85,7 @@
 
 #include "kernels/cuda/attention_internal.h"
 #include "kernels/cuda/cuda_train_ops.h"
+#include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/mma_util.cuh"
 
@@ -837,8 +838,9 @@ __global__ void __launch_bounds__(NW * 32, 1)
 // Hopper wgmma kernels (sm_90a; bf16, D = 64 or 128). Tiles are stored as D / 64 column blocks of
 // [rows][64] with 128-byte rows and the hardware 128-byte swizzle (16-byte chunk ^= row % 8 inside
 // 1024-byte atoms): the canonical wgmma SW128 layout, read K-major or MN-major ("transposed") by
-// shared-memory descriptors. Descriptor conventions, the asm wrappers and the fence discipline are
-// those of the inference prefill kernels in kernels/cuda/attention.cu (measured on the H200):
+// shared-memory descriptors. Descriptors and fences come from kernels/cuda/hopper_util.cuh; the
+// asm wrappers and the fence discipline are those of the inference prefill kernels
+// (kernels/cuda/attention_wgmma.cu, measured on the H200):
 // K-major operands advance 32 bytes per 16-wide k step inside a column block, then jump to the next
 // block; MN-major operands advance 16 rows (2048 bytes) per k step, their column blocks one
 // leading-byte-offset apart. Accumulators: per warp the mma.sync C layout (n8 tile j in registers
@@ -897,27 +899,14 @@ struct WgmmaBf16 {
   }
 };
 
-// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63), base offset 0
-// (every tile starts on a 1024-byte boundary). Offsets in bytes.
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Generic-proxy shared-memory writes (cp.async, st.shared, stmatrix) made visible to wgmma reads.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Pins registers in program order relative to the (volatile) wgmma wait: accumulators are not
-// read, and register A operands not reused, before the wgmmas that use them have completed.
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
+using hopper::fence_proxy_async;
+using hopper::fence_regs;
+using hopper::wgmma_commit;
+using hopper::wgmma_desc;
+using hopper::wgmma_fence;
+using hopper::wgmma_wait;
+// Pins register A operands in program order relative to the (volatile) wgmma wait: not reused
+// before the wgmmas that read them have completed.
 template <int N>
 __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
 #pragma unroll

@@ -1,8 +1,16 @@
 // The Hopper wgmma prefill kernels (family 2, variants 1 and 2 of attention.cu's description).
 #include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/hopper_util.cuh"
 
 namespace kiln::cuda::attn {
 namespace {
+
+using hopper::fence_proxy_async;
+using hopper::fence_regs;
+using hopper::wgmma_commit;
+using hopper::wgmma_desc;
+using hopper::wgmma_fence;
+using hopper::wgmma_wait;
 
 // Hopper wgmma kernels (bf16/f16, D = 64 or 128; sm_90a). A warpgroup (4 warps) owns 64 query
 // rows. Q, K and V tiles are stored as D / 64 column blocks of [rows][64 dims] with 128-byte rows
@@ -89,26 +97,6 @@ struct Wgmma<__half> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
   }
 };
-
-// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63), base offset 0
-// (every tile starts on a 1024-byte boundary). Offsets in bytes.
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Pins accumulator registers in program order relative to the (volatile) wgmma wait.
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
 
 // Masked online-softmax step, in place, on a wgmma S accumulator (64 x BN; this thread: rows
 // wrow0 and wrow0 + 8, n8 tile j in s[4j..4j+3]): s becomes P (f32, relative to the new running

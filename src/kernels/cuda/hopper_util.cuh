@@ -1,5 +1,6 @@
-// Hopper (sm_90a) device helpers for kiln's streaming kernels: wgmma with both operands in shared
-// memory (bf16, f32 accumulators), mbarriers, TMA tile loads completing on an mbarrier, and the
+// Hopper (sm_90a) device helpers shared by kiln's wgmma kernels (attention, training attention,
+// the streaming linear layers): shared-memory descriptors and the wgmma fences, wgmma with both
+// operands in shared memory (bf16, f32 accumulators), mbarriers, TMA tile loads completing on an mbarrier, and the
 // programmatic-dependent-launch controls. Header-only device code; no state.
 //
 // Shared-memory tiles are rows of 64 bf16 (128 bytes) written by TMA with the 128-byte swizzle:
@@ -15,18 +16,24 @@
 
 namespace kiln::cuda::hopper {
 
-// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63), base offset 0.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-  constexpr uint32_t kLbo = 16, kSbo = 1024;  // leading byte offset unused for swizzled K-major
-  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(kLbo >> 4) << 16) |
-         (static_cast<uint64_t>(kSbo >> 4) << 32) | (1ull << 62);
+// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63), base offset 0
+// (every tile starts on a 1024-byte boundary). Offsets in bytes: the leading byte offset steps
+// between column blocks of MN-major operands (unused for K-major ones), the stride byte offset
+// between 8-row atoms.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
+// A K-major tile of 128-byte rows.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) { return wgmma_desc(saddr, 16, 1024); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Generic-proxy shared-memory writes (cp.async, st.shared, stmatrix) made visible to wgmma reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Pins accumulator registers in program order relative to the (volatile) wgmma wait.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
