@@ -52,11 +52,11 @@ char32_t last_cp(std::string_view s) {
   while (k > 0 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
   return next_cp(s, k);
 }
-bool ends_with_word(std::string_view s) { return !s.empty() && is_alphanumeric(last_cp(s)); }
+bool ends_with_word(std::string_view s) { return !s.empty() && is_word_character(last_cp(s)); }
 bool starts_with_word(std::string_view s) {
   if (s.empty()) return false;
   size_t i = 0;
-  return is_alphanumeric(next_cp(s, i));
+  return is_word_character(next_cp(s, i));
 }
 // Start of the run of whitespace that ends s.
 size_t space_leftmost_at_end(std::string_view s) {

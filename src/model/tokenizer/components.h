@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/tokenizer/regex.h"
 #include "model/tokenizer/unicode.h"
 
 namespace kiln::tok {

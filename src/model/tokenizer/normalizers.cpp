@@ -1,4 +1,4 @@
-// Normalizers of tokenizer.json: NFC/NFD/NFKC/NFKD (utf8proc), Lowercase, Strip, Prepend, Replace,
+// Normalizers of tokenizer.json: NFC/NFD/NFKC/NFKD, Lowercase, Strip, Prepend, Replace,
 // StripAccents, BertNormalizer, ByteLevel, Sequence. Each is immutable after construction.
 #include "model/tokenizer/components.h"
 
@@ -128,7 +128,7 @@ class BertNormalizer final : public Normalizer {
       size_t a = i;
       char32_t c = next_cp(s, i);
       if (clean_) {
-        if (c == 0 || c == 0xFFFD || (c != '\t' && c != '\n' && c != '\r' && is_control_other(c))) continue;
+        if (c == 0 || c == 0xFFFD || (c != '\t' && c != '\n' && c != '\r' && is_other_category(c))) continue;
         if (c == '\t' || c == '\n' || c == '\r' || is_whitespace(c)) { out.push_back(' '); continue; }
       }
       if (chinese_ && is_chinese_char(c)) {

@@ -1,11 +1,10 @@
-// Unicode helpers and the PCRE2 wrapper (see unicode.h). Character categories come from utf8proc.
-// Thread safety: pure functions; Regex matching allocates its match data per call.
+// Unicode helpers (see unicode.h) and the lookups of unicode_data.h. Thread safety: pure functions.
 #include "model/tokenizer/unicode.h"
 
-#include <pcre2.h>
-#include <utf8proc.h>
+#include <algorithm>
+#include <iterator>
 
-#include <cstdlib>
+#include "model/tokenizer/unicode_data.h"
 
 namespace kiln::tok {
 
@@ -100,124 +99,54 @@ bool is_whitespace(char32_t c) {
          c == 0x3000;
 }
 
-static utf8proc_category_t category(char32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)); }
-
-bool is_alphanumeric(char32_t c) {
-  if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
-  auto k = category(c);
-  return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
-         (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
-}
-
 bool is_numeric(char32_t c) {
   if (c < 0x80) return c >= '0' && c <= '9';
-  auto k = category(c);
-  return k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO;
-}
-
-bool is_punctuation(char32_t c) {
-  auto k = category(c);
-  return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
-}
-
-bool is_combining_mark(char32_t c) {
-  auto k = category(c);
-  return k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME;
-}
-
-bool is_nonspacing_mark(char32_t c) { return category(c) == UTF8PROC_CATEGORY_MN; }
-
-bool is_control_other(char32_t c) {
-  auto k = category(c);
-  return k == UTF8PROC_CATEGORY_CC || k == UTF8PROC_CATEGORY_CF || k == UTF8PROC_CATEGORY_CN ||
-         k == UTF8PROC_CATEGORY_CO;
+  return ucd::contains(ucd::kRustNumeric, c);
 }
 
 void append_lowercase(std::string& out, char32_t c) {
   if (c < 0x80) {
     out.push_back(static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c));
-  } else if (c == 0x130) {  // the one unconditional multi-character lowercase mapping
-    out += "i\xCC\x87";
-  } else {
-    append_utf8(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+    return;
   }
-}
-
-std::string normalize_form(std::string_view s, int form) {
-  bool ascii = true;
-  for (char ch : s) if (static_cast<unsigned char>(ch) >= 0x80) { ascii = false; break; }
-  if (ascii) return std::string(s);  // ASCII is invariant under all four forms
-  int options = UTF8PROC_STABLE;
-  options |= (form == 0 || form == 2) ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
-  if (form >= 2) options |= UTF8PROC_COMPAT;
-  utf8proc_uint8_t* result = nullptr;
-  utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                    static_cast<utf8proc_ssize_t>(s.size()), &result,
-                                    static_cast<utf8proc_option_t>(options));
-  if (n < 0) return std::string(s);  // only on invalid input, which encode() rejects earlier
-  std::string out(reinterpret_cast<char*>(result), static_cast<size_t>(n));
-  std::free(result);
-  return out;
-}
-
-Result<std::unique_ptr<Regex>> Regex::compile(const std::string& pattern) {
-  int err = 0;
-  PCRE2_SIZE off = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
-  if (!code) {
-    PCRE2_UCHAR buf[256];
-    pcre2_get_error_message(err, buf, sizeof(buf));
-    return invalid_argument("regex '" + pattern + "' does not compile (at offset " + std::to_string(off) +
-                            "): " + reinterpret_cast<char*>(buf));
+  const ucd::Mapping* m = ucd::mapping_of(ucd::kRustLowercase, c);
+  if (!m) {
+    append_utf8(out, c);
+    return;
   }
-  std::unique_ptr<Regex> re(new Regex());
-  re->code_ = code;
-  re->jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
-  return re;
+  for (uint32_t k = 0; k < m->length; ++k) append_utf8(out, ucd::kRustLowercasePool[m->offset + k]);
 }
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+bool is_punctuation(char32_t c) { return ucd::contains(ucd::kCategoriesPunctuation, c); }
+bool is_nonspacing_mark(char32_t c) { return ucd::contains(ucd::kCategoriesNonspacingMark, c); }
+bool is_other_category(char32_t c) { return ucd::contains(ucd::kCategoriesOther, c); }
+bool is_combining_mark(char32_t c) { return ucd::contains(ucd::kNormMark, c); }
 
-void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
-  out.clear();
-  auto* code = static_cast<pcre2_code*>(code_);
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
-  auto subject = reinterpret_cast<PCRE2_SPTR>(s.data());
-  size_t pos = 0;
-  size_t last_end = SIZE_MAX;
-  while (pos <= s.size()) {
-    int rc = jit_ ? pcre2_jit_match(code, subject, s.size(), pos, 0, md, nullptr)
-                  : pcre2_match(code, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
-    if (rc < 0) break;
-    PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    size_t a = ov[0], b = ov[1];
-    if (a == b) {
-      if (a != last_end) out.emplace_back(a, b);
-      last_end = a;
-      if (a >= s.size()) break;
-      pos = a + utf8_len(static_cast<unsigned char>(s[a]));  // step over one character
-      continue;
-    }
-    out.emplace_back(a, b);
-    last_end = b;
-    pos = b;
-  }
-  pcre2_match_data_free(md);
+bool is_word_character(char32_t c) {
+  if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_';
+  if (c == 0x200C || c == 0x200D) return true;  // Join_Control
+  if (ucd::contains(ucd::kRegexAlphabetic, c)) return true;
+  uint16_t k = ucd::value_of(ucd::kRegexCategory, c, ucd::kCategoryUnassigned);
+  return (k >= 5 && k <= 7) || k == 8 || k == 11;  // Mn Mc Me, Nd, Pc
 }
 
-std::string regex_escape(std::string_view literal) {
-  std::string out = "\\Q";
-  size_t i = 0;
-  while (i < literal.size()) {
-    size_t e = literal.find("\\E", i);
-    if (e == std::string_view::npos) { out.append(literal.substr(i)); break; }
-    out.append(literal.substr(i, e - i));
-    out += "\\E\\\\E\\Q";
-    i = e + 2;
-  }
-  out += "\\E";
-  return out;
+namespace ucd {
+
+bool contains(std::span<const Range> table, char32_t c) {
+  auto it = std::upper_bound(table.begin(), table.end(), c, [](char32_t x, const Range& r) { return x < r.lo; });
+  return it != table.begin() && c <= std::prev(it)->hi;
 }
 
+uint16_t value_of(std::span<const ValueRange> table, char32_t c, uint16_t absent) {
+  auto it = std::upper_bound(table.begin(), table.end(), c, [](char32_t x, const ValueRange& r) { return x < r.lo; });
+  if (it == table.begin() || c > std::prev(it)->hi) return absent;
+  return std::prev(it)->value;
+}
+
+const Mapping* mapping_of(std::span<const Mapping> table, char32_t c) {
+  auto it = std::lower_bound(table.begin(), table.end(), c, [](const Mapping& m, char32_t x) { return m.cp < x; });
+  return it != table.end() && it->cp == c ? &*it : nullptr;
+}
+
+}  // namespace ucd
 }  // namespace kiln::tok

@@ -1,19 +1,12 @@
 // Unicode helpers for the tokenizer: UTF-8 decoding/encoding/validation, Rust-compatible lossy
-// conversion, the character classes the `tokenizers` library uses (Rust char predicates), and a
-// PCRE2 regex wrapper (UTF + UCP, JIT when available).
-// Ownership: Regex owns its compiled PCRE2 code. Thread safety: all functions are pure; a Regex is
-// immutable after construction and may be matched from several threads (match data is per call).
+// conversion, and the character classes and normalization forms of the `tokenizers` library, each
+// with the Unicode data of the library component it serves (unicode_data.h says which version and
+// why). Thread safety: all functions are pure.
 #pragma once
 
 #include <cstdint>
-#include <functional>
-#include <memory>
 #include <string>
 #include <string_view>
-#include <utility>
-#include <vector>
-
-#include "core/status.h"
 
 namespace kiln::tok {
 
@@ -30,35 +23,21 @@ size_t valid_utf8_prefix(std::string_view s);
 // Rust's String::from_utf8_lossy: each maximal invalid subsequence becomes U+FFFD.
 std::string utf8_lossy(std::string_view bytes);
 
-// Rust char predicates.
+// Rust's std, as the normalizers and pre-tokenizers call it:
 bool is_whitespace(char32_t c);    // char::is_whitespace (White_Space)
-bool is_alphanumeric(char32_t c);  // char::is_alphanumeric (approximated by categories L* and N*)
 bool is_numeric(char32_t c);       // char::is_numeric (Nd, Nl, No)
-bool is_punctuation(char32_t c);   // Unicode P* categories
-bool is_combining_mark(char32_t c);  // Mn, Mc, Me
-bool is_nonspacing_mark(char32_t c);  // Mn
-bool is_control_other(char32_t c);   // Cc, Cf, Cn, Co (BERT's is_control without \t\n\r)
-// char::to_lowercase appended to out (full mapping: U+0130 becomes two code points).
+// char::to_lowercase appended to out (the full mapping: U+0130 becomes two code points).
 void append_lowercase(std::string& out, char32_t c);
-// Unicode normalization form: "NFC", "NFD", "NFKC", "NFKD".
-std::string normalize_form(std::string_view s, int form);  // form: 0 NFC, 1 NFD, 2 NFKC, 3 NFKD
-
-// A compiled PCRE2 pattern. find_all reports the non-overlapping matches (byte offsets) in
-// `subject`, with empty matches handled like Rust's find_iter (an empty match right after the
-// previous match is skipped).
-class Regex {
- public:
-  static Result<std::unique_ptr<Regex>> compile(const std::string& pattern);
-  ~Regex();
-  void find_all(std::string_view subject, std::vector<std::pair<size_t, size_t>>& out) const;
-
- private:
-  Regex() = default;
-  void* code_ = nullptr;  // pcre2_code_8*
-  bool jit_ = false;
-};
-
-// Escapes a literal so that PCRE2 matches it verbatim.
-std::string regex_escape(std::string_view literal);
+// The unicode_categories crate, as BERT's normalizer and pre-tokenizer call it:
+bool is_punctuation(char32_t c);      // P*
+bool is_nonspacing_mark(char32_t c);  // Mn
+bool is_other_category(char32_t c);   // Cc, Cf, Co (the crate's is_other)
+// The unicode-normalization-alignments crate:
+bool is_combining_mark(char32_t c);  // Mn, Mc, Me (StripAccents)
+// Normalization form 0 NFC, 1 NFD, 2 NFKC, 3 NFKD of valid UTF-8.
+std::string normalize_form(std::string_view s, int form);
+// Rust's regex crate, as the added vocabulary's single_word check calls it: \w (Alphabetic, marks,
+// Nd, Pc, Join_Control).
+bool is_word_character(char32_t c);
 
 }  // namespace kiln::tok
