@@ -65,3 +65,10 @@ put("chat_template", "macros", "{% macro f(x) %}{{ x * 2 }}{% endmacro %}{% set 
 put("training_jsonl", "ids", '{"input_ids": [5, 6, 7]}\n{"input_ids": [1, 2, 3, 4]}\n')
 put("training_jsonl", "labels", '{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}\n\n{"input_ids": [9], "labels": [9]}\n')
 put("training_jsonl", "positions", '{"input_ids": [5, 6, 7, 8], "position_ids": [0, 1, 0, 1]}\n')
+
+# regex_pattern: the Oniguruma patterns of the Unicode scan and of the regex tests, each with a subject.
+scan = json.load(open("testdata/tokenizers/unicode/scan.json"))
+pats = [s["component"]["pattern"]["Regex"] for s in scan["scans"] if "component" in s and "pattern" in s["component"]]
+pats += [r"(?i)[^a-c\d]+", r"[\w&&[^\d]]+", r"(?m)^a.+$", r"[[:^alpha:][:punct:]]{,3}", r"\p{^Greek}\h\u00e9\x{1F600}[]a-]"]
+for i, p in enumerate(pats):
+    put("regex_pattern", f"p{i:02d}", p + "\0" + "It's 2024: Größe 東京 \r\n  x\u00b2 Ω")

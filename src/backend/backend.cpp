@@ -86,14 +86,13 @@ Result<TensorBuffer> pinned_host_empty(Backend& backend, Shape shape, DType dtyp
   return TensorBuffer(Buffer(&backend, p, bytes, true), t);
 }
 
-TensorBuffer host_empty(Shape shape, DType dtype) {
-  Result<TensorBuffer> r = empty(host_backend(), shape, dtype);
-  if (!r.ok()) {
-    std::fprintf(stderr, "kiln: %s\n", r.status().message().c_str());
-    std::abort();
-  }
+TensorBuffer empty_for_op(Backend& backend, Shape shape, DType dtype) {
+  Result<TensorBuffer> r = empty(backend, shape, dtype);
+  if (!r.ok()) throw OutOfMemory(r.status().message());
   return std::move(r).value();
 }
+
+TensorBuffer host_empty(Shape shape, DType dtype) { return empty_for_op(host_backend(), shape, dtype); }
 
 TensorBuffer to_host(Backend& backend, Tensor src) {
   TensorBuffer out = host_empty(src.shape, src.dtype);

@@ -136,8 +136,11 @@ class TensorBuffer {
 
 // Uninitialised tensor on the backend's device.
 Result<TensorBuffer> empty(Backend& backend, Shape shape, DType dtype);
-// Uninitialised tensor in host memory (64-byte aligned).
+// Uninitialised tensor in host memory (64-byte aligned); throws OutOfMemory when there is none.
 TensorBuffer host_empty(Shape shape, DType dtype);
+// An op's temporary tensor on the backend's device; throws OutOfMemory (core/status.h) with the
+// allocator's message when the device is full, since ops have no Status to return.
+TensorBuffer empty_for_op(Backend& backend, Shape shape, DType dtype);
 // Uninitialised tensor in `backend`'s pinned host memory (for copy_async); its device is the host.
 Result<TensorBuffer> pinned_host_empty(Backend& backend, Shape shape, DType dtype);
 // Copies of `src` on the host or on `backend`'s device.

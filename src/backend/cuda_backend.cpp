@@ -224,7 +224,7 @@ void* CudaBackend::scratch(int64_t bytes) {
     if (scratch_.data()) retired_scratch_.push_back(std::move(scratch_));
     ++allocations_;  // counted with allocate()'s: tests prove a loop allocates nothing
     Result<void*> p = allocator_.allocate(bytes);
-    KILN_ASSERT(p.ok());
+    if (!p.ok()) throw OutOfMemory(p.status().message() + " (op scratch)");
     scratch_ = Buffer(this, *p, bytes);
   }
   return scratch_.data();

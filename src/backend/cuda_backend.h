@@ -69,7 +69,8 @@ class CudaBackend final : public Backend {
   cublasLtContext* blaslt() const { return blaslt_; }
   // Scratch memory for ops (cuBLASLt workspace, split-K partials); ops must not hold it across
   // calls. Grows only outside CUDA graph capture; an outgrown buffer stays allocated until the
-  // backend is destroyed, because captured graphs may still point at it.
+  // backend is destroyed, because captured graphs may still point at it. Throws OutOfMemory
+  // (core/status.h) when the device has no room for it.
   void* scratch(int64_t bytes);
   int multiprocessor_count() const { return sm_count_; }
   // The prefill attention kernel variant ops run with (kernels/cuda/attention_internal.h); -1 means

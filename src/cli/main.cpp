@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   try {
     for (auto& [cmd, run] : commands)
       if (cmd->parsed()) return run();
+  } catch (const kiln::OutOfMemory& e) {  // an op's temporary buffer: the message names device and size
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "kiln: error: out of host memory; use a smaller model, batch or context\n");
     return 1;

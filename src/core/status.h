@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -60,6 +61,19 @@ class [[nodiscard]] Result {
   }
   std::optional<T> value_;
   Status status_;
+};
+
+// Memory running out inside an op. Ops return nothing (a step is a plain sequence of launches), so
+// the temporary buffers they take (empty_for_op, CudaBackend::scratch) throw this instead of
+// aborting; the error boundaries (the engine thread, kiln's main) turn it into a failed request or
+// a message and exit 1. what() names the device, the size and what to lower.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string what) : what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
 };
 
 }  // namespace kiln

@@ -453,6 +453,8 @@ void Engine::loop() {
       // taking the process down with every caller.
       try {
         step();
+      } catch (const OutOfMemory& e) {
+        fail_all(std::string(e.what()) + " in an engine step; lower --max-running or --max-step-tokens");
       } catch (const std::bad_alloc&) {
         fail_all("out of host memory in an engine step; lower --max-running or --max-step-tokens");
       } catch (const std::exception& e) {

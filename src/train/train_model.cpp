@@ -294,6 +294,16 @@ Status TrainModel::backward(const DeviceBatch& batch, Activations& act) {
 }
 
 Result<double> TrainModel::forward_backward(const DeviceBatch& batch, float grad_scale) {
+  try {
+    return forward_backward_unchecked(batch, grad_scale);
+  } catch (const OutOfMemory& e) {  // an op's temporary buffer (core/status.h)
+    return out_of_memory(std::string(e.what()) + " in a training step of " + std::to_string(batch.batch) + " x " +
+                         std::to_string(batch.seq_len) + " tokens; lower --batch-size (raising --grad-accum keeps "
+                         "the step's examples) or the sequence length");
+  }
+}
+
+Result<double> TrainModel::forward_backward_unchecked(const DeviceBatch& batch, float grad_scale) {
   using Clock = std::chrono::steady_clock;
   auto mark = [&](Clock::time_point* t) -> Status {
     if (profile_phases_) KILN_RETURN_IF_ERROR(be_.synchronize());
@@ -316,6 +326,15 @@ Result<double> TrainModel::forward_backward(const DeviceBatch& batch, float grad
 }
 
 Result<std::vector<float>> TrainModel::target_logprobs(const DeviceBatch& batch) {
+  try {
+    return target_logprobs_unchecked(batch);
+  } catch (const OutOfMemory& e) {
+    return out_of_memory(std::string(e.what()) + " scoring " + std::to_string(batch.batch) + " x " +
+                         std::to_string(batch.seq_len) + " tokens; lower the batch or the sequence length");
+  }
+}
+
+Result<std::vector<float>> TrainModel::target_logprobs_unchecked(const DeviceBatch& batch) {
   Activations act;
   KILN_RETURN_IF_ERROR(forward(batch, act));
   std::vector<float> out;

@@ -98,6 +98,9 @@ class TrainModel {
   Status init_rope();
   struct Activations;
   Status forward(const DeviceBatch& batch, Activations& act);
+  // The two entry points without their error boundary (an op running out of memory throws).
+  Result<double> forward_backward_unchecked(const DeviceBatch& batch, float grad_scale);
+  Result<std::vector<float>> target_logprobs_unchecked(const DeviceBatch& batch);
   Result<double> head_loss(const DeviceBatch& batch, Activations& act, float grad_scale, bool backward,
                            std::vector<float>* logprobs);
   Status backward(const DeviceBatch& batch, Activations& act);

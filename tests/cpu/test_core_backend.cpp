@@ -70,6 +70,17 @@ TEST(CpuBackend, CopyZeroAndEvents) {
   EXPECT_GE(b->elapsed_ms(*a), 0.0f);
 }
 
+TEST(CpuBackend, OpMemoryRunningOutThrowsTheStatusMessage) {
+  auto be = make_cpu_backend();
+  try {
+    empty_for_op(*be, {int64_t(1) << 50}, DType::f32);  // 4 PiB
+    ADD_FAILURE() << "no OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("4503599627370496 bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(host_empty({int64_t(1) << 50}, DType::f32), OutOfMemory);
+}
+
 TEST(Devices, ParseDevice) {
   EXPECT_TRUE(parse_device("cpu").ok());
   EXPECT_EQ(parse_device("cuda:1")->index, 1);

@@ -46,6 +46,19 @@ TEST(CudaBackend, OutOfMemoryIsAStatus) {
   EXPECT_TRUE(small.ok());
 }
 
+TEST(CudaBackend, OpMemoryRunningOutThrowsTheStatusMessage) {
+  KILN_REQUIRE_GPU(be);
+  auto& cuda = static_cast<CudaBackend&>(*be);
+  try {
+    cuda.scratch(int64_t(1) << 52);  // 4 PiB of op scratch
+    ADD_FAILURE() << "no OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(cuda.scratch(1024), nullptr);  // the device still works
+  EXPECT_THROW(empty_for_op(*be, {int64_t(1) << 50}, DType::f32), OutOfMemory);
+}
+
 TEST(CudaBackend, EventsTimeDeviceWork) {
   KILN_REQUIRE_GPU(be);
   Result<TensorBuffer> t = empty(*be, {int64_t(64) << 20}, DType::f32);

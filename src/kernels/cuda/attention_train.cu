@@ -1956,10 +1956,7 @@ Geometry check_inputs(const CudaBackend& be, Tensor q, Tensor k, Tensor v, Tenso
   return g;
 }
 
-TensorBuffer device_scratch(CudaBackend& be, Shape shape, DType dtype) {
-  Result<TensorBuffer> r = empty(be, shape, dtype);
-  return std::move(r).value();  // aborts with the allocator's message when the device is full
-}
+TensorBuffer device_scratch(CudaBackend& be, Shape shape, DType dtype) { return empty_for_op(be, shape, dtype); }
 
 // Per-granule segment summaries [B, n_gran] (int4), or an absent buffer without segment ids.
 TensorBuffer segment_ranges(CudaBackend& be, const Geometry& g, Tensor segment_ids, int* n_gran) {

@@ -47,10 +47,7 @@ constexpr int kBlock = 256;
 
 // An f32 scratch buffer of n elements from the backend's caching allocator (freed to the cache at
 // the end of the op; later work on the stream may reuse it only after this op's kernels).
-TensorBuffer scratch_f32(CudaBackend& be, int64_t n) {
-  Result<TensorBuffer> r = empty(be, Shape{n}, DType::f32);
-  return std::move(r).value();  // aborts with the allocator's message when the device is full
-}
+TensorBuffer scratch_f32(CudaBackend& be, int64_t n) { return empty_for_op(be, Shape{n}, DType::f32); }
 
 // Resident blocks of `kernel` per SM at `threads` threads (at least 1).
 template <typename Kernel>

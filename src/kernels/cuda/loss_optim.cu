@@ -525,9 +525,8 @@ double sum_squares(CudaBackend& be, Tensor x) {
   const bool vec = detail::aligned16(x.data);
   const int blocks = static_cast<int>(detail::grid_for(be, vec ? detail::ceil_div(N, 4) : N, kSsThreads));
   // Scratch: blocks partial sums + the total, as 8-byte elements (there is no f64 dtype).
-  Result<TensorBuffer> scratch = kiln::empty(be, Shape{blocks + 1}, DType::i64);
-  KILN_ASSERT(scratch.ok());
-  double* partial = scratch.value().ptr<double>();
+  TensorBuffer scratch = kiln::empty_for_op(be, Shape{blocks + 1}, DType::i64);
+  double* partial = scratch.ptr<double>();
   cudaStream_t stream = detail::stream_of(be);
   if (vec)
     sum_squares_kernel<true><<<blocks, kSsThreads, 0, stream>>>(x.ptr<const float>(), N, partial);
@@ -537,7 +536,7 @@ double sum_squares(CudaBackend& be, Tensor x) {
   sum_partials_kernel<<<1, kSsThreads, 0, stream>>>(partial, blocks, partial + blocks);
   KILN_CUDA_CHECK_LAUNCH();
   TensorBuffer host = kiln::host_empty(Shape{1}, DType::i64);
-  be.copy(host, scratch.value().view().rows(blocks, blocks + 1));  // synchronises: complete on return
+  be.copy(host, scratch.view().rows(blocks, blocks + 1));  // synchronises: complete on return
   return *host.ptr<const double>();
 }
 

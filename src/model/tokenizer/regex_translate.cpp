@@ -10,6 +10,7 @@
 // (PCRE2's own Unicode data); Oniguruma's multi-character folds ((?i)ß matching "ss") are not kept.
 // Thread safety: pure functions.
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <optional>
@@ -64,17 +65,36 @@ Set of_chars(std::string_view chars) {
   for (char c : chars) s.push_back({static_cast<char32_t>(c), static_cast<char32_t>(c)});
   return normalized(std::move(s));
 }
+// kiln's (Oniguruma's) general categories as sets, index as ucd::kCategoryNames.
+const std::array<Set, 30>& category_sets() {
+  static const std::array<Set, 30> sets = [] {  // a constant table, built once
+    std::array<Set, 30> out;
+    Set assigned;
+    for (const auto& r : ucd::kRegexCategory) {
+      out[r.value].push_back({r.lo, r.hi});
+      assigned.push_back({r.lo, r.hi});
+    }
+    for (Set& c : out) c = normalized(std::move(c));
+    out[ucd::kCategoryUnassigned] = complement(normalized(std::move(assigned)));
+    return out;
+  }();
+  return sets;
+}
 // The code points whose general category index is in `mask` (bit i: kCategoryNames[i]).
 Set of_categories(uint32_t mask) {
   Set s;
-  for (const auto& r : ucd::kRegexCategory)
-    if (mask & (1u << r.value)) s.push_back({r.lo, r.hi});
-  if (mask & (1u << ucd::kCategoryUnassigned)) {
-    Set assigned;
-    for (const auto& r : ucd::kRegexCategory) assigned.push_back({r.lo, r.hi});
-    s = unite(std::move(s), complement(normalized(std::move(assigned))));
-  }
+  for (uint32_t k = 0; k < 30; ++k)
+    if (mask & (1u << k)) s.insert(s.end(), category_sets()[k].begin(), category_sets()[k].end());
   return normalized(std::move(s));
+}
+// a is a subset of b.
+bool subset(const Set& a, const Set& b) {
+  size_t j = 0;
+  for (const Range& r : a) {
+    while (j < b.size() && b[j].hi < r.lo) ++j;
+    if (j == b.size() || b[j].lo > r.lo || b[j].hi < r.hi) return false;
+  }
+  return true;
 }
 uint32_t category_bits(std::string_view names) {  // "Lu Ll" -> mask
   uint32_t m = 0;
@@ -205,8 +225,8 @@ NativeForm native_form(const Set& s, const NativeCategories& native) {
   Set covered;
   for (uint32_t k = 0; k < 30; ++k) {
     if (k == ucd::kCategoryUnassigned || k == 27 || native.ranges[k].empty()) continue;  // never Cn or Cs
-    Set ours = without_surrogates(of_categories(1u << k));
-    if (ours.empty() || !minus(ours, s).empty()) continue;  // only categories wholly inside s
+    const Set& ours = category_sets()[k];
+    if (ours.empty() || !subset(without_surrogates(ours), s)) continue;  // only categories wholly inside s
     f.items += std::string("\\p{") + ucd::kCategoryNames[k] + "}";
     covered = unite(std::move(covered), native.ranges[k]);
   }
