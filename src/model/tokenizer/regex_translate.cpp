@@ -26,8 +26,9 @@ using ucd::Range;
 using Set = std::vector<Range>;
 constexpr char32_t kMaxCp = 0x10FFFF;
 
+constexpr auto by_start = [](const Range& a, const Range& b) { return a.lo < b.lo; };
 Set normalized(Set s) {
-  std::sort(s.begin(), s.end(), [](const Range& a, const Range& b) { return a.lo < b.lo; });
+  if (!std::is_sorted(s.begin(), s.end(), by_start)) std::sort(s.begin(), s.end(), by_start);
   Set out;
   for (const Range& r : s) {
     if (!out.empty() && r.lo <= out.back().hi + 1) out.back().hi = std::max(out.back().hi, r.hi);
@@ -35,9 +36,10 @@ Set normalized(Set s) {
   }
   return out;
 }
-Set unite(Set a, const Set& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return normalized(std::move(a));
+Set unite(const Set& a, const Set& b) {  // both sorted
+  Set merged(a.size() + b.size());
+  std::merge(a.begin(), a.end(), b.begin(), b.end(), merged.begin(), by_start);
+  return normalized(std::move(merged));
 }
 Set complement(const Set& a) {
   Set out;
@@ -84,8 +86,8 @@ const std::array<Set, 30>& category_sets() {
 Set of_categories(uint32_t mask) {
   Set s;
   for (uint32_t k = 0; k < 30; ++k)
-    if (mask & (1u << k)) s.insert(s.end(), category_sets()[k].begin(), category_sets()[k].end());
-  return normalized(std::move(s));
+    if (mask & (1u << k)) s = unite(s, category_sets()[k]);
+  return s;
 }
 // a is a subset of b.
 bool subset(const Set& a, const Set& b) {
@@ -226,9 +228,9 @@ NativeForm native_form(const Set& s, const NativeCategories& native) {
   for (uint32_t k = 0; k < 30; ++k) {
     if (k == ucd::kCategoryUnassigned || k == 27 || native.ranges[k].empty()) continue;  // never Cn or Cs
     const Set& ours = category_sets()[k];
-    if (ours.empty() || !subset(without_surrogates(ours), s)) continue;  // only categories wholly inside s
+    if (ours.empty() || !subset(ours, s)) continue;  // only categories wholly inside s
     f.items += std::string("\\p{") + ucd::kCategoryNames[k] + "}";
-    covered = unite(std::move(covered), native.ranges[k]);
+    covered = unite(covered, native.ranges[k]);
   }
   covered = without_surrogates(covered);
   f.added = minus(s, covered);
