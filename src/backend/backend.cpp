@@ -1,9 +1,14 @@
 #include "backend/backend.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
 #include <string>
 
@@ -27,18 +32,48 @@ class CpuEvent final : public Event {
   std::chrono::steady_clock::time_point at_ = std::chrono::steady_clock::now();
 };
 
+// The memory this process may use: physical memory, or its cgroup's limit when lower (0: unknown).
+int64_t host_memory_limit() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  int64_t limit = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
+  std::string v;
+  if (cgroup >> v && v != "max") {
+    int64_t c = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), c);
+    if (ec == std::errc() && c > 0) limit = limit > 0 ? std::min(limit, c) : c;
+  }
+  return limit;
+}
+
 class CpuBackend final : public Backend {
  public:
+  CpuBackend() : limit_(host_memory_limit()) {}
   Device device() const override { return Device::cpu(); }
   int64_t allocation_count() const override { return allocations_.load(); }
   Result<void*> allocate(int64_t bytes) override {
     ++allocations_;
     if (bytes == 0) bytes = 1;
+    // Refused here, not by the kernel later: where memory is overcommitted a too-large allocation
+    // succeeds and the process is killed when it first touches the pages.
+    const int64_t live = live_bytes_.fetch_add(bytes) + bytes;
+    if (limit_ > 0 && live > limit_) {
+      live_bytes_ -= bytes;
+      return out_of_memory("host allocation of " + std::to_string(bytes) + " bytes does not fit in this machine's " +
+                           std::to_string(limit_) + " bytes of memory (" + std::to_string(live - bytes) +
+                           " held by kiln)");
+    }
     void* p = ::operator new(static_cast<size_t>(bytes), std::align_val_t(64), std::nothrow);
-    if (!p) return out_of_memory("host allocation of " + std::to_string(bytes) + " bytes failed");
+    if (!p) {
+      live_bytes_ -= bytes;
+      return out_of_memory("host allocation of " + std::to_string(bytes) + " bytes failed");
+    }
     return p;
   }
-  void deallocate(void* ptr, int64_t) override { ::operator delete(ptr, std::align_val_t(64)); }
+  void deallocate(void* ptr, int64_t bytes) override {
+    live_bytes_ -= bytes == 0 ? 1 : bytes;
+    ::operator delete(ptr, std::align_val_t(64));
+  }
   void copy(Tensor dst, Tensor src) override {
     KILN_ASSERT(dst.nbytes() == src.nbytes() && dst.device.is_cpu() && src.device.is_cpu());
     if (dst.nbytes()) std::memmove(dst.data, src.data, static_cast<size_t>(dst.nbytes()));
@@ -51,6 +86,8 @@ class CpuBackend final : public Backend {
 
  private:
   std::atomic<int64_t> allocations_{0};  // the shared host instance may be used from several threads
+  std::atomic<int64_t> live_bytes_{0};
+  const int64_t limit_;
 };
 
 // Stateless, so one shared instance for host buffers is safe.
