@@ -330,6 +330,13 @@ TEST(Tokenizer, WrongTypesAreErrorsNamingTheKey) {
   j = original;
   j["model"]["vocab"] = 5;
   expect_error(j, "");
+  // Ids index tables: an absurd one is refused, not allocated (the fuzzer found 666666666666190).
+  j = original;
+  j["added_tokens"][0]["id"] = 666666666666190LL;
+  expect_error(j, "ids go from 0 to 16777215");
+  j = original;
+  j["model"]["vocab"][j["model"]["vocab"].begin().key()] = 2000000000;
+  expect_error(j, "has no valid id (0 to 16777215)");
 }
 
 }  // namespace

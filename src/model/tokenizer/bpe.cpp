@@ -15,8 +15,8 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const Json& j, const std::
   int32_t max_id = -1;
   m->vocab_.reserve(j["vocab"].size());
   for (const auto& [k, v] : j["vocab"].items()) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
-      return config_error(source, "model vocab entry '" + k + "' has no valid id");
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxTokenId)
+      return config_error(source, "model vocab entry '" + k + "' has no valid id (0 to " + std::to_string(kMaxTokenId) + ")");
     int32_t id = v.get<int32_t>();
     m->vocab_[k] = id;
     max_id = std::max(max_id, id);

@@ -23,6 +23,10 @@ namespace kiln::tok {
 
 using Json = nlohmann::json;
 
+// Token ids above this are refused at load (tables are indexed by id; real vocabularies stay far
+// below it: 262,144 is among the largest).
+inline constexpr int64_t kMaxTokenId = (int64_t(1) << 24) - 1;
+
 // Error for a malformed or unsupported part of a tokenizer.json.
 inline Status config_error(const std::string& source, const std::string& what) {
   return invalid_argument("tokenizer file '" + source + "': " + what);

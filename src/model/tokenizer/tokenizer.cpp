@@ -91,6 +91,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_unchecked(const std::str
   for (const auto& t : present("added_tokens") ? j["added_tokens"] : no_tokens) {
     if (!t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") || !t["content"].is_string())
       return config_error(source, "an added_tokens entry needs \"id\" and \"content\": " + t.dump());
+    if (t["id"].get<int64_t>() < 0 || t["id"].get<int64_t>() > tok::kMaxTokenId)
+      return config_error(source, "added token " + t["content"].dump() + " has id " + t["id"].dump() +
+                                      "; ids go from 0 to " + std::to_string(tok::kMaxTokenId));
     tok::AddedToken a;
     a.id = t["id"].get<int32_t>();
     a.content = t["content"];
@@ -99,7 +102,6 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_unchecked(const std::str
     a.rstrip = t.value("rstrip", false);
     a.single_word = t.value("single_word", false);
     a.normalized = t.value("normalized", !a.special);
-    if (a.id < 0) return config_error(source, "added token '" + a.content + "' has a negative id");
     if (impl->added_by_content.count(a.content)) continue;  // tokenizers keeps the first of duplicates
     impl->added_by_content[a.content] = a.id;
     max_id = std::max(max_id, a.id);
