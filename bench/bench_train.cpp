@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     KILN_ASSIGN_OR_RETURN(double loss, m.forward_backward(db, 1.0f / static_cast<float>(db.labelled)));
     (void)loss;
     const double t = now_s();
-    KILN_ASSIGN_OR_RETURN(OptimizerStepInfo info, optimizer->step());
+    KILN_ASSIGN_OR_RETURN(OptimizerStepInfo info, optimizer->step(opt.lr));
     (void)info;
     if (profile) {
       *phases = m.last_phase_times();

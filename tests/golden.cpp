@@ -260,7 +260,7 @@ void check_training_golden(Backend& be, const std::string& model, const std::str
   opt.weight_decay = 0.1f;
   Result<Optimizer> optimizer = Optimizer::create(be, m.params(), opt);
   ASSERT_TRUE(optimizer.ok());
-  Result<OptimizerStepInfo> info = optimizer->step();
+  Result<OptimizerStepInfo> info = optimizer->step(opt.lr);
   ASSERT_TRUE(info.ok()) << info.status().message();
   for (const HfTensor& t : P.layout().hf) {
     const std::vector<float> got = to_f32(be, P.hf_view(P.master(), t));

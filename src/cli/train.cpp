@@ -1,7 +1,6 @@
 // kiln train: fine-tunes a Hugging Face checkpoint on pre-tokenized JSONL data and writes the
-// result back as a Hugging Face checkpoint. Constant learning rate; AdamW or plain SGD.
-#include <chrono>
-#include <cmath>
+// result back as a Hugging Face checkpoint. AdamW or plain SGD under an LR schedule; the step loop
+// is the training layer's Trainer (train/trainer.h), this file parses flags and reports.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -11,7 +10,9 @@
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/optimizer.h"
+#include "train/schedule.h"
 #include "train/train_model.h"
+#include "train/trainer.h"
 
 namespace kiln::cli {
 namespace {
@@ -24,6 +25,9 @@ struct TrainFlags {
   std::string betas = "0.9,0.999";
   std::string no_decay = kDefaultNoDecay;
   std::string optimizer = "adamw";
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0, decay_steps = 0;
+  double min_lr_ratio = 0.0;
   std::string save_dtype;  // empty: the source checkpoint's dtype
   bool shuffle = false;
   std::string seed = "0";  // parsed (range-checked) by run_train
@@ -92,53 +96,37 @@ int run_train(const TrainFlags& f) {
   Result<std::vector<TrainExample>> examples = read_training_jsonl(f.data, m.config());
   if (!examples.ok()) return fail(examples.status());
   if (Status s = prepare_output_dir(f.output); !s.ok()) return fail(s);
-  Result<Optimizer> optimizer = Optimizer::create(be, m.params(), opt);
-  if (!optimizer.ok()) return fail(optimizer.status());
-
   const int64_t per_step = static_cast<int64_t>(f.batch_size) * f.grad_accum;
   const int64_t n_examples = static_cast<int64_t>(examples->size());
   const int64_t steps = f.steps > 0 ? f.steps : (n_examples + per_step - 1) / per_step;
+  TrainerOptions trainer_options;
+  trainer_options.optimizer = opt;
+  Result<LrSchedule::Kind> kind = LrSchedule::parse_kind(f.lr_schedule);
+  if (!kind.ok()) return fail(kind.status());
+  trainer_options.schedule = {*kind, f.warmup_steps, steps, f.decay_steps, f.min_lr_ratio};
+  Result<Trainer> trainer = Trainer::create(be, m, trainer_options);
+  if (!trainer.ok()) return fail(trainer.status());
   std::fprintf(stderr,
                "kiln: training %s (%lld parameters, %s) on %lld examples: %lld steps of %d x %d sequences, "
-               "%s lr %g, %zu tensors without weight decay\n",
+               "%s lr %g (%s schedule), %zu tensors without weight decay\n",
                f.model_dir.c_str(), static_cast<long long>(m.params().parameter_count()), f.device.c_str(),
                static_cast<long long>(n_examples), static_cast<long long>(steps), f.grad_accum, f.batch_size,
-               f.optimizer.c_str(), static_cast<double>(f.lr), m.params().no_decay_names().size());
+               f.optimizer.c_str(), static_cast<double>(f.lr), f.lr_schedule.c_str(), m.params().no_decay_names().size());
 
   ExampleStream stream(*examples, f.shuffle, *seed);
   for (int64_t step = 1; step <= steps; ++step) {
-    const auto start = std::chrono::steady_clock::now();
     std::vector<HostBatch> micro;
-    int64_t labelled = 0, tokens = 0;
-    for (int32_t k = 0; k < f.grad_accum; ++k) {
-      micro.push_back(make_host_batch(stream.next(f.batch_size)));
-      labelled += micro.back().labelled();
-      tokens += micro.back().tokens();
-    }
-    if (labelled == 0) {
+    for (int32_t k = 0; k < f.grad_accum; ++k) micro.push_back(make_host_batch(stream.next(f.batch_size)));
+    Result<StepReport> r = trainer->step(micro);
+    if (!r.ok()) return fail(invalid_argument(r.status().message() + "; stopping without writing a checkpoint"));
+    if (r->skipped) {
       std::fprintf(stderr, "kiln: warning: step %lld has no labelled token; no update\n", static_cast<long long>(step));
       continue;
     }
-    double loss_sum = 0.0;
-    for (const HostBatch& hb : micro) {
-      Result<DeviceBatch> db = m.upload(hb);
-      if (!db.ok()) return fail(db.status());
-      Result<double> sum = m.forward_backward(*db, 1.0f / static_cast<float>(labelled));
-      if (!sum.ok()) return fail(sum.status());
-      loss_sum += *sum;
-    }
-    const double loss = loss_sum / static_cast<double>(labelled);
-    if (!std::isfinite(loss))
-      return fail(invalid_argument("step " + std::to_string(step) + ": the loss is not finite (" +
-                                   std::to_string(loss) + "); stopping without writing a checkpoint"));
-    Result<OptimizerStepInfo> info = optimizer->step();
-    if (!info.ok())
-      return fail(invalid_argument("step " + std::to_string(step) + ": " + info.status().message() +
-                                   "; stopping without writing a checkpoint"));
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("step %lld/%lld loss %.6f grad_norm %.6f lr %g tokens %lld tok/s %.1f\n", static_cast<long long>(step),
-                static_cast<long long>(steps), loss, info->grad_norm, static_cast<double>(f.lr),
-                static_cast<long long>(tokens), static_cast<double>(tokens) / seconds);
+    std::printf("step %lld/%lld policy_version %llu loss %.6f grad_norm %.6f lr %g tokens %lld tok/s %.1f\n",
+                static_cast<long long>(step), static_cast<long long>(steps),
+                static_cast<unsigned long long>(r->policy_version), r->loss, r->grad_norm, r->lr,
+                static_cast<long long>(r->tokens), static_cast<double>(r->tokens) / r->seconds);
     std::fflush(stdout);
   }
   if (Status s = save_hf_checkpoint(be, m.params(), f.model_dir, f.output, *save_dtype); !s.ok()) return fail(s);
@@ -161,7 +149,13 @@ Runner add_train(CLI::App& app) {
   t->add_option("--steps", f->steps, "optimizer steps (default: one pass over the data)");
   t->add_option("--batch-size", f->batch_size, "sequences per micro-batch")->capture_default_str();
   t->add_option("--grad-accum", f->grad_accum, "micro-batches per optimizer step")->capture_default_str();
-  t->add_option("--lr", f->lr, "learning rate (constant)")->capture_default_str();
+  t->add_option("--lr", f->lr, "base learning rate (the schedule scales it)")->capture_default_str();
+  t->add_option("--lr-schedule", f->lr_schedule, "constant, linear, cosine or wsd (as transformers' schedules)")
+      ->capture_default_str();
+  t->add_option("--warmup-steps", f->warmup_steps, "linear warmup steps")->capture_default_str();
+  t->add_option("--min-lr-ratio", f->min_lr_ratio, "cosine / wsd: the final lr as a fraction of --lr")
+      ->capture_default_str();
+  t->add_option("--decay-steps", f->decay_steps, "wsd: steps of the final decay");
   t->add_option("--betas", f->betas, "AdamW beta1,beta2")->capture_default_str();
   t->add_option("--eps", f->eps, "AdamW epsilon")->capture_default_str();
   t->add_option("--weight-decay", f->weight_decay, "decoupled weight decay (AdamW) / L2 (SGD)")->capture_default_str();

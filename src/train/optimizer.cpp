@@ -25,11 +25,16 @@ Result<Optimizer> Optimizer::create(Backend& be, ParameterSet& params, const Opt
   return opt;
 }
 
-Result<OptimizerStepInfo> Optimizer::step() {
+void Optimizer::discard_gradients() { be_->zero(params_->grads()); }
+
+Result<OptimizerStepInfo> Optimizer::step(float lr) {
   OptimizerStepInfo info;
   info.grad_norm = std::sqrt(ops::sum_squares(*be_, params_->grads()));
-  if (!std::isfinite(info.grad_norm))
+  if (!std::isfinite(info.grad_norm)) {
+    discard_gradients();
     return invalid_argument("the gradient norm is not finite (" + std::to_string(info.grad_norm) + ")");
+  }
+  if (!(lr >= 0.0f) || !std::isfinite(lr)) return invalid_argument("the learning rate is not a finite value >= 0");
   if (options_.clip_norm > 0.0f) {
     const double coef = options_.clip_norm / (info.grad_norm + 1e-6);
     if (coef < 1.0) info.clip_coef = static_cast<float>(coef);
@@ -38,7 +43,7 @@ Result<OptimizerStepInfo> Optimizer::step() {
   const Tensor lowp = params_->mixed_precision() ? params_->compute() : Tensor{};
   if (options_.kind == OptimizerOptions::Kind::adamw) {
     ops::AdamWStep s;
-    s.lr = options_.lr;
+    s.lr = lr;
     s.beta1 = options_.beta1;
     s.beta2 = options_.beta2;
     s.eps = options_.eps;
@@ -48,7 +53,7 @@ Result<OptimizerStepInfo> Optimizer::step() {
     s.decay_end = params_->decay_end();
     ops::adamw_step(*be_, params_->master(), params_->grads(), m_, v_, lowp, s);
   } else {
-    ops::sgd_step(*be_, params_->master(), params_->grads(), lowp, options_.lr, options_.weight_decay, info.clip_coef,
+    ops::sgd_step(*be_, params_->master(), params_->grads(), lowp, lr, options_.weight_decay, info.clip_coef,
                   params_->decay_end());
   }
   be_->zero(params_->grads());

@@ -19,7 +19,7 @@ namespace kiln {
 struct OptimizerOptions {
   enum class Kind { adamw, sgd };
   Kind kind = Kind::adamw;
-  float lr = 1e-5f;
+  float lr = 1e-5f;  // the base learning rate (a schedule scales it per step)
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weight_decay = 0.0f;
   float clip_norm = 0.0f;  // 0: no clipping (negative or non-finite: refused by create)
@@ -34,9 +34,11 @@ class Optimizer {
  public:
   static Result<Optimizer> create(Backend& be, ParameterSet& params, const OptimizerOptions& options);
 
-  // Reads the gradients, clips, updates the parameters and zeroes the gradients. Fails (parameters
-  // untouched) when the gradient norm is not finite.
-  Result<OptimizerStepInfo> step();
+  // Reads the gradients, clips, updates the parameters at learning rate `lr` and zeroes the
+  // gradients. Fails (parameters untouched, gradients zeroed) when the gradient norm is not finite.
+  Result<OptimizerStepInfo> step(float lr);
+  // Zeroes the accumulated gradients without an update.
+  void discard_gradients();
 
  private:
   Optimizer(Backend& be, ParameterSet& params, const OptimizerOptions& options)

@@ -55,11 +55,14 @@ std::vector<std::vector<int32_t>> synthetic_sequences(int count, int length) {
 
 std::string ids_json(const std::vector<int32_t>& ids) { return nlohmann::json(ids).dump(); }
 
+// The losses of the progress lines; every committed step advances the policy version by one.
 std::vector<double> losses_of(const std::string& output) {
   std::vector<double> out;
-  std::regex line(R"(step (\d+)/(\d+) loss ([0-9.eE+-]+) grad_norm)");
-  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it)
-    out.push_back(std::stod((*it)[3]));
+  std::regex line(R"(step (\d+)/(\d+) policy_version (\d+) loss ([0-9.eE+-]+) grad_norm)");
+  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it) {
+    EXPECT_EQ(std::stoll((*it)[3]), static_cast<long long>(out.size()) + 1) << (*it)[0];
+    out.push_back(std::stod((*it)[4]));
+  }
   return out;
 }
 
@@ -177,6 +180,10 @@ TEST(CliTrain, BadInputFailsCleanly) {
   for (const char* flag : {"--lr", "--eps", "--weight-decay", "--clip-norm"})
     for (const char* v : {"nan", "inf", "-1"}) expect_clean_failure(train(good, std::string(" ") + flag + " " + v), flag);
   expect_clean_failure(train(good, " --betas nan,0.9"), "--betas");
+  expect_clean_failure(train(good, " --lr-schedule exponential"), "--lr-schedule");
+  expect_clean_failure(train(good, " --lr-schedule wsd"), "--decay-steps");
+  expect_clean_failure(train(good, " --lr-schedule cosine --min-lr-ratio 2"), "--min-lr-ratio");
+  expect_clean_failure(train(good, " --warmup-steps -3"), "--warmup-steps");
   for (const char* v : {"-1", "18446744073709551616"}) expect_clean_failure(train(good, std::string(" --seed ") + v), "--seed");
   expect_clean_failure(run_kiln("train" + model + " --data " + tmp.sub("missing.jsonl") + out), "missing.jsonl");
   // An output path under a regular file cannot be created.
@@ -184,6 +191,25 @@ TEST(CliTrain, BadInputFailsCleanly) {
   expect_clean_failure(run_kiln("train" + model + " --data " + tmp.file("d.jsonl", good) + " --output " + blocker + "/out"),
                        "output directory");
   EXPECT_FALSE(fs::exists(tmp.sub("out") + "/model.safetensors"));
+}
+
+// The learning rate of each progress line is the schedule's at the step's policy version
+// (transformers' get_cosine_schedule_with_warmup, written out: lr * 0.5 (1 + cos(pi p))).
+TEST(CliTrain, ScheduledLearningRate) {
+  TempDir tmp;
+  std::string data;
+  for (const auto& s : synthetic_sequences(6, 12)) data += "{\"input_ids\": " + ids_json(s) + "}\n";
+  RunResult r = run_kiln("train --model " + tiny_llama() + " --data " + tmp.file("d.jsonl", data) + " --output " +
+                         tmp.sub("out") + " --lr 0.01 --lr-schedule cosine --warmup-steps 2 --steps 6");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::regex line(R"(step (\d+)/6 policy_version (\d+) loss \S+ grad_norm \S+ lr (\S+) )");
+  int n = 0;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it, ++n) {
+    const int v = std::stoi((*it)[1]) - 1;  // the version the step started from
+    const double want = v < 2 ? 0.01 * v / 2.0 : 0.01 * 0.5 * (1.0 + std::cos(M_PI * (v - 2) / 4.0));
+    EXPECT_NEAR(std::stod((*it)[3]), want, 1e-5 * 0.01 + 1e-12) << (*it)[0];
+  }
+  EXPECT_EQ(n, 6) << r.output;
 }
 
 TEST(CliTrain, NonFiniteStopsWithoutCheckpoint) {

@@ -1,0 +1,53 @@
+// Trainer (see trainer.h).
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+namespace kiln {
+
+Result<Trainer> Trainer::create(Backend& be, TrainModel& model, const TrainerOptions& options) {
+  KILN_RETURN_IF_ERROR(options.schedule.validate());
+  KILN_ASSIGN_OR_RETURN(Optimizer opt, Optimizer::create(be, model.params(), options.optimizer));
+  return Trainer(model, std::move(opt), options);
+}
+
+double Trainer::next_lr() const {
+  return static_cast<double>(options_.optimizer.lr) * options_.schedule.multiplier(static_cast<int64_t>(version_));
+}
+
+Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
+  const auto start = std::chrono::steady_clock::now();
+  StepReport r;
+  r.policy_version = version_;
+  for (const HostBatch& hb : micro) {
+    r.labelled += hb.labelled();
+    r.tokens += hb.tokens();
+  }
+  if (r.labelled == 0) {
+    r.skipped = true;
+    return r;
+  }
+  const std::string at = "step " + std::to_string(version_ + 1);
+  double loss_sum = 0.0;
+  for (const HostBatch& hb : micro) {
+    KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(hb));
+    KILN_ASSIGN_OR_RETURN(double sum, model_->forward_backward(db, 1.0f / static_cast<float>(r.labelled)));
+    loss_sum += sum;
+  }
+  r.loss = loss_sum / static_cast<double>(r.labelled);
+  if (!std::isfinite(r.loss)) {
+    optimizer_.discard_gradients();
+    return invalid_argument(at + ": the loss is not finite (" + std::to_string(r.loss) + ")");
+  }
+  r.lr = next_lr();
+  Result<OptimizerStepInfo> info = optimizer_.step(static_cast<float>(r.lr));
+  if (!info.ok()) return invalid_argument(at + ": " + info.status().message());
+  r.grad_norm = info->grad_norm;
+  r.policy_version = ++version_;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+}  // namespace kiln

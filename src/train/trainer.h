@@ -1,0 +1,64 @@
+// Trainer: one optimizer step at a time over micro-batches a caller supplies (the CLI's data
+// stream today; RL's rollouts later): forward and backward of each micro-batch with the loss
+// normalised over the step's labelled tokens, the gradient-norm check, the learning rate of the
+// schedule at the current policy version, the optimizer update.
+//
+// The policy version is the one clock of training: it counts committed optimizer steps, starts at
+// 0 for the weights a run loads, advances by exactly one when a step's update is applied (a step
+// refused for a non-finite loss or gradient leaves it, and the weights, unchanged), and the LR
+// schedule is evaluated at it. Checkpoints and every progress line carry it; the RL issue's engine
+// weights and rollout tokens are stamped with it.
+//
+// Ownership: refers to the TrainModel (which must outlive it) and owns the optimizer state.
+// Thread safety: none; one thread drives a Trainer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
+#include "train/train_model.h"
+
+namespace kiln {
+
+struct TrainerOptions {
+  OptimizerOptions optimizer;  // optimizer.lr is the base learning rate the schedule multiplies
+  LrSchedule schedule;
+};
+
+struct StepReport {
+  uint64_t policy_version = 0;  // after the step (unchanged when skipped)
+  bool skipped = false;         // no labelled token in the step: no update
+  double loss = 0.0;            // mean loss over the step's labelled tokens
+  double grad_norm = 0.0;       // before clipping
+  double lr = 0.0;              // the learning rate the update used
+  int64_t tokens = 0, labelled = 0;
+  double seconds = 0.0;
+};
+
+class Trainer {
+ public:
+  static Result<Trainer> create(Backend& be, TrainModel& model, const TrainerOptions& options);
+
+  // One optimizer step over `micro` (its micro-batches' gradients accumulated). A non-finite loss
+  // or gradient is an error naming the step; the weights and the version stay as they were.
+  Result<StepReport> step(const std::vector<HostBatch>& micro);
+
+  uint64_t policy_version() const { return version_; }
+  // The learning rate the next step will use.
+  double next_lr() const;
+  const TrainerOptions& options() const { return options_; }
+
+ private:
+  Trainer(TrainModel& model, Optimizer optimizer, const TrainerOptions& options)
+      : model_(&model), optimizer_(std::move(optimizer)), options_(options) {}
+
+  TrainModel* model_;
+  Optimizer optimizer_;
+  TrainerOptions options_;
+  uint64_t version_ = 0;
+};
+
+}  // namespace kiln
