@@ -9,6 +9,7 @@
 #include "cli/common.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
 #include "train/train_model.h"
@@ -106,6 +107,8 @@ int run_train(const TrainFlags& f) {
   trainer_options.schedule = {*kind, f.warmup_steps, steps, f.decay_steps, f.min_lr_ratio};
   Result<Trainer> trainer = Trainer::create(be, m, trainer_options);
   if (!trainer.ok()) return fail(trainer.status());
+  Result<MetricsLog> metrics = MetricsLog::open(f.output);
+  if (!metrics.ok()) return fail(metrics.status());
   std::fprintf(stderr,
                "kiln: training %s (%lld parameters, %s) on %lld examples: %lld steps of %d x %d sequences, "
                "%s lr %g (%s schedule), %zu tensors without weight decay\n",
@@ -128,6 +131,7 @@ int run_train(const TrainFlags& f) {
                 static_cast<unsigned long long>(r->policy_version), r->loss, r->grad_norm, r->lr,
                 static_cast<long long>(r->tokens), static_cast<double>(r->tokens) / r->seconds);
     std::fflush(stdout);
+    if (Status s = metrics->write(step, *r); !s.ok()) return fail(s);
   }
   if (Status s = save_hf_checkpoint(be, m.params(), f.model_dir, f.output, *save_dtype); !s.ok()) return fail(s);
   std::fprintf(stderr, "kiln: saved the trained model to %s (%s)\n", f.output.c_str(), dtype_name(*save_dtype));
@@ -144,7 +148,7 @@ Runner add_train(CLI::App& app) {
                 "JSONL file, one {\"input_ids\": [...], \"labels\": [...], \"position_ids\": [...]} per line "
                 "(labels and position_ids optional)")
       ->required();
-  t->add_option("--output", f->output, "folder to write the trained checkpoint to")->required();
+  t->add_option("--output", f->output, "run folder: the trained checkpoint and metrics.jsonl (one line per step)")->required();
   t->add_option("--device", f->device, "cpu or cuda[:N]")->capture_default_str();
   t->add_option("--steps", f->steps, "optimizer steps (default: one pass over the data)");
   t->add_option("--batch-size", f->batch_size, "sequences per micro-batch")->capture_default_str();

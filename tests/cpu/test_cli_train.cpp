@@ -210,6 +210,21 @@ TEST(CliTrain, ScheduledLearningRate) {
     EXPECT_NEAR(std::stod((*it)[3]), want, 1e-5 * 0.01 + 1e-12) << (*it)[0];
   }
   EXPECT_EQ(n, 6) << r.output;
+  // metrics.jsonl: one object per step with the progress line's figures.
+  std::ifstream metrics(tmp.sub("out") + "/metrics.jsonl");
+  std::string row;
+  int rows = 0;
+  while (std::getline(metrics, row)) {
+    nlohmann::json j = nlohmann::json::parse(row);
+    ++rows;
+    EXPECT_EQ(j["step"], rows);
+    EXPECT_EQ(j["policy_version"], rows);
+    for (const char* key : {"loss", "lr", "grad_norm", "tokens", "tokens_per_s"}) EXPECT_TRUE(j[key].is_number()) << row;
+    const int v = rows - 1;
+    const double want = v < 2 ? 0.01 * v / 2.0 : 0.01 * 0.5 * (1.0 + std::cos(M_PI * (v - 2) / 4.0));
+    EXPECT_NEAR(j["lr"].get<double>(), want, 1e-9) << row;
+  }
+  EXPECT_EQ(rows, 6);
 }
 
 TEST(CliTrain, NonFiniteStopsWithoutCheckpoint) {
