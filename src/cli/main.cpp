@@ -5,13 +5,15 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "cli/common.h"
+#include "cli/config_file.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"kiln: train, align and serve large language models"};
+  CLI::App app{"kiln: train, align and serve large language models", "kiln"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, kiln::cli::Runner>> commands;
   auto add = [&](kiln::cli::Runner (*adder)(CLI::App&)) {
@@ -26,8 +28,16 @@ int main(int argc, char** argv) {
   add(kiln::cli::add_chat_template);
   add(kiln::cli::add_chat);
   add(kiln::cli::add_train);
+  for (auto& [cmd, run] : commands) kiln::cli::add_config_flag(cmd);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  kiln::Result<std::vector<std::string>> expanded = kiln::cli::expand_config_files(app, args);
+  if (!expanded.ok()) {
+    std::fprintf(stderr, "kiln: error: %s\n", expanded.status().message().c_str());
+    return 2;
+  }
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> reversed(expanded->rbegin(), expanded->rend());  // CLI11 takes them reversed
+    app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
     std::fprintf(stderr, "kiln: error: %s\nRun with --help for more information.\n", e.what());

@@ -227,6 +227,28 @@ TEST(CliTrain, ScheduledLearningRate) {
   EXPECT_EQ(rows, 6);
 }
 
+// --config run.toml: every flag as a key (dashes or underscores), the command line overriding it;
+// keys that are not flags, tables and syntax errors name the file.
+TEST(CliTrain, ConfigFile) {
+  TempDir tmp;
+  std::string data;
+  for (const auto& s : synthetic_sequences(4, 12)) data += "{\"input_ids\": " + ids_json(s) + "}\n";
+  const std::string base = "train --model " + tiny_llama() + " --data " + tmp.file("d.jsonl", data) + " --output " + tmp.sub("out");
+  const std::string cfg = tmp.file("run.toml", "lr = 0.02\nlr_schedule = \"linear\"\nwarmup-steps = 0\nsteps = 4\nshuffle = true\n");
+  RunResult r = run_kiln(base + " --config " + cfg + " --steps 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2/2 "), std::string::npos) << r.output;  // --steps 2 beat the file's 4
+  EXPECT_EQ(r.output.find("step 3/"), std::string::npos) << r.output;
+  // linear over 2 steps from 0.02: 0.02 then 0.01 (the file's lr and schedule took effect)
+  EXPECT_NE(r.output.find(" lr 0.02 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" lr 0.01 "), std::string::npos) << r.output;
+  expect_clean_failure(run_kiln(base + " --config " + tmp.file("a.toml", "learning_rate = 3\n")),
+                       "'learning_rate' is not a flag of kiln train");
+  expect_clean_failure(run_kiln(base + " --config " + tmp.file("b.toml", "lr = = 1\n")), "line 1");
+  expect_clean_failure(run_kiln(base + " --config " + tmp.file("c.toml", "[optim]\nlr = 1\n")), "is a table");
+  expect_clean_failure(run_kiln(base + " --config " + tmp.sub("missing.toml")), "missing.toml");
+}
+
 TEST(CliTrain, NonFiniteStopsWithoutCheckpoint) {
   TempDir tmp;
   std::string data;
