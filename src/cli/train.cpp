@@ -129,7 +129,7 @@ int run_train(const TrainFlags& f) {
     std::printf("step %lld/%lld policy_version %llu loss %.6f grad_norm %.6f lr %g tokens %lld tok/s %.1f\n",
                 static_cast<long long>(step), static_cast<long long>(steps),
                 static_cast<unsigned long long>(r->policy_version), r->loss, r->grad_norm, r->lr,
-                static_cast<long long>(r->tokens), static_cast<double>(r->tokens) / r->seconds);
+                static_cast<long long>(r->tokens), r->tokens_per_s());
     std::fflush(stdout);
     if (Status s = metrics->write(step, *r); !s.ok()) return fail(s);
   }

@@ -22,7 +22,7 @@ Status MetricsLog::write(int64_t step, const StepReport& r) {
                       {"lr", r.lr},
                       {"grad_norm", r.grad_norm},
                       {"tokens", r.tokens},
-                      {"tokens_per_s", r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0}};
+                      {"tokens_per_s", r.tokens_per_s()}};
   const std::string line = j.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_.get()) != line.size() || std::fflush(file_.get()) != 0)
     return io_error("cannot append to the metrics file '" + path_ + "' (disk full?)");

@@ -36,6 +36,7 @@ struct StepReport {
   double lr = 0.0;              // the learning rate the update used
   int64_t tokens = 0, labelled = 0;
   double seconds = 0.0;
+  double tokens_per_s() const { return seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0; }
 };
 
 class Trainer {

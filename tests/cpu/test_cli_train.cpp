@@ -193,8 +193,11 @@ TEST(CliTrain, BadInputFailsCleanly) {
   EXPECT_FALSE(fs::exists(tmp.sub("out") + "/model.safetensors"));
 }
 
-// The learning rate of each progress line is the schedule's at the step's policy version
-// (transformers' get_cosine_schedule_with_warmup, written out: lr * 0.5 (1 + cos(pi p))).
+// transformers' get_cosine_schedule_with_warmup for lr 0.01, 2 warmup steps, 6 steps, written out:
+// the lr of the step that starts from policy version v.
+double cosine_lr(int v) { return v < 2 ? 0.01 * v / 2.0 : 0.01 * 0.5 * (1.0 + std::cos(M_PI * (v - 2) / 4.0)); }
+
+// The learning rate of each progress line is the schedule's at the step's policy version.
 TEST(CliTrain, ScheduledLearningRate) {
   TempDir tmp;
   std::string data;
@@ -206,8 +209,7 @@ TEST(CliTrain, ScheduledLearningRate) {
   int n = 0;
   for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it, ++n) {
     const int v = std::stoi((*it)[1]) - 1;  // the version the step started from
-    const double want = v < 2 ? 0.01 * v / 2.0 : 0.01 * 0.5 * (1.0 + std::cos(M_PI * (v - 2) / 4.0));
-    EXPECT_NEAR(std::stod((*it)[3]), want, 1e-5 * 0.01 + 1e-12) << (*it)[0];
+    EXPECT_NEAR(std::stod((*it)[3]), cosine_lr(v), 1e-5 * 0.01 + 1e-12) << (*it)[0];
   }
   EXPECT_EQ(n, 6) << r.output;
   // metrics.jsonl: one object per step with the progress line's figures.
@@ -220,9 +222,7 @@ TEST(CliTrain, ScheduledLearningRate) {
     EXPECT_EQ(j["step"], rows);
     EXPECT_EQ(j["policy_version"], rows);
     for (const char* key : {"loss", "lr", "grad_norm", "tokens", "tokens_per_s"}) EXPECT_TRUE(j[key].is_number()) << row;
-    const int v = rows - 1;
-    const double want = v < 2 ? 0.01 * v / 2.0 : 0.01 * 0.5 * (1.0 + std::cos(M_PI * (v - 2) / 4.0));
-    EXPECT_NEAR(j["lr"].get<double>(), want, 1e-9) << row;
+    EXPECT_NEAR(j["lr"].get<double>(), cosine_lr(rows - 1), 1e-9) << row;
   }
   EXPECT_EQ(rows, 6);
 }

@@ -34,15 +34,19 @@ const json& scan_file() {
   return j;
 }
 
+// A scan's name as a gtest parameter name ('-' is not allowed there).
+std::string test_name(const json& scan) {
+  std::string n = scan["name"];
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+}
+
 std::vector<std::string> scan_names() {
   std::vector<std::string> names;
   const json& j = scan_file();
   if (!j.is_object()) return {"missing_scan_file"};
-  for (const auto& s : j["scans"]) {
-    std::string n = s["name"];
-    for (char& c : n) if (c == '-') c = '_';
-    names.push_back(n);
-  }
+  for (const auto& s : j["scans"]) names.push_back(test_name(s));
   return names;
 }
 
@@ -116,11 +120,8 @@ TEST_P(UnicodeScan, EveryCodePointMatchesTokenizers) {
   const json& file = scan_file();
   ASSERT_TRUE(file.is_object()) << "cannot read " << scan_path();
   const json* scan = nullptr;
-  for (const auto& s : file["scans"]) {
-    std::string n = s["name"];
-    for (char& c : n) if (c == '-') c = '_';
-    if (n == GetParam()) scan = &s;
-  }
+  for (const auto& s : file["scans"])
+    if (test_name(s) == GetParam()) scan = &s;
   ASSERT_NE(scan, nullptr);
   const int64_t block = file["block"];
   std::vector<uint32_t> want;

@@ -12,6 +12,13 @@ namespace kiln::tok {
 
 namespace {
 
+// One match attempt from byte `pos` (the subject is valid UTF-8: checked by the callers).
+int match_at(pcre2_code* code, bool jit, std::string_view s, size_t pos, pcre2_match_data* md) {
+  auto subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+  return jit ? pcre2_jit_match(code, subject, s.size(), pos, 0, md, nullptr)
+             : pcre2_match(code, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+}
+
 // The code point at byte `off` of the string of every code point in order (surrogates left out).
 char32_t code_point_at(size_t off) {
   if (off < 0x80) return static_cast<char32_t>(off);
@@ -47,11 +54,9 @@ NativeCategories discover_native_categories() {
   bool jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
   if (!md) throw std::bad_alloc();
-  auto subject = reinterpret_cast<PCRE2_SPTR>(all.data());
   size_t pos = 0;
   while (pos < all.size()) {
-    int rc = jit ? pcre2_jit_match(code, subject, all.size(), pos, 0, md, nullptr)
-                 : pcre2_match(code, subject, all.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    int rc = match_at(code, jit, all, pos, md);
     if (rc < 2) break;
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     int k = order[static_cast<size_t>(rc - 2)];  // the last group that took part is the one that matched
@@ -102,12 +107,10 @@ void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>&
   auto* code = static_cast<pcre2_code*>(code_);
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
   if (!md) throw std::bad_alloc();
-  auto subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t pos = 0;
   size_t last_end = SIZE_MAX;
   while (pos <= s.size()) {
-    int rc = jit_ ? pcre2_jit_match(code, subject, s.size(), pos, 0, md, nullptr)
-                  : pcre2_match(code, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    int rc = match_at(code, jit_, s, pos, md);
     if (rc < 0) break;
     PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     size_t a = ov[0], b = ov[1];
