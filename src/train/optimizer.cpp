@@ -25,6 +25,13 @@ Result<Optimizer> Optimizer::create(Backend& be, ParameterSet& params, const Opt
   return opt;
 }
 
+std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (m_.allocated()) out.emplace_back("adamw.exp_avg", m_.view());
+  if (v_.allocated()) out.emplace_back("adamw.exp_avg_sq", v_.view());
+  return out;
+}
+
 void Optimizer::discard_gradients() { be_->zero(params_->grads()); }
 
 Result<OptimizerStepInfo> Optimizer::step(float lr) {

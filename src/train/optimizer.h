@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/status.h"
@@ -39,6 +41,13 @@ class Optimizer {
   Result<OptimizerStepInfo> step(float lr);
   // Zeroes the accumulated gradients without an update.
   void discard_gradients();
+
+  // Checkpointing: the optimizer's state as named f32 tensors on its backend (views of the buffers
+  // it owns; a checkpoint reads them and a resume writes into them), and the count of applied steps
+  // (AdamW's bias correction).
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  int64_t steps_taken() const { return step_; }
+  void restore_steps_taken(int64_t steps) { step_ = steps; }
 
  private:
   Optimizer(Backend& be, ParameterSet& params, const OptimizerOptions& options)
