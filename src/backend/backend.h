@@ -56,6 +56,9 @@ class Backend {
   virtual void deallocate_pinned(void* ptr, int64_t bytes);
   // allocate() calls so far (successful or not): tests prove a loop allocates nothing with it.
   virtual int64_t allocation_count() const = 0;
+  // Bytes the backend's allocator hands out now and at most since creation (0, 0 where it keeps
+  // no count).
+  virtual std::pair<int64_t, int64_t> allocator_bytes() const { return {0, 0}; }
   // Free (counting the backend's cached idle blocks) and total device memory in bytes; unsupported
   // where the device has no fixed memory (CPU).
   virtual Result<std::pair<int64_t, int64_t>> memory_info() { return unsupported("no device memory figure on " + device().str()); }

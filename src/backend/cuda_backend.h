@@ -60,6 +60,9 @@ class CudaBackend final : public Backend {
   Result<void*> allocate_pinned(int64_t bytes) override;
   void deallocate_pinned(void* ptr, int64_t bytes) override;
   Result<std::pair<int64_t, int64_t>> memory_info() override;
+  std::pair<int64_t, int64_t> allocator_bytes() const override {
+    return {allocator_.bytes_in_use(), allocator_.peak_bytes_in_use()};
+  }
   void zero(Tensor t) override;
   Status synchronize() override;
   std::unique_ptr<Event> create_event() override;

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   add(kiln::cli::add_detokenize);
   add(kiln::cli::add_chat_template);
   add(kiln::cli::add_chat);
+  add(kiln::cli::add_preprocess);
   add(kiln::cli::add_train);
   for (auto& [cmd, run] : commands) kiln::cli::add_config_flag(cmd);
   std::vector<std::string> args(argv + 1, argv + argc);

@@ -1,16 +1,26 @@
-// kiln train: fine-tunes a Hugging Face checkpoint on pre-tokenized JSONL data and writes the
-// result back as a Hugging Face checkpoint. AdamW or plain SGD under an LR schedule; the step loop
-// is the training layer's Trainer (train/trainer.h), this file parses flags and reports.
+// kiln train: trains a Hugging Face checkpoint on preprocessed shards or pre-tokenized JSONL and
+// writes the result back as a Hugging Face checkpoint. The run (data, objective, schedule,
+// checkpoints, resume, evaluation) is the training layer's (train/run.h); this file parses flags,
+// reports progress and turns SIGTERM / SIGINT into a checkpoint and a clean exit.
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/run.h"
 #include "train/schedule.h"
 #include "train/train_model.h"
 #include "train/trainer.h"
@@ -32,6 +42,10 @@ struct TrainFlags {
   std::string save_dtype;  // empty: the source checkpoint's dtype
   bool shuffle = false;
   std::string seed = "0";  // parsed (range-checked) by run_train
+  std::string val_data, objective, objective_kwargs, resume;
+  int64_t eval_every = 0, eval_rows = 0, save_every = 0;
+  int32_t keep_last = 0;
+  double peak_tflops = 989.0;  // H100 / H200 dense bf16
 };
 
 Result<std::pair<float, float>> parse_betas(const std::string& text) {
@@ -56,14 +70,46 @@ Result<DType> parse_save_dtype(const std::string& name, DType source) {
   return invalid_argument("--save-dtype must be f32, bf16 or f16 (got '" + name + "')");
 }
 
+// SIGTERM / SIGINT: the first asks the run to save a checkpoint and stop after the current step;
+// a second one ends the process at once.
+std::atomic<bool> g_stop_requested{false};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_requested.exchange(true)) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  static const char msg[] = "\nkiln: stop requested: saving a checkpoint after this step (again to quit now)\n";
+  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+}
+
+// The flags as the run records them in checkpoints (keys: the long flag names with '_').
+nlohmann::json resolved_config(const TrainFlags& f) {
+  return {{"model", f.model_dir},         {"data", f.data},
+          {"val_data", f.val_data},       {"output", f.output},
+          {"device", f.device},           {"steps", f.steps},
+          {"batch_size", f.batch_size},   {"grad_accum", f.grad_accum},
+          {"lr", f.lr},                   {"lr_schedule", f.lr_schedule},
+          {"warmup_steps", f.warmup_steps}, {"min_lr_ratio", f.min_lr_ratio},
+          {"decay_steps", f.decay_steps}, {"betas", f.betas},
+          {"eps", f.eps},                 {"weight_decay", f.weight_decay},
+          {"no_decay", f.no_decay},       {"clip_norm", f.clip_norm},
+          {"label_smoothing", f.label_smoothing}, {"optimizer", f.optimizer},
+          {"shuffle", f.shuffle},         {"seed", f.seed},
+          {"save_dtype", f.save_dtype},   {"objective", f.objective},
+          {"objective_kwargs", f.objective_kwargs}, {"eval_every", f.eval_every},
+          {"eval_rows", f.eval_rows},     {"save_every", f.save_every},
+          {"keep_last", f.keep_last},     {"resume", f.resume},
+          {"peak_tflops", f.peak_tflops}};
+}
+
 int run_train(const TrainFlags& f) {
-  if (f.batch_size <= 0) return fail(invalid_argument("--batch-size must be positive"));
-  if (f.grad_accum <= 0) return fail(invalid_argument("--grad-accum must be positive"));
-  if (f.steps < 0) return fail(invalid_argument("--steps must be >= 0"));
   Result<uint64_t> seed = parse_u64(f.seed, "--seed");
   if (!seed.ok()) return fail(seed.status());
   if (!(f.label_smoothing >= 0.0f && f.label_smoothing <= 1.0f))
     return fail(invalid_argument("--label-smoothing must be in [0, 1]"));
+  if (f.keep_last < 0) return fail(invalid_argument("--keep-last must be >= 0"));
   OptimizerOptions opt;
   if (f.optimizer == "adamw")
     opt.kind = OptimizerOptions::Kind::adamw;
@@ -94,46 +140,78 @@ int run_train(const TrainFlags& f) {
   TrainModel& m = **model;
   Result<DType> save_dtype = parse_save_dtype(f.save_dtype, m.config().dtype);
   if (!save_dtype.ok()) return fail(save_dtype.status());
-  Result<std::vector<TrainExample>> examples = read_training_jsonl(f.data, m.config());
-  if (!examples.ok()) return fail(examples.status());
-  if (Status s = prepare_output_dir(f.output); !s.ok()) return fail(s);
-  const int64_t per_step = static_cast<int64_t>(f.batch_size) * f.grad_accum;
-  const int64_t n_examples = static_cast<int64_t>(examples->size());
-  const int64_t steps = f.steps > 0 ? f.steps : (n_examples + per_step - 1) / per_step;
-  TrainerOptions trainer_options;
-  trainer_options.optimizer = opt;
   Result<LrSchedule::Kind> kind = LrSchedule::parse_kind(f.lr_schedule);
   if (!kind.ok()) return fail(kind.status());
-  trainer_options.schedule = {*kind, f.warmup_steps, steps, f.decay_steps, f.min_lr_ratio};
-  Result<Trainer> trainer = Trainer::create(be, m, trainer_options);
-  if (!trainer.ok()) return fail(trainer.status());
-  Result<MetricsLog> metrics = MetricsLog::open(f.output);
-  if (!metrics.ok()) return fail(metrics.status());
-  std::fprintf(stderr,
-               "kiln: training %s (%lld parameters, %s) on %lld examples: %lld steps of %d x %d sequences, "
-               "%s lr %g (%s schedule), %zu tensors without weight decay\n",
-               f.model_dir.c_str(), static_cast<long long>(m.params().parameter_count()), f.device.c_str(),
-               static_cast<long long>(n_examples), static_cast<long long>(steps), f.grad_accum, f.batch_size,
-               f.optimizer.c_str(), static_cast<double>(f.lr), f.lr_schedule.c_str(), m.params().no_decay_names().size());
 
-  ExampleStream stream(*examples, f.shuffle, *seed);
-  for (int64_t step = 1; step <= steps; ++step) {
-    std::vector<HostBatch> micro;
-    for (int32_t k = 0; k < f.grad_accum; ++k) micro.push_back(make_host_batch(stream.next(f.batch_size)));
-    Result<StepReport> r = trainer->step(micro);
-    if (!r.ok()) return fail(invalid_argument(r.status().message() + "; stopping without writing a checkpoint"));
-    if (r->skipped) {
-      std::fprintf(stderr, "kiln: warning: step %lld has no labelled token; no update\n", static_cast<long long>(step));
-      continue;
-    }
-    std::printf("step %lld/%lld policy_version %llu loss %.6f grad_norm %.6f lr %g tokens %lld tok/s %.1f\n",
+  RunOptions ro;
+  ro.model_dir = f.model_dir;
+  ro.data = f.data;
+  ro.val_data = f.val_data;
+  ro.output = f.output;
+  ro.steps = f.steps;
+  ro.batch_size = f.batch_size;
+  ro.grad_accum = f.grad_accum;
+  ro.shuffle = f.shuffle;
+  ro.seed = *seed;
+  ro.objective = f.objective;
+  ro.objective_kwargs = f.objective_kwargs;
+  ro.trainer.optimizer = opt;
+  ro.trainer.schedule = {*kind, f.warmup_steps, 0, f.decay_steps, f.min_lr_ratio};
+  ro.eval_every = f.eval_every;
+  ro.eval_rows = f.eval_rows;
+  ro.save_every = f.save_every;
+  ro.keep_last = f.keep_last;
+  ro.resume = f.resume;
+  ro.save_dtype = *save_dtype;
+  ro.peak_flops = device->is_cuda() ? f.peak_tflops * 1e12 : 0.0;
+  ro.config = resolved_config(f);
+
+  std::fprintf(stderr, "kiln: training %s (%lld parameters, %s): %d x %d sequences per step, %s lr %g (%s schedule), "
+               "%zu tensors without weight decay\n",
+               f.model_dir.c_str(), static_cast<long long>(m.params().parameter_count()), f.device.c_str(),
+               f.grad_accum, f.batch_size, f.optimizer.c_str(), static_cast<double>(f.lr), f.lr_schedule.c_str(),
+               m.params().no_decay_names().size());
+  std::unique_ptr<ProgressBar> bar;
+  RunEvents ev;
+  ev.info = [&](const std::string& msg) {
+    if (bar) bar->clear();
+    std::fprintf(stderr, "kiln: %s\n", msg.c_str());
+  };
+  ev.step = [&](int64_t step, int64_t steps, const StepReport& r) {
+    if (!bar) bar = std::make_unique<ProgressBar>("train", static_cast<double>(steps), 1.0, "steps");
+    bar->clear();
+    std::printf("step %lld/%lld policy_version %llu loss %.6f grad_norm %.6f lr %g tokens %lld tok/s %.1f",
                 static_cast<long long>(step), static_cast<long long>(steps),
-                static_cast<unsigned long long>(r->policy_version), r->loss, r->grad_norm, r->lr,
-                static_cast<long long>(r->tokens), r->tokens_per_s());
+                static_cast<unsigned long long>(r.policy_version), r.loss, r.grad_norm, r.lr,
+                static_cast<long long>(r.tokens), r.tokens_per_s());
+    if (r.mfu > 0) std::printf(" mfu %.3f", r.mfu);
+    if (r.memory_gib > 0) std::printf(" mem %.2fGiB", r.memory_gib);
+    std::printf("\n");
     std::fflush(stdout);
-    if (Status s = metrics->write(step, *r); !s.ok()) return fail(s);
+    char note[64];
+    std::snprintf(note, sizeof(note), "loss %.4f", r.loss);
+    bar->update(static_cast<double>(step), note, /*force=*/true);
+  };
+  ev.eval = [&](int64_t step, double val_loss, int64_t tokens) {
+    if (bar) bar->clear();
+    std::printf("eval step %lld val_loss %.6f val_ppl %.4f val_tokens %lld\n", static_cast<long long>(step), val_loss,
+                std::exp(val_loss), static_cast<long long>(tokens));
+    std::fflush(stdout);
+  };
+  g_stop_requested = false;
+  ev.stop = &g_stop_requested;
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  Result<RunResult> r = run_training(be, m, ro, ev);
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
+  if (bar) bar->clear();
+  if (!r.ok()) return fail(r.status());
+  if (r->stopped) {
+    std::fprintf(stderr, "kiln: stopped at step %lld; continue with --resume auto (checkpoint %s)\n",
+                 static_cast<long long>(r->steps_done), r->last_checkpoint.c_str());
+    return 0;
   }
-  if (Status s = save_hf_checkpoint(be, m.params(), f.model_dir, f.output, *save_dtype); !s.ok()) return fail(s);
   std::fprintf(stderr, "kiln: saved the trained model to %s (%s)\n", f.output.c_str(), dtype_name(*save_dtype));
   return 0;
 }
@@ -145,10 +223,25 @@ Runner add_train(CLI::App& app) {
   CLI::App* t = app.add_subcommand("train", "fine-tune a Hugging Face checkpoint on pre-tokenized JSONL data");
   t->add_option("--model", f->model_dir, "model folder (config.json, safetensors, tokenizer files)")->required();
   t->add_option("--data", f->data,
-                "JSONL file, one {\"input_ids\": [...], \"labels\": [...], \"position_ids\": [...]} per line "
-                "(labels and position_ids optional)")
+                "a kiln preprocess directory (its train split), or a JSONL file of {\"input_ids\": [...], "
+                "\"labels\": [...], \"position_ids\": [...]} lines (labels and position_ids optional)")
       ->required();
-  t->add_option("--output", f->output, "run folder: the trained checkpoint and metrics.jsonl (one line per step)")->required();
+  t->add_option("--val-data", f->val_data,
+                "validation data (default: the --data directory's val split when it has one)");
+  t->add_option("--output", f->output,
+                "run folder: the trained model, metrics.jsonl and checkpoint-<step>/ folders")
+      ->required();
+  t->add_option("--objective", f->objective,
+                "pretrain (every token) or sft (the tokens the data marks: assistant tokens, labels); default: "
+                "sft when the data marks targets");
+  t->add_option("--objective-kwargs", f->objective_kwargs, "objective options as a JSON object");
+  t->add_option("--eval-every", f->eval_every, "validation loss every N steps (and at the end)");
+  t->add_option("--eval-rows", f->eval_rows, "validation rows per evaluation (default: all)");
+  t->add_option("--save-every", f->save_every, "write a resumable checkpoint-<step>/ every N steps");
+  t->add_option("--keep-last", f->keep_last, "keep only the newest K checkpoints (default: all)");
+  t->add_option("--resume", f->resume, "continue from a checkpoint or run folder, or 'auto': the newest in --output");
+  t->add_option("--peak-tflops", f->peak_tflops, "the device's peak TFLOP/s, for the MFU figure (CUDA)")
+      ->capture_default_str();
   t->add_option("--device", f->device, "cpu or cuda[:N]")->capture_default_str();
   t->add_option("--steps", f->steps, "optimizer steps (default: one pass over the data)");
   t->add_option("--batch-size", f->batch_size, "sequences per micro-batch")->capture_default_str();

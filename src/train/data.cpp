@@ -1,7 +1,6 @@
 #include "train/data.h"
 
 #include <fstream>
-#include <numeric>
 
 #include <nlohmann/json.hpp>
 
@@ -9,13 +8,6 @@ namespace kiln {
 namespace {
 
 constexpr int32_t kIgnore = -100;
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // An array of int32 under `key`; `required` decides whether absence is an error.
 Status read_ints(const nlohmann::json& obj, const char* key, bool required, std::vector<int32_t>* out,
@@ -142,33 +134,6 @@ HostBatch make_host_batch(const std::vector<const TrainExample*>& rows) {
   }
   if (plain) b.segments.clear();
   return b;
-}
-
-ExampleStream::ExampleStream(const std::vector<TrainExample>& examples, bool shuffle, uint64_t seed)
-    : examples_(examples), shuffle_(shuffle), seed_(seed) {
-  start_epoch();
-}
-
-void ExampleStream::start_epoch() {
-  ++epoch_;
-  cursor_ = 0;
-  order_.resize(examples_.size());
-  std::iota(order_.begin(), order_.end(), 0);
-  if (!shuffle_) return;
-  uint64_t state = seed_ * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(epoch_);
-  for (size_t i = order_.size(); i > 1; --i) {  // Fisher-Yates, platform-independent
-    const size_t j = static_cast<size_t>(splitmix64(state) % i);
-    std::swap(order_[i - 1], order_[j]);
-  }
-}
-
-std::vector<const TrainExample*> ExampleStream::next(int32_t count) {
-  std::vector<const TrainExample*> out;
-  for (int32_t i = 0; i < count; ++i) {
-    if (cursor_ == order_.size()) start_epoch();
-    out.push_back(&examples_[order_[cursor_++]]);
-  }
-  return out;
 }
 
 }  // namespace kiln

@@ -36,23 +36,4 @@ Result<std::vector<TrainExample>> read_training_jsonl(const std::string& path, c
 // One dense micro-batch of these examples, padded at the end of each row to the longest.
 HostBatch make_host_batch(const std::vector<const TrainExample*>& rows);
 
-// An endless walk over the examples, epoch after epoch: file order, or a seeded shuffle per epoch.
-class ExampleStream {
- public:
-  ExampleStream(const std::vector<TrainExample>& examples, bool shuffle, uint64_t seed);
-  // The next `count` examples (wrapping into the next epoch when needed).
-  std::vector<const TrainExample*> next(int32_t count);
-  int64_t epoch() const { return epoch_; }
-
- private:
-  void start_epoch();
-
-  const std::vector<TrainExample>& examples_;
-  bool shuffle_;
-  uint64_t seed_;
-  std::vector<int32_t> order_;
-  size_t cursor_ = 0;
-  int64_t epoch_ = -1;
-};
-
 }  // namespace kiln

@@ -36,6 +36,8 @@ struct StepReport {
   double lr = 0.0;              // the learning rate the update used
   int64_t tokens = 0, labelled = 0;
   double seconds = 0.0;
+  double mfu = 0.0;         // model FLOP utilisation (CUDA; 0 when unknown)
+  double memory_gib = 0.0;  // device memory held by the backend's allocator (CUDA; 0 when unknown)
   double tokens_per_s() const { return seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0; }
 };
 
@@ -48,6 +50,10 @@ class Trainer {
   Result<StepReport> step(const std::vector<HostBatch>& micro);
 
   uint64_t policy_version() const { return version_; }
+  // Resuming from a checkpoint: the version it recorded (its optimizer state is loaded separately).
+  void restore_policy_version(uint64_t version) { version_ = version; }
+  Optimizer& optimizer() { return optimizer_; }
+  const Optimizer& optimizer() const { return optimizer_; }
   // The learning rate the next step will use.
   double next_lr() const;
   const TrainerOptions& options() const { return options_; }

@@ -1,0 +1,204 @@
+// The training run (see run.h).
+#include "train/run.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+
+#include "train/data.h"
+#include "train/dataset.h"
+#include "train/metrics.h"
+#include "train/objective.h"
+#include "train/run_checkpoint.h"
+#include "train/sampler.h"
+#include "train/checkpoint.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Configuration keys a resumed run may change: they decide where and how often things are written.
+bool may_change_on_resume(const std::string& key) {
+  static constexpr const char* kFree[] = {"output", "resume", "save_every", "keep_last", "eval_every",
+                                          "eval_rows", "tensorboard", "device", "config", "peak_tflops"};
+  for (const char* k : kFree)
+    if (key == k) return true;
+  return false;
+}
+
+Status check_resumable(const nlohmann::json& saved, const nlohmann::json& now, const std::string& checkpoint) {
+  for (const auto& [key, value] : now.items()) {
+    if (may_change_on_resume(key)) continue;
+    const nlohmann::json before = saved.contains(key) ? saved.at(key) : nlohmann::json();
+    if (before != value)
+      return invalid_argument("cannot resume from '" + checkpoint + "': --" + key + " was " + before.dump() +
+                              " and is now " + value.dump() + " (resume with the run's settings, or start a new run " +
+                              "with --model " + checkpoint + ")");
+  }
+  return Status::Ok();
+}
+
+// Mean negative log-likelihood over (at most `max_rows` of) the data's rows.
+Result<std::pair<double, int64_t>> evaluate(TrainModel& model, const TrainingData& data, const Objective& objective,
+                                            int32_t batch_size, int64_t max_rows) {
+  const int64_t rows = max_rows > 0 ? std::min(max_rows, data.rows()) : data.rows();
+  double nll = 0.0;
+  int64_t count = 0;
+  for (int64_t begin = 0; begin < rows; begin += batch_size) {
+    std::vector<TrainExample> examples;
+    for (int64_t r = begin; r < std::min(rows, begin + batch_size); ++r)
+      examples.push_back(data.example(r, objective.every_token()));
+    std::vector<const TrainExample*> ptrs;
+    for (const TrainExample& e : examples) ptrs.push_back(&e);
+    const HostBatch hb = make_host_batch(ptrs);
+    if (hb.labelled() == 0) continue;
+    KILN_ASSIGN_OR_RETURN(DeviceBatch db, model.upload(hb));
+    KILN_ASSIGN_OR_RETURN(std::vector<float> lp, model.target_logprobs(db));
+    for (float v : lp) nll -= static_cast<double>(v);
+    count += static_cast<int64_t>(lp.size());
+  }
+  if (count == 0) return invalid_argument("the validation data has no target tokens");
+  return std::make_pair(nll / static_cast<double>(count), count);
+}
+
+}  // namespace
+
+double training_flops(const ModelConfig& c, const std::vector<HostBatch>& micro) {
+  const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double h = static_cast<double>(c.hidden_size), inter = static_cast<double>(c.intermediate_size);
+  const double per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter;
+  const double linear = per_layer * static_cast<double>(c.num_hidden_layers) + h * static_cast<double>(c.vocab_size);
+  double tokens = 0, attention_pairs = 0;  // query-key pairs under the causal mask, per layer and head dim
+  for (const HostBatch& b : micro) {
+    tokens += static_cast<double>(b.tokens());
+    for (int32_t r = 0; r < b.batch; ++r) {
+      double len = 0;
+      for (int32_t t = 0; t < b.seq_len; ++t)
+        if (b.segments.empty() || b.segments[static_cast<size_t>(r) * b.seq_len + t] >= 0) ++len;
+      attention_pairs += len * (len + 1) / 2;
+    }
+  }
+  // Forward: 2 FLOPs per multiply-add; backward twice the forward.
+  return 6.0 * linear * tokens + 6.0 * 2.0 * q * attention_pairs * static_cast<double>(c.num_hidden_layers);
+}
+
+Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions& o, const RunEvents& ev) {
+  auto info = [&](const std::string& m) {
+    if (ev.info) ev.info(m);
+  };
+  if (o.batch_size <= 0) return invalid_argument("--batch-size must be positive");
+  if (o.grad_accum <= 0) return invalid_argument("--grad-accum must be positive");
+  if (o.steps < 0 || o.eval_every < 0 || o.save_every < 0 || o.keep_last < 0 || o.eval_rows < 0)
+    return invalid_argument("--steps, --eval-every, --eval-rows, --save-every and --keep-last must be >= 0");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> data,
+                        TrainingData::open(o.data, "train", model.config(), o.model_dir));
+  KILN_ASSIGN_OR_RETURN(Objective objective, Objective::create(o.objective, o.objective_kwargs, *data));
+  std::unique_ptr<TrainingData> val;
+  if (!o.val_data.empty()) {
+    const std::string split = TrainingData::has_split(o.val_data, "val") ? "val" : "train";
+    KILN_ASSIGN_OR_RETURN(val, TrainingData::open(o.val_data, split, model.config(), o.model_dir));
+  } else if (TrainingData::has_split(o.data, "val")) {
+    KILN_ASSIGN_OR_RETURN(val, TrainingData::open(o.data, "val", model.config(), o.model_dir));
+  }
+  if (o.eval_every > 0 && !val)
+    return invalid_argument("--eval-every needs validation data: preprocess with --val-fraction, or pass --val-data");
+
+  const int64_t per_step = static_cast<int64_t>(o.batch_size) * o.grad_accum;
+  const int64_t steps = o.steps > 0 ? o.steps : (data->rows() + per_step - 1) / per_step;
+  TrainerOptions topt = o.trainer;
+  topt.schedule.total_steps = steps;
+  KILN_ASSIGN_OR_RETURN(Trainer trainer, Trainer::create(be, model, topt));
+  KILN_RETURN_IF_ERROR(prepare_output_dir(o.output));
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(o.output, ec))  // leftovers of a crash mid-save
+    if (e.path().filename().string().rfind(".checkpoint-", 0) == 0) fs::remove_all(e.path(), ec);
+
+  Sampler sampler(data->rows(), o.shuffle, o.seed);
+  RunResult result;
+  int64_t step = 0;
+  std::string from;
+  if (o.resume == "auto") {
+    from = latest_checkpoint(o.output);
+    if (from.empty()) info("no checkpoint in " + o.output + " yet: starting from the beginning");
+  } else if (!o.resume.empty()) {
+    KILN_ASSIGN_OR_RETURN(from, resolve_checkpoint(o.resume));
+  } else if (!latest_checkpoint(o.output).empty()) {
+    return invalid_argument("'" + o.output + "' holds checkpoints of an earlier run: pass --resume auto to continue it, " +
+                            "or choose another --output");
+  }
+  if (!from.empty()) {
+    KILN_ASSIGN_OR_RETURN(TrainingState st,
+                          load_training_checkpoint(be, model.params(), trainer.optimizer(), from));
+    KILN_RETURN_IF_ERROR(check_resumable(st.config, o.config, from));
+    KILN_RETURN_IF_ERROR(sampler.restore(st.sampler));
+    trainer.restore_policy_version(st.policy_version);
+    step = st.step;
+    result.last_checkpoint = from;
+    info("resumed from " + from + " at step " + std::to_string(step) + ", policy version " +
+         std::to_string(st.policy_version));
+  }
+  KILN_ASSIGN_OR_RETURN(MetricsLog metrics, MetricsLog::open(o.output, from.empty() ? -1 : step));
+
+  auto save = [&]() -> Status {
+    TrainingState st;
+    st.step = step;
+    st.policy_version = trainer.policy_version();
+    st.optimizer_steps = trainer.optimizer().steps_taken();
+    st.sampler = sampler.state();
+    st.config = o.config;
+    KILN_ASSIGN_OR_RETURN(result.last_checkpoint,
+                          save_training_checkpoint(be, model.params(), trainer.optimizer(), st, o.model_dir, o.output,
+                                                   o.save_dtype, o.keep_last));
+    info("saved " + result.last_checkpoint);
+    return Status::Ok();
+  };
+  int64_t evaluated_at = -1;
+  auto run_eval = [&]() -> Status {
+    KILN_ASSIGN_OR_RETURN(auto loss, evaluate(model, *val, objective, o.batch_size, o.eval_rows));
+    evaluated_at = step;
+    if (ev.eval) ev.eval(step, loss.first, loss.second);
+    return metrics.write_eval(step, trainer.policy_version(), loss.first, loss.second);
+  };
+  auto stop_requested = [&] { return ev.stop && ev.stop->load(); };
+
+  if (val && step == 0 && o.eval_every > 0) KILN_RETURN_IF_ERROR(run_eval());
+  while (step < steps) {
+    if (stop_requested()) break;
+    std::vector<HostBatch> micro;
+    for (int32_t k = 0; k < o.grad_accum; ++k) {
+      std::vector<TrainExample> rows;
+      for (int64_t r : sampler.next(o.batch_size)) rows.push_back(data->example(r, objective.every_token()));
+      std::vector<const TrainExample*> ptrs;
+      for (const TrainExample& e : rows) ptrs.push_back(&e);
+      micro.push_back(make_host_batch(ptrs));
+    }
+    Result<StepReport> r = trainer.step(micro);
+    if (!r.ok()) return invalid_argument(r.status().message() + "; stopping (the last checkpoint is kept)");
+    ++step;
+    if (r->skipped) {
+      info("warning: step " + std::to_string(step) + " has no target token; no update");
+    } else {
+      if (o.peak_flops > 0 && r->seconds > 0) r->mfu = training_flops(model.config(), micro) / r->seconds / o.peak_flops;
+      r->memory_gib = static_cast<double>(be.allocator_bytes().second) / (1024.0 * 1024.0 * 1024.0);
+      if (ev.step) ev.step(step, steps, *r);
+      KILN_RETURN_IF_ERROR(metrics.write(step, *r));
+    }
+    if (val && o.eval_every > 0 && step % o.eval_every == 0) KILN_RETURN_IF_ERROR(run_eval());
+    if (o.save_every > 0 && step % o.save_every == 0 && step < steps) KILN_RETURN_IF_ERROR(save());
+  }
+  result.steps_done = step;
+  if (step < steps) {  // asked to stop
+    result.stopped = true;
+    if (!(o.save_every > 0 && step % o.save_every == 0 && step > 0)) KILN_RETURN_IF_ERROR(save());
+    return result;
+  }
+  if (val && evaluated_at != step) KILN_RETURN_IF_ERROR(run_eval());
+  if (o.save_every > 0) KILN_RETURN_IF_ERROR(save());
+  KILN_RETURN_IF_ERROR(save_hf_checkpoint(be, model.params(), o.model_dir, o.output, o.save_dtype));
+  return result;
+}
+
+}  // namespace kiln
