@@ -42,7 +42,7 @@ struct TrainFlags {
   std::string save_dtype;  // empty: the source checkpoint's dtype
   bool shuffle = false;
   std::string seed = "0";  // parsed (range-checked) by run_train
-  std::string val_data, objective, objective_kwargs, resume;
+  std::string val_data, objective, objective_kwargs, resume, tensorboard;
   int64_t eval_every = 0, eval_rows = 0, save_every = 0;
   int32_t keep_last = 0;
   double peak_tflops = 989.0;  // H100 / H200 dense bf16
@@ -101,7 +101,7 @@ nlohmann::json resolved_config(const TrainFlags& f) {
           {"objective_kwargs", f.objective_kwargs}, {"eval_every", f.eval_every},
           {"eval_rows", f.eval_rows},     {"save_every", f.save_every},
           {"keep_last", f.keep_last},     {"resume", f.resume},
-          {"peak_tflops", f.peak_tflops}};
+          {"peak_tflops", f.peak_tflops}, {"tensorboard", f.tensorboard}};
 }
 
 int run_train(const TrainFlags& f) {
@@ -164,6 +164,7 @@ int run_train(const TrainFlags& f) {
   ro.resume = f.resume;
   ro.save_dtype = *save_dtype;
   ro.peak_flops = device->is_cuda() ? f.peak_tflops * 1e12 : 0.0;
+  ro.tensorboard = f.tensorboard;
   ro.config = resolved_config(f);
 
   std::fprintf(stderr, "kiln: training %s (%lld parameters, %s): %d x %d sequences per step, %s lr %g (%s schedule), "
@@ -240,6 +241,7 @@ Runner add_train(CLI::App& app) {
   t->add_option("--save-every", f->save_every, "write a resumable checkpoint-<step>/ every N steps");
   t->add_option("--keep-last", f->keep_last, "keep only the newest K checkpoints (default: all)");
   t->add_option("--resume", f->resume, "continue from a checkpoint or run folder, or 'auto': the newest in --output");
+  t->add_option("--tensorboard", f->tensorboard, "also write TensorBoard event files into this folder");
   t->add_option("--peak-tflops", f->peak_tflops, "the device's peak TFLOP/s, for the MFU figure (CUDA)")
       ->capture_default_str();
   t->add_option("--device", f->device, "cpu or cuda[:N]")->capture_default_str();

@@ -12,6 +12,7 @@
 #include "train/objective.h"
 #include "train/run_checkpoint.h"
 #include "train/sampler.h"
+#include "train/tensorboard.h"
 #include "train/checkpoint.h"
 
 namespace kiln {
@@ -32,8 +33,10 @@ Status check_resumable(const nlohmann::json& saved, const nlohmann::json& now, c
   for (const auto& [key, value] : now.items()) {
     if (may_change_on_resume(key)) continue;
     const nlohmann::json before = saved.contains(key) ? saved.at(key) : nlohmann::json();
+    std::string flag = key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
     if (before != value)
-      return invalid_argument("cannot resume from '" + checkpoint + "': --" + key + " was " + before.dump() +
+      return invalid_argument("cannot resume from '" + checkpoint + "': --" + flag + " was " + before.dump() +
                               " and is now " + value.dump() + " (resume with the run's settings, or start a new run " +
                               "with --model " + checkpoint + ")");
   }
@@ -141,6 +144,11 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
          std::to_string(st.policy_version));
   }
   KILN_ASSIGN_OR_RETURN(MetricsLog metrics, MetricsLog::open(o.output, from.empty() ? -1 : step));
+  std::unique_ptr<TensorBoardWriter> tb;
+  if (!o.tensorboard.empty()) {
+    KILN_ASSIGN_OR_RETURN(TensorBoardWriter w, TensorBoardWriter::open(o.tensorboard));
+    tb = std::make_unique<TensorBoardWriter>(std::move(w));
+  }
 
   auto save = [&]() -> Status {
     TrainingState st;
@@ -160,6 +168,10 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
     KILN_ASSIGN_OR_RETURN(auto loss, evaluate(model, *val, objective, o.batch_size, o.eval_rows));
     evaluated_at = step;
     if (ev.eval) ev.eval(step, loss.first, loss.second);
+    if (tb) {
+      KILN_RETURN_IF_ERROR(tb->add_scalar("val_loss", step, loss.first, TensorBoardWriter::now()));
+      KILN_RETURN_IF_ERROR(tb->flush());
+    }
     return metrics.write_eval(step, trainer.policy_version(), loss.first, loss.second);
   };
   auto stop_requested = [&] { return ev.stop && ev.stop->load(); };
@@ -185,6 +197,7 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
       r->memory_gib = static_cast<double>(be.allocator_bytes().second) / (1024.0 * 1024.0 * 1024.0);
       if (ev.step) ev.step(step, steps, *r);
       KILN_RETURN_IF_ERROR(metrics.write(step, *r));
+      if (tb) KILN_RETURN_IF_ERROR(tb->add_step(step, *r, TensorBoardWriter::now()));
     }
     if (val && o.eval_every > 0 && step % o.eval_every == 0) KILN_RETURN_IF_ERROR(run_eval());
     if (o.save_every > 0 && step % o.save_every == 0 && step < steps) KILN_RETURN_IF_ERROR(save());

@@ -2,7 +2,8 @@
 // (dataset.h) and the objective, drives the Trainer step after step from the Sampler, evaluates on
 // the validation split every `eval_every` steps, writes metrics.jsonl, saves checkpoints
 // (run_checkpoint.h) every `save_every` steps and when asked to stop, resumes from one, and writes
-// the final model into the run directory.
+// the final model into the run directory (and, with `tensorboard`, the same scalars as TensorBoard
+// event files).
 //
 // Resume: the checkpoint's recorded configuration must equal this run's, except for the keys that
 // only change where and how often things are written (output, resume, save/eval frequency,
@@ -43,6 +44,7 @@ struct RunOptions {
   std::string resume;                       // "", "auto" or a checkpoint / run directory
   DType save_dtype = DType::f32;
   double peak_flops = 0.0;                  // for MFU; 0: not reported
+  std::string tensorboard;                  // a folder for TensorBoard event files ("" = none)
   nlohmann::json config;                    // the resolved flags, recorded in checkpoints
 };
 
