@@ -70,13 +70,21 @@ Result<std::vector<std::string>> expand_config_files(const CLI::App& app, const 
     for (char& c : name)
       if (c == '_') c = '-';
     const std::string where = "config file '" + path + "': '" + std::string(key.str()) + "'";
-    if (node.is_table()) return invalid_argument(where + " is a table; the file holds flags as top-level keys");
     const std::string flag = "--" + name;
+    // A table is the value of a JSON-object flag (--objective-kwargs): passed on as JSON.
+    const bool json_flag = name.size() > 7 && name.compare(name.size() - 7, 7, "-kwargs") == 0;
+    if (node.is_table() && !(json_flag && sub->get_option_no_throw(flag)))
+      return invalid_argument(where + " is a table; the file holds flags as top-level keys (tables only for " +
+                              "the *_kwargs options)");
     if (name == "config" || !sub->get_option_no_throw(flag))
       return invalid_argument(where + " is not a flag of kiln " + sub->get_name() + " (see kiln " + sub->get_name() +
                               " --help)");
     if (given(command_line, flag)) continue;  // the command line wins
-    if (const toml::array* a = node.as_array()) {
+    if (const toml::table* t = node.as_table()) {
+      std::ostringstream json;
+      json << toml::json_formatter{*t};
+      out.push_back(flag + "=" + json.str());
+    } else if (const toml::array* a = node.as_array()) {
       for (const auto& v : *a) {
         KILN_ASSIGN_OR_RETURN(std::string s, scalar(where, v));
         out.push_back(flag + "=" + s);

@@ -228,7 +228,7 @@ TEST(CliTrain, ScheduledLearningRate) {
 }
 
 // --config run.toml: every flag as a key (dashes or underscores), the command line overriding it;
-// keys that are not flags, tables and syntax errors name the file.
+// keys that are not flags, tables (but for *_kwargs) and syntax errors name the file.
 TEST(CliTrain, ConfigFile) {
   TempDir tmp;
   std::string data;
@@ -247,6 +247,10 @@ TEST(CliTrain, ConfigFile) {
   expect_clean_failure(run_kiln(base + " --config " + tmp.file("b.toml", "lr = = 1\n")), "line 1");
   expect_clean_failure(run_kiln(base + " --config " + tmp.file("c.toml", "[optim]\nlr = 1\n")), "is a table");
   expect_clean_failure(run_kiln(base + " --config " + tmp.sub("missing.toml")), "missing.toml");
+  // A table is the JSON object of a *_kwargs flag: it reaches the objective, which checks its keys.
+  expect_clean_failure(run_kiln(base + " --config " + tmp.file("d.toml", "[objective_kwargs]\nbeta = 0.1\n")),
+                       "the pretrain objective has no option 'beta'");
+  expect_clean_failure(run_kiln(base + " --objective-kwargs '[1]'"), "must be a JSON object");
 }
 
 TEST(CliTrain, NonFiniteStopsWithoutCheckpoint) {
