@@ -89,7 +89,7 @@ int run_preprocess(const PreprocessFlags& f) {
                   static_cast<long long>(p.documents));
     if (bar->active()) {
       bar->update(done, note, p.finished_reading);
-    } else if (done - last_line >= 0.1 * static_cast<double>(p.bytes_total) || p.finished_reading) {
+    } else if (done - last_line >= 0.1 * static_cast<double>(p.bytes_total) && !p.finished_reading) {
       last_line = done;
       std::fprintf(stderr, "kiln: preprocess %.1f/%.1f MB %s\n", done / 1e6, p.bytes_total / 1e6, note);
     }
@@ -103,9 +103,10 @@ int run_preprocess(const PreprocessFlags& f) {
   if (!r.ok()) return fail(r.status());
   const auto& train = r->meta["splits"]["train"];
   std::fprintf(stderr,
-               "kiln: %lld documents (%lld bad lines skipped) -> %s: train %lld rows of <= %d tokens, %lld tokens, "
+               "kiln: %lld document%s (%lld bad line%s skipped) -> %s: train %lld rows of <= %d tokens, %lld tokens, "
                "%lld targets, packing efficiency %.3f",
-               static_cast<long long>(r->documents), static_cast<long long>(r->bad_lines), f.output.c_str(),
+               static_cast<long long>(r->documents), r->documents == 1 ? "" : "s", static_cast<long long>(r->bad_lines),
+               r->bad_lines == 1 ? "" : "s", f.output.c_str(),
                train["rows"].get<long long>(), f.seq_len, train["tokens"].get<long long>(),
                train["targets"].get<long long>(), train["packing_efficiency"].get<double>());
   if (r->meta["splits"].contains("val"))
