@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "kernels/rng.h"
@@ -198,6 +200,37 @@ RunResult run_kiln(const std::string& args, const std::string& stdin_text) {
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 128)) r.crashed = true;
   return r;
+}
+
+int run_kiln_and_signal(const std::string& args, int after_lines, int sig, int delay_us) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return -1;
+  const std::string cmd = "exec " + kiln_binary() + " " + args + " 2>/dev/null";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(pipefd[1], STDOUT_FILENO);
+    ::close(pipefd[0]);
+    ::close(pipefd[1]);
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(pipefd[1]);
+  FILE* out = ::fdopen(pipefd[0], "r");
+  char line[4096];
+  int steps = 0;
+  bool sent = false;
+  while (std::fgets(line, sizeof(line), out)) {
+    if (std::strncmp(line, "step ", 5) == 0) ++steps;
+    if (!sent && after_lines > 0 && steps == after_lines) {
+      if (delay_us > 0) ::usleep(static_cast<useconds_t>(delay_us));
+      ::kill(pid, sig);
+      sent = true;
+    }
+  }
+  std::fclose(out);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
 }
 
 std::unique_ptr<Backend> gpu_backend_or_null(std::string* reason) {

@@ -73,6 +73,9 @@ struct RunResult {
   std::string stdout_only;
 };
 RunResult run_kiln(const std::string& args, const std::string& stdin_text = "");
+// Starts `kiln <args>` (stderr discarded) and, after its `after_lines`-th stdout line starting with
+// "step " (0: never), sends `sig`, after a further `delay_us`. Returns the status waitpid gives.
+int run_kiln_and_signal(const std::string& args, int after_lines, int sig, int delay_us);
 
 // The CUDA backend for device 0, or nullptr; tests call GTEST_SKIP() with the reason on nullptr.
 std::unique_ptr<Backend> gpu_backend_or_null(std::string* reason);

@@ -8,14 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "test_util.h"
@@ -55,39 +52,6 @@ std::string training_jsonl(int rows, int length) {
     s += nlohmann::json({{"input_ids", ids}}).dump() + "\n";
   }
   return s;
-}
-
-// Starts `kiln <args>` and, after its `stop_after`-th progress line (0: never), sends `sig`
-// (optionally after a further delay). Returns the exit status as waitpid reports it.
-int run_and_signal(const std::string& args, int stop_after, int sig, int delay_us) {
-  int pipefd[2];
-  if (::pipe(pipefd) != 0) return -1;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(pipefd[1], STDOUT_FILENO);
-    ::close(pipefd[0]);
-    ::close(pipefd[1]);
-    const std::string cmd = "exec " + kiln_binary() + " " + args + " 2>/dev/null";
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(pipefd[1]);
-  FILE* out = ::fdopen(pipefd[0], "r");
-  char line[4096];
-  int steps = 0;
-  bool sent = false;
-  while (std::fgets(line, sizeof(line), out)) {
-    if (std::string(line).rfind("step ", 0) == 0) ++steps;
-    if (!sent && stop_after > 0 && steps == stop_after) {
-      if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-      ::kill(pid, sig);
-      sent = true;
-    }
-  }
-  std::fclose(out);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return status;
 }
 
 // metrics.jsonl without the wall-clock keys.
@@ -140,7 +104,7 @@ TEST(Resume, SigtermAtARandomStepThenResumeIsBitwiseEqual) {
       ASSERT_EQ(r.exit_code, 0) << r.output;
       const int stop_at = 1 + static_cast<int>(rng() % 10);
       const std::string what = extra + ", SIGTERM after step " + std::to_string(stop_at);
-      const int status = run_and_signal(fx.args(cut, extra), stop_at, SIGTERM, 0);
+      const int status = run_kiln_and_signal(fx.args(cut, extra), stop_at, SIGTERM, 0);
       ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << what << ": status " << status;
       EXPECT_FALSE(fs::exists(cut + "/model.safetensors")) << what << ": a stopped run writes only its checkpoint";
       RunResult resumed = run_kiln(fx.args(cut, extra + " --resume auto"));
@@ -163,7 +127,7 @@ TEST(Resume, KillNineAtARandomMomentThenResumeIsBitwiseEqual) {
     const int after = 3 + static_cast<int>(rng() % 7);
     const int delay = static_cast<int>(rng() % 20000);
     const std::string what = std::string(extra) + ", SIGKILL " + std::to_string(delay) + " us after step " + std::to_string(after);
-    const int status = run_and_signal(fx.args(cut, extra), after, SIGKILL, delay);
+    const int status = run_kiln_and_signal(fx.args(cut, extra), after, SIGKILL, delay);
     ASSERT_TRUE(WIFSIGNALED(status) || WIFEXITED(status)) << what;
     RunResult resumed = run_kiln(fx.args(cut, std::string(extra) + " --resume auto"));
     ASSERT_EQ(resumed.exit_code, 0) << what << "\n" << resumed.output;
