@@ -12,6 +12,7 @@
 #include "cli/common.h"
 #include "cli/progress.h"
 #include "core/sha256.h"
+#include "model/chat_tokens.h"
 #include "model/model_text.h"
 #include "train/preprocess.h"
 
@@ -49,8 +50,21 @@ Result<DocumentMaker> text_maker(const ModelText& text, const PreprocessFlags& f
   });
 }
 
-Result<DocumentMaker> chat_maker(const ModelText&, const PreprocessFlags&) {
-  return unsupported("TEMPORARY: chat format wiring pending");
+// Chat lines: the conversation through the model's chat template (the tool-use template when the
+// line has tools and the model has one), targets on the assistant tokens only.
+Result<DocumentMaker> chat_maker(const ModelText& text, const PreprocessFlags& f) {
+  KILN_RETURN_IF_ERROR(text.chat_template(f.chat_template, /*with_tools=*/false).status());
+  const ModelText* t = &text;
+  const std::string name = f.chat_template;
+  return DocumentMaker([t, name](const nlohmann::ordered_json& line) -> Result<TokenDocument> {
+    auto messages = line.find("messages");
+    if (messages == line.end()) return invalid_argument("no \"messages\" key");
+    nlohmann::ordered_json tools = line.value("tools", nlohmann::ordered_json());
+    KILN_ASSIGN_OR_RETURN(const ChatTemplate* tmpl, t->chat_template(name, !tools.is_null()));
+    KILN_ASSIGN_OR_RETURN(ChatTokens chat, tokenize_chat_for_training(t->tokenizer(), *tmpl,
+                                                                      t->chat_inputs(*messages, tools, false)));
+    return TokenDocument{std::move(chat.ids), std::move(chat.assistant_mask)};
+  });
 }
 
 int run_preprocess(const PreprocessFlags& f) {

@@ -46,6 +46,8 @@ struct TrainFlags {
   int64_t eval_every = 0, eval_rows = 0, save_every = 0;
   int32_t keep_last = 0;
   double peak_tflops = 989.0;  // H100 / H200 dense bf16
+  float muon_momentum = 0.95f;
+  std::string muon_adjust_lr = "original";
 };
 
 Result<std::pair<float, float>> parse_betas(const std::string& text) {
@@ -101,7 +103,8 @@ nlohmann::json resolved_config(const TrainFlags& f) {
           {"objective_kwargs", f.objective_kwargs}, {"eval_every", f.eval_every},
           {"eval_rows", f.eval_rows},     {"save_every", f.save_every},
           {"keep_last", f.keep_last},     {"resume", f.resume},
-          {"peak_tflops", f.peak_tflops}, {"tensorboard", f.tensorboard}};
+          {"peak_tflops", f.peak_tflops}, {"tensorboard", f.tensorboard},
+          {"muon_momentum", f.muon_momentum}, {"muon_adjust_lr", f.muon_adjust_lr}};
 }
 
 int run_train(const TrainFlags& f) {
@@ -115,8 +118,17 @@ int run_train(const TrainFlags& f) {
     opt.kind = OptimizerOptions::Kind::adamw;
   else if (f.optimizer == "sgd")
     opt.kind = OptimizerOptions::Kind::sgd;
+  else if (f.optimizer == "muon")
+    opt.kind = OptimizerOptions::Kind::muon;
   else
-    return fail(invalid_argument("--optimizer must be adamw or sgd (got '" + f.optimizer + "')"));
+    return fail(invalid_argument("--optimizer must be adamw, sgd or muon (got '" + f.optimizer + "')"));
+  opt.muon_momentum = f.muon_momentum;
+  if (f.muon_adjust_lr == "original")
+    opt.muon_adjust_lr = ops::MuonAdjustLr::original;
+  else if (f.muon_adjust_lr == "match_rms_adamw")
+    opt.muon_adjust_lr = ops::MuonAdjustLr::match_rms_adamw;
+  else
+    return fail(invalid_argument("--muon-adjust-lr must be original or match_rms_adamw (got '" + f.muon_adjust_lr + "')"));
   Result<std::pair<float, float>> betas = parse_betas(f.betas);
   if (!betas.ok()) return fail(betas.status());
   opt.lr = f.lr;
@@ -263,7 +275,13 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   t->add_option("--clip-norm", f->clip_norm, "clip the global gradient norm to this value (default: off)");
   t->add_option("--label-smoothing", f->label_smoothing, "cross-entropy label smoothing")->capture_default_str();
-  t->add_option("--optimizer", f->optimizer, "adamw or sgd (plain, no momentum)")->capture_default_str();
+  t->add_option("--optimizer", f->optimizer,
+                "adamw, sgd (plain, no momentum) or muon (torch.optim.Muon on the layers' matrices, AdamW on the rest)")
+      ->capture_default_str();
+  t->add_option("--muon-momentum", f->muon_momentum, "Muon momentum (Nesterov)")->capture_default_str();
+  t->add_option("--muon-adjust-lr", f->muon_adjust_lr,
+                "Muon's per-matrix lr: original (sqrt(max(1, rows/cols))) or match_rms_adamw (0.2 sqrt(max(rows, cols)))")
+      ->capture_default_str();
   t->add_flag("--shuffle", f->shuffle, "shuffle the examples each epoch (default: file order)");
   t->add_option("--seed", f->seed, "shuffle seed")->capture_default_str();
   t->add_option("--save-dtype", f->save_dtype, "f32, bf16 or f16 (default: the source checkpoint's dtype)");

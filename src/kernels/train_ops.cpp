@@ -1,8 +1,14 @@
 #include "kernels/train_ops.h"
 
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/adamw_scalars.h"
 #include "kernels/cpu/cpu_train_ops.h"
+#include "kernels/cpu/muon.h"
 #ifdef KILN_WITH_CUDA
 #include "kernels/cuda/cuda_train_ops.h"
+#include "kernels/cuda/muon.h"
 #endif
 
 namespace kiln::ops {
@@ -101,6 +107,53 @@ void sgd_step(Backend& be, Tensor params, Tensor grads, Tensor params_lowp, floa
   KILN_ASSERT(be.device().is_cpu());
   cpu::sgd_step(params, grads, params_lowp, lr, weight_decay, grad_scale, decay_end);
 }
+
+void muon_step(Backend& be, Tensor params, Tensor grads, Tensor momentum, Tensor params_lowp,
+               const std::vector<MuonMatrix>& matrices, const MuonStep& s) {
+  const int64_t M = params.numel();
+  KILN_ASSERT(params.dtype == DType::f32 && grads.dtype == DType::f32 && momentum.dtype == DType::f32);
+  KILN_ASSERT(grads.numel() == M && momentum.numel() == M);
+  KILN_ASSERT(params_lowp.data == nullptr || (params_lowp.numel() == M && params_lowp.dtype != DType::f32));
+  KILN_ASSERT(s.ns_steps >= 0 && s.ns_steps < 100);
+  int64_t end = 0;
+  for (const MuonMatrix& m : matrices) {
+    KILN_ASSERT(m.rows > 0 && m.cols > 0 && m.offset >= end && m.offset + m.rows * m.cols <= M);
+    end = m.offset + m.rows * m.cols;
+  }
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda())
+    return cuda::muon_step(cuda_backend(be), params, grads, momentum, params_lowp, matrices, s);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::muon_step(params, grads, momentum, params_lowp, matrices, s);
+}
+
+namespace detail {
+
+MuonScalars muon_scalars(const MuonStep& s) {
+  const double mom = widen_decimal(s.momentum), lr = widen_decimal(s.lr), wd = widen_decimal(s.weight_decay);
+  MuonScalars c;
+  c.grad_scale = s.grad_scale;
+  c.buf_weight = static_cast<float>(1.0 - mom);
+  c.nesterov_weight = static_cast<float>(mom);
+  c.nesterov = s.nesterov;
+  c.decay = static_cast<float>(1.0 - lr * wd);
+  c.ns_a = static_cast<float>(widen_decimal(s.ns_a));
+  c.ns_b = static_cast<float>(widen_decimal(s.ns_b));
+  c.ns_c = static_cast<float>(widen_decimal(s.ns_c));
+  c.eps = static_cast<float>(widen_decimal(s.eps));
+  c.ns_steps = s.ns_steps;
+  return c;
+}
+
+float muon_neg_adjusted_lr(const MuonStep& s, int64_t rows, int64_t cols) {
+  const double lr = widen_decimal(s.lr), A = static_cast<double>(rows), B = static_cast<double>(cols);
+  const double ratio = s.adjust_lr == MuonAdjustLr::original ? std::sqrt(std::max(1.0, A / B))
+                                                             : 0.2 * std::sqrt(std::max(A, B));
+  return static_cast<float>(-(lr * ratio));
+}
+
+}  // namespace detail
 
 double sum_squares(Backend& be, Tensor x) {
 #ifdef KILN_WITH_CUDA

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -111,6 +112,59 @@ void adamw_step(Backend& be, Tensor params, Tensor grads, Tensor m, Tensor v, Te
 // i < decay_end); p -= lr * g. Same tensors as adamw_step.
 void sgd_step(Backend& be, Tensor params, Tensor grads, Tensor params_lowp, float lr, float weight_decay,
               float grad_scale, int64_t decay_end);
+
+// One Muon step (torch.optim.Muon, PyTorch 2.9+) over the weight matrices inside a flat range. Per
+// matrix [A, B] of `matrices` (its elements of params, grads, momentum; row-major):
+//   g   = grads * grad_scale                               (clipping)
+//   buf = lerp(buf, g, 1 - momentum)                       (momentum: [M] f32, zero at the start)
+//   u   = nesterov ? lerp(g, buf, momentum) : buf
+//   X   = u, or u^T when A > B (so X is a x b with a <= b)
+//   X = X / max(||X||_F, eps);  ns_steps times:  G = X X^T;  X = ns_a X + (ns_b G + ns_c G G) X
+//   p = p * (1 - lr * weight_decay)                        (decayed matrices only; the plain lr)
+//   p = p - lr' * X (transposed back),  lr' = lr * sqrt(max(1, A / B))   (adjust_lr original)
+//                                        or lr * 0.2 * sqrt(max(A, B))  (match_rms_adamw)
+// lerp is ATen's (a + w (b - a) for |w| < 0.5, else b - (b - a)(1 - w)). Elements of the range
+// outside every matrix (alignment padding) are not touched.
+// Precision: the CPU twin runs everything in f32 (Newton-Schulz as f32 GEMMs); the CUDA twin
+// casts u to bf16 and runs Newton-Schulz as bf16 GEMMs with f32 accumulation, rounding every
+// product to bf16 (what torch does), with the master weights and the momentum in f32.
+// params, grads, momentum: [M] f32; params_lowp: absent or [M] bf16/f16, set to the rounded new
+// params of every matrix. Matrices must lie inside [0, M) and not overlap.
+struct MuonMatrix {
+  int64_t offset = 0, rows = 0, cols = 0;  // elements [offset, offset + rows * cols), row-major
+  bool decay = true;
+};
+enum class MuonAdjustLr { original, match_rms_adamw };
+struct MuonStep {
+  float lr = 1e-3f, weight_decay = 0.0f, momentum = 0.95f;
+  bool nesterov = true;
+  int ns_steps = 5;
+  float ns_a = 3.4445f, ns_b = -4.7750f, ns_c = 2.0315f;
+  float eps = 1e-7f;
+  MuonAdjustLr adjust_lr = MuonAdjustLr::original;
+  float grad_scale = 1.0f;
+};
+void muon_step(Backend& be, Tensor params, Tensor grads, Tensor momentum, Tensor params_lowp,
+               const std::vector<MuonMatrix>& matrices, const MuonStep& s);
+
+namespace detail {
+// The f32 scalars of a Muon step, shared by the twins: each hyper-parameter widened to the double
+// of its shortest decimal (as in adamw_scalars.h), the factors formed in double as Python does,
+// then rounded to f32 as torch rounds a Python scalar for an f32 tensor.
+struct MuonScalars {
+  float grad_scale;
+  float buf_weight;         // 1 - momentum   (buf.lerp_(g, 1 - momentum))
+  float nesterov_weight;    // momentum       (g.lerp(buf, momentum))
+  bool nesterov;
+  float decay;              // 1 - lr * weight_decay
+  float ns_a, ns_b, ns_c;   // Newton-Schulz coefficients (f32, the GEMM alpha / beta)
+  float eps;
+  int ns_steps;
+};
+MuonScalars muon_scalars(const MuonStep& s);
+// -lr' for a [rows, cols] matrix, rounded to f32 (param.add_(update, alpha=-adjusted_lr)).
+float muon_neg_adjusted_lr(const MuonStep& s, int64_t rows, int64_t cols);
+}  // namespace detail
 
 // sum_i x[i]^2 of an f32 vector, accumulated in f64 where it matters; returned on the host (the CUDA
 // twin synchronises the stream). NaN/inf in x give a non-finite result.

@@ -1,12 +1,16 @@
 // Hugging Face chat templates: a Jinja2 interpreter that renders exactly like transformers'
 // apply_chat_template (jinja2 with trim_blocks, lstrip_blocks, loopcontrols, transformers' tojson,
-// raise_exception and strftime_now). The implementation lives in src/model/jinja/.
+// raise_exception and strftime_now), plus transformers' {% generation %} tag, whose output a tracked
+// render locates (for assistant masks: model/chat_tokens.h). The implementation lives in
+// src/model/jinja/.
 // Thread safety: a ChatTemplate is immutable after parse(); render() may run on several threads.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +32,13 @@ struct TemplateLimits {
   int32_t max_context_depth = 1000;             // nesting of the JSON context (messages, tools)
 };
 
+// A render with the places of its {% generation %} blocks: byte ranges [first, second) of `text`,
+// in the order the blocks ran (transformers' generation_indices, in bytes where it counts characters).
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> generation_spans;
+};
+
 // A compiled chat template. Immutable after parse(); render() is safe from several threads.
 class ChatTemplate {
  public:
@@ -38,9 +49,18 @@ class ChatTemplate {
   // error whose message is msg (prefixed by nothing else, so the CLI can print it).
   // Exceeding a limit is an error naming it.
   Result<std::string> render(const nlohmann::ordered_json& context, const TemplateLimits& limits = {}) const;
+  // render() that also returns where each {% generation %} block's output is (transformers'
+  // AssistantTracker; the text is render()'s). A generation block rendered inside a macro, a set or
+  // filter block or another generation block is an error here (its place in the output is unknown).
+  Result<RenderedChat> render_tracked(const nlohmann::ordered_json& context, const TemplateLimits& limits = {}) const;
+  // True when the template has {% generation %} blocks (transformers requires one for
+  // return_assistant_tokens_mask). Without tracking, a generation block just renders its body.
+  bool has_generation_blocks() const;
   const std::string& name() const;
 
  private:
+  Result<std::string> render_impl(const nlohmann::ordered_json& context, const TemplateLimits& limits,
+                                  std::vector<std::pair<size_t, size_t>>* spans) const;
   std::shared_ptr<const jinja::Program> program_;
 };
 
@@ -57,5 +77,7 @@ struct ChatTemplateInputs {
 // bos/eos and the other special tokens as strings (put pad_token etc. into `extra`), plus extra kwargs
 // (which override the special tokens, as in transformers).
 Result<std::string> apply_chat_template(const ChatTemplate& tmpl, const ChatTemplateInputs& in);
+// The same with the generation blocks' spans (render_tracked).
+Result<RenderedChat> apply_chat_template_tracked(const ChatTemplate& tmpl, const ChatTemplateInputs& in);
 
 }  // namespace kiln

@@ -142,9 +142,8 @@ Result<const ChatTemplate*> ModelText::chat_template(const std::string& name, bo
   return invalid_argument(source_ + " has several chat templates and none named 'default'; pick one by name");
 }
 
-Result<std::string> ModelText::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                                           bool add_generation_prompt, const std::string& template_name) const {
-  KILN_ASSIGN_OR_RETURN(const ChatTemplate* tmpl, chat_template(template_name, !tools.is_null()));
+ChatTemplateInputs ModelText::chat_inputs(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                          bool add_generation_prompt) const {
   ChatTemplateInputs in;
   in.messages = messages;
   in.tools = tools;
@@ -153,7 +152,13 @@ Result<std::string> ModelText::render_chat(const nlohmann::ordered_json& message
   in.eos_token = special_.eos;
   if (!special_.pad.empty()) in.extra["pad_token"] = special_.pad;
   if (!special_.unk.empty()) in.extra["unk_token"] = special_.unk;
-  return apply_chat_template(*tmpl, in);
+  return in;
+}
+
+Result<std::string> ModelText::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                           bool add_generation_prompt, const std::string& template_name) const {
+  KILN_ASSIGN_OR_RETURN(const ChatTemplate* tmpl, chat_template(template_name, !tools.is_null()));
+  return apply_chat_template(*tmpl, chat_inputs(messages, tools, add_generation_prompt));
 }
 
 }  // namespace kiln

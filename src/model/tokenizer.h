@@ -1,5 +1,6 @@
 // Hugging Face tokenizer.json, natively: encode and decode exactly like the Python `tokenizers`
-// library (0.23), plus an incremental decoder for streaming output.
+// library (0.23), optionally with each token's offsets in the input (Encoding.offsets), plus an
+// incremental decoder for streaming output.
 // Ownership: a Tokenizer owns its components; a StreamingDecoder borrows a Tokenizer, which must
 // outlive it. Thread safety: a Tokenizer is immutable after loading (its word cache is guarded by
 // a mutex), so encode/decode may run from several threads at once. A StreamingDecoder is one
@@ -21,6 +22,24 @@ namespace tok {
 struct TokenizerImpl;
 }
 
+// Where one token of an encoding comes from: bytes [begin, end) of the encoded text. The Python
+// library's Encoding.offsets, in UTF-8 bytes where Python counts characters. Special tokens the
+// post-processor adds have {0, 0}; several tokens of one character (byte fallback, a byte-level split
+// of a multi-byte character) each have the whole character; ByteLevel's trim_offsets leaves a token's
+// leading or trailing spaces out.
+struct TokenOffset {
+  size_t begin = 0, end = 0;
+  bool operator==(const TokenOffset&) const = default;
+};
+
+struct EncodingWithOffsets {
+  std::vector<int32_t> ids;
+  std::vector<TokenOffset> offsets;  // one per id
+};
+
+// tokenizers' Encoding.char_to_token, on bytes: the first token whose offsets contain byte `pos`.
+std::optional<size_t> token_at_byte(const std::vector<TokenOffset>& offsets, size_t pos);
+
 class Tokenizer {
  public:
   // Parses a tokenizer.json; unknown component types (normalizer/pre_tokenizer/model/post_processor/
@@ -31,6 +50,11 @@ class Tokenizer {
 
   // Invalid UTF-8 input -> error (the Python library only takes str).
   Result<std::vector<int32_t>> encode(std::string_view text, bool add_special_tokens) const;
+  // encode() plus each token's offsets in `text` (the same ids). Slower than encode (no word cache,
+  // alignments carried through every component). Every normalizer is tracked except where a
+  // Unicode normal form composes or reorders characters of this text: that is an error telling the
+  // caller to normalize the text first.
+  Result<EncodingWithOffsets> encode_with_offsets(std::string_view text, bool add_special_tokens) const;
   // An id outside [0, vocab_size()) -> error naming it.
   Result<std::string> decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
   int32_t vocab_size() const;  // model vocab + added tokens (max id + 1)

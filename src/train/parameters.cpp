@@ -1,5 +1,6 @@
 #include "train/parameters.h"
 
+#include <algorithm>
 #include <regex>
 
 #include "kernels/ops.h"
@@ -10,6 +11,11 @@ namespace {
 constexpr int64_t kAlignElements = 128;  // 512 bytes of f32, 256 of bf16: what cuBLASLt likes best
 
 int64_t align_up(int64_t n) { return (n + kAlignElements - 1) / kAlignElements * kAlignElements; }
+
+// A 2-D weight of a transformer layer ("layers.<i>.qkv_proj", ...): the tensors Muon updates.
+bool is_block_matrix(const std::string& fused_name, const Shape& shape) {
+  return fused_name.rfind("layers.", 0) == 0 && shape.ndim == 2;
+}
 
 }  // namespace
 
@@ -39,16 +45,29 @@ Result<ParameterSet> ParameterSet::create(Backend& be, const ModelConfig& config
                                      "; kiln stores them as one tensor, so name both or neither");
     }
   }
-  // Decayed tensors first, then the exempt ones.
-  for (int pass = 0; pass < 2; ++pass) {
+  // [other decayed][block matrices decayed][block matrices exempt][other exempt].
+  for (int pass = 0; pass < 4; ++pass) {
+    const bool want_decayed = pass < 2, want_matrix = pass == 1 || pass == 2;
+    if (pass == 1) set.matrix_begin_ = set.size_;
+    if (pass == 2) set.decay_end_ = set.size_;
     for (const auto& [name, shape] : set.layout_.fused) {
-      if (set.decayed_[name] != (pass == 0)) continue;
+      if (set.decayed_[name] != want_decayed || is_block_matrix(name, shape) != want_matrix) continue;
       set.offsets_[name] = {set.size_, shape};
       set.size_ += align_up(shape.numel());
       set.count_ += shape.numel();
     }
-    if (pass == 0) set.decay_end_ = set.size_;
+    if (pass == 2) set.matrix_end_ = set.size_;
   }
+  // The Hugging Face matrices inside the block range, in layout order.
+  for (const HfTensor& t : set.layout_.hf) {
+    const auto& [offset, shape] = set.offsets_.at(t.fused);
+    if (!is_block_matrix(t.fused, shape)) continue;
+    const int64_t cols = shape[1];
+    set.block_matrices_.push_back({t.name, offset + t.row_begin * cols, t.row_end - t.row_begin, cols,
+                                   set.decayed_.at(t.fused)});
+  }
+  std::sort(set.block_matrices_.begin(), set.block_matrices_.end(),
+            [](const ParameterMatrix& a, const ParameterMatrix& b) { return a.offset < b.offset; });
   KILN_ASSIGN_OR_RETURN(set.master_, empty(be, {set.size_}, DType::f32));
   KILN_ASSIGN_OR_RETURN(set.grads_, empty(be, {set.size_}, DType::f32));
   be.zero(set.master_);

@@ -8,8 +8,12 @@
 //
 // Each model tensor (kiln's fused layout: q/k/v rows in one qkv_proj, gate and up in one
 // gate_up_proj) is one contiguous range, aligned to 128 elements; Hugging Face's tensor names are
-// row views of those ranges. The tensors exempt from weight decay are laid out after all decayed
-// ones, so "decayed" is simply "offset < decay_end".
+// row views of those ranges. The order is
+//   [other decayed][block matrices decayed][block matrices exempt][other exempt]
+// where "block matrices" are the 2-D weights of the transformer layers (qkv_proj, o_proj,
+// gate_up_proj, down_proj: what Muon updates) and "exempt" means exempt from weight decay. So
+// "decayed" is simply "offset < decay_end", and the block matrices are the one contiguous range
+// [matrix_begin, matrix_end) that AdamW skips when the optimizer is Muon.
 //
 // Ownership: owns the three buffers on its backend. Thread safety: none (one thread drives it).
 #pragma once
@@ -29,6 +33,15 @@ namespace kiln {
 // Parameters matching the default --no-decay expression: norms, biases and embeddings.
 inline constexpr const char* kDefaultNoDecay = R"(norm|\.bias$|embed_tokens)";
 
+// One Hugging Face weight matrix of a transformer layer inside the flat buffers (q, k and v are
+// separate row blocks of qkv_proj, gate and up of gate_up_proj): elements
+// [offset, offset + rows * cols) of master / grads, row-major [rows, cols].
+struct ParameterMatrix {
+  std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.k_proj.weight"
+  int64_t offset = 0, rows = 0, cols = 0;
+  bool decayed = true;
+};
+
 class ParameterSet {
  public:
   // Lays out the parameters of `config` on `be`; tensors whose Hugging Face names match
@@ -41,6 +54,11 @@ class ParameterSet {
   int64_t size() const { return size_; }                  // N, padding included
   int64_t parameter_count() const { return count_; }      // elements of real tensors
   int64_t decay_end() const { return decay_end_; }
+  // The block matrices' range (128-aligned ends; empty for a model without layers) and its matrices
+  // in Hugging Face granularity, in layout order.
+  int64_t matrix_begin() const { return matrix_begin_; }
+  int64_t matrix_end() const { return matrix_end_; }
+  const std::vector<ParameterMatrix>& block_matrices() const { return block_matrices_; }
   bool mixed_precision() const { return compute_.allocated(); }
   DType compute_dtype() const { return mixed_precision() ? DType::bf16 : DType::f32; }
 
@@ -74,7 +92,8 @@ class ParameterSet {
   ModelTensorLayout layout_;
   std::map<std::string, std::pair<int64_t, Shape>> offsets_;  // fused name -> (offset, shape)
   std::map<std::string, bool> decayed_;                       // fused name -> weight decay applies
-  int64_t size_ = 0, count_ = 0, decay_end_ = 0;
+  int64_t size_ = 0, count_ = 0, decay_end_ = 0, matrix_begin_ = 0, matrix_end_ = 0;
+  std::vector<ParameterMatrix> block_matrices_;
   TensorBuffer master_, grads_, compute_;
 };
 

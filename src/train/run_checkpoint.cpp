@@ -69,7 +69,8 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& run_d
   return out;
 }
 
-// Writes `flat`'s Hugging Face tensors (an [N] f32 tensor laid out like the parameters) to `path`.
+// Writes `flat`'s Hugging Face tensors (an [N] f32 tensor laid out like the parameters: the master
+// weights) to `path`.
 Status write_flat(Backend& be, const ParameterSet& params, Tensor flat, const fs::path& path) {
   TensorBuffer host = to_host(be, flat);
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -121,9 +122,9 @@ Result<std::string> save_training_checkpoint(Backend& be, const ParameterSet& pa
   if (save_dtype != DType::f32)
     KILN_RETURN_IF_ERROR(write_flat(be, params, params.master(), partial / "optimizer" / "master.safetensors"));
   for (const auto& [state_name, tensor] : optimizer.state_tensors()) {
-    if (tensor.numel() != params.size())
-      return unsupported("optimizer state " + state_name + " is not laid out like the parameters");
-    KILN_RETURN_IF_ERROR(write_flat(be, params, tensor, partial / "optimizer" / (state_name + ".safetensors")));
+    TensorBuffer host = to_host(be, tensor);
+    KILN_RETURN_IF_ERROR(write_safetensors((partial / "optimizer" / (state_name + ".safetensors")).string(),
+                                           {{state_name, host.view()}}, {{"layout", layout_fingerprint(params)}}));
   }
 
   nlohmann::json j;
@@ -236,8 +237,18 @@ Result<TrainingState> load_training_checkpoint(Backend& be, ParameterSet& params
   }
   KILN_RETURN_IF_ERROR(read_flat(be, params, params.master(),
                                  master_in_model ? dir / "model.safetensors" : dir / "optimizer" / "master.safetensors"));
-  for (const auto& [state_name, tensor] : optimizer.state_tensors())
-    KILN_RETURN_IF_ERROR(read_flat(be, params, tensor, dir / "optimizer" / (state_name + ".safetensors")));
+  for (const auto& [state_name, tensor] : optimizer.state_tensors()) {
+    const fs::path path = dir / "optimizer" / (state_name + ".safetensors");
+    KILN_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path.string()));
+    Result<TensorInfo> info = file.find(state_name);
+    if (!info.ok() || info->dtype != DType::f32 || info->shape.numel() != tensor.numel())
+      return invalid_argument("'" + path.string() + "' does not hold this optimizer's " + state_name + " (f32, " +
+                              std::to_string(tensor.numel()) + " values)");
+    Tensor src = tensor;
+    src.data = const_cast<void*>(info->data);
+    src.device = Device{};
+    be.copy(tensor, src);
+  }
   optimizer.restore_steps_taken(state.optimizer_steps);
   params.sync_compute(be);
   KILN_RETURN_IF_ERROR(be.synchronize());

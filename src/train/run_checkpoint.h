@@ -6,7 +6,9 @@
 //     optimizer/master.safetensors                       f32 master weights (absent when the model
 //                                                        itself was saved in f32)
 //     optimizer/<state>.safetensors                      each optimizer state (AdamW moments, Muon
-//                                                        momentum), f32, by Hugging Face tensor name
+//                                                        momentum) as the one flat f32 tensor the
+//                                                        optimizer keeps (its layout is the
+//                                                        parameters', fingerprinted)
 //     trainer_state.json                                 step, policy version, optimizer steps, the
 //                                                        sampler's position, the resolved run
 //                                                        configuration, a fingerprint of the model's

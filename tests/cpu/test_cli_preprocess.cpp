@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
+#include "train/dataset.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -90,6 +92,79 @@ TEST(CliPreprocess, TextPretrainingLowersValidationLossThenGenerates) {
   RunResult g = run_kiln("generate --model " + tmp.sub("run") + " --prompt 'the cat' --max-tokens 8");
   ASSERT_EQ(g.exit_code, 0) << g.output;
   EXPECT_NE(g.stdout_only.find("the cat"), std::string::npos) << g.output;
+}
+
+// The shards of a chat preprocess hold transformers' ids, with targets exactly where its
+// return_assistant_tokens_mask marks assistant tokens (the first token of a row excepted: nothing
+// precedes it). Reference: tests/reference/make_tiny_chat_masks.py.
+TEST(CliPreprocess, ChatTargetsAreTransformersAssistantMask) {
+  TempDir tmp;
+  const nlohmann::json ref =
+      nlohmann::json::parse(std::ifstream(testdata_dir() + "/chat_masks/tiny_chat_preprocess.json"));
+  std::string lines;
+  for (const auto& c : ref["cases"]) lines += c["line"].dump() + "\n";
+  RunResult p = run_kiln("preprocess --model " + model() + " --format chat --no-pack --seq-len 256 --input " +
+                         tmp.file("chat.jsonl", lines) + " --output " + tmp.sub("data"));
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  Result<ModelConfig> config = load_model_config(model());
+  ASSERT_TRUE(config.ok());
+  Result<std::unique_ptr<TrainingData>> data = TrainingData::open(tmp.sub("data"), "train", *config, model());
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  EXPECT_EQ((*data)->format(), "chat");
+  ASSERT_EQ((*data)->rows(), static_cast<int64_t>(ref["cases"].size()));
+  for (size_t i = 0; i < ref["cases"].size(); ++i) {
+    const auto& c = ref["cases"][i];
+    const TrainExample ex = (*data)->example(static_cast<int64_t>(i), /*every_token=*/false);
+    EXPECT_EQ(ex.input_ids, c["input_ids"].get<std::vector<int32_t>>()) << "conversation " << i;
+    const std::vector<int32_t> mask = c["assistant_masks"].get<std::vector<int32_t>>();
+    ASSERT_EQ(ex.labels.size(), mask.size());
+    for (size_t t = 0; t < mask.size(); ++t)
+      EXPECT_EQ(ex.labels[t] != -100, t > 0 && mask[t] == 1) << "conversation " << i << " token " << t;
+  }
+  // A line without messages, and a conversation without an assistant turn, name their line.
+  RunResult bad = run_kiln("preprocess --model " + model() + " --format chat --seq-len 256 --input " +
+                           tmp.file("bad.jsonl", lines + "{\"text\": \"x\"}\n") + " --output " + tmp.sub("bad"));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("bad.jsonl:5: no \"messages\" key"), std::string::npos) << bad.output;
+  RunResult none = run_kiln("preprocess --model " + model() + " --format chat --seq-len 256 --input " +
+                            tmp.file("none.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n") +
+                            " --output " + tmp.sub("none"));
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.output.find("none.jsonl:1:"), std::string::npos) << none.output;
+}
+
+// Chat SFT end to end: preprocess conversations, train with the default objective (sft, from the
+// chat data), the validation loss falls well below its start, and the model answers like the data.
+TEST(CliPreprocess, ChatSftLowersValidationLossThenAnswers) {
+  TempDir tmp;
+  const std::vector<std::pair<std::string, std::string>> facts = {
+      {"sky", "blue"}, {"grass", "green"}, {"sea", "blue"}, {"tree", "green"}, {"fish", "red"}, {"bird", "small"}};
+  std::mt19937 rng(11);
+  std::string lines;
+  for (int i = 0; i < 300; ++i) {
+    nlohmann::json msgs = nlohmann::json::array();
+    const int turns = 1 + static_cast<int>(rng() % 2);
+    for (int k = 0; k < turns; ++k) {
+      const auto& f = facts[rng() % facts.size()];
+      msgs.push_back({{"role", "user"}, {"content", "what is the colour of the " + f.first}});
+      msgs.push_back({{"role", "assistant"}, {"content", "the " + f.first + " is " + f.second}});
+    }
+    lines += nlohmann::json({{"messages", msgs}}).dump() + "\n";
+  }
+  RunResult p = run_kiln("preprocess --model " + model() + " --format chat --seq-len 128 --val-fraction 0.1 --input " +
+                         tmp.file("chat.jsonl", lines) + " --output " + tmp.sub("data"));
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  RunResult t = run_kiln("train --model " + model() + " --data " + tmp.sub("data") + " --output " + tmp.sub("run") +
+                         " --steps 200 --batch-size 4 --lr 0.01 --lr-schedule cosine --warmup-steps 10 --eval-every 100 --shuffle");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  const std::vector<double> val = val_losses(t.output);
+  ASSERT_EQ(val.size(), 3u) << t.output;
+  EXPECT_LT(val.back(), 0.3 * val.front()) << t.output;
+  RunResult g = run_kiln("generate --model " + tmp.sub("run") +
+                         " --prompt '<|im_start|>user\nwhat is the colour of the grass<|im_end|>\n<|im_start|>assistant\n'"
+                         " --max-tokens 12");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  EXPECT_NE(g.stdout_only.find("the grass is green"), std::string::npos) << g.output;
 }
 
 TEST(CliPreprocess, BadFlagsAreClearErrors) {

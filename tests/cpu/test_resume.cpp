@@ -92,7 +92,8 @@ void expect_same_run(const std::string& want, const std::string& got, const std:
 TEST(Resume, SigtermAtARandomStepThenResumeIsBitwiseEqual) {
   Fixture fx;
   std::mt19937 rng(20261201);
-  const std::vector<std::string> optimizers = {"adamw --weight-decay 0.1 --clip-norm 1", "sgd --weight-decay 0.01"};
+  const std::vector<std::string> optimizers = {"adamw --weight-decay 0.1 --clip-norm 1", "sgd --weight-decay 0.01",
+                                               "muon --weight-decay 0.1 --muon-adjust-lr match_rms_adamw"};
   const std::vector<std::string> schedules = {"constant", "linear --warmup-steps 3", "cosine --warmup-steps 2 --min-lr-ratio 0.1",
                                               "wsd --warmup-steps 2 --decay-steps 4"};
   for (const std::string& opt : optimizers) {
@@ -119,7 +120,8 @@ TEST(Resume, KillNineAtARandomMomentThenResumeIsBitwiseEqual) {
   Fixture fx;
   std::mt19937 rng(77);
   for (const std::string extra : {"--optimizer adamw --lr-schedule cosine --warmup-steps 2 --save-every 2 --keep-last 2",
-                                   "--optimizer sgd --lr-schedule wsd --warmup-steps 1 --decay-steps 5 --save-every 3"}) {
+                                   "--optimizer sgd --lr-schedule wsd --warmup-steps 1 --decay-steps 5 --save-every 3",
+                                   "--optimizer muon --muon-momentum 0.9 --lr-schedule linear --save-every 2"}) {
     const std::string tag = std::to_string(rng() % 100000);
     const std::string ref = fx.tmp.sub("ref" + tag), cut = fx.tmp.sub("cut" + tag);
     RunResult r = run_kiln(fx.args(ref, extra));

@@ -2,8 +2,9 @@
 // ImmutableSandboxedEnvironment has them under transformers: scopes (a for-loop iteration and a macro
 // call get their own; if/else does not), the loop object, undefined values, attribute-then-item lookup,
 // Python operators, and the globals range, dict, namespace, raise_exception and strftime_now (the
-// filters, tests and methods are in builtins.cpp). Also ChatTemplate and apply_chat_template (the
-// public API in model/chat_template.h).
+// filters, tests and methods are in builtins.cpp), and transformers' {% generation %} call block with
+// its span tracking. Also ChatTemplate and apply_chat_template (the public API in
+// model/chat_template.h).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -394,6 +395,22 @@ Status Interp::exec(const Body& body, const FrameP& f, std::string& out, Flow& f
         if (flow != Flow::Normal) return Status::Ok();
         break;
       }
+      case NK::Generation: {
+        // jinja2 renders the body of this call block (its own scope) before placing it, and
+        // transformers records the output length so far of the whole render as its start (also
+        // where the block renders into a macro or a set block: checked at the end of the render).
+        std::string inner;
+        KILN_RETURN_IF_ERROR(exec(n.body, child(f), inner, flow));
+        if (generation_spans) {
+          const size_t start = top_out->size();
+          if (&out != top_out) nested_generation.push_back({generation_spans->size(), n.line, inner});
+          generation_spans->emplace_back(start, start + inner.size());
+        }
+        out += inner;
+        KILN_RETURN_IF_ERROR(check_size(out.size()));
+        if (flow != Flow::Normal) return Status::Ok();
+        break;
+      }
       case NK::With: {
         FrameP w = child(f);
         for (size_t k = 0; k < n.targets.size(); ++k) {
@@ -492,6 +509,19 @@ int64_t json_depth(const nlohmann::ordered_json& root) {
 }  // namespace
 
 Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context, const TemplateLimits& limits) const {
+  return render_impl(context, limits, nullptr);
+}
+
+Result<RenderedChat> ChatTemplate::render_tracked(const nlohmann::ordered_json& context, const TemplateLimits& limits) const {
+  RenderedChat r;
+  KILN_ASSIGN_OR_RETURN(r.text, render_impl(context, limits, &r.generation_spans));
+  return r;
+}
+
+bool ChatTemplate::has_generation_blocks() const { return program_->has_generation; }
+
+Result<std::string> ChatTemplate::render_impl(const nlohmann::ordered_json& context, const TemplateLimits& limits,
+                                              std::vector<std::pair<size_t, size_t>>* spans) const {
   KILN_ASSERT(program_ != nullptr);
   if (!context.is_object()) return invalid_argument("chat template " + program_->name + ": the context must be a JSON object");
   if (json_depth(context) > limits.max_context_depth)
@@ -504,14 +534,27 @@ Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context, 
   for (auto& [k, v] : context.items()) globals->set(k, jinja::Value::from_json(v));
   auto top = in.child(globals);
   std::string out;
+  in.top_out = &out;
+  in.generation_spans = spans;
   jinja::Flow flow = jinja::Flow::Normal;
   const Status st = in.exec(program_->body, top, out, flow);
   in.release();
   KILN_RETURN_IF_ERROR(st);
+  for (const auto& g : in.nested_generation) {
+    const auto [a, b] = (*spans)[g.span];
+    if (b <= out.size() && out.compare(a, b - a, g.text) == 0) continue;
+    in.line = g.line;
+    return in.fail("the {% generation %} block of this line renders inside a macro, a {% set %} or {% filter %} block "
+                   "or another generation block, and its output does not land where transformers would record it "
+                   "(the output length when the block ran); move the block to the template's top level");
+  }
   return out;
 }
 
-Result<std::string> apply_chat_template(const ChatTemplate& tmpl, const ChatTemplateInputs& in) {
+namespace {
+
+// The context transformers' apply_chat_template passes (see chat_template.h).
+Result<nlohmann::ordered_json> chat_context(const ChatTemplate& tmpl, const ChatTemplateInputs& in) {
   // Checked before the inputs are copied: copying JSON recurses as deep as it nests.
   const int64_t limit = TemplateLimits{}.max_context_depth - 1;
   for (const auto* j : {&in.messages, &in.tools, &in.extra})
@@ -526,7 +569,19 @@ Result<std::string> apply_chat_template(const ChatTemplate& tmpl, const ChatTemp
   ctx["tools"] = in.tools;
   ctx["documents"] = nullptr;
   ctx["add_generation_prompt"] = in.add_generation_prompt;
+  return ctx;
+}
+
+}  // namespace
+
+Result<std::string> apply_chat_template(const ChatTemplate& tmpl, const ChatTemplateInputs& in) {
+  KILN_ASSIGN_OR_RETURN(nlohmann::ordered_json ctx, chat_context(tmpl, in));
   return tmpl.render(ctx);
+}
+
+Result<RenderedChat> apply_chat_template_tracked(const ChatTemplate& tmpl, const ChatTemplateInputs& in) {
+  KILN_ASSIGN_OR_RETURN(nlohmann::ordered_json ctx, chat_context(tmpl, in));
+  return tmpl.render_tracked(ctx);
 }
 
 }  // namespace kiln

@@ -60,6 +60,19 @@ struct Interp {
   // or below it). Their contents are dropped when the render ends, so cycles cannot leak.
   std::vector<std::weak_ptr<Dict>> namespaces{};
   std::vector<std::weak_ptr<Frame>> frames{};
+  // A tracked render (ChatTemplate::render_tracked): the render's output string, and the byte
+  // ranges of it that {% generation %} blocks produced. Null otherwise.
+  const std::string* top_out = nullptr;
+  std::vector<std::pair<size_t, size_t>>* generation_spans = nullptr;
+  // Blocks rendered into a macro, set or filter block (or another generation block): transformers
+  // takes the output length so far as their start all the same; the render checks at its end that
+  // their output is there, and fails where it is not.
+  struct NestedGeneration {
+    size_t span;  // index into generation_spans
+    int line;
+    std::string text;
+  };
+  std::vector<NestedGeneration> nested_generation{};
 
   // A new scope below `parent`, recorded in `frames`.
   FrameP child(const FrameP& parent) {

@@ -291,6 +291,7 @@ struct Parser {
   const std::string& name;
   size_t k = 0;
   int nesting = 0;  // recursive parse calls in progress (kMaxParseNesting)
+  bool saw_generation = false;
 
   struct Nest {
     int& n;
@@ -786,8 +787,9 @@ struct Parser {
       KILN_RETURN_IF_ERROR(expect_block_end());
       return n;
     }
-    if (tag == "generation") {  // transformers' extension: renders its body
-      n->kind = NK::Scope;
+    if (tag == "generation") {  // transformers' extension (a call block around its body)
+      n->kind = NK::Generation;
+      saw_generation = true;
       KILN_RETURN_IF_ERROR(expect_block_end());
       KILN_RETURN_IF_ERROR(body(n->body, {"endgeneration"}, &which, "generation", line));
       KILN_RETURN_IF_ERROR(expect_block_end());
@@ -832,6 +834,7 @@ Result<std::shared_ptr<Program>> parse_program(const std::string& source, const 
   prog->name = name;
   std::string which;
   KILN_RETURN_IF_ERROR(p.body(prog->body, {}, &which, "", 0));
+  prog->has_generation = p.saw_generation;
   return prog;
 }
 

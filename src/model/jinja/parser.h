@@ -43,7 +43,9 @@ struct Node;
 using NodeP = std::unique_ptr<Node>;
 using Body = std::vector<NodeP>;
 
-enum class NK { Text, Output, If, For, Set, SetBlock, Macro, Break, Continue, FilterBlock, Scope, With };
+// Generation: transformers' {% generation %} ... {% endgeneration %} (its AssistantTracker): renders
+// its body in a scope of its own; a tracked render also records where that output lands.
+enum class NK { Text, Output, If, For, Set, SetBlock, Macro, Break, Continue, FilterBlock, Scope, With, Generation };
 
 struct Node {
   NK kind;
@@ -59,6 +61,7 @@ struct Node {
 struct Program {
   std::string name;
   Body body;
+  bool has_generation = false;  // the template has a {% generation %} block
 };
 
 // Parses a template; errors read "chat template NAME, line N: ...".

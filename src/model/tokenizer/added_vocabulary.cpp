@@ -152,4 +152,46 @@ void AddedVocabulary::extract_and_normalize(std::string_view text, const Normali
   }
 }
 
+Status AddedVocabulary::extract_and_normalize_aligned(std::string_view text, const Normalizer* normalizer,
+                                                     std::vector<Piece>& out) const {
+  out.clear();
+  std::vector<Match> raw, norm;
+  if (raw_trie_.empty()) raw.push_back({-1, 0, text.size()});
+  else find_matches(text, raw_trie_, raw);
+  for (const Match& r : raw) {
+    if (r.token >= 0) {  // matched on the input itself: its span is the match (with lstrip/rstrip)
+      Piece p;
+      p.token = tokens_[static_cast<size_t>(r.token)].id;
+      p.span = {static_cast<uint32_t>(r.start), static_cast<uint32_t>(r.stop)};
+      out.push_back(std::move(p));
+      continue;
+    }
+    std::string piece(text.substr(r.start, r.stop - r.start));
+    Alignment al;
+    identity_alignment(piece, static_cast<uint32_t>(r.start), al);
+    if (normalizer) KILN_RETURN_IF_ERROR(normalizer->normalize_aligned(piece, al));
+    bool at_start = r.start == 0;
+    if (piece.empty()) continue;
+    if (normalized_trie_.empty()) {
+      out.push_back({-1, std::move(piece), at_start, std::move(al), {}});
+      continue;
+    }
+    find_matches(piece, normalized_trie_, norm);
+    for (const Match& n : norm) {
+      if (n.stop <= n.start) continue;
+      Piece p;
+      if (n.token >= 0) {
+        p.token = tokens_[static_cast<size_t>(n.token)].id;
+        p.span = {al[n.start].begin, al[n.stop - 1].end};
+      } else {
+        p.text = piece.substr(n.start, n.stop - n.start);
+        p.at_start = at_start && n.start == 0;
+        p.align.assign(al.begin() + static_cast<std::ptrdiff_t>(n.start), al.begin() + static_cast<std::ptrdiff_t>(n.stop));
+      }
+      out.push_back(std::move(p));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace kiln::tok

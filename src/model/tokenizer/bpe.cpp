@@ -86,23 +86,43 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const 
     }
   }
   size_t start = out.size();
-  merge_word(word, out);
+  merge_word<false>(word, out, nullptr);
   if (cacheable) {
     std::unique_lock lock(cache_mutex_);
     if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + start, out.end()));
   }
 }
 
-void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
+void BpeModel::tokenize_with_lengths(std::string_view word, std::vector<int32_t>& out, std::vector<uint32_t>& lengths) const {
+  if (word.empty()) return;
+  if (ignore_merges_) {
+    if (auto id = find(word)) {
+      out.push_back(*id);
+      lengths.push_back(static_cast<uint32_t>(word.size()));
+      return;
+    }
+  }
+  merge_word<true>(word, out, &lengths);
+}
+
+// kLengths: also track each symbol's length in bytes of the word (tokenizers' Symbol::len: a
+// character's length, 1 for a byte-fallback token, the fused characters for a fused unk).
+template <bool kLengths>
+void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out, std::vector<uint32_t>* lengths) const {
   struct Symbol { int32_t id; int32_t prev, next; bool alive; };
   std::vector<Symbol> sym;
+  std::vector<uint32_t> len;  // kLengths: per symbol
   sym.reserve(w.size());
-  auto add = [&](int32_t id) {
+  if constexpr (kLengths) len.reserve(w.size());
+  auto add = [&](int32_t id, uint32_t bytes) {
     int32_t n = static_cast<int32_t>(sym.size());
     sym.push_back({id, n - 1, -1, true});
+    if constexpr (kLengths) len.push_back(bytes);
+    else (void)bytes;
     if (n > 0) sym[static_cast<size_t>(n - 1)].next = n;
   };
   int32_t unk = -1;  // pending unknown id (fuse_unk extends it)
+  uint32_t unk_len = 0;
   std::string s;
   for (size_t i = 0; i < w.size();) {
     size_t n = utf8_len(static_cast<unsigned char>(w[i]));
@@ -121,8 +141,8 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
       id = find(ch);
     }
     if (id) {
-      if (unk >= 0) { add(unk); unk = -1; }
-      add(*id);
+      if (unk >= 0) { add(unk, unk_len); unk = -1; }
+      add(*id, static_cast<uint32_t>(n));
       continue;
     }
     if (byte_fallback_) {
@@ -130,19 +150,20 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
       for (unsigned char c : s) all = all && byte_ids_[c] >= 0;
       if (all) {
         // tokenizers pushes these without flushing a pending unk first; keep its order.
-        for (unsigned char c : s) add(byte_ids_[c]);
+        for (unsigned char c : s) add(byte_ids_[c], 1);
         continue;
       }
     }
     if (unk_token_) {
       auto unk_id = find(*unk_token_);
       if (!unk_id) continue;  // tokenizers errors here; a vocab without its unk token drops the char
-      if (unk >= 0 && fuse_unk_) continue;
-      if (unk >= 0) add(unk);
+      if (unk >= 0 && fuse_unk_) { unk_len += static_cast<uint32_t>(n); continue; }
+      if (unk >= 0) add(unk, unk_len);
       unk = *unk_id;
+      unk_len = static_cast<uint32_t>(n);
     }
   }
-  if (unk >= 0) add(unk);
+  if (unk >= 0) add(unk, unk_len);
 
   struct Merge {
     int32_t pos, rank, new_id;
@@ -170,6 +191,7 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
       if (!m || m->new_id != top.new_id) continue;
       cur.id = top.new_id;
       cur.next = right.next;
+      if constexpr (kLengths) len[static_cast<size_t>(top.pos)] += len[static_cast<size_t>(next_pos)];
       sym[static_cast<size_t>(next_pos)].alive = false;
       if (right.next >= 0) sym[static_cast<size_t>(right.next)].prev = top.pos;
       if (cur.prev >= 0) {
@@ -180,7 +202,11 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
       }
     }
   }
-  for (const auto& x : sym) if (x.alive) out.push_back(x.id);
+  for (size_t k = 0; k < sym.size(); ++k) {
+    if (!sym[k].alive) continue;
+    out.push_back(sym[k].id);
+    if constexpr (kLengths) lengths->push_back(len[k]);
+  }
 }
 
 }  // namespace kiln::tok

@@ -1,7 +1,8 @@
 // Pre-tokenizers of tokenizer.json: Split (String/Regex, all behaviours, invert), ByteLevel,
 // Metaspace, Whitespace, WhitespaceSplit, Digits, Punctuation, BertPreTokenizer, CharDelimiterSplit,
 // Sequence; and the GPT-2 byte <-> character table. Splitting follows tokenizers'
-// NormalizedString::split exactly. Immutable after construction; thread-safe.
+// NormalizedString::split exactly; a split's alignment (offsets) is sliced and mapped with its text.
+// Immutable after construction; thread-safe.
 #include <algorithm>
 #include <array>
 
@@ -124,7 +125,9 @@ void emit(const Split& in, std::vector<Range>& r, Behavior beh, std::vector<Spli
   }
   for (auto x : res) {
     if (x.flag || x.a == x.b) continue;
-    out.push_back({in.text.substr(x.a, x.b - x.a), in.at_start && x.a == 0});
+    out.push_back({in.text.substr(x.a, x.b - x.a), in.at_start && x.a == 0, {}});
+    if (!in.align.empty())
+      out.back().align.assign(in.align.begin() + static_cast<std::ptrdiff_t>(x.a), in.align.begin() + static_cast<std::ptrdiff_t>(x.b));
   }
 }
 
@@ -184,7 +187,10 @@ class ByteLevelPre final : public PreTokenizer {
     out.reserve(splits.size() * (re_ ? 4 : 1));
     std::vector<Range> r;
     for (auto& s : splits) {
-      if (add_prefix_space_ && (s.text.empty() || s.text[0] != ' ')) s.text = " " + s.text;
+      if (add_prefix_space_ && (s.text.empty() || s.text[0] != ' ')) {
+        if (!s.align.empty()) prepend_aligned(s.text, s.align, " ");
+        else s.text = " " + s.text;
+      }
       if (re_) {
         ranges_from_regex(*re_, s.text, false, r);
         emit(s, r, Behavior::Isolated, out);
@@ -195,7 +201,18 @@ class ByteLevelPre final : public PreTokenizer {
     for (auto& s : out) {
       std::string mapped;
       mapped.reserve(s.text.size() * 2);
-      for (unsigned char c : s.text) mapped += table[c];
+      if (s.align.empty()) {
+        for (unsigned char c : s.text) mapped += table[c];
+      } else {
+        Alignment al;
+        al.reserve(s.text.size() * 2);
+        for (size_t k = 0; k < s.text.size(); ++k) {
+          const std::string& m = table[static_cast<unsigned char>(s.text[k])];
+          mapped += m;
+          al.insert(al.end(), m.size(), s.align[k]);
+        }
+        s.align = std::move(al);
+      }
       s.text = std::move(mapped);
     }
     splits = std::move(out);
@@ -216,13 +233,21 @@ class MetaspacePre final : public PreTokenizer {
     for (auto& s : splits) {
       std::string t;
       t.reserve(s.text.size() + rep_.size());
-      for (char c : s.text) {
+      Alignment al;
+      const bool aligned = !s.align.empty();
+      if (aligned) al.reserve(s.text.size() + rep_.size());
+      for (size_t k = 0; k < s.text.size(); ++k) {
+        const char c = s.text[k];
         if (c == ' ') t += rep_;
         else t.push_back(c);
+        if (aligned) al.insert(al.end(), c == ' ' ? rep_.size() : 1, s.align[k]);
       }
       bool starts = t.compare(0, rep_.size(), rep_) == 0 && !rep_.empty();
-      if ((scheme_ == 0 && !starts) || (scheme_ == 1 && !starts && s.at_start)) t.insert(0, rep_);
-      Split ns{std::move(t), s.at_start};
+      if ((scheme_ == 0 && !starts) || (scheme_ == 1 && !starts && s.at_start)) {
+        if (aligned) prepend_aligned(t, al, rep_);
+        else t.insert(0, rep_);
+      }
+      Split ns{std::move(t), s.at_start, std::move(al)};
       if (split_) {
         ranges_from_pred(ns.text, [rep_cp](char32_t c) { return c == rep_cp; }, r);
         emit(ns, r, Behavior::MergedWithNext, out);

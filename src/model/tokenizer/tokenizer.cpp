@@ -3,6 +3,7 @@
 // pre-tokenizer, BPE model, post-processor. Immutable after loading; thread-safe.
 #include "model/tokenizer.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -134,6 +135,68 @@ Result<std::vector<int32_t>> Tokenizer::encode(std::string_view text, bool add_s
   }
   if (add_special_tokens && t.post_processor) t.post_processor->process(ids);
   return ids;
+}
+
+Result<EncodingWithOffsets> Tokenizer::encode_with_offsets(std::string_view text, bool add_special_tokens) const {
+  size_t valid = tok::valid_utf8_prefix(text);
+  if (valid != text.size())
+    return invalid_argument("text to encode is not valid UTF-8 (bad byte at offset " + std::to_string(valid) +
+                            "): convert it to UTF-8 first");
+  if (text.size() >= (size_t(1) << 32) - 1)
+    return invalid_argument("text to encode with offsets is " + std::to_string(text.size()) +
+                            " bytes; offsets are tracked for texts below 4 GiB: split it");
+  const tok::TokenizerImpl& t = *impl_;
+  std::vector<int32_t> ids;
+  std::vector<tok::Align> offsets;
+  ids.reserve(text.size() / 3 + 4);
+  offsets.reserve(text.size() / 3 + 4);
+  std::vector<tok::AddedVocabulary::Piece> pieces;
+  KILN_RETURN_IF_ERROR(t.added.extract_and_normalize_aligned(text, t.normalizer.get(), pieces));
+  std::vector<tok::Split> splits;
+  std::vector<uint32_t> lengths;
+  for (auto& p : pieces) {
+    if (p.token >= 0) {
+      ids.push_back(p.token);
+      offsets.push_back(p.span);
+      continue;
+    }
+    splits.clear();
+    splits.push_back({std::move(p.text), p.at_start, std::move(p.align)});
+    if (t.pre_tokenizer) t.pre_tokenizer->pre_tokenize(splits);
+    for (const auto& s : splits) {
+      lengths.clear();
+      t.model->tokenize_with_lengths(s.text, ids, lengths);
+      size_t pos = 0;  // a token's bytes of the split, mapped through its alignment
+      for (uint32_t n : lengths) {
+        // (Lengths past the split, possible only with byte fallback of prefixed pieces, are clamped.)
+        const size_t a = std::min(pos, s.align.size() - 1), b = std::min(pos + n, s.align.size());
+        offsets.push_back({s.align[a].begin, s.align[std::max(a + 1, b) - 1].end});
+        pos += n;
+      }
+    }
+  }
+  KILN_ASSERT(ids.size() == offsets.size());
+  if (t.post_processor) {
+    tok::OffsetContext ctx{[&t, text](int32_t id, tok::Align o) -> std::string_view {
+                             if (o.end > o.begin && t.added_index_by_id[static_cast<size_t>(id)] >= 0)
+                               return text.substr(o.begin, o.end - o.begin);
+                             const std::string* s = t.token_of(id);
+                             return s ? std::string_view(*s) : std::string_view();
+                           },
+                           text};
+    t.post_processor->process_offsets(ids, offsets, add_special_tokens, ctx);
+  }
+  EncodingWithOffsets out;
+  out.ids = std::move(ids);
+  out.offsets.reserve(offsets.size());
+  for (const auto& o : offsets) out.offsets.push_back({o.begin, o.end});
+  return out;
+}
+
+std::optional<size_t> token_at_byte(const std::vector<TokenOffset>& offsets, size_t pos) {
+  for (size_t k = 0; k < offsets.size(); ++k)
+    if (pos >= offsets[k].begin && pos < offsets[k].end) return k;
+  return std::nullopt;
 }
 
 Result<std::string> Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
