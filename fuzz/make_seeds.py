@@ -66,6 +66,22 @@ put("training_jsonl", "ids", '{"input_ids": [5, 6, 7]}\n{"input_ids": [1, 2, 3, 
 put("training_jsonl", "labels", '{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}\n\n{"input_ids": [9], "labels": [9]}\n')
 put("training_jsonl", "positions", '{"input_ids": [5, 6, 7, 8], "position_ids": [0, 1, 0, 1]}\n')
 
+# kiln_shard: shards as train/shards.h lays them out (64-byte header, sections at multiples of 64).
+def shard(rows):
+    offsets, starts, ids, mask = [0], [], [], []
+    for docs in rows:
+        for d in docs:
+            starts.append(len(ids)); ids += d; mask += [0] + [1] * (len(d) - 1)
+        offsets.append(len(ids))
+    pad = lambda b: b + b"\0" * (-len(b) % 64)
+    out = pad(b"KILNSHD1" + struct.pack("<IIqqq", 1, 64, len(rows), len(ids), len(starts)) + b"\0" * 24)
+    out = pad(out + struct.pack("<%dq" % len(offsets), *offsets))
+    out = pad(out + struct.pack("<%dq" % len(starts), *starts))
+    out = pad(out + struct.pack("<%di" % len(ids), *ids))
+    return out + bytes(mask)
+put("kiln_shard", "two-rows", shard([[[5, 6, 7], [8, 9]], [[10, 11, 12, 13]]]))
+put("kiln_shard", "one-row", shard([[[1]]]))
+
 # regex_pattern: the Oniguruma patterns of the Unicode scan and of the regex tests, each with a subject.
 scan = json.load(open("testdata/tokenizers/unicode/scan.json"))
 pats = [s["component"]["pattern"]["Regex"] for s in scan["scans"] if "component" in s and "pattern" in s["component"]]

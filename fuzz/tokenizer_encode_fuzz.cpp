@@ -3,6 +3,7 @@
 // must round-trip (decode(encode(s)) == s), and streaming must give decode()'s text. Each input is
 // used as raw bytes and as random Unicode (3 bytes per code point). The input is
 // also read as little-endian int32 ids for decode (ids outside the vocabulary must be errors).
+// encode_with_offsets must give encode's ids and offsets inside the text.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -75,6 +76,15 @@ int kiln::fuzz::tokenizer_encode(const uint8_t* data, size_t size) {
       all += stream.finish();
       if (all != text.value()) {
         kiln::fuzz::invariant_failed("tokenizer_encode", "stream differs from decode");
+      }
+      // With offsets: the same ids (or a clear refusal, for a normal form that reorders characters),
+      // one offset per id, each a non-decreasing range inside the text.
+      auto enc = tok->encode_with_offsets(s, special);
+      if (enc.ok()) {
+        if (enc->ids != ids.value()) kiln::fuzz::invariant_failed("tokenizer_encode", "ids with offsets differ from encode");
+        if (enc->offsets.size() != enc->ids.size()) kiln::fuzz::invariant_failed("tokenizer_encode", "offsets per id");
+        for (const kiln::TokenOffset& o : enc->offsets)
+          if (o.begin > o.end || o.end > s.size()) kiln::fuzz::invariant_failed("tokenizer_encode", "offset outside the text");
       }
     }
     // The bytes as ids.

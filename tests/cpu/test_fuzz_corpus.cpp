@@ -37,6 +37,7 @@ TEST(FuzzCorpus, ConfigJson) { replay("config_json", fuzz::config_json); }
 TEST(FuzzCorpus, SafetensorsHeader) { replay("safetensors_header", fuzz::safetensors_header); }
 TEST(FuzzCorpus, ChatTemplate) { replay("chat_template", fuzz::chat_template); }
 TEST(FuzzCorpus, TrainingJsonl) { replay("training_jsonl", fuzz::training_jsonl); }
+TEST(FuzzCorpus, KilnShard) { replay("kiln_shard", fuzz::kiln_shard); }
 TEST(FuzzCorpus, RegexPattern) { replay("regex_pattern", fuzz::regex_pattern); }
 
 }  // namespace
