@@ -2,9 +2,14 @@
 // from a Hugging Face config.json, on a batch of random token ids (every next token labelled).
 // Prints one JSON object with ms/step, tokens/s and MFU counted like reference/hf_bench.py
 // (6 * params + 6 * layers * hidden * seq FLOPs per token, against 989 TFLOP/s dense bf16), plus the
-// per-phase split of one profiled step (synchronised between phases).
+// per-phase split of one profiled step (synchronised between phases), and the memory of kiln's
+// caching allocator (CUDA): what the model and optimizer hold before the first step and the peak
+// over the run, in bytes. --recompute keeps only each layer's input in the forward and recomputes
+// the layer in the backward (TrainModelOptions::recompute); comparing runs with and without it gives
+// its cost in tokens/s and its saving in peak memory. A step that runs out of memory still prints
+// the JSON object, with "error" and the peak reached.
 // Usage: bench_train --config bench/configs/llama-1b-shape.config.json [--batch 8x2048] [--steps 5]
-//                    [--warmup 3] [--device cuda]
+//                    [--warmup 3] [--device cuda] [--recompute]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -12,9 +17,6 @@
 #include <cstdio>
 #include <iostream>
 
-#ifdef KILN_WITH_CUDA
-#include "backend/cuda_backend.h"
-#endif
 #include "kernels/rng.h"
 #include "model/config.h"
 #include "train/optimizer.h"
@@ -37,11 +39,13 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln training throughput benchmark"};
   std::string config_path, batch_shape = "8x2048", device_name = "cuda";
   int steps = 5, warmup = 3;
+  bool recompute = false;
   app.add_option("--config", config_path, "Hugging Face config.json")->required();
   app.add_option("--batch", batch_shape, "B x S tokens per step");
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--device", device_name, "cpu or cuda");
+  app.add_flag("--recompute", recompute, "recompute each layer's activations in the backward");
   CLI11_PARSE(app, argc, argv);
   int B = 0, S = 0;
   if (std::sscanf(batch_shape.c_str(), "%dx%d", &B, &S) != 2 || B <= 0 || S <= 0)
@@ -56,6 +60,7 @@ int main(int argc, char** argv) {
   Backend& be = **backend;
   TrainModelOptions options;
   options.random_seed = 1234;
+  options.recompute = recompute;
   const double t0 = now_s();
   Result<std::unique_ptr<TrainModel>> model = TrainModel::random(be, *config, options);
   if (!model.ok()) return fail(model.status());
@@ -65,6 +70,8 @@ int main(int argc, char** argv) {
   Result<Optimizer> optimizer = Optimizer::create(be, m.params(), opt);
   if (!optimizer.ok()) return fail(optimizer.status());
   const double init_s = now_s() - t0;
+  if (Status s = be.synchronize(); !s.ok()) return fail(s);
+  const int64_t resident_bytes = be.allocator_bytes().first;  // parameters, gradients, optimizer state
 
   auto run_step = [&](uint64_t seed, bool profile, PhaseTimes* phases, double* opt_ms) -> Status {
     HostBatch hb;
@@ -91,40 +98,52 @@ int main(int argc, char** argv) {
   };
   PhaseTimes phases;
   double opt_ms = 0;
-  for (int i = 0; i < warmup; ++i)
-    if (Status s = run_step(100 + i, false, nullptr, nullptr); !s.ok()) return fail(s);
-  if (Status s = be.synchronize(); !s.ok()) return fail(s);
-  const double start = now_s();
-  for (int i = 0; i < steps; ++i)
-    if (Status s = run_step(200 + i, false, nullptr, nullptr); !s.ok()) return fail(s);
-  if (Status s = be.synchronize(); !s.ok()) return fail(s);
-  const double ms = (now_s() - start) * 1e3 / steps;
-  // One more step with the phases synchronised and timed.
-  m.set_profile_phases(true);
-  if (Status s = run_step(300, true, &phases, &opt_ms); !s.ok()) return fail(s);
-  const double params = static_cast<double>(m.params().parameter_count());
-  const double flops_per_token = 6 * params + 6.0 * config->num_hidden_layers * config->hidden_size * S;
-  const double tok_s = double(B) * S * 1000.0 / ms;
-  double peak_gb = 0;  // device memory held by kiln's allocator at its peak (CUDA)
-#ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) peak_gb = static_cast<CudaBackend&>(be).allocator().peak_bytes_in_use() / 1e9;
-#endif
   nlohmann::json out = {{"system", "kiln"},
                         {"config", config_path},
                         {"device", be.device().str()},
                         {"params", m.params().parameter_count()},
-                        {"init_seconds", init_s},
-                        {"train",
-                         {{"batch", batch_shape},
+                        {"init_seconds", init_s}};
+  // Device memory held by kiln's caching allocator (CUDA; zeros on the CPU): at its peak over the
+  // whole run, and before the first step.
+  auto memory = [&](nlohmann::json& train) {
+    const int64_t peak = be.allocator_bytes().second;
+    train["peak_mem_bytes"] = peak;
+    train["peak_mem_gb"] = static_cast<double>(peak) / 1e9;
+    train["resident_bytes_before_steps"] = resident_bytes;
+  };
+  auto steps_failed = [&](const Status& s) {
+    nlohmann::json train = {{"batch", batch_shape}, {"recompute", recompute}, {"error", s.message()}};
+    memory(train);
+    out["train"] = train;
+    std::cout << out.dump(1) << std::endl;
+    return fail(s);
+  };
+  for (int i = 0; i < warmup; ++i)
+    if (Status s = run_step(100 + i, false, nullptr, nullptr); !s.ok()) return steps_failed(s);
+  if (Status s = be.synchronize(); !s.ok()) return fail(s);
+  const double start = now_s();
+  for (int i = 0; i < steps; ++i)
+    if (Status s = run_step(200 + i, false, nullptr, nullptr); !s.ok()) return steps_failed(s);
+  if (Status s = be.synchronize(); !s.ok()) return fail(s);
+  const double ms = (now_s() - start) * 1e3 / steps;
+  // One more step with the phases synchronised and timed.
+  m.set_profile_phases(true);
+  if (Status s = run_step(300, true, &phases, &opt_ms); !s.ok()) return steps_failed(s);
+  const double params = static_cast<double>(m.params().parameter_count());
+  const double flops_per_token = 6 * params + 6.0 * config->num_hidden_layers * config->hidden_size * S;
+  const double tok_s = double(B) * S * 1000.0 / ms;
+  nlohmann::json train = {{"batch", batch_shape},
+                          {"recompute", recompute},
                           {"ms_per_step", ms},
                           {"tok_s", tok_s},
                           {"mfu_vs_989", tok_s * flops_per_token / 989e12},
-                          {"peak_mem_gb", peak_gb},
                           {"phases_ms",
                            {{"forward", phases.forward_ms},
                             {"head_loss", phases.head_ms},
                             {"backward", phases.backward_ms},
-                            {"optimizer", opt_ms}}}}}};
+                            {"optimizer", opt_ms}}}};
+  memory(train);
+  out["train"] = train;
   std::cout << out.dump(1) << std::endl;
   return 0;
 }

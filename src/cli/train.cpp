@@ -48,6 +48,7 @@ struct TrainFlags {
   double peak_tflops = 989.0;  // H100 / H200 dense bf16
   float muon_momentum = 0.95f;
   std::string muon_adjust_lr = "original";
+  bool recompute = false;
 };
 
 Result<std::pair<float, float>> parse_betas(const std::string& text) {
@@ -104,7 +105,7 @@ nlohmann::json resolved_config(const TrainFlags& f) {
           {"eval_rows", f.eval_rows},     {"save_every", f.save_every},
           {"keep_last", f.keep_last},     {"resume", f.resume},
           {"peak_tflops", f.peak_tflops}, {"tensorboard", f.tensorboard},
-          {"muon_momentum", f.muon_momentum}, {"muon_adjust_lr", f.muon_adjust_lr}};
+          {"muon_momentum", f.muon_momentum}, {"muon_adjust_lr", f.muon_adjust_lr}, {"recompute", f.recompute}};
 }
 
 int run_train(const TrainFlags& f) {
@@ -147,6 +148,7 @@ int run_train(const TrainFlags& f) {
   TrainModelOptions model_options;
   model_options.no_decay = f.no_decay;
   model_options.label_smoothing = f.label_smoothing;
+  model_options.recompute = f.recompute;
   Result<std::unique_ptr<TrainModel>> model = TrainModel::load(be, f.model_dir, model_options);
   if (!model.ok()) return fail(model.status());
   TrainModel& m = **model;
@@ -282,6 +284,9 @@ Runner add_train(CLI::App& app) {
   t->add_option("--muon-adjust-lr", f->muon_adjust_lr,
                 "Muon's per-matrix lr: original (sqrt(max(1, rows/cols))) or match_rms_adamw (0.2 sqrt(max(rows, cols)))")
       ->capture_default_str();
+  t->add_flag("--recompute", f->recompute,
+              "keep only each layer's input and recompute its activations in the backward pass (less memory, "
+              "about one more forward)");
   t->add_flag("--shuffle", f->shuffle, "shuffle the examples each epoch (default: file order)");
   t->add_option("--seed", f->seed, "shuffle seed")->capture_default_str();
   t->add_option("--save-dtype", f->save_dtype, "f32, bf16 or f16 (default: the source checkpoint's dtype)");

@@ -23,7 +23,8 @@ namespace fs = std::filesystem;
 // Configuration keys a resumed run may change: they decide where and how often things are written.
 bool may_change_on_resume(const std::string& key) {
   static constexpr const char* kFree[] = {"output", "resume", "save_every", "keep_last", "eval_every",
-                                          "eval_rows", "tensorboard", "device", "config", "peak_tflops"};
+                                          "eval_rows", "tensorboard", "device", "config", "peak_tflops",
+                                          "recompute"};
   for (const char* k : kFree)
     if (key == k) return true;
   return false;

@@ -34,19 +34,27 @@ int64_t HostBatch::labelled() const {
   return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
 }
 
+// What the backward of layer l reads besides x[l], for one micro-batch of T = B*S tokens.
+struct TrainModel::LayerActivations {
+  TensorBuffer n1;       // [T, H]: rmsnorm(x[l]), the attention's input
+  TensorBuffer qkv;      // [T, (Hq + 2 Hkv) D]
+  TensorBuffer q, k, v;  // [B, Hq | Hkv, S, D] after split, q/k norm and rotary
+  TensorBuffer attn;     // [T, Hq D] attention output ([B, S, Hq, D])
+  TensorBuffer lse;      // [B, Hq, S] f32
+  TensorBuffer x_mid;    // [T, H] f32: the residual stream after the attention sublayer
+  TensorBuffer n2;       // [T, H]: rmsnorm(x_mid), the MLP's input
+  TensorBuffer gate_up;  // [T, 2I]
+  TensorBuffer mlp;      // [T, I] swiglu output
+};
+
 // Everything the backward pass reads, for one micro-batch of T = B*S tokens.
 struct TrainModel::Activations {
-  std::vector<TensorBuffer> x;       // L+1 x [T, H] f32: the residual stream entering layer l (x[L]: final)
-  std::vector<TensorBuffer> x_mid;   // L x [T, H] f32: after the attention sublayer
-  std::vector<TensorBuffer> n1, n2;  // L x [T, H]: the normed inputs of attention and MLP
-  std::vector<TensorBuffer> qkv;     // L x [T, (Hq + 2 Hkv) D]
-  std::vector<TensorBuffer> q, k, v; // L x [B, H, S, D]
-  std::vector<TensorBuffer> attn;    // L x [T, Hq D] (attention output, [B, S, Hq, D])
-  std::vector<TensorBuffer> lse;     // L x [B, Hq, S] f32
-  std::vector<TensorBuffer> gate_up; // L x [T, 2I]
-  std::vector<TensorBuffer> mlp;     // L x [T, I] swiglu output
-  TensorBuffer n_final;              // [T, H]
-  TensorBuffer d_final;              // [T, H] f32: d loss / d n_final
+  std::vector<TensorBuffer> x;             // L+1 x [T, H] f32: the residual stream entering layer l (x[L]: final)
+  std::vector<LayerActivations> layers;    // L, or 1 shared by all layers (recomputation, scoring)
+  TensorBuffer proj;                       // [T, H] scratch: a sublayer's output before the residual add
+  TensorBuffer n_final;                    // [T, H]
+  TensorBuffer d_final;                    // [T, H] f32: d loss / d n_final
+  LayerActivations& layer(int64_t l) { return layers.size() == 1 ? layers[0] : layers[static_cast<size_t>(l)]; }
 };
 
 TrainModel::TrainModel(Backend& be, ModelConfig config, ParameterSet params, const TrainModelOptions& options)
@@ -131,59 +139,68 @@ Result<DeviceBatch> TrainModel::upload(const HostBatch& hb) const {
   return db;
 }
 
-Status TrainModel::forward(const DeviceBatch& batch, Activations& act) {
+Status TrainModel::forward(const DeviceBatch& batch, Activations& act, bool keep_layers) {
   const ModelConfig& c = config_;
   const int64_t B = batch.batch, S = batch.seq_len, T = B * S;
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, L = c.num_hidden_layers;
   const DType dt = params_.compute_dtype();
-  const float eps = c.rms_norm_eps, scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float eps = c.rms_norm_eps;
   const ParameterSet& P = params_;
 
-  auto alloc = [&](std::vector<TensorBuffer>& v, int64_t count, Shape s, DType t) -> Status {
-    v.resize(count);
-    for (TensorBuffer& b : v) {
-      KILN_ASSIGN_OR_RETURN(b, empty(be_, s, t));
-    }
-    return Status::Ok();
-  };
-  KILN_RETURN_IF_ERROR(alloc(act.x, L + 1, {T, H}, DType::f32));
-  KILN_RETURN_IF_ERROR(alloc(act.x_mid, L, {T, H}, DType::f32));
-  KILN_RETURN_IF_ERROR(alloc(act.n1, L, {T, H}, dt));
-  KILN_RETURN_IF_ERROR(alloc(act.n2, L, {T, H}, dt));
-  KILN_RETURN_IF_ERROR(alloc(act.qkv, L, {T, (Hq + 2 * Hkv) * D}, dt));
-  KILN_RETURN_IF_ERROR(alloc(act.q, L, {B, Hq, S, D}, dt));
-  KILN_RETURN_IF_ERROR(alloc(act.k, L, {B, Hkv, S, D}, dt));
-  KILN_RETURN_IF_ERROR(alloc(act.v, L, {B, Hkv, S, D}, dt));
-  KILN_RETURN_IF_ERROR(alloc(act.attn, L, {T, Hq * D}, dt));
-  KILN_RETURN_IF_ERROR(alloc(act.lse, L, {B, Hq, S}, DType::f32));
-  KILN_RETURN_IF_ERROR(alloc(act.gate_up, L, {T, 2 * I}, dt));
-  KILN_RETURN_IF_ERROR(alloc(act.mlp, L, {T, I}, dt));
+  act.x.resize(L + 1);
+  for (TensorBuffer& x : act.x) {
+    KILN_ASSIGN_OR_RETURN(x, empty(be_, {T, H}, DType::f32));
+  }
+  act.layers.resize(keep_layers ? L : 1);
+  for (LayerActivations& a : act.layers) {
+    KILN_ASSIGN_OR_RETURN(a.n1, empty(be_, {T, H}, dt));
+    KILN_ASSIGN_OR_RETURN(a.qkv, empty(be_, {T, (Hq + 2 * Hkv) * D}, dt));
+    KILN_ASSIGN_OR_RETURN(a.q, empty(be_, {B, Hq, S, D}, dt));
+    KILN_ASSIGN_OR_RETURN(a.k, empty(be_, {B, Hkv, S, D}, dt));
+    KILN_ASSIGN_OR_RETURN(a.v, empty(be_, {B, Hkv, S, D}, dt));
+    KILN_ASSIGN_OR_RETURN(a.attn, empty(be_, {T, Hq * D}, dt));
+    KILN_ASSIGN_OR_RETURN(a.lse, empty(be_, {B, Hq, S}, DType::f32));
+    KILN_ASSIGN_OR_RETURN(a.x_mid, empty(be_, {T, H}, DType::f32));
+    KILN_ASSIGN_OR_RETURN(a.n2, empty(be_, {T, H}, dt));
+    KILN_ASSIGN_OR_RETURN(a.gate_up, empty(be_, {T, 2 * I}, dt));
+    KILN_ASSIGN_OR_RETURN(a.mlp, empty(be_, {T, I}, dt));
+  }
   KILN_ASSIGN_OR_RETURN(act.n_final, empty(be_, {T, H}, dt));
-  KILN_ASSIGN_OR_RETURN(TensorBuffer proj, empty(be_, {T, H}, dt));  // a sublayer's output
+  KILN_ASSIGN_OR_RETURN(act.proj, empty(be_, {T, H}, dt));
 
-  const Tensor segments = batch.segments.allocated() ? batch.segments.view().view({B, S}) : Tensor{};
   ops::embedding_forward(be_, act.x[0], P.weight("embed_tokens"), batch.ids);
-  ops::rmsnorm_forward(be_, act.n1[0], act.x[0], P.weight(layer_name(0, "input_norm")), eps);
+  ops::rmsnorm_forward(be_, act.layer(0).n1, act.x[0], P.weight(layer_name(0, "input_norm")), eps);
   for (int64_t l = 0; l < L; ++l) {
-    auto w = [&](const char* what) { return P.weight_or_empty(layer_name(l, what)); };
-    ops::linear_forward(be_, act.qkv[l], act.n1[l], w("qkv_proj"), w("qkv_bias"));
-    ops::qkv_split_rope_forward(be_, act.q[l], act.k[l], act.v[l], act.qkv[l], batch.positions, inv_freq_,
-                                rope_attention_scaling_, w("q_norm"), w("k_norm"), eps);
-    ops::attention_train_forward(be_, act.attn[l].view().view({B, S, Hq, D}), act.lse[l], act.q[l], act.k[l],
-                                 act.v[l], segments, /*causal=*/true, scale);
-    ops::linear_forward(be_, proj, act.attn[l], w("o_proj"), w("o_bias"));
-    ops::add_rmsnorm_forward(be_, act.n2[l], act.x_mid[l], proj, w("post_norm"), eps, /*residual_in=*/act.x[l]);
-    ops::linear_forward(be_, act.gate_up[l], act.n2[l], w("gate_up_proj"), w("gate_up_bias"));
-    ops::swiglu_forward(be_, act.mlp[l], act.gate_up[l]);
-    ops::linear_forward(be_, proj, act.mlp[l], w("down_proj"), w("down_bias"));
-    // x[l+1] = x_mid + mlp output, normed for the next layer (or the head) in the same pass.
+    // Each layer's output is normed for the next layer (or the head) in the same pass. With a shared
+    // workspace the next layer's n1 overwrites this layer's, which its q/k/v projection has read.
     const bool last = l + 1 == L;
-    ops::add_rmsnorm_forward(be_, last ? act.n_final.view() : act.n1[l + 1].view(), act.x[l + 1], proj,
-                             last ? P.weight("final_norm") : P.weight(layer_name(l + 1, "input_norm")), eps,
-                             /*residual_in=*/act.x_mid[l]);
+    const Tensor n_next = last ? act.n_final.view() : act.layer(l + 1).n1.view();
+    layer_forward(l, batch, act.layer(l), act.x[l], act.proj, act.x[l + 1], n_next,
+                  last ? P.weight("final_norm") : P.weight(layer_name(l + 1, "input_norm")));
   }
   return Status::Ok();
+}
+
+void TrainModel::layer_forward(int64_t l, const DeviceBatch& batch, LayerActivations& a, Tensor x_in, Tensor proj,
+                               Tensor x_out, Tensor n_next, Tensor next_norm) {
+  const ModelConfig& c = config_;
+  const int64_t B = batch.batch, S = batch.seq_len, Hq = c.num_attention_heads, D = c.head_dim;
+  const float eps = c.rms_norm_eps, scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const Tensor segments = batch.segments.allocated() ? batch.segments.view().view({B, S}) : Tensor{};
+  auto w = [&](const char* what) { return params_.weight_or_empty(layer_name(l, what)); };
+  ops::linear_forward(be_, a.qkv, a.n1, w("qkv_proj"), w("qkv_bias"));
+  ops::qkv_split_rope_forward(be_, a.q, a.k, a.v, a.qkv, batch.positions, inv_freq_, rope_attention_scaling_,
+                              w("q_norm"), w("k_norm"), eps);
+  ops::attention_train_forward(be_, a.attn.view().view({B, S, Hq, D}), a.lse, a.q, a.k, a.v, segments,
+                               /*causal=*/true, scale);
+  ops::linear_forward(be_, proj, a.attn, w("o_proj"), w("o_bias"));
+  ops::add_rmsnorm_forward(be_, a.n2, a.x_mid, proj, w("post_norm"), eps, /*residual_in=*/x_in);
+  ops::linear_forward(be_, a.gate_up, a.n2, w("gate_up_proj"), w("gate_up_bias"));
+  ops::swiglu_forward(be_, a.mlp, a.gate_up);
+  if (x_out.data == nullptr) return;  // recomputation: the backward reads nothing past the MLP activation
+  ops::linear_forward(be_, proj, a.mlp, w("down_proj"), w("down_bias"));
+  ops::add_rmsnorm_forward(be_, n_next, x_out, proj, next_norm, eps, /*residual_in=*/a.x_mid);
 }
 
 Result<double> TrainModel::head_loss(const DeviceBatch& batch, Activations& act, float grad_scale, bool backward,
@@ -263,31 +280,40 @@ Status TrainModel::backward(const DeviceBatch& batch, Activations& act) {
   // Every rmsnorm backward also writes the compute-dtype copy of d_res the next GEMMs read.
   ops::rmsnorm_backward(be_, d_res, P.grad("final_norm"), act.d_final, act.x[L], P.weight("final_norm"), eps,
                         /*accumulate_dx=*/false, d_res_c);
+  const bool shared = act.layers.size() == 1;  // recomputation: one workspace, holding layer L-1
   for (int64_t l = L - 1; l >= 0; --l) {
     auto w = [&](const char* what) { return P.weight_or_empty(layer_name(l, what)); };
     auto g = [&](const char* what) { return P.grad_or_empty(layer_name(l, what)); };
+    LayerActivations& a = act.layer(l);
+    if (shared && l + 1 < L) {
+      // Layer l's activations again, from its saved input. rmsnorm_forward of the stored x[l] gives
+      // the bits of the forward's fused add_rmsnorm (both normalise the stored sum by the same code),
+      // and the layer's ops see the same inputs, so everything below matches the kept activations.
+      ops::rmsnorm_forward(be_, a.n1, act.x[l], w("input_norm"), eps);
+      layer_forward(l, batch, a, act.x[l], act.proj, Tensor{}, Tensor{}, Tensor{});
+    }
     // MLP: x'' = x' + down(swiglu(gate_up(n2)))
-    ops::gemm(be_, g("down_proj"), dy, true, act.mlp[l], false, 1.0f, 1.0f);  // [H, I] += dy^T m
+    ops::gemm(be_, g("down_proj"), dy, true, a.mlp, false, 1.0f, 1.0f);  // [H, I] += dy^T m
     if (c.mlp_bias) ops::bias_backward(be_, g("down_bias"), dy);
     ops::gemm(be_, d_mlp, dy, false, w("down_proj"), false, 1.0f, 0.0f);  // [T, I] = dy Wd
-    ops::swiglu_backward(be_, d_gate_up, d_mlp, act.gate_up[l]);
-    ops::gemm(be_, g("gate_up_proj"), d_gate_up, true, act.n2[l], false, 1.0f, 1.0f);  // [2I, H] += dgu^T n2
+    ops::swiglu_backward(be_, d_gate_up, d_mlp, a.gate_up);
+    ops::gemm(be_, g("gate_up_proj"), d_gate_up, true, a.n2, false, 1.0f, 1.0f);  // [2I, H] += dgu^T n2
     if (c.mlp_bias) ops::bias_backward(be_, g("gate_up_bias"), d_gate_up);
     ops::gemm(be_, d_normed, d_gate_up, false, w("gate_up_proj"), false, 1.0f, 0.0f);  // [T, H] = dgu Wgu
-    ops::rmsnorm_backward(be_, d_res, g("post_norm"), d_normed, act.x_mid[l], w("post_norm"), eps, true, d_res_c);
+    ops::rmsnorm_backward(be_, d_res, g("post_norm"), d_normed, a.x_mid, w("post_norm"), eps, true, d_res_c);
     // Attention: x' = x + o(attention(rope(split(qkv(n1)))))
-    ops::gemm(be_, g("o_proj"), dy, true, act.attn[l], false, 1.0f, 1.0f);  // [H, Hq D] += dy^T a
+    ops::gemm(be_, g("o_proj"), dy, true, a.attn, false, 1.0f, 1.0f);  // [H, Hq D] += dy^T a
     if (c.o_proj_bias) ops::bias_backward(be_, g("o_bias"), dy);
     ops::gemm(be_, d_attn, dy, false, w("o_proj"), false, 1.0f, 0.0f);  // [T, Hq D] = dy Wo
-    ops::attention_train_backward(be_, dq, dk, dv, d_attn.view().view({B, S, Hq, D}), act.q[l], act.k[l], act.v[l],
-                                  act.attn[l].view().view({B, S, Hq, D}), act.lse[l], segments,
-                                  /*causal=*/true, scale);
-    ops::qkv_split_rope_backward(be_, d_qkv, g("q_norm"), g("k_norm"), dq, dk, dv, act.qkv[l], batch.positions,
-                                 inv_freq_, rope_attention_scaling_, w("q_norm"), w("k_norm"), eps);
+    ops::attention_train_backward(be_, dq, dk, dv, d_attn.view().view({B, S, Hq, D}), a.q, a.k, a.v,
+                                  a.attn.view().view({B, S, Hq, D}), a.lse, segments, /*causal=*/true, scale);
+    ops::qkv_split_rope_backward(be_, d_qkv, g("q_norm"), g("k_norm"), dq, dk, dv, a.qkv, batch.positions, inv_freq_,
+                                 rope_attention_scaling_, w("q_norm"), w("k_norm"), eps);
     if (c.attention_bias) ops::bias_backward(be_, g("qkv_bias"), d_qkv);
-    ops::gemm(be_, g("qkv_proj"), d_qkv, true, act.n1[l], false, 1.0f, 1.0f);  // [QKV, H] += dqkv^T n1
+    ops::gemm(be_, g("qkv_proj"), d_qkv, true, a.n1, false, 1.0f, 1.0f);  // [QKV, H] += dqkv^T n1
     ops::gemm(be_, d_normed, d_qkv, false, w("qkv_proj"), false, 1.0f, 0.0f);  // [T, H] = dqkv Wqkv
     ops::rmsnorm_backward(be_, d_res, g("input_norm"), d_normed, act.x[l], w("input_norm"), eps, true, d_res_c);
+    if (!shared) act.layers[static_cast<size_t>(l)] = LayerActivations{};  // released as the backward passes
   }
   ops::embedding_backward(be_, P.grad("embed_tokens"), d_res, batch.ids);
   return Status::Ok();
@@ -314,7 +340,7 @@ Result<double> TrainModel::forward_backward_unchecked(const DeviceBatch& batch, 
   Clock::time_point t0, t1, t2, t3;
   KILN_RETURN_IF_ERROR(mark(&t0));
   Activations act;
-  KILN_RETURN_IF_ERROR(forward(batch, act));
+  KILN_RETURN_IF_ERROR(forward(batch, act, /*keep_layers=*/!options_.recompute));
   KILN_RETURN_IF_ERROR(mark(&t1));
   KILN_ASSIGN_OR_RETURN(double loss_sum, head_loss(batch, act, grad_scale, /*backward=*/true, nullptr));
   KILN_RETURN_IF_ERROR(mark(&t2));
@@ -336,7 +362,7 @@ Result<std::vector<float>> TrainModel::target_logprobs(const DeviceBatch& batch)
 
 Result<std::vector<float>> TrainModel::target_logprobs_unchecked(const DeviceBatch& batch) {
   Activations act;
-  KILN_RETURN_IF_ERROR(forward(batch, act));
+  KILN_RETURN_IF_ERROR(forward(batch, act, /*keep_layers=*/false));  // nothing is read back
   std::vector<float> out;
   KILN_ASSIGN_OR_RETURN(double unused, head_loss(batch, act, 0.0f, /*backward=*/false, &out));
   (void)unused;

@@ -8,7 +8,16 @@
 // then the final norm and the output head fused with the cross-entropy: only rows with a target
 // are gathered, and their logits exist only a chunk of rows at a time (in the compute dtype), are
 // turned into d loss / d logits in place and immediately fed to the two backward GEMMs.
-// Every activation the backward needs is kept (no recomputation).
+//
+// Activation memory: by default every activation the backward reads is kept, L layers' worth.
+// With TrainModelOptions::recompute the forward keeps only each layer's input x (f32 [T, H]) and
+// one layer's activations (a workspace the layers share, left holding the last layer's); the
+// backward, from the last layer down, recomputes layer l's activations from x[l] into that
+// workspace (the last layer's are already there) and then runs the layer's backward. The
+// recomputation calls the same per-layer forward (layer_forward) with the same inputs, so the
+// gradients are the same bits as without it (on CUDA up to the f32 atomics of the embedding and
+// attention-dQ backward kernels, whose order may vary from run to run with or without it).
+// target_logprobs always uses the shared workspace (it reads nothing back).
 //
 // Precision: on the CPU everything is f32. On CUDA the GEMMs, attention and activations run in
 // bf16 from the parameters' bf16 compute copy, with f32 accumulation; the residual stream, the
@@ -55,6 +64,10 @@ struct TrainModelOptions {
   std::string no_decay = kDefaultNoDecay;  // see ParameterSet::create
   float label_smoothing = 0.0f;
   uint64_t random_seed = 0;  // for TrainModel::random
+  // Keep only the layers' inputs and recompute each layer's activations in the backward: one more
+  // forward of every layer but the last (about a third more layer work) for one layer's activations
+  // instead of L layers'.
+  bool recompute = false;
 };
 
 // Wall-clock milliseconds of the last forward_backward's phases (when profile_phases is set).
@@ -96,8 +109,16 @@ class TrainModel {
  private:
   TrainModel(Backend& be, ModelConfig config, ParameterSet params, const TrainModelOptions& options);
   Status init_rope();
+  struct LayerActivations;
   struct Activations;
-  Status forward(const DeviceBatch& batch, Activations& act);
+  // keep_layers: every layer's activations (for the backward without recomputation); otherwise one
+  // workspace the layers share.
+  Status forward(const DeviceBatch& batch, Activations& act, bool keep_layers);
+  // Layer l's forward from a.n1 (its normed input, already written) and x_in (the residual stream
+  // entering it, [T, H] f32) through a.mlp. Given x_out, also x_out = x_mid + down(mlp) fused with the
+  // next norm: n_next = rmsnorm(x_out) * next_norm. proj: [T, H] compute-dtype scratch.
+  void layer_forward(int64_t l, const DeviceBatch& batch, LayerActivations& a, Tensor x_in, Tensor proj,
+                     Tensor x_out, Tensor n_next, Tensor next_norm);
   // The two entry points without their error boundary (an op running out of memory throws).
   Result<double> forward_backward_unchecked(const DeviceBatch& batch, float grad_scale);
   Result<std::vector<float>> target_logprobs_unchecked(const DeviceBatch& batch);

@@ -143,6 +143,21 @@ TEST(Resume, KillNineAtARandomMomentThenResumeIsBitwiseEqual) {
   }
 }
 
+// --recompute changes memory, not results: the same run with it is bitwise equal on the CPU, and a
+// run may be resumed with it switched on.
+TEST(Resume, RecomputeGivesTheSameRun) {
+  Fixture fx;
+  const std::string ref = fx.tmp.sub("ref"), rc = fx.tmp.sub("rc"), mixed = fx.tmp.sub("mixed");
+  ASSERT_EQ(run_kiln(fx.args(ref, "")).exit_code, 0);
+  RunResult r = run_kiln(fx.args(rc, "--recompute"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_run(ref, rc, "--recompute");
+  const int status = run_kiln_and_signal(fx.args(mixed, ""), 5, SIGTERM, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_EQ(run_kiln(fx.args(mixed, "--recompute --resume auto")).exit_code, 0);
+  expect_same_run(ref, mixed, "resumed with --recompute");
+}
+
 TEST(Resume, BadCheckpointsAndChangedRunsAreClearErrors) {
   Fixture fx;
   const std::string run = fx.tmp.sub("run"), extra = "--save-every 4";
