@@ -9,6 +9,9 @@
 #   train: the training fixtures (tests/reference/make_train_fixtures.py), the training GPU tests,
 #          kiln train on CUDA with the result loaded by transformers, and the training benchmarks
 #          beside hf_bench.py's training figure.
+#   train-bench: bench_train on the llama-1b shape at 8 x 2048 and 8 x 8192, with and without
+#          --recompute, beside hf_bench.py's training figure, and bench/bench_preprocess.py (kiln
+#          preprocess against tokenizers / transformers on this machine's cores).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
@@ -86,7 +89,7 @@ if [ "$WHAT" = train ] || [ "$WHAT" = all ]; then
   LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"
   OUT=$OUT python3 tests/reference/make_train_fixtures.py > "$LOGS/train_fixtures.log" 2>&1 || status=1
   tail -2 "$LOGS/train_fixtures.log"
-  "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${TRAIN_FILTER:-*Train*:*LossOptim*}" > "$OUT/gpu_train_tests.log" 2>&1 \
+  "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${TRAIN_FILTER:-*Train*:*LossOptim*:*Muon*:*Recompute*:*ResumeGpu*}" > "$OUT/gpu_train_tests.log" 2>&1 \
     || status=1
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|rel|error" "$OUT/gpu_train_tests.log" | head -60
   # kiln train on the GPU; transformers must load the result and agree with kiln score on it.
@@ -111,6 +114,22 @@ for i in range(24):
       --contexts 1024 --out "$OUT/hf_bench_train.json" > "$LOGS/hf_bench_train.log" 2>&1 || status=1
     cat "$OUT/hf_bench_train.json"
   fi
+fi
+if [ "$WHAT" = train-bench ]; then
+  LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"
+  CFG=bench/configs/llama-1b-shape.config.json
+  for run in "8x2048" "8x2048 --recompute" "8x8192" "8x8192 --recompute"; do
+    "$BUILD/bin/bench_train" --config $CFG --batch $run >> "$OUT/bench_train.json" 2> "$LOGS/bench_train.err" || status=1
+  done
+  cat "$OUT/bench_train.json"
+  if [ -f .carry/hf_bench.py ] && [ -z "${SKIP_HF:-}" ]; then
+    PYTHONUNBUFFERED=1 python3 .carry/hf_bench.py --config $CFG --skip static \
+      --contexts 1024 --out "$OUT/hf_bench_train.json" > "$LOGS/hf_bench_train.log" 2>&1 || status=1
+    cat "$OUT/hf_bench_train.json"
+  fi
+  [ -z "${SKIP_PREPROCESS:-}" ] && { timeout 240 python3 bench/bench_preprocess.py --kiln "$BUILD/bin/kiln" --mb ${PREPROCESS_MB:-60} \
+    > "$OUT/bench_preprocess.json" 2> "$LOGS/bench_preprocess.err" || { status=1; tail -5 "$LOGS/bench_preprocess.err"; }
+    cat "$OUT/bench_preprocess.json"; }
 fi
 if [ "$WHAT" = profile ]; then
   # Per-kernel times of training steps (Nsight Compute, durations only; first-choice GEMM algorithms).

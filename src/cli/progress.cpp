@@ -9,15 +9,15 @@
 
 namespace kiln::cli {
 
-ProgressBar::ProgressBar(std::string label, double total, double unit_scale, std::string unit)
-    : label_(std::move(label)), unit_(std::move(unit)), total_(total), scale_(unit_scale) {
+ProgressBar::ProgressBar(std::string label, double total, double unit_scale, std::string unit, double start)
+    : label_(std::move(label)), unit_(std::move(unit)), total_(total), scale_(unit_scale), start_done_(start) {
   active_ = ::isatty(STDERR_FILENO) == 1;
   start_ = last_draw_ = std::chrono::steady_clock::now();
 }
 
 double ProgressBar::rate(double done) const {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  return s > 0 ? done / s : 0.0;
+  return s > 0 ? (done - start_done_) / s : 0.0;
 }
 
 std::string ProgressBar::duration(double seconds) {

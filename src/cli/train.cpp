@@ -193,7 +193,7 @@ int run_train(const TrainFlags& f) {
     std::fprintf(stderr, "kiln: %s\n", msg.c_str());
   };
   ev.step = [&](int64_t step, int64_t steps, const StepReport& r) {
-    if (!bar) bar = std::make_unique<ProgressBar>("train", static_cast<double>(steps), 1.0, "steps");
+    if (!bar) bar = std::make_unique<ProgressBar>("train", static_cast<double>(steps), 1.0, "steps", step - 1.0);
     bar->clear();
     std::printf("step %lld/%lld policy_version %llu loss %.6f grad_norm %.6f lr %g tokens %lld tok/s %.1f",
                 static_cast<long long>(step), static_cast<long long>(steps),
