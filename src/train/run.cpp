@@ -144,6 +144,7 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
     info("resumed from " + from + " at step " + std::to_string(step) + ", policy version " +
          std::to_string(st.policy_version));
   }
+  const int64_t result_start_step = step;
   KILN_ASSIGN_OR_RETURN(MetricsLog metrics, MetricsLog::open(o.output, from.empty() ? -1 : step));
   std::unique_ptr<TensorBoardWriter> tb;
   if (!o.tensorboard.empty()) {
@@ -209,8 +210,13 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
     if (!(o.save_every > 0 && step % o.save_every == 0 && step > 0)) KILN_RETURN_IF_ERROR(save());
     return result;
   }
-  if (val && evaluated_at != step) KILN_RETURN_IF_ERROR(run_eval());
-  if (o.save_every > 0) KILN_RETURN_IF_ERROR(save());
+  const bool finished_before = !from.empty() && step == result_start_step;
+  if (finished_before) {
+    info("the run was already complete at step " + std::to_string(step) + ": writing its final model again");
+  } else {
+    if (val && evaluated_at != step) KILN_RETURN_IF_ERROR(run_eval());
+    if (o.save_every > 0) KILN_RETURN_IF_ERROR(save());
+  }
   KILN_RETURN_IF_ERROR(save_hf_checkpoint(be, model.params(), o.model_dir, o.output, o.save_dtype));
   return result;
 }

@@ -170,6 +170,12 @@ TEST(Resume, BadCheckpointsAndChangedRunsAreClearErrors) {
   };
   // A fresh run into a directory holding checkpoints.
   expect_error(run_kiln(fx.args(run, extra)), "--resume auto");
+  // Resuming a complete run changes nothing: no step, no new metrics line.
+  const std::string metrics_before = read_file(run + "/metrics.jsonl");
+  RunResult again = run_kiln(fx.args(run, extra + " --resume auto"));
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("already complete"), std::string::npos) << again.output;
+  EXPECT_EQ(read_file(run + "/metrics.jsonl"), metrics_before);
   // A changed flag.
   std::string changed = fx.args(run, extra + " --resume " + run + "/checkpoint-8");
   changed.replace(changed.find("--batch-size 2"), 14, "--batch-size 3");
