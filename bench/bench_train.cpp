@@ -9,7 +9,7 @@
 // its cost in tokens/s and its saving in peak memory. A step that runs out of memory still prints
 // the JSON object, with "error" and the peak reached.
 // Usage: bench_train --config bench/configs/llama-1b-shape.config.json [--batch 8x2048] [--steps 5]
-//                    [--warmup 3] [--device cuda] [--recompute]
+//                    [--warmup 3] [--device cuda] [--recompute] [--optimizer adamw|muon]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -40,12 +40,14 @@ int main(int argc, char** argv) {
   std::string config_path, batch_shape = "8x2048", device_name = "cuda";
   int steps = 5, warmup = 3;
   bool recompute = false;
+  std::string optimizer_name = "adamw";
   app.add_option("--config", config_path, "Hugging Face config.json")->required();
   app.add_option("--batch", batch_shape, "B x S tokens per step");
   app.add_option("--steps", steps, "timed steps");
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--device", device_name, "cpu or cuda");
   app.add_flag("--recompute", recompute, "recompute each layer's activations in the backward");
+  app.add_option("--optimizer", optimizer_name, "adamw or muon");
   CLI11_PARSE(app, argc, argv);
   int B = 0, S = 0;
   if (std::sscanf(batch_shape.c_str(), "%dx%d", &B, &S) != 2 || B <= 0 || S <= 0)
@@ -67,6 +69,10 @@ int main(int argc, char** argv) {
   TrainModel& m = **model;
   OptimizerOptions opt;
   opt.lr = 1e-4f;
+  if (optimizer_name == "muon")
+    opt.kind = OptimizerOptions::Kind::muon;
+  else if (optimizer_name != "adamw")
+    return fail(invalid_argument("--optimizer must be adamw or muon"));
   Result<Optimizer> optimizer = Optimizer::create(be, m.params(), opt);
   if (!optimizer.ok()) return fail(optimizer.status());
   const double init_s = now_s() - t0;
@@ -134,6 +140,7 @@ int main(int argc, char** argv) {
   const double tok_s = double(B) * S * 1000.0 / ms;
   nlohmann::json train = {{"batch", batch_shape},
                           {"recompute", recompute},
+                          {"optimizer", optimizer_name},
                           {"ms_per_step", ms},
                           {"tok_s", tok_s},
                           {"mfu_vs_989", tok_s * flops_per_token / 989e12},

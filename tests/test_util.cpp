@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -179,6 +180,26 @@ std::string kiln_binary() {
   const char* env = std::getenv("KILN_BINARY");
   return env && *env ? env : KILN_BINARY;
 }
+
+TempDir::TempDir() {
+  static std::atomic<int> counter{0};
+  path = std::filesystem::temp_directory_path() /
+         ("kiln_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  std::filesystem::remove_all(path);
+  std::filesystem::create_directories(path);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+std::string TempDir::file(const std::string& name, const std::string& text) const {
+  std::ofstream(path / name, std::ios::binary) << text;
+  return (path / name).string();
+}
+
+std::string TempDir::sub(const std::string& name) const { return (path / name).string(); }
 
 RunResult run_kiln(const std::string& args, const std::string& stdin_text) {
   RunResult r;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,20 @@ PagedTables scattered_pages(const std::vector<int32_t>& kv_lens, int32_t page_si
 // variables KILN_TESTDATA / KILN_BINARY say otherwise (binaries run from another checkout).
 std::string testdata_dir();
 std::string kiln_binary();
+
+// A fresh scratch folder under the system's temporary directory, removed with everything in it when
+// the object goes.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  // Writes `text` to the file `name` inside the folder; returns its path.
+  std::string file(const std::string& name, const std::string& text) const;
+  // The path of `name` inside the folder (nothing is created).
+  std::string sub(const std::string& name) const;
+};
 
 // Runs the kiln binary with `args` (a shell command line tail, e.g. "generate --model X"), optionally
 // feeding `stdin_text`; captures stdout, and stdout + stderr together.

@@ -21,22 +21,6 @@ namespace fs = std::filesystem;
 namespace kiln::test {
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("kiln_clipre_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return (path / name).string();
-  }
-  std::string sub(const std::string& name) const { return (path / name).string(); }
-};
-
 std::string model() { return testdata_dir() + "/tiny-chat"; }
 
 // Sentences from a small grammar: learnable structure, so the loss can fall far.

@@ -32,22 +32,6 @@ std::string join_ids(const std::vector<int32_t>& ids) {
   return s;
 }
 
-// A scratch folder, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("kiln_text_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return (path / name).string();
-  }
-};
-
 // A model folder whose weights are random (from a tiny Llama config with the tokenizer's vocab) and
 // whose text side is the ChatML fixture folder's: enough to run generate --prompt and chat.
 struct ChatModel : TempDir {

@@ -22,22 +22,6 @@ namespace fs = std::filesystem;
 namespace kiln::test {
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("kiln_train_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return (path / name).string();
-  }
-  std::string sub(const std::string& name) const { return (path / name).string(); }
-};
-
 std::string tiny_llama() { return testdata_dir() + "/tiny-llama"; }
 
 // Sequences that follow simple rules (arithmetic progressions modulo the vocabulary), learnable by a

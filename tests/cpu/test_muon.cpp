@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "muon_fixture.h"
 #include "test_util.h"
 #include "train/optimizer.h"
 #include "train/parameters.h"
@@ -30,75 +31,17 @@ namespace {
 
 constexpr double kTolerance = 1e-4;
 
-struct MuonFixture {
-  SafetensorsFile file;
-  ModelConfig config;
-  nlohmann::json cases;
-  std::string no_decay;
-
-  std::vector<float> get(const std::string& name) const {
-    Result<TensorInfo> t = file.find(name);
-    KILN_ASSERT(t.ok() && t->dtype == DType::f32);
-    std::vector<float> out(static_cast<size_t>(t->shape.numel()));
-    std::memcpy(out.data(), t->data, out.size() * sizeof(float));
-    return out;
-  }
-};
-
-const MuonFixture& fixture() {
-  static const MuonFixture* f = [] {
-    Result<SafetensorsFile> file = SafetensorsFile::open(testdata_dir() + "/muon/muon.safetensors");
-    KILN_ASSERT(file.ok());
-    Result<ModelConfig> config = load_model_config(testdata_dir() + "/muon");
-    KILN_ASSERT(config.ok());
-    nlohmann::json cases = nlohmann::json::parse(file->metadata().at("cases"));
-    std::string no_decay = file->metadata().at("no_decay");
-    return new MuonFixture{std::move(*file), std::move(*config), std::move(cases), std::move(no_decay)};
-  }();
-  return *f;
-}
-
-OptimizerOptions case_options(const nlohmann::json& c) {
-  OptimizerOptions o;
-  o.kind = OptimizerOptions::Kind::muon;
-  o.lr = c.at("lr").get<float>();
-  o.weight_decay = c.at("weight_decay").get<float>();
-  o.beta1 = c.at("betas")[0].get<float>();
-  o.beta2 = c.at("betas")[1].get<float>();
-  o.eps = c.at("eps").get<float>();
-  o.clip_norm = c.at("clip_norm").get<float>();
-  o.muon_momentum = c.at("momentum").get<float>();
-  o.muon_nesterov = c.at("nesterov").get<bool>();
-  o.muon_ns_steps = c.at("ns_steps").get<int>();
-  o.muon_adjust_lr = c.at("adjust_lr").get<std::string>() == "original" ? ops::MuonAdjustLr::original
-                                                                         : ops::MuonAdjustLr::match_rms_adamw;
-  return o;
-}
-
-void set_hf(Backend& be, const ParameterSet& p, Tensor flat, const std::string& prefix) {
-  for (const HfTensor& t : p.layout().hf) {
-    std::vector<float> v = fixture().get(prefix + t.name);
-    Tensor host;
-    host.data = v.data();
-    host.dtype = DType::f32;
-    host.shape = Shape{static_cast<int64_t>(v.size())};
-    const Tensor dst = p.hf_view(flat, t);
-    ASSERT_EQ(dst.numel(), host.numel()) << t.name;
-    be.copy(dst, host.view(dst.shape));
-  }
-}
-
 // A ParameterSet holding the fixture's initial weights.
 ParameterSet make_params(Backend& be) {
-  Result<ParameterSet> p = ParameterSet::create(be, fixture().config, fixture().no_decay, be.device().is_cuda());
+  Result<ParameterSet> p = ParameterSet::create(be, muon_fixture().config, muon_fixture().no_decay, be.device().is_cuda());
   KILN_ASSERT(p.ok());
-  set_hf(be, *p, p->master(), "init.");
+  set_hf_tensors(be, *p, p->master(), "init.");
   p->sync_compute(be);
   return std::move(*p);
 }
 
 void step_with(Backend& be, ParameterSet& p, Optimizer& opt, float lr, int k) {
-  set_hf(be, p, p.grads(), "grad" + std::to_string(k) + ".");
+  set_hf_tensors(be, p, p.grads(), "grad" + std::to_string(k) + ".");
   Result<OptimizerStepInfo> info = opt.step(lr);
   ASSERT_TRUE(info.ok()) << info.status().message();
 }
@@ -108,16 +51,16 @@ void step_with(Backend& be, ParameterSet& p, Optimizer& opt, float lr, int k) {
 void check_case(const std::string& name) {
   SCOPED_TRACE(name);
   auto be = make_cpu_backend();
-  const nlohmann::json& c = fixture().cases.at(name);
+  const nlohmann::json& c = muon_fixture().cases.at(name);
   ParameterSet p = make_params(*be);
-  Result<Optimizer> opt = Optimizer::create(*be, p, case_options(c));
+  Result<Optimizer> opt = Optimizer::create(*be, p, muon_case_options(c));
   ASSERT_TRUE(opt.ok()) << opt.status().message();
   for (int k = 1; k <= 2; ++k) step_with(*be, p, *opt, c.at("lr").get<float>(), k);
   double worst_w = 0, worst_u = 0;
   std::string worst_name;
   for (const HfTensor& t : p.layout().hf) {
     const std::vector<float> got = to_f32(*be, p.hf_view(p.master(), t));
-    const std::vector<float> want = fixture().get(name + "." + t.name), init = fixture().get("init." + t.name);
+    const std::vector<float> want = muon_fixture().get(name + "." + t.name), init = muon_fixture().get("init." + t.name);
     std::vector<float> dgot(got.size()), dwant(got.size());
     for (size_t i = 0; i < got.size(); ++i) dgot[i] = got[i] - init[i], dwant[i] = want[i] - init[i];
     const double ew = elem_error(got, want), eu = rel_error(dgot, dwant);
@@ -128,7 +71,7 @@ void check_case(const std::string& name) {
   }
   std::printf("[ muon %s ] worst weight error %.3g, worst update error %.3g (%s)\n", name.c_str(), worst_w, worst_u,
               worst_name.c_str());
-  if (!fixture().file.contains(name + ".momentum." + p.block_matrices().front().name)) return;
+  if (!muon_fixture().file.contains(name + ".momentum." + p.block_matrices().front().name)) return;
   Tensor momentum;
   for (const auto& [n, t] : opt->state_tensors())
     if (n == "muon.momentum_buffer") momentum = t;
@@ -137,7 +80,7 @@ void check_case(const std::string& name) {
   for (const ParameterMatrix& m : p.block_matrices()) {
     const int64_t at = m.offset - p.matrix_begin();
     const std::vector<float> got(all.begin() + at, all.begin() + at + m.rows * m.cols);
-    EXPECT_LE(rel_error(got, fixture().get(name + ".momentum." + m.name)), 1e-6) << m.name;
+    EXPECT_LE(rel_error(got, muon_fixture().get(name + ".momentum." + m.name)), 1e-6) << m.name;
   }
 }
 
@@ -150,7 +93,7 @@ TEST(Muon, PlainMomentumMatchesTorch) { check_case("plain_momentum"); }
 TEST(Muon, ParameterLayout) {
   auto be = make_cpu_backend();
   ParameterSet p = make_params(*be);
-  const ModelConfig& c = fixture().config;
+  const ModelConfig& c = muon_fixture().config;
   ASSERT_EQ(p.block_matrices().size(), static_cast<size_t>(7 * c.num_hidden_layers));
   EXPECT_EQ(p.matrix_begin() % 128, 0);
   EXPECT_EQ(p.matrix_end() % 128, 0);
@@ -173,7 +116,7 @@ TEST(Muon, ParameterLayout) {
     const bool matrix = name.rfind("layers.", 0) == 0 && shape.ndim == 2;
     EXPECT_EQ(offset >= p.matrix_begin() && offset < p.matrix_end(), matrix) << name;
   }
-  Result<Optimizer> opt = Optimizer::create(*be, p, case_options(fixture().cases.at("original")));
+  Result<Optimizer> opt = Optimizer::create(*be, p, muon_case_options(muon_fixture().cases.at("original")));
   ASSERT_TRUE(opt.ok());
   const auto state = opt->state_tensors();
   ASSERT_EQ(state.size(), 3u);
@@ -187,10 +130,10 @@ TEST(Muon, ParameterLayout) {
 // a second step, bit for bit.
 TEST(Muon, ResumeFromStateTensorsIsBitwiseEqual) {
   auto be = make_cpu_backend();
-  const nlohmann::json& c = fixture().cases.at("original");
+  const nlohmann::json& c = muon_fixture().cases.at("original");
   const float lr = c.at("lr").get<float>();
   ParameterSet a = make_params(*be);
-  Result<Optimizer> oa = Optimizer::create(*be, a, case_options(c));
+  Result<Optimizer> oa = Optimizer::create(*be, a, muon_case_options(c));
   ASSERT_TRUE(oa.ok());
   step_with(*be, a, *oa, lr, 1);
   step_with(*be, a, *oa, lr, 2);
@@ -199,13 +142,13 @@ TEST(Muon, ResumeFromStateTensorsIsBitwiseEqual) {
   std::vector<std::pair<std::string, std::vector<float>>> saved;
   int64_t steps = 0;
   {
-    Result<Optimizer> ob = Optimizer::create(*be, b, case_options(c));
+    Result<Optimizer> ob = Optimizer::create(*be, b, muon_case_options(c));
     ASSERT_TRUE(ob.ok());
     step_with(*be, b, *ob, lr, 1);
     for (const auto& [n, t] : ob->state_tensors()) saved.emplace_back(n, to_f32(*be, t));
     steps = ob->steps_taken();
   }
-  Result<Optimizer> oc = Optimizer::create(*be, b, case_options(c));
+  Result<Optimizer> oc = Optimizer::create(*be, b, muon_case_options(c));
   ASSERT_TRUE(oc.ok());
   const auto state = oc->state_tensors();
   ASSERT_EQ(state.size(), saved.size());

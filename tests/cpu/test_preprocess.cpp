@@ -26,22 +26,6 @@ namespace fs = std::filesystem;
 namespace kiln::test {
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("kiln_pre_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name, std::ios::binary) << text;
-    return (path / name).string();
-  }
-  std::string sub(const std::string& name) const { return (path / name).string(); }
-};
-
 // A document whose ids are base, base+1, ... (so each token says where it came from), all targets.
 TokenDocument doc(int32_t base, int32_t length) {
   TokenDocument d;

@@ -88,16 +88,6 @@ Reference load_reference() {
   return r;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("kiln_tb_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 TEST(TensorBoard, Crc32cCheckValues) {
   EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
   // RFC 3720, B.4 (the CRC bytes it lists are the little-endian form of these values).

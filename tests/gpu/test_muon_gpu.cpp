@@ -25,6 +25,7 @@
 #include "core/dtype.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "muon_fixture.h"
 #include "test_util.h"
 #include "train/optimizer.h"
 #include "train/parameters.h"
@@ -35,64 +36,6 @@ namespace {
 constexpr double kUpdateTolerance = 4e-2;      // relative L2 of a block matrix's update (see above)
 constexpr double kUpdateElemTolerance = 0.12;  // per element of an update (elem_error; see above)
 
-struct Fixture {
-  SafetensorsFile file;
-  ModelConfig config;
-  nlohmann::json cases;
-  std::string no_decay;
-
-  std::vector<float> get(const std::string& name) const {
-    Result<TensorInfo> t = file.find(name);
-    KILN_ASSERT(t.ok() && t->dtype == DType::f32);
-    std::vector<float> out(static_cast<size_t>(t->shape.numel()));
-    std::memcpy(out.data(), t->data, out.size() * sizeof(float));
-    return out;
-  }
-};
-
-const Fixture& fixture() {
-  static const Fixture* f = [] {
-    Result<SafetensorsFile> file = SafetensorsFile::open(testdata_dir() + "/muon/muon.safetensors");
-    KILN_ASSERT(file.ok());
-    Result<ModelConfig> config = load_model_config(testdata_dir() + "/muon");
-    KILN_ASSERT(config.ok());
-    nlohmann::json cases = nlohmann::json::parse(file->metadata().at("cases"));
-    std::string no_decay = file->metadata().at("no_decay");
-    return new Fixture{std::move(*file), std::move(*config), std::move(cases), std::move(no_decay)};
-  }();
-  return *f;
-}
-
-OptimizerOptions case_options(const nlohmann::json& c) {
-  OptimizerOptions o;
-  o.kind = OptimizerOptions::Kind::muon;
-  o.lr = c.at("lr").get<float>();
-  o.weight_decay = c.at("weight_decay").get<float>();
-  o.beta1 = c.at("betas")[0].get<float>();
-  o.beta2 = c.at("betas")[1].get<float>();
-  o.eps = c.at("eps").get<float>();
-  o.clip_norm = c.at("clip_norm").get<float>();
-  o.muon_momentum = c.at("momentum").get<float>();
-  o.muon_nesterov = c.at("nesterov").get<bool>();
-  o.muon_ns_steps = c.at("ns_steps").get<int>();
-  o.muon_adjust_lr = c.at("adjust_lr").get<std::string>() == "original" ? ops::MuonAdjustLr::original
-                                                                         : ops::MuonAdjustLr::match_rms_adamw;
-  return o;
-}
-
-void set_hf(Backend& be, const ParameterSet& p, Tensor flat, const std::string& prefix) {
-  for (const HfTensor& t : p.layout().hf) {
-    std::vector<float> v = fixture().get(prefix + t.name);
-    const Tensor dst = p.hf_view(flat, t);
-    ASSERT_EQ(dst.numel(), static_cast<int64_t>(v.size())) << t.name;
-    Tensor host;
-    host.data = v.data();
-    host.dtype = DType::f32;
-    host.shape = dst.shape;
-    be.copy(dst, host);
-  }
-}
-
 // A run of the fixture's two steps of `case_name` on `be`.
 struct MuonRun {
   std::unique_ptr<ParameterSet> params;
@@ -100,18 +43,18 @@ struct MuonRun {
 };
 
 MuonRun run_case(Backend& be, const std::string& case_name) {
-  const nlohmann::json& c = fixture().cases.at(case_name);
-  Result<ParameterSet> p = ParameterSet::create(be, fixture().config, fixture().no_decay, be.device().is_cuda());
+  const nlohmann::json& c = muon_fixture().cases.at(case_name);
+  Result<ParameterSet> p = ParameterSet::create(be, muon_fixture().config, muon_fixture().no_decay, be.device().is_cuda());
   KILN_ASSERT(p.ok());
   MuonRun r;
   r.params = std::make_unique<ParameterSet>(std::move(*p));
-  set_hf(be, *r.params, r.params->master(), "init.");
+  set_hf_tensors(be, *r.params, r.params->master(), "init.");
   r.params->sync_compute(be);
-  Result<Optimizer> opt = Optimizer::create(be, *r.params, case_options(c));
+  Result<Optimizer> opt = Optimizer::create(be, *r.params, muon_case_options(c));
   KILN_ASSERT(opt.ok());
   r.opt = std::make_unique<Optimizer>(std::move(*opt));
   for (int k = 1; k <= 2; ++k) {
-    set_hf(be, *r.params, r.params->grads(), "grad" + std::to_string(k) + ".");
+    set_hf_tensors(be, *r.params, r.params->grads(), "grad" + std::to_string(k) + ".");
     Result<OptimizerStepInfo> info = r.opt->step(c.at("lr").get<float>());
     KILN_ASSERT(info.ok());
   }
@@ -143,7 +86,7 @@ TEST(MuonGpu, MatchesTorchBf16AndTheCpuTwin) {
     SCOPED_TRACE(t.name);
     const std::vector<float> got = to_f32(*gpu, gp.hf_view(gp.master(), t));
     const std::vector<float> cpu_got = to_f32(*cpu, c.params->hf_view(c.params->master(), t));
-    const std::vector<float> want = fixture().get("original_bf16." + t.name), init = fixture().get("init." + t.name);
+    const std::vector<float> want = muon_fixture().get("original_bf16." + t.name), init = muon_fixture().get("init." + t.name);
     if (!is_block_matrix(gp, t.name)) {
       EXPECT_EQ(std::memcmp(got.data(), cpu_got.data(), got.size() * sizeof(float)), 0) << "AdamW tensor";
       EXPECT_LE(elem_error(got, want), 1e-4);
