@@ -34,6 +34,9 @@ Status check_resumable(const nlohmann::json& saved, const nlohmann::json& now, c
   for (const auto& [key, value] : now.items()) {
     if (may_change_on_resume(key)) continue;
     const nlohmann::json before = saved.contains(key) ? saved.at(key) : nlohmann::json();
+    if (key == "data_fingerprint" && before != value)
+      return invalid_argument("cannot resume from '" + checkpoint + "': the training data changed since it was made " +
+                              "(its content hash differs); resume with the data the run started with");
     std::string flag = key;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (before != value)
@@ -120,6 +123,8 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
   for (const fs::directory_entry& e : fs::directory_iterator(o.output, ec))  // leftovers of a crash mid-save
     if (e.path().filename().string().rfind(".checkpoint-", 0) == 0) fs::remove_all(e.path(), ec);
 
+  nlohmann::json config = o.config;  // what checkpoints record: the flags and the data's content hash
+  config["data_fingerprint"] = data->fingerprint();
   Sampler sampler(data->rows(), o.shuffle, o.seed);
   RunResult result;
   int64_t step = 0;
@@ -136,7 +141,7 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
   if (!from.empty()) {
     KILN_ASSIGN_OR_RETURN(TrainingState st,
                           load_training_checkpoint(be, model.params(), trainer.optimizer(), from));
-    KILN_RETURN_IF_ERROR(check_resumable(st.config, o.config, from));
+    KILN_RETURN_IF_ERROR(check_resumable(st.config, config, from));
     KILN_RETURN_IF_ERROR(sampler.restore(st.sampler));
     trainer.restore_policy_version(st.policy_version);
     step = st.step;
@@ -158,7 +163,7 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
     st.policy_version = trainer.policy_version();
     st.optimizer_steps = trainer.optimizer().steps_taken();
     st.sampler = sampler.state();
-    st.config = o.config;
+    st.config = config;
     KILN_ASSIGN_OR_RETURN(result.last_checkpoint,
                           save_training_checkpoint(be, model.params(), trainer.optimizer(), st, o.model_dir, o.output,
                                                    o.save_dtype, o.keep_last));

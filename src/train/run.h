@@ -7,7 +7,8 @@
 //
 // Resume: the checkpoint's recorded configuration must equal this run's, except for the keys that
 // only change where and how often things are written (output, resume, save/eval frequency,
-// tensorboard, device, config); a mismatch names the flag and both values. On the CPU a resumed
+// tensorboard, device, config), and the training data's content hash must be the same; a mismatch
+// names the flag and both values. On the CPU a resumed
 // run ends bitwise equal to one that was never interrupted: the weights, the optimizer state, the
 // policy version and the sampler position are restored exactly, and nothing else is random.
 //

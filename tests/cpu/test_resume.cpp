@@ -164,6 +164,13 @@ TEST(Resume, BadCheckpointsAndChangedRunsAreClearErrors) {
   std::string changed = fx.args(run, extra + " --resume " + run + "/checkpoint-8");
   changed.replace(changed.find("--batch-size 2"), 14, "--batch-size 3");
   expect_error(run_kiln(changed), "--batch-size was 2 and is now 3");
+  // The same path with other content.
+  {
+    const std::string saved = read_file(fx.data);
+    std::ofstream(fx.data, std::ios::binary) << training_jsonl(21, 17);
+    expect_error(run_kiln(fx.args(run, extra + " --resume " + run + "/checkpoint-8")), "the training data changed");
+    std::ofstream(fx.data, std::ios::binary) << saved;
+  }
   // Another model.
   RunResult other = run_kiln("train --model " + testdata_dir() + "/tiny-qwen2 --data " + fx.data + " --output " +
                              fx.tmp.sub("o") + " --resume " + run + "/checkpoint-8");
