@@ -235,7 +235,7 @@ int run_train(const TrainFlags& f) {
 
 Runner add_train(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
-  CLI::App* t = app.add_subcommand("train", "fine-tune a Hugging Face checkpoint on pre-tokenized JSONL data");
+  CLI::App* t = app.add_subcommand("train", "train a Hugging Face checkpoint on kiln preprocess shards or pre-tokenized JSONL");
   t->add_option("--model", f->model_dir, "model folder (config.json, safetensors, tokenizer files)")->required();
   t->add_option("--data", f->data,
                 "a kiln preprocess directory (its train split), or a JSONL file of {\"input_ids\": [...], "

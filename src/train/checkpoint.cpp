@@ -1,5 +1,11 @@
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -23,27 +29,42 @@ constexpr const char* kCopiedFiles[] = {
 };
 constexpr const char* kCopiedDirs[] = {"additional_chat_templates"};
 
-Status write_file_atomic(const fs::path& path, const std::string& text) {
-  const fs::path partial = path.string() + ".partial";
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    if (!out) return io_error("cannot write '" + partial.string() + "'");
-    out << text;
-    out.flush();
-    if (!out) return io_error("error writing '" + partial.string() + "' (disk full?)");
-  }
-  std::error_code ec;
-  fs::rename(partial, path, ec);
-  if (ec) return io_error("cannot rename '" + partial.string() + "' to '" + path.string() + "': " + ec.message());
-  return Status::Ok();
-}
-
 Status copy_file_atomic(const fs::path& src, const fs::path& dst) {
   std::ifstream in(src, std::ios::binary);
   if (!in) return io_error("cannot read '" + src.string() + "'");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return write_file_atomic(dst, text);
+  return write_file_atomic(dst.string(), text);
 }
+
+}  // namespace
+
+Status write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string partial = path + ".partial";
+  const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return io_error("cannot write '" + partial + "': " + std::strerror(errno));
+  const char* p = text.data();
+  size_t left = text.size();
+  bool ok = true;
+  while (ok && left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    ok = n > 0;
+    if (ok) {
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+  }
+  ok = ok && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(partial.c_str());
+    return io_error("error writing '" + partial + "' (disk full?)");
+  }
+  if (std::rename(partial.c_str(), path.c_str()) != 0)
+    return io_error("cannot rename '" + partial + "' to '" + path + "': " + std::strerror(errno));
+  return Status::Ok();
+}
+
+namespace {
 
 const char* torch_dtype_name(DType dt) {
   switch (dt) {
@@ -97,7 +118,7 @@ Status save_hf_checkpoint(Backend& be, const ParameterSet& params, const std::st
   }
   if (cfg.contains("dtype") || !cfg.contains("torch_dtype")) cfg["dtype"] = torch_dtype_name(dtype);
   if (cfg.contains("torch_dtype")) cfg["torch_dtype"] = torch_dtype_name(dtype);
-  KILN_RETURN_IF_ERROR(write_file_atomic(fs::path(output_dir) / "config.json", cfg.dump(2) + "\n"));
+  KILN_RETURN_IF_ERROR(write_file_atomic((fs::path(output_dir) / "config.json").string(), cfg.dump(2) + "\n"));
 
   if (fs::equivalent(fs::path(source_dir), fs::path(output_dir), ec)) return Status::Ok();
   for (const char* name : kCopiedFiles) {

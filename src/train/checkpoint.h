@@ -19,6 +19,10 @@ namespace kiln {
 // training so that a bad --output fails in seconds, not after the run.
 Status prepare_output_dir(const std::string& dir);
 
+// Writes `text` to `path` through "<path>.partial", flushed to disk and renamed into place, so that
+// `path` is either the old file or the whole new one.
+Status write_file_atomic(const std::string& path, const std::string& text);
+
 // Saves the master weights of `params` in `dtype` (f32, bf16 or f16).
 Status save_hf_checkpoint(Backend& be, const ParameterSet& params, const std::string& source_dir, const std::string& output_dir, DType dtype);
 

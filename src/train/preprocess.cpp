@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "train/checkpoint.h"
 #include "train/packing.h"
 #include "train/shuffle.h"
 
@@ -56,20 +57,6 @@ std::vector<LineResult> make_documents(const std::vector<Line>& lines, const Doc
   work(0, n / t);
   for (std::thread& th : pool) th.join();
   return out;
-}
-
-Status write_text_atomic(const fs::path& path, const std::string& text) {
-  const fs::path partial = path.string() + ".partial";
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return io_error("cannot write '" + partial.string() + "' (disk full?)");
-  }
-  std::error_code ec;
-  fs::rename(partial, path, ec);
-  if (ec) return io_error("cannot rename '" + partial.string() + "': " + ec.message());
-  return Status::Ok();
 }
 
 // Packs one split and writes its shards; returns its meta.json entry.
@@ -216,7 +203,7 @@ Result<PreprocessReport> preprocess(const PreprocessOptions& o, const DocumentMa
     KILN_ASSIGN_OR_RETURN(splits["val"], write_split("val", std::move(val), o));
   }
   meta["splits"] = splits;
-  KILN_RETURN_IF_ERROR(write_text_atomic(out_dir / "meta.json", meta.dump(2) + "\n"));
+  KILN_RETURN_IF_ERROR(write_file_atomic((out_dir / "meta.json").string(), meta.dump(2) + "\n"));
   report.meta = meta;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;

@@ -47,6 +47,15 @@ Status check_resumable(const nlohmann::json& saved, const nlohmann::json& now, c
   return Status::Ok();
 }
 
+// The micro-batch of `rows` of `data`, targets by the objective.
+HostBatch batch_of(const TrainingData& data, const std::vector<int64_t>& rows, const Objective& objective) {
+  std::vector<TrainExample> examples;
+  for (int64_t r : rows) examples.push_back(data.example(r, objective.every_token()));
+  std::vector<const TrainExample*> ptrs;
+  for (const TrainExample& e : examples) ptrs.push_back(&e);
+  return make_host_batch(ptrs);
+}
+
 // Mean negative log-likelihood over (at most `max_rows` of) the data's rows.
 Result<std::pair<double, int64_t>> evaluate(TrainModel& model, const TrainingData& data, const Objective& objective,
                                             int32_t batch_size, int64_t max_rows) {
@@ -54,12 +63,9 @@ Result<std::pair<double, int64_t>> evaluate(TrainModel& model, const TrainingDat
   double nll = 0.0;
   int64_t count = 0;
   for (int64_t begin = 0; begin < rows; begin += batch_size) {
-    std::vector<TrainExample> examples;
-    for (int64_t r = begin; r < std::min(rows, begin + batch_size); ++r)
-      examples.push_back(data.example(r, objective.every_token()));
-    std::vector<const TrainExample*> ptrs;
-    for (const TrainExample& e : examples) ptrs.push_back(&e);
-    const HostBatch hb = make_host_batch(ptrs);
+    std::vector<int64_t> batch;
+    for (int64_t r = begin; r < std::min(rows, begin + batch_size); ++r) batch.push_back(r);
+    const HostBatch hb = batch_of(data, batch, objective);
     if (hb.labelled() == 0) continue;
     KILN_ASSIGN_OR_RETURN(DeviceBatch db, model.upload(hb));
     KILN_ASSIGN_OR_RETURN(std::vector<float> lp, model.target_logprobs(db));
@@ -187,13 +193,7 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
   while (step < steps) {
     if (stop_requested()) break;
     std::vector<HostBatch> micro;
-    for (int32_t k = 0; k < o.grad_accum; ++k) {
-      std::vector<TrainExample> rows;
-      for (int64_t r : sampler.next(o.batch_size)) rows.push_back(data->example(r, objective.every_token()));
-      std::vector<const TrainExample*> ptrs;
-      for (const TrainExample& e : rows) ptrs.push_back(&e);
-      micro.push_back(make_host_batch(ptrs));
-    }
+    for (int32_t k = 0; k < o.grad_accum; ++k) micro.push_back(batch_of(*data, sampler.next(o.batch_size), objective));
     Result<StepReport> r = trainer.step(micro);
     if (!r.ok()) return invalid_argument(r.status().message() + "; stopping (the last checkpoint is kept)");
     ++step;

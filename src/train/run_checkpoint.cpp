@@ -148,13 +148,7 @@ Result<std::string> save_training_checkpoint(Backend& be, const ParameterSet& pa
     files[fs::relative(e.path(), partial).generic_string()] = {{"bytes", sc.first}, {"crc32", sc.second}};
   }
   j["files"] = files;
-  {
-    std::ofstream out(partial / kStateFile, std::ios::binary | std::ios::trunc);
-    out << j.dump(2) << "\n";
-    out.flush();
-    if (!out) return io_error("cannot write '" + (partial / kStateFile).string() + "' (disk full?)");
-  }
-  KILN_RETURN_IF_ERROR(fsync_path(partial / kStateFile));
+  KILN_RETURN_IF_ERROR(write_file_atomic((partial / kStateFile).string(), j.dump(2) + "\n"));
   KILN_RETURN_IF_ERROR(fsync_path(partial / "optimizer"));
   KILN_RETURN_IF_ERROR(fsync_path(partial));
 

@@ -8,13 +8,15 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/rng.h"
+
 namespace kiln {
 
+// The splitmix64 sequence of `state` (kernels/rng.h's mix of state, then the state advanced).
 inline uint64_t splitmix64_next(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  const uint64_t z = rng::splitmix64(state);
+  state += 0x9E3779B97F4A7C15ull;
+  return z;
 }
 
 // Shuffles `v` in place.
