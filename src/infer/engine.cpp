@@ -69,6 +69,8 @@ struct Engine::Live {
   bool done = false;               // the final event was pushed
   bool retired = false;            // out of the scheduler (its KV freed)
   int32_t cached_tokens = 0;       // usage: prefix-cached prompt tokens, kept when it is retired
+  int32_t preemptions = 0;         // usage, kept when it is retired
+  std::optional<uint64_t> admission_version;  // the version at its first admission, kept when retired
 };
 
 Engine::Engine(std::shared_ptr<const Transformer> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
@@ -135,6 +137,8 @@ Status Engine::init() {
   sc.max_step_tokens = o.max_step_tokens;
   sc.prefix_cache = o.prefix_cache;
   scheduler_ = std::make_unique<Scheduler>(sc);
+  scheduler_->set_policy_version(o.policy_version);
+  stats_.policy_version = o.policy_version;
   model_seq_limit_ = max_seq;
   max_sequence_tokens_ = std::min<int64_t>(max_seq, scheduler_->capacity_tokens());
   stats_.kv_pages_free = sc.num_pages;
@@ -233,18 +237,26 @@ void Engine::finish(Live& live, const std::string& reason, const std::string& er
   e.finish_reason = reason;
   e.error = error;
   if (live.text && !live.stopped_by_string) e.text = live.text->flush();  // held-back text goes out
-  if (const Sequence* seq = live.retired ? nullptr : scheduler_->find(live.id))
-    live.cached_tokens = std::max(seq->cached_prompt_tokens, 0);
+  if (const Sequence* seq = live.retired ? nullptr : scheduler_->find(live.id)) remember_usage(live, *seq);
   e.usage.prompt_tokens = static_cast<int32_t>(live.request.prompt.size());
   e.usage.cached_tokens = live.cached_tokens;
   e.usage.completion_tokens = live.generated;
+  e.usage.preemptions = live.preemptions;
+  e.finish_version = scheduler_->policy_version();
+  e.admission_version = live.admission_version.value_or(e.finish_version);
   live.stream->push(std::move(e));
+}
+
+void Engine::remember_usage(Live& live, const Sequence& seq) {
+  live.cached_tokens = std::max(seq.cached_prompt_tokens, 0);
+  live.preemptions = seq.preemptions;
+  if (seq.admission > 0) live.admission_version = seq.first_admission_version;
 }
 
 void Engine::retire(Live& live) {
   if (live.retired) return;
   live.retired = true;
-  if (const Sequence* seq = scheduler_->find(live.id)) live.cached_tokens = std::max(seq->cached_prompt_tokens, 0);
+  if (const Sequence* seq = scheduler_->find(live.id)) remember_usage(live, *seq);
   if (live.counts_row >= 0) executor_->release_counts_row(live.counts_row);
   live.counts_row = -1;
   scheduler_->remove(live.id);
@@ -373,7 +385,8 @@ void Engine::step() {
     row.repetition_penalty = r.repetition_penalty;
     row.frequency_penalty = r.frequency_penalty;
     row.presence_penalty = r.presence_penalty;
-    row.logprobs = r.logprobs || r.top_logprobs > 0 ? 1 : 0;
+    row.logprobs = r.logprobs || r.top_logprobs > 0 ? ops::kLogprobsRaw : ops::kLogprobsOff;
+    if (r.behaviour_logprobs) row.logprobs = ops::kLogprobsSampled;  // implies logprobs
     row.top_logprobs = r.top_logprobs;
     row.counts_row = live.counts_row;
     row.seed_lo = static_cast<uint32_t>(r.seed);
@@ -390,9 +403,24 @@ void Engine::step() {
   commit_step(plan, sampled, *out, version);
 }
 
+int32_t Engine::abort_admitted() {
+  deliver_pending();  // tokens already computed go out before the final event
+  std::vector<uint64_t> ended;
+  for (auto& [id, live] : live_) {
+    const Sequence* seq = live->retired ? nullptr : scheduler_->find(id);
+    if (!seq || seq->admission == 0) continue;
+    finish(*live, "abort");
+    retire(*live);
+    ended.push_back(id);
+  }
+  for (uint64_t id : ended) live_.erase(id);
+  return static_cast<int32_t>(ended.size());
+}
+
 void Engine::fail_all(const std::string& message) {
   pending_.clear();
   ended_by_stop_string_.clear();
+  refuse_updates("the engine stopped after an error: " + message);
   {
     std::lock_guard<std::mutex> lock(mu_);
     fatal_ = message;
@@ -432,6 +460,8 @@ void Engine::publish_stats() {
   s.graph_device_seconds = executor_->graph_device_seconds();
   s.policy_version = scheduler_->policy_version();
   s.prefix_hit_tokens = hits_total_;
+  s.weight_updates = updates_done_;
+  s.cross_version_hits = scheduler_->cross_version_hits();
   const auto& [t0, g0] = rate_window_.front();
   s.tokens_per_second = t > t0 ? static_cast<double>(generated_total_ - g0) / (t - t0) : 0.0;
   std::lock_guard<std::mutex> lock(mu_);
@@ -442,17 +472,25 @@ void Engine::loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !cancels_.empty() || !scheduler_->idle(); });
+      wake_.wait(lock, [&] {
+        return stopping_ || !inbox_.empty() || !cancels_.empty() || !updates_.empty() || flush_requested_ ||
+               !scheduler_->idle();
+      });
       if (stopping_) break;
     }
     drain_inbox();
-    if (!scheduler_->idle()) {
+    const bool updating = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return !updates_.empty() || flush_requested_;
+    }();
+    if (updating || !scheduler_->idle()) {
       const double t0 = now_seconds();
-      // The engine thread's error boundary: what a step throws (host memory running out, a bug)
-      // ends the running requests with the reason, as a failed step's status does, instead of
-      // taking the process down with every caller.
+      // The engine thread's error boundary: what a step or an update throws (host memory running
+      // out, a bug) ends the running requests with the reason, as a failed step's status does,
+      // instead of taking the process down with every caller.
       try {
-        step();
+        if (updating) process_updates();
+        if (!scheduler_->idle()) step();
       } catch (const OutOfMemory& e) {
         fail_all(std::string(e.what()) + " in an engine step; lower --max-running or --max-step-tokens");
       } catch (const std::bad_alloc&) {
@@ -467,6 +505,7 @@ void Engine::loop() {
   }
   drain_inbox();
   deliver_pending();
+  refuse_updates("the engine shut down");
   for (auto& [id, live] : live_) {
     finish(*live, "abort", "the engine shut down");
     retire(*live);

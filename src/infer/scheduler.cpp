@@ -47,15 +47,19 @@ bool Scheduler::remove(uint64_t id) {
 
 void Scheduler::offer_full_pages(Sequence* seq) {
   if (!config_.prefix_cache) return;
+  // KV computed (partly) under other weights than the current ones stays private to its sequence.
+  if (seq->kv_version != version_) return;
   const int32_t full = std::min<int32_t>(seq->computed / config_.page_size, static_cast<int32_t>(seq->pages.size()));
   if (full <= seq->offered_pages) return;
-  std::vector<int32_t> pages(seq->pages.begin(), seq->pages.begin() + full);
-  // Only pages written by the current weights are offered (a version change leaves older ones private).
-  int32_t same_version = 0;
-  while (same_version < full && pool_.version(pages[same_version]) == version_) ++same_version;
-  pages.resize(same_version);
-  if (!pages.empty()) radix_.insert(seq->tokens.data(), pages, version_);
+  const std::vector<int32_t> pages(seq->pages.begin(), seq->pages.begin() + full);
+  radix_.insert(seq->tokens.data(), pages, version_);
   seq->offered_pages = full;
+}
+
+int32_t Scheduler::admitted_count() const {
+  int32_t n = static_cast<int32_t>(running_.size());
+  for (const Sequence* w : waiting_) n += w->admission > 0 ? 1 : 0;
+  return n;
 }
 
 void Scheduler::release_pages(Sequence* seq) {
@@ -164,11 +168,16 @@ StepPlan Scheduler::schedule() {
   for (auto it = waiting_.begin();
        it != waiting_.end() && budget > 0 && static_cast<int32_t>(running_.size()) < config_.max_running;) {
     Sequence* seq = *it;
+    if (!admission_open_ && seq->admission == 0) {  // closed: only preempted sequences come back
+      ++it;
+      continue;
+    }
     const int32_t n = static_cast<int32_t>(seq->tokens.size());
     KILN_ASSERT(seq->pages.empty() && seq->computed == 0);
     if (config_.prefix_cache) {
       // At most (n - 1) / ps pages: the last token is always computed, for its logits.
       seq->pages = radix_.match(seq->tokens.data(), n, version_, (n - 1) / config_.page_size);
+      for (int32_t p : seq->pages) cross_version_hits_ += pool_.version(p) != version_ ? 1 : 0;
       seq->computed = static_cast<int32_t>(seq->pages.size()) * config_.page_size;
       seq->offered_pages = static_cast<int32_t>(seq->pages.size());
       if (awaits_shared_prefix(seq)) {  // it waits for those pages instead of computing them again
@@ -185,7 +194,9 @@ StepPlan Scheduler::schedule() {
     if (seq->cached_prompt_tokens < 0) seq->cached_prompt_tokens = std::min(seq->computed, seq->prompt_len);
     it = waiting_.erase(it);
     seq->running = true;
+    if (seq->admission == 0) seq->first_admission_version = version_;
     seq->admission = ++admissions_;
+    seq->kv_version = version_;
     running_.push_back(seq);
     add_entry(seq, chunk);
   }

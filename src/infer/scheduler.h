@@ -8,7 +8,8 @@
 //      every running request, every step), oldest admission first;
 //   2. the next chunk of every running sequence with more (chunked prefill, or a recompute after
 //      preemption), oldest first, while the budget lasts;
-//   3. the waiting sequences in arrival order (FCFS: the first that does not fit stops admission),
+//   3. the waiting sequences in arrival order (FCFS: the first that does not fit stops admission;
+//      while admission is closed, only sequences admitted before (preempted ones) are taken),
 //      each starting after the longest prefix the radix cache holds for its tokens (of the current
 //      policy version), with a first chunk that fits the budget. A sequence that shares at least one
 //      more full page with a running sequence that has not computed (and cached) it yet waits for
@@ -19,6 +20,14 @@
 // newest running sequence is preempted: its full pages are offered to the radix cache, its pages
 // released, and it waits again (ahead of later arrivals) to be recomputed from its tokens so far.
 // A request is never aborted for capacity; submit-time checks refuse what can never fit.
+//
+// Policy versions: every sequence remembers the version its KV was (re)computed under
+// (kv_version, set at admission, when its computation restarts from radix pages of the current
+// version). When the version moves on while a sequence runs (an engine weight update in `keep`
+// mode), its later tokens are computed by the new weights over its own older KV: such a sequence
+// never offers pages to the radix cache (they are not the KV of either version alone), so prefix
+// KV is only ever shared between sequences of one version. Pages of older versions in the cache
+// are never matched again and age out by LRU.
 // Thread safety: none; the engine thread owns the scheduler.
 #pragma once
 
@@ -50,7 +59,9 @@ struct Sequence {
   int32_t cached_prompt_tokens = -1;  // prompt tokens the radix cache served at the first admission
   int32_t offered_pages = 0;    // full pages already offered to the radix cache
   uint64_t arrival = 0;         // FCFS order
-  uint64_t admission = 0;       // order of the latest admission (the newest is preempted first)
+  uint64_t admission = 0;       // order of the latest admission (the newest is preempted first); 0: never admitted
+  uint64_t kv_version = 0;      // the policy version its KV was computed under (since its latest admission)
+  uint64_t first_admission_version = 0;  // the policy version at its first admission
   bool running = false;
   int32_t preemptions = 0;
 };
@@ -95,6 +106,18 @@ class Scheduler {
   uint64_t policy_version() const { return version_; }
   void set_policy_version(uint64_t v) { version_ = v; }
 
+  // While closed, step 3 only takes back sequences admitted before (preempted ones), so that the
+  // sequences in flight can finish (a synchronous weight update waits for that).
+  void set_admission_open(bool open) { admission_open_ = open; }
+  bool admission_open() const { return admission_open_; }
+  // Sequences admitted at least once and not removed: running, or waiting after a preemption.
+  int32_t admitted_count() const;
+  // Drops every node of the radix cache (pages that running sequences hold stay theirs).
+  void flush_prefix_cache() { radix_.clear(); }
+  // Radix pages matched whose version differed from the current one: always 0 (an audit of the
+  // rule above, reported in the engine's stats).
+  int64_t cross_version_hits() const { return cross_version_hits_; }
+
   int32_t running_count() const { return static_cast<int32_t>(running_.size()); }
   int32_t waiting_count() const { return static_cast<int32_t>(waiting_.size()); }
   const PagePool& pool() const { return pool_; }
@@ -118,6 +141,8 @@ class Scheduler {
   PagePool pool_;
   RadixCache radix_;
   uint64_t version_ = 0;
+  bool admission_open_ = true;
+  int64_t cross_version_hits_ = 0;
   uint64_t arrivals_ = 0, admissions_ = 0;
   std::map<uint64_t, std::unique_ptr<Sequence>> sequences_;
   std::deque<Sequence*> waiting_;   // arrival order

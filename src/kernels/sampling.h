@@ -11,7 +11,11 @@
 //   top-p, min-p, and a draw with u = rng::uniform(seed, position). The sampled token depends only
 //   on the row's logits, parameters, counts, seed and position: never on the other rows.
 //   Log-probabilities (when asked) are of the raw logits (temperature 1, no penalties): the chosen
-//   token's, and the top-N alternatives (descending, ties by lower index).
+//   token's, and the top-N alternatives (descending, ties by lower index). A row may instead ask
+//   for the chosen token's "behaviour" log-probability (logprobs == kLogprobsSampled): the log of
+//   the probability the draw gave it, under the distribution it was drawn from (penalties,
+//   temperature, top-k, top-p and min-p applied), as reinforcement learning needs; 0 where the
+//   token was not drawn (greedy, no finite maximum, nothing kept). Its top-N stay raw.
 //
 // Valid parameters (the engine checks them; the op only reads them on the device): temperature
 // finite (<= 0: greedy); top_p in (0, 1]; min_p in [0, 1]; repetition_penalty > 0 and finite;
@@ -28,6 +32,11 @@ namespace kiln::ops {
 
 constexpr int32_t kMaxTopLogprobs = 20;  // top-N alternatives per token, as the OpenAI API allows
 
+// SamplingRow::logprobs values.
+constexpr int32_t kLogprobsOff = 0;
+constexpr int32_t kLogprobsRaw = 1;      // log p(token) of the raw logits
+constexpr int32_t kLogprobsSampled = 2;  // log of the probability the sampler drew the token with
+
 // One row's parameters as stored on the device (plain 4-byte words: an i32 tensor [B, kSamplingRowWords]
 // reinterpreted). Defaults switch every feature off.
 struct SamplingRow {
@@ -38,7 +47,11 @@ struct SamplingRow {
   float repetition_penalty = 1.0f;  // tokens of prompt or output: logit > 0 ? logit / r : logit * r
   float frequency_penalty = 0.0f;   // logit -= f * (count in output)
   float presence_penalty = 0.0f;    // logit -= p * (count in output > 0)
-  int32_t logprobs = 0;             // 1: write the chosen token's log-probability
+  int32_t logprobs = 0;             // write the chosen token's log-probability: kLogprobsRaw (1): of
+                                    //   the raw logits; kLogprobsSampled (2): log(w_token / M), the
+                                    //   probability the draw gave it after penalties, temperature and
+                                    //   cuts (0 for a greedy row, a row without a finite maximum or one
+                                    //   that kept nothing: a point mass); other nonzero values: raw
   int32_t top_logprobs = 0;         // 0 .. kMaxTopLogprobs alternatives (also writes logprobs[b])
   int32_t counts_row = -1;          // row of the token-count table (penalties), -1: none
   uint32_t seed_lo = 0, seed_hi = 0;  // the request's seed
@@ -83,7 +96,12 @@ int64_t sampling_workspace_bytes(int64_t batch, int64_t vocab);
 // when the output tensors are given: logprobs[b] = log p(token), top_ids/top_logprobs[b][0 .. N) the
 // N = top_logprobs most likely tokens (slots past V hold id -1, log-prob -inf); other entries are
 // left untouched. A row whose raw logits have no finite maximum reports 0 for the tokens equal to it
-// and -inf for the others. V in [1, 2^23); `workspace` is needed only when `full` is true.
+// and -inf for the others. With logprobs == kLogprobsSampled, logprobs[b] is instead the behaviour
+// log-probability: (float)(log((double)w_token) - log((double)M)) with the token's fixed-point kept
+// weight w_token and the kept mass M of the draw (the CPU twin's step 9), 0 when there was no draw
+// (greedy, no finite maximum, M == 0); its top-N are still of the raw logits. The twins compute it
+// from the same integers with one double log each, so they differ at most by the rounding of log.
+// V in [1, 2^23); `workspace` is needed only when `full` is true.
 void sample(Backend& be, const SamplingBatch& batch);
 
 // Rebuilds one request's counts row: zero, then kPromptBit for every prompt id and +1 for every

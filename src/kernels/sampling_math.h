@@ -170,6 +170,14 @@ KILN_HD uint64_t draw_target(double u, uint64_t mass) {
   return r < mass ? r : mass - 1;
 }
 
+// The behaviour log-probability (ops::kLogprobsSampled) of a token drawn with kept weight w out of
+// the kept mass M: log w - log M, each log in double, rounded to f32. mass == 0 means there was no
+// draw (greedy, no finite maximum, nothing kept): a point mass, 0.
+KILN_HD float drawn_logprob(uint64_t w, uint64_t mass) {
+  if (mass == 0) return 0.0f;
+  return static_cast<float>(log(static_cast<double>(w)) - log(static_cast<double>(mass)));
+}
+
 KILN_HD uint64_t row_seed(const ops::SamplingRow& p) {
   return static_cast<uint64_t>(p.seed_lo) | (static_cast<uint64_t>(p.seed_hi) << 32);
 }

@@ -8,7 +8,8 @@
 // such operations, not libm) and exact integer masses, and every choice is defined by an order,
 // not by a visiting order. So tokens, top-N ids and counts tables must be equal, with no tolerance.
 // Log-probabilities sum their terms in double in different orders and take log from different
-// libraries: they must agree to 1e-5.
+// libraries: they must agree to 1e-5. Behaviour log-probabilities (logprobs == kLogprobsSampled)
+// come from the same integers (kept weight and mass) through one double log each: to 1e-6.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -30,7 +31,7 @@ constexpr int K = ops::kMaxTopLogprobs;
 
 // A batch of B rows of V logits with parameters drawn per row (seeded): greedy (with and without
 // penalties), temperature alone, top-k (1, small, >= V), top-p (tiny to 0.99), min-p, penalties,
-// log-probabilities, and special rows (ties, NaN, +inf, all -inf, extreme scales and temperatures).
+// log-probabilities (raw and behaviour), and special rows (ties, NaN, +inf, all -inf, extreme scales and temperatures).
 SamplerCall random_call(int64_t B, int64_t V, uint64_t seed) {
   SamplerCall c;
   c.B = B, c.V = V, c.count_rows = B;
@@ -68,7 +69,8 @@ SamplerCall random_call(int64_t B, int64_t V, uint64_t seed) {
         c.counts[b * V + i] = (h < 0.05 ? ops::kPromptBit : 0) + out;
       }
     }
-    r.logprobs = u(b, 13) < 0.3;
+    const double lp = u(b, 13);
+    r.logprobs = lp < 0.15 ? ops::kLogprobsRaw : lp < 0.3 ? ops::kLogprobsSampled : ops::kLogprobsOff;
     r.top_logprobs = u(b, 14) < 0.3 ? static_cast<int32_t>(u(b, 15) * (K + 1)) : 0;
     ops::set_sampling_seed(r, rng::splitmix64(seed * 7919 + b));
     r.position = static_cast<int32_t>(u(b, 16) * 1e6);
@@ -93,10 +95,18 @@ void expect_same(const SamplerCall& c, const SamplerOutputs& gpu, const SamplerO
   EXPECT_EQ(bad, 0) << what << ": token mismatches of " << c.B;
   EXPECT_TRUE(gpu.counts == cpu.counts) << what << ": counts tables differ";
   EXPECT_TRUE(gpu.top_ids == cpu.top_ids) << what << ": top ids differ";
-  int far = 0;
-  for (size_t i = 0; i < cpu.logprobs.size(); ++i) far += !logprob_close(gpu.logprobs[i], cpu.logprobs[i]);
+  int far = 0, far_sampled = 0;
+  for (size_t i = 0; i < cpu.logprobs.size(); ++i) {
+    if (c.rows[i].logprobs == ops::kLogprobsSampled) {
+      const float g = gpu.logprobs[i], h = cpu.logprobs[i];
+      far_sampled += !(g == h || std::fabs(g - h) <= 1e-6f);
+    } else {
+      far += !logprob_close(gpu.logprobs[i], cpu.logprobs[i]);
+    }
+  }
   for (size_t i = 0; i < cpu.top_logprobs.size(); ++i) far += !logprob_close(gpu.top_logprobs[i], cpu.top_logprobs[i]);
   EXPECT_EQ(far, 0) << what << ": log-probabilities beyond 1e-5";
+  EXPECT_EQ(far_sampled, 0) << what << ": behaviour log-probabilities beyond 1e-6";
 }
 
 TEST(CudaSampler, MatchesCpuOnRandomBatches) {
@@ -135,8 +145,34 @@ TEST(CudaSampler, MatchesCpuOnOddShapes) {
     flat.rows[b].temperature = 50.0f;
     flat.rows[b].top_p = b % 2 ? 0.999f : 1.0f;
     flat.rows[b].position = static_cast<int32_t>(b);
+    flat.rows[b].logprobs = b % 4 < 2 ? ops::kLogprobsSampled : ops::kLogprobsRaw;
   }
   expect_same(flat, run_sampler(*be, flat), run_sampler(*cpu, flat), "flat");
+}
+
+// Every row asks for the behaviour log-probability (half of them with top-N too): both paths of
+// the draw (with and without a cut), greedy and special rows (0), over several decode steps.
+TEST(CudaSampler, SampledLogprobsMatchCpu) {
+  KILN_REQUIRE_GPU(be);
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  uint64_t seed = 500;
+  for (int64_t V : {1, 7, 1000, 32001, 151936}) {
+    SamplerCall c = random_call(64, V, seed++);
+    for (int64_t b = 0; b < c.B; ++b) {
+      c.rows[b].logprobs = ops::kLogprobsSampled;
+      c.rows[b].top_logprobs = b % 2 ? static_cast<int32_t>(1 + b % K) : 0;
+    }
+    for (int step = 0; step < 2; ++step) {
+      const std::string what = "V=" + std::to_string(V) + " step " + std::to_string(step);
+      const SamplerOutputs g = run_sampler(*be, c), h = run_sampler(*cpu, c);
+      expect_same(c, g, h, what);
+      for (int64_t b = 0; b < c.B; ++b)
+        if (!(c.rows[b].temperature > 0.0f)) EXPECT_EQ(g.logprobs[b], 0.0f) << what << " greedy row " << b;
+      if (::testing::Test::HasFailure()) return;
+      c.counts = h.counts;
+      for (ops::SamplingRow& r : c.rows) r.position += 1;
+    }
+  }
 }
 
 TEST(CudaSampler, GreedyOnlyPathMatchesCpu) {

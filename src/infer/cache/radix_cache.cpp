@@ -7,7 +7,9 @@
 
 namespace kiln {
 
-RadixCache::~RadixCache() {
+RadixCache::~RadixCache() { clear(); }
+
+void RadixCache::clear() {
   // Give back the cache's references (deepest first is not needed: references are independent).
   std::vector<Node*> stack = {root_.get()};
   while (!stack.empty()) {
@@ -16,6 +18,8 @@ RadixCache::~RadixCache() {
     if (n->page >= 0) pool_.release(n->page);
     for (auto& [k, c] : n->children) stack.push_back(c.get());
   }
+  root_ = std::make_unique<Node>();
+  cached_pages_ = 0;
 }
 
 std::vector<int32_t> RadixCache::match(const int32_t* tokens, int64_t n, uint64_t version, int64_t max_pages) {

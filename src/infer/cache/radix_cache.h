@@ -43,6 +43,9 @@ class RadixCache {
   int32_t evict(int32_t n);
   // Frees every unreferenced page of a version other than `current` (after a weight update).
   int32_t evict_other_versions(uint64_t current);
+  // Drops every node and the cache's reference on its page; pages that requests hold stay theirs.
+  // Safe at any time between steps: a request's pages are its own references, never the tree's.
+  void clear();
 
   int32_t cached_pages() const { return cached_pages_; }
   // Pages that evict() could free now.

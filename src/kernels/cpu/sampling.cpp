@@ -50,7 +50,8 @@
 //     Otherwise u = rng::uniform(seed_lo | seed_hi << 32, position), R = draw_target(u, M) =
 //     min(floor(u * M), M - 1) (double product), and the token is the first kept element, in index
 //     order, at which the running kept mass (index order) exceeds R: token v has probability w_v / M
-//     (up to the 2^-53 granularity of u).
+//     (up to the 2^-53 granularity of u). The draw reports (w_token, M) for the behaviour log-prob;
+//     every other exit (greedy, m = +-inf, M == 0) reports a point mass.
 // 10. tokens[b] = the token; when P.counts_row >= 0 and counts are given, counts[counts_row][token] += 1.
 //
 // Log-probabilities (rows with logprobs != 0 or top_logprobs > 0) of the raw logits l (NaN as -inf):
@@ -59,6 +60,12 @@
 // Top-N: the first N = min(top_logprobs, kMaxTopLogprobs) elements of the order of l (descending, ties
 // by lower index); slots past V get id -1 and log-prob -inf. The sum order differs on CUDA (a tree
 // of doubles), so log-probabilities agree to f32 rounding, not bit for bit.
+// Behaviour log-probability (P.logprobs == kLogprobsSampled), instead of the raw one for the chosen
+// token: sampling::drawn_logprob(w_token, M) = (float)(log (double) w_token - log (double) M) with
+// the kept weight of the token and the kept mass of step 9, 0 for a point mass (greedy, m = +-inf,
+// M == 0). Both twins take it from the same integers with one double log each, so they differ at
+// most by the rounding of log (an ulp of a double), nearly always not at all in f32. The top-N stay
+// raw.
 //
 // `full` false (the host's promise that every row is greedy without penalties): the token is the
 // first index of the largest raw logit (NaN as -inf), then step 10.
@@ -159,9 +166,16 @@ int32_t first_max(const std::vector<float>& v, int64_t V) {
   return static_cast<int32_t>(best);
 }
 
+// The outcome of steps 1-9: the token, and the probability the draw gave it, weight / mass
+// (mass 0: no draw happened, a point mass).
+struct Drawn {
+  int32_t token = 0;
+  uint64_t weight = 0, mass = 0;
+};
+
 // Steps 1-9 for one row. z and c are scratch.
-int32_t sample_row(const float* logits, const int32_t* counts, const ops::SamplingRow& p, int64_t V,
-                   std::vector<float>& z, Candidates& c) {
+Drawn sample_row(const float* logits, const int32_t* counts, const ops::SamplingRow& p, int64_t V,
+                 std::vector<float>& z, Candidates& c) {
   const bool greedy = !(p.temperature > 0.0f);
   for (int64_t i = 0; i < V; ++i) {
     const float x = counts ? sm::penalise(logits[i], counts[i], p.repetition_penalty, p.frequency_penalty,
@@ -171,7 +185,7 @@ int32_t sample_row(const float* logits, const int32_t* counts, const ops::Sampli
   }
   const int32_t first = first_max(z, V);
   const float m = z[first];
-  if (greedy || !std::isfinite(m)) return first;
+  if (greedy || !std::isfinite(m)) return Drawn{first};
 
   uint64_t count[sm::kBins] = {}, mass[sm::kBins] = {};
   uint64_t n_pos = 0, total = 0;
@@ -232,18 +246,20 @@ int32_t sample_row(const float* logits, const int32_t* counts, const ops::Sampli
   };
   uint64_t kept = 0;
   for (int64_t q = 0; q < n; ++q) kept += kept_weight(q);
-  if (kept == 0) return first;
+  if (kept == 0) return Drawn{first};
   const uint64_t r = sm::draw_target(sm::row_uniform(p), kept);
   uint64_t run = 0;
   for (int64_t q = 0; q < n; ++q) {
-    run += kept_weight(q);
-    if (run > r) return c.index[q];
+    const uint64_t w = kept_weight(q);
+    run += w;
+    if (run > r) return Drawn{c.index[q], w, kept};
   }
   KILN_ASSERT(false && "the draw ran past the kept mass");
-  return first;
+  return Drawn{first};
 }
 
-// Log-probabilities of one row (see the header comment).
+// Raw log-probabilities of one row (see the header comment): the chosen token's when `logprob` is
+// given, the top-N when top_ids is.
 void logprobs_row(const float* l, int64_t V, int32_t token, const ops::SamplingRow& p, float* logprob,
                   int32_t* top_ids, float* top_logprobs) {
   float mx = -INFINITY;
@@ -297,9 +313,14 @@ void sample(const ops::SamplingBatch& s) {
     int32_t* crow = counts && p.counts_row >= 0 && p.counts_row < count_rows ? counts + p.counts_row * V : nullptr;
     int32_t token;
     if (s.full) {
-      token = sample_row(row, crow, p, V, z, c);
-      if (p.logprobs != 0 || p.top_logprobs > 0)
-        logprobs_row(row, V, token, p, logprobs ? logprobs + b : nullptr,
+      const Drawn d = sample_row(row, crow, p, V, z, c);
+      token = d.token;
+      // The chosen token's log-prob: the behaviour one here, or the raw one in logprobs_row.
+      const bool behaviour = p.logprobs == ops::kLogprobsSampled;
+      if (behaviour && logprobs) logprobs[b] = sm::drawn_logprob(d.weight, d.mass);
+      const bool raw = !behaviour && (p.logprobs != 0 || p.top_logprobs > 0);
+      if (raw || p.top_logprobs > 0)
+        logprobs_row(row, V, token, p, raw && logprobs ? logprobs + b : nullptr,
                      top_ids ? top_ids + b * ops::kMaxTopLogprobs : nullptr,
                      top_logprobs ? top_logprobs + b * ops::kMaxTopLogprobs : nullptr);
     } else {

@@ -18,7 +18,10 @@
 //                   first-exceeding position because the sums are exact integers. Without top-k and
 //                   top-p (or with an ineffective top-k) the kept set is every weight >= the min-p
 //                   floor: no histograms, no list; the draw descends into the chunk holding the target.
-//   logprob_kernel  (sampling_logprobs.cu) the log-probabilities of the rows that ask.
+//                   Thread 0 writes the token, and for rows with logprobs == kLogprobsSampled the
+//                   behaviour log-probability from the drawn token's kept weight and the kept mass.
+//   logprob_kernel  (sampling_logprobs.cu) the raw log-probabilities of the rows that ask (the
+//                   chosen token's except in kLogprobsSampled rows, and the top-N).
 //   reset_counts_kernel  reset_token_counts after a memset of the row.
 #include <climits>
 #include <cstdint>
@@ -290,18 +293,26 @@ __device__ int64_t descend(int64_t lo, int64_t len, u64 target, F& f, Smem& s) {
 // ---------------------------------------------------------------------------------------------
 // The sampled path (steps 3-9) of one row with finite max m
 
+// The outcome of a draw: the token and the kept mass (every thread), and the token's kept weight
+// (thread 0 only: the thread that writes the outputs, so no other thread reads the counts row late).
+// mass 0: no draw happened, a point mass.
+struct Drawn {
+  int32_t token;
+  u64 weight, mass;
+};
+
 // Steps 8-9 when no cut applies: every element of weight >= min_w is kept, so the draw needs no
 // candidate list. warp_mass: this warp's chunk's kept mass (every lane); the target's chunk is then
 // searched by descent, recomputing the weights from the row.
-__device__ __noinline__ int32_t draw_uncut(const Row& r, const ops::SamplingRow& p, int64_t V, float m, int32_t first,
-                                           u64 min_w, u64 warp_mass, Smem& s) {
+__device__ __noinline__ Drawn draw_uncut(const Row& r, const ops::SamplingRow& p, int64_t V, float m, int32_t first,
+                                         u64 min_w, u64 warp_mass, Smem& s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
   if (lane == 0) s.seg[warp] = warp_mass;
   __syncthreads();
   u64 kept = 0;
   for (int k = 0; k < kWarps; ++k) kept += s.seg[k];
-  if (kept == 0) return first;
+  if (kept == 0) return Drawn{first, 0, 0};
   u64 target = sm::draw_target(sm::row_uniform(p), kept);
   int w = 0;
   for (; w < kWarps - 1; ++w) {
@@ -315,14 +326,15 @@ __device__ __noinline__ int32_t draw_uncut(const Row& r, const ops::SamplingRow&
     const u64 wq = sm::weight(sm::fsub(z, m));
     return wq >= min_w ? wq : 0;
   };
-  if (hi <= lo) return first;  // only when the promise of exact sums is broken
+  if (hi <= lo) return Drawn{first, 0, 0};  // only when the promise of exact sums is broken
   segment_sums(lo, hi - lo, row_weight, s);
   const int64_t q = descend(lo, hi - lo, target, row_weight, s);
-  return q >= 0 && q < V ? static_cast<int32_t>(q) : first;
+  if (q < 0 || q >= V) return Drawn{first, 0, 0};
+  return Drawn{static_cast<int32_t>(q), threadIdx.x == 0 ? row_weight(q) : 0, kept};
 }
 
-__device__ int32_t sample_row(const Row& r, const ops::SamplingRow& p, int64_t V, float m, int32_t first,
-                              uint32_t* keys, int32_t* index, Smem& s) {
+__device__ Drawn sample_row(const Row& r, const ops::SamplingRow& p, int64_t V, float m, int32_t first,
+                            uint32_t* keys, int32_t* index, Smem& s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int64_t lo, hi;
   chunk_of(V, warp, &lo, &hi);
@@ -430,17 +442,18 @@ __device__ int32_t sample_row(const Row& r, const ops::SamplingRow& p, int64_t V
     return wq >= min_w ? wq : 0;
   };
   const u64 kept = segment_sums(0, n, kept_weight, s);
-  if (kept == 0) return first;
+  if (kept == 0) return Drawn{first, 0, 0};
   const int64_t q = descend(0, n, sm::draw_target(sm::row_uniform(p), kept), kept_weight, s);
   // Always in range on valid inputs; the guard keeps a broken promise (two rows sharing a counts
   // row) from writing outside the counts row.
-  const int32_t token = q >= 0 && q < n ? index[q] : first;
-  return token >= 0 && token < V ? token : first;
+  const int32_t token = q >= 0 && q < n ? index[q] : -1;
+  if (token < 0 || token >= V) return Drawn{first, 0, 0};
+  return Drawn{token, threadIdx.x == 0 ? kept_weight(q) : 0, kept};
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    sample_kernel(int32_t* tokens, const float* logits, int64_t V, const ops::SamplingRow* params, int32_t* counts,
-                  int64_t count_rows, char* workspace, int64_t row_bytes, bool vec) {
+    sample_kernel(int32_t* tokens, float* logprobs, const float* logits, int64_t V, const ops::SamplingRow* params,
+                  int32_t* counts, int64_t count_rows, char* workspace, int64_t row_bytes, bool vec) {
   __shared__ Smem s;
   const int64_t b = blockIdx.x;
   const ops::SamplingRow& p = params[b];
@@ -459,16 +472,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (i + j < hi) best = better(best, ArgMax{v[j], static_cast<int32_t>(i + j)});
   });
   best = block_argmax(best, s.arg);
-  int32_t token = best.i;
+  Drawn d{best.i, 0, 0};  // greedy or no finite maximum: a point mass
   if (!r.greedy && isfinite(best.v)) {
     char* ws = workspace + b * row_bytes;
-    token = sample_row(r, p, V, best.v, best.i, reinterpret_cast<uint32_t*>(ws),
-                       reinterpret_cast<int32_t*>(ws + sm::align256(4 * V)), s);
+    d = sample_row(r, p, V, best.v, best.i, reinterpret_cast<uint32_t*>(ws),
+                   reinterpret_cast<int32_t*>(ws + sm::align256(4 * V)), s);
   }
-  // Step 10. Every read of the counts row happened before a barrier thread 0 has passed.
+  // Step 10, and the behaviour log-prob (the raw ones come from logprob_kernel). Every read of the
+  // counts row by another thread happened before a barrier thread 0 has passed.
   if (threadIdx.x == 0) {
-    tokens[b] = token;
-    if (crow) crow[token] += 1;
+    tokens[b] = d.token;
+    if (logprobs && p.logprobs == ops::kLogprobsSampled) logprobs[b] = sm::drawn_logprob(d.weight, d.mass);
+    if (crow) crow[d.token] += 1;
   }
 }
 
@@ -550,7 +565,13 @@ void sample(CudaBackend& be, const ops::SamplingBatch& s) {
   char* ws = static_cast<char*>(s.workspace.data);
   const int64_t row_bytes = sm::row_workspace_bytes(V);
   const bool vec = V % 4 == 0 && detail::aligned16(logits) && (!counts || detail::aligned16(counts));
-  sample_kernel<<<grid, kThreads, 0, stream>>>(tokens, logits, V, params, counts, count_rows, ws, row_bytes, vec);
+  float* logprobs = nullptr;  // sample_kernel writes the behaviour log-probs (kLogprobsSampled rows)
+  if (sm::present(s.logprobs)) {
+    detail::check_float(be, s.logprobs);
+    logprobs = s.logprobs.ptr<float>();
+  }
+  sample_kernel<<<grid, kThreads, 0, stream>>>(tokens, logprobs, logits, V, params, counts, count_rows, ws, row_bytes,
+                                               vec);
   KILN_CUDA_CHECK_LAUNCH();
 
   sampler::launch_logprobs(be, s, ws, row_bytes);

@@ -1,6 +1,7 @@
-// Log-probabilities of the sampled rows that ask (ops::sample, kernels/sampling.h), the CUDA side of
-// the CPU twin's logprobs_row (kernels/cpu/sampling.cpp). One block per row that asks: the max, the
-// sum of exp_nonpos(l - max) in double, the chosen token's log-probability; then the top-N: the
+// Raw log-probabilities of the sampled rows that ask (ops::sample, kernels/sampling.h), the CUDA side
+// of the CPU twin's logprobs_row (kernels/cpu/sampling.cpp). One block per row that asks: the max, the
+// sum of exp_nonpos(l - max) in double, the chosen token's log-probability (not in rows with
+// logprobs == kLogprobsSampled, whose behaviour log-prob sample_kernel wrote); then the top-N: the
 // N-th first of the per-thread firsts (N block argmax rounds) is a threshold at or below the N-th
 // element of the order, and at most N threads hold elements at or above it, so at most
 // N * ceil(V / 1024) candidates (workspace); N block argmax rounds over them give the top-N in order.
@@ -26,6 +27,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const ops::SamplingRow& p = params[b];
   if (p.logprobs == 0 && p.top_logprobs <= 0) return;
   const int n_top = top_ids ? min(p.top_logprobs, ops::kMaxTopLogprobs) : 0;
+  const bool raw_token = p.logprobs != ops::kLogprobsSampled;  // else sample_kernel wrote logprobs[b]
+  if (!raw_token && n_top <= 0) return;
   const float* row = logits + b * V;
 
   ArgMax mine{-INFINITY, INT_MAX};  // this thread's first element of the order
@@ -42,7 +45,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (!finite) return v == mx ? 0.0f : -INFINITY;
     return static_cast<float>(static_cast<double>(v) - lse);
   };
-  if (threadIdx.x == 0 && logprobs) logprobs[b] = logp(sm::clean(row[tokens[b]]));
+  if (threadIdx.x == 0 && logprobs && raw_token) logprobs[b] = logp(sm::clean(row[tokens[b]]));
   if (n_top <= 0) return;
 
   // Threshold: the n_top-th first of the per-thread firsts.
