@@ -84,12 +84,13 @@ void attention_train_backward(Backend& be, Tensor dq, Tensor dk, Tensor dv, Tens
   cpu::attention_train_backward(dq, dk, dv, dout, q, k, v, out, lse, segment_ids, causal, scale);
 }
 
-void cross_entropy_forward_backward(Backend& be, Tensor logits, Tensor losses, Tensor logprobs, Tensor targets, float label_smoothing, float grad_scale, bool write_grad) {
+void cross_entropy_forward_backward(Backend& be, Tensor logits, Tensor losses, Tensor logprobs, Tensor targets,
+                                    const CrossEntropyOptions& o) {
 #ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::cross_entropy_forward_backward(cuda_backend(be), logits, losses, logprobs, targets, label_smoothing, grad_scale, write_grad);
+  if (be.device().is_cuda()) return cuda::cross_entropy_forward_backward(cuda_backend(be), logits, losses, logprobs, targets, o);
 #endif
   KILN_ASSERT(be.device().is_cpu());
-  cpu::cross_entropy_forward_backward(logits, losses, logprobs, targets, label_smoothing, grad_scale, write_grad);
+  cpu::cross_entropy_forward_backward(logits, losses, logprobs, targets, o);
 }
 
 void adamw_step(Backend& be, Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, const AdamWStep& s) {

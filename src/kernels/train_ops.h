@@ -81,15 +81,31 @@ void attention_train_backward(Backend& be, Tensor dq, Tensor dk, Tensor dv, Tens
 // ---- Loss ----------------------------------------------------------------------------------------
 
 // Token cross-entropy over rows of logits, PyTorch's semantics (label_smoothing as in
-// torch.nn.functional.cross_entropy). For row r with target t = targets[r] >= 0 and p = softmax(logits[r]):
-//   losses[r]   = (1 - ls) * (-log p[t]) + ls * mean_v(-log p[v])
-//   logprobs[r] = log p[t]
-//   logits[r]   <- grad_scale * (p - (1 - ls) * onehot(t) - ls / V)     (only when write_grad)
-// A row with a negative target (-100) is ignored: loss 0, logprob 0, gradient row 0.
+// torch.nn.functional.cross_entropy), generalised for reinforcement-learning losses (a sampling
+// temperature, per-row weights such as advantages, the policy entropy). For row r with target
+// t = targets[r] >= 0, z = logit_scale * logits[r] and p = softmax(z):
+//   losses[r]    = (1 - ls) * (-log p[t]) + ls * mean_v(-log p[v])
+//   logprobs[r]  = log p[t]
+//   entropies[r] = -sum_v p[v] log p[v]                                    (only when given)
+//   logits[r]   <- grad_scale * row_scale_r * logit_scale * (p - (1 - ls) * onehot(t) - ls / V)
+//                  (only when write_grad; row_scale_r = row_scales[r], or 1 without row_scales)
+// so the gradient written is exactly d(grad_scale * row_scale_r * losses[r]) / d logits[r]; the
+// losses themselves are not multiplied by row_scale_r.
+// A row with a negative target (-100) is ignored: loss 0, logprob 0, entropy 0, gradient row 0.
 // logits: [R, V] f32 or bf16 (turned into the gradient in place: the fused head never stores fp32
-// logits for the whole batch); targets: [R] i32 (< V); losses, logprobs: [R] f32.
+// logits for the whole batch); targets: [R] i32 (< V); losses, logprobs: [R] f32, each may be absent
+// (data == nullptr). With logit_scale == 1 and neither row_scales nor entropies the results are those
+// of plain cross-entropy, bit for bit.
+struct CrossEntropyOptions {
+  float label_smoothing = 0.0f;
+  float grad_scale = 1.0f;
+  bool write_grad = false;
+  float logit_scale = 1.0f;  // z = logits * logit_scale (1 / temperature), finite and > 0
+  Tensor row_scales;         // optional [R] f32 in: multiplies row r's gradient (not its loss)
+  Tensor entropies;          // optional [R] f32 out: the entropy of softmax(z) per row (0 when ignored)
+};
 void cross_entropy_forward_backward(Backend& be, Tensor logits, Tensor losses, Tensor logprobs, Tensor targets,
-                                    float label_smoothing, float grad_scale, bool write_grad);
+                                    const CrossEntropyOptions& o);
 
 // ---- Optimizers ----------------------------------------------------------------------------------
 

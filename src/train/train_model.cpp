@@ -233,9 +233,12 @@ Result<double> TrainModel::head_loss(const DeviceBatch& batch, Activations& act,
     const Tensor logits = logits_buf.view().rows(0, r1 - r0);
     const Tensor rows = gathered.view().rows(r0, r1);
     ops::linear_forward(be_, logits, rows, W);
+    ops::CrossEntropyOptions ce;
+    ce.label_smoothing = options_.label_smoothing;
+    ce.grad_scale = grad_scale;
+    ce.write_grad = backward;
     ops::cross_entropy_forward_backward(be_, logits, losses.view().rows(r0, r1), logprobs.view().rows(r0, r1),
-                                        batch.targets.view().rows(r0, r1), options_.label_smoothing, grad_scale,
-                                        backward);
+                                        batch.targets.view().rows(r0, r1), ce);
     if (backward) {
       ops::gemm(be_, d_gathered.view().rows(r0, r1), logits, false, W, false, 1.0f, 0.0f);  // [r, V] @ [V, H]
       ops::gemm(be_, params_.grad(head), logits, true, rows, false, 1.0f, 1.0f);         // += [r, V]^T @ [r, H]

@@ -3,6 +3,11 @@
 //   * cross entropy: a direct double-precision log-softmax (loss, target log-prob, gradient), the
 //     gradient against central finite differences of the op's own loss, label smoothing, ignored
 //     rows, grad_scale, write_grad = false (logits untouched), bf16 logits;
+//   * the reinforcement-learning options (logit_scale, row_scales, entropies) against the same
+//     double reference extended to z = logit_scale * logits, the entropy and the scaled gradient,
+//     for every combination with label smoothing and f32 / bf16 logits; a finite-difference check of
+//     d(grad_scale * row_scale * loss) / d logits; exact identities (row scales of 1 and entropies
+//     change no bit, logit_scale 2 equals logits doubled);
 //   * AdamW: a double-precision transcription of torch.optim.AdamW over several steps with
 //     decay_end inside the vector and grad_scale != 1, a hand-computed first step, the bf16/f16
 //     compute copy (exactly the rounded f32 params);
@@ -11,9 +16,11 @@
 // 6e-8 relative per operation), the references in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
@@ -28,35 +35,45 @@ std::vector<float> host_values(Tensor t) { return cpu::detail::to_f32(t); }
 // ---- Cross entropy reference -----------------------------------------------------------------------
 
 struct CeReference {
-  std::vector<double> loss, logprob, grad;  // [R], [R], [R * V]
+  std::vector<double> loss, logprob, entropy, grad;  // [R], [R], [R], [R * V]
 };
 
 // Direct double implementation of torch.nn.functional.cross_entropy (reduction none, label smoothing)
-// and its gradient times grad_scale. x: [R, V] as f32 values (already storage-rounded).
+// of z = logit_scale * x, the entropy -sum p log p of softmax(z), and the gradient with respect to x
+// of grad_scale * row_scales[r] * loss[r] (row_scales empty: all 1). x: [R, V] as f32 values
+// (already storage-rounded).
 CeReference ce_reference(const std::vector<float>& x, const std::vector<int32_t>& targets, int64_t V, double ls,
-                         double grad_scale) {
+                         double grad_scale, double logit_scale = 1.0, const std::vector<float>& row_scales = {}) {
   const int64_t R = static_cast<int64_t>(targets.size());
   CeReference ref;
   ref.loss.assign(R, 0.0);
   ref.logprob.assign(R, 0.0);
+  ref.entropy.assign(R, 0.0);
   ref.grad.assign(R * V, 0.0);
   for (int64_t r = 0; r < R; ++r) {
     const int32_t t = targets[r];
     if (t < 0) continue;
-    const float* row = x.data() + r * V;
+    std::vector<double> z(V);
+    for (int64_t v = 0; v < V; ++v) z[v] = logit_scale * static_cast<double>(x[r * V + v]);
     double m = -std::numeric_limits<double>::infinity();
-    for (int64_t v = 0; v < V; ++v) m = std::max(m, static_cast<double>(row[v]));
-    double z = 0.0;
-    for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - m);
+    for (int64_t v = 0; v < V; ++v) m = std::max(m, z[v]);
+    double sum_exp = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum_exp += std::exp(z[v] - m);
     std::vector<double> logp(V);
-    for (int64_t v = 0; v < V; ++v) logp[v] = (row[v] - m) - std::log(z);
-    double sum_logp = 0.0;
-    for (int64_t v = 0; v < V; ++v) sum_logp += logp[v];
+    for (int64_t v = 0; v < V; ++v) logp[v] = (z[v] - m) - std::log(sum_exp);
+    double sum_logp = 0.0, entropy = 0.0;
+    for (int64_t v = 0; v < V; ++v) {
+      sum_logp += logp[v];
+      entropy -= std::exp(logp[v]) * logp[v];
+    }
     ref.loss[r] = -(1.0 - ls) * logp[t] - ls / static_cast<double>(V) * sum_logp;
     ref.logprob[r] = logp[t];
+    ref.entropy[r] = entropy;
+    // d loss / d z = p - target distribution; d z / d x = logit_scale.
+    const double k = grad_scale * (row_scales.empty() ? 1.0 : static_cast<double>(row_scales[r])) * logit_scale;
     for (int64_t v = 0; v < V; ++v) {
       const double target_dist = (v == t ? 1.0 - ls : 0.0) + ls / static_cast<double>(V);
-      ref.grad[r * V + v] = grad_scale * (std::exp(logp[v]) - target_dist);
+      ref.grad[r * V + v] = k * (std::exp(logp[v]) - target_dist);
     }
   }
   return ref;
@@ -76,17 +93,38 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& ref,
 }
 
 struct CeRun {
-  std::vector<float> loss, logprob, logits_after;
+  std::vector<float> loss, logprob, entropy, logits_after;  // entropy empty unless asked for
 };
 
-CeRun run_ce(Backend& be, Tensor logits, const std::vector<int32_t>& targets, float ls, float grad_scale,
-             bool write_grad) {
+// The op on `logits` (in place) with options o; row_scales (empty: none) become o.row_scales, and
+// with want_entropy the entropies are returned. Outputs start as 123 so that every row must be written.
+CeRun run_ce_options(Backend& be, Tensor logits, const std::vector<int32_t>& targets, ops::CrossEntropyOptions o,
+                     const std::vector<float>& row_scales, bool want_entropy) {
   const int64_t R = static_cast<int64_t>(targets.size());
   TensorBuffer tg = host_ints(targets);
   TensorBuffer loss = host_empty(Shape{R}, DType::f32), logprob = host_empty(Shape{R}, DType::f32);
-  for (int64_t r = 0; r < R; ++r) loss.ptr<float>()[r] = logprob.ptr<float>()[r] = 123.0f;  // must be overwritten
-  ops::cross_entropy_forward_backward(be, logits, loss, logprob, tg, ls, grad_scale, write_grad);
-  return {host_values(loss), host_values(logprob), host_values(logits)};
+  TensorBuffer entropy = host_empty(Shape{R}, DType::f32), scales = host_empty(Shape{R}, DType::f32);
+  for (int64_t r = 0; r < R; ++r)
+    loss.ptr<float>()[r] = logprob.ptr<float>()[r] = entropy.ptr<float>()[r] = 123.0f;  // must be overwritten
+  if (!row_scales.empty()) {
+    KILN_ASSERT(static_cast<int64_t>(row_scales.size()) == R);
+    std::copy(row_scales.begin(), row_scales.end(), scales.ptr<float>());
+    o.row_scales = scales;
+  }
+  if (want_entropy) o.entropies = entropy;
+  ops::cross_entropy_forward_backward(be, logits, loss, logprob, tg, o);
+  CeRun run{host_values(loss), host_values(logprob), {}, host_values(logits)};
+  if (want_entropy) run.entropy = host_values(entropy);
+  return run;
+}
+
+CeRun run_ce(Backend& be, Tensor logits, const std::vector<int32_t>& targets, float ls, float grad_scale,
+             bool write_grad) {
+  ops::CrossEntropyOptions o;
+  o.label_smoothing = ls;
+  o.grad_scale = grad_scale;
+  o.write_grad = write_grad;
+  return run_ce_options(be, logits, targets, o, {}, false);
 }
 
 TEST(LossOptimCpu, CrossEntropyMatchesDoubleReference) {
@@ -206,6 +244,190 @@ TEST(LossOptimCpu, CrossEntropyBf16Logits) {
     expect_close(got.loss, ref.loss, 1e-6, 1e-7, "loss");
     expect_close(got.logprob, ref.logprob, 1e-6, 1e-7, "logprob");
     expect_close(got.logits_after, ref.grad, 1.0 / 256, 1e-30, "bf16 grad");
+  }
+}
+
+// Row scales of random signs and magnitudes (|s| from 1e-2 to 10), one exactly 0.
+std::vector<float> random_row_scales(int64_t R, uint64_t seed) {
+  TensorBuffer mag = random_ints(Shape{R}, -200, 101, seed), sign = random_ints(Shape{R}, 0, 2, seed + 1);
+  std::vector<float> s(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r)
+    s[r] = static_cast<float>((sign.ptr<int32_t>()[r] ? -1.0 : 1.0) * std::pow(10.0, mag.ptr<int32_t>()[r] / 100.0));
+  if (R > 3) s[3] = 0.0f;
+  return s;
+}
+
+// Every combination of the RL options with label smoothing and both storage types, against the
+// double reference. f32 logits: the op computes in double and rounds once (tolerance as in
+// CrossEntropyMatchesDoubleReference); bf16 logits: the gradient is stored rounded to bf16 (2^-8).
+TEST(LossOptimCpu, CrossEntropyRlOptionsMatchDoubleReference) {
+  auto be = make_cpu_backend();
+  uint64_t seed = 501;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (int64_t V : {1, 37, 1001}) {
+      for (float c : {1.0f, 0.7f, 1.3f}) {
+        for (bool with_scales : {false, true}) {
+          for (bool with_entropy : {false, true}) {
+            for (float ls : {0.0f, 0.1f}) {
+              SCOPED_TRACE(std::string(dtype_name(dt)) + " V=" + std::to_string(V) + " c=" + std::to_string(c) +
+                           " row_scales=" + std::to_string(with_scales) + " entropy=" +
+                           std::to_string(with_entropy) + " ls=" + std::to_string(ls));
+              const int64_t R = 7;
+              TensorBuffer logits = random_host(Shape{R, V}, dt, seed++, 3.0f);
+              const std::vector<float> x = host_values(logits);
+              TensorBuffer tgt = random_ints(Shape{R}, 0, static_cast<int32_t>(V), seed++);
+              std::vector<int32_t> targets(tgt.ptr<int32_t>(), tgt.ptr<int32_t>() + R);
+              targets[2] = -100;  // ignored
+              targets[5] = static_cast<int32_t>(V - 1);
+              const std::vector<float> scales = with_scales ? random_row_scales(R, seed++) : std::vector<float>{};
+              const float gs = 0.375f;
+              CeReference ref = ce_reference(x, targets, V, ls, gs, c, scales);
+
+              ops::CrossEntropyOptions o;
+              o.label_smoothing = ls;
+              o.grad_scale = gs;
+              o.write_grad = true;
+              o.logit_scale = c;
+              CeRun got = run_ce_options(*be, logits, targets, o, scales, with_entropy);
+              expect_close(got.loss, ref.loss, 1e-6, 1e-7, "loss");
+              expect_close(got.logprob, ref.logprob, 1e-6, 1e-7, "logprob");
+              if (with_entropy) expect_close(got.entropy, ref.entropy, 1e-6, 1e-7, "entropy");
+              if (dt == DType::f32)
+                expect_close(got.logits_after, ref.grad, 1e-6, 1e-9, "grad");
+              else
+                expect_close(got.logits_after, ref.grad, 1.0 / 256, 1e-30, "bf16 grad");
+              EXPECT_EQ(got.loss[2], 0.0f);
+              EXPECT_EQ(got.logprob[2], 0.0f);
+              if (with_entropy) {
+                EXPECT_EQ(got.entropy[2], 0.0f);
+              }
+              for (int64_t v = 0; v < V; ++v) EXPECT_EQ(got.logits_after[2 * V + v], 0.0f);
+              if (with_scales)  // row 3 has scale 0: a zero gradient row, its loss still the unscaled loss
+                for (int64_t v = 0; v < V; ++v) EXPECT_EQ(got.logits_after[3 * V + v], 0.0f);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The gradient written with logit_scale and row_scales is d(grad_scale * row_scale * loss) / d logits:
+// central differences of the op's own loss (write_grad = false, same logit_scale), h = 1e-2, V = 7.
+// Error budget on d loss / dx as in CrossEntropyGradientMatchesFiniteDifferences, the third
+// derivative grown by logit_scale^3 < 2.2: truncation < 5e-6, f32 rounding of the loss / 2h < 5e-5;
+// tolerance 1e-4 times |grad_scale * row_scale|.
+TEST(LossOptimCpu, CrossEntropyRlGradientMatchesFiniteDifferences) {
+  auto be = make_cpu_backend();
+  const int64_t R = 4, V = 7;
+  const std::vector<float> scales = {0.5f, -2.0f, 3.0f, -0.25f};
+  const std::vector<int32_t> targets = {3, 0, -100, 6};
+  for (float c : {0.7f, 1.3f}) {
+    for (float ls : {0.0f, 0.2f}) {
+      SCOPED_TRACE("c=" + std::to_string(c) + " ls=" + std::to_string(ls));
+      const float gs = 0.5f;
+      TensorBuffer logits =
+          random_host(Shape{R, V}, DType::f32, 91 + static_cast<uint64_t>(c * 10 + ls * 100), 2.0f);
+      const std::vector<float> x = host_values(logits);
+      ops::CrossEntropyOptions o;
+      o.label_smoothing = ls;
+      o.grad_scale = gs;
+      o.logit_scale = c;
+
+      TensorBuffer work = host_empty(Shape{R, V}, DType::f32);
+      std::copy(x.begin(), x.end(), work.ptr<float>());
+      o.write_grad = true;
+      const CeRun analytic = run_ce_options(*be, work, targets, o, scales, true);
+      o.write_grad = false;
+
+      int failures = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        const double k = static_cast<double>(gs) * scales[r];
+        for (int64_t v = 0; v < V; ++v) {
+          const int64_t i = r * V + v;
+          std::copy(x.begin(), x.end(), work.ptr<float>());
+          const float xp = x[i] + 1e-2f, xm = x[i] - 1e-2f;
+          work.ptr<float>()[i] = xp;
+          const double lp = run_ce_options(*be, work, targets, o, scales, false).loss[r];
+          work.ptr<float>()[i] = xm;
+          const double lm = run_ce_options(*be, work, targets, o, scales, false).loss[r];
+          const double fd = k * (lp - lm) / (static_cast<double>(xp) - static_cast<double>(xm));
+          const double got = analytic.logits_after[i];
+          if (!(std::fabs(got - fd) <= 1e-4 * std::fabs(k)) && ++failures <= 5)
+            ADD_FAILURE() << "row " << r << " v " << v << ": analytic " << got << ", finite difference " << fd;
+        }
+      }
+      EXPECT_EQ(failures, 0);
+      for (int64_t v = 0; v < V; ++v) EXPECT_EQ(analytic.logits_after[2 * V + v], 0.0f);  // ignored row
+      EXPECT_EQ(analytic.entropy[2], 0.0f);
+    }
+  }
+}
+
+// Known entropies: uniform logits give log V at any logit_scale; logits (0, log 3) at logit_scale 1
+// give p = (1/4, 3/4), and at logit_scale 2 p = (1/10, 9/10).
+TEST(LossOptimCpu, CrossEntropyEntropyHandComputed) {
+  auto be = make_cpu_backend();
+  TensorBuffer uniform = host_empty(Shape{1, 8}, DType::f32);
+  for (int v = 0; v < 8; ++v) uniform.ptr<float>()[v] = 2.5f;
+  ops::CrossEntropyOptions o;
+  o.logit_scale = 0.7f;
+  EXPECT_NEAR(run_ce_options(*be, uniform, {3}, o, {}, true).entropy[0], std::log(8.0), 1e-6);
+
+  auto two_entropy = [](double p) { return -(p * std::log(p) + (1 - p) * std::log(1 - p)); };
+  TensorBuffer two = host_empty(Shape{1, 2}, DType::f32);
+  two.ptr<float>()[0] = 0.0f;
+  two.ptr<float>()[1] = static_cast<float>(std::log(3.0));
+  o.logit_scale = 1.0f;
+  CeRun a = run_ce_options(*be, two, {1}, o, {}, true);
+  EXPECT_NEAR(a.entropy[0], two_entropy(0.25), 1e-6);
+  EXPECT_NEAR(a.logprob[0], std::log(0.75), 1e-6);
+  o.logit_scale = 2.0f;
+  CeRun b = run_ce_options(*be, two, {1}, o, {}, true);
+  EXPECT_NEAR(b.entropy[0], two_entropy(0.1), 1e-6);
+  EXPECT_NEAR(b.logprob[0], std::log(0.9), 1e-6);
+}
+
+// Exact identities: asking for entropies or passing row scales of 1 changes no output bit (the
+// plain op's arithmetic is kept), and logit_scale = 2 on x equals logit_scale = 1 on 2x (exact in
+// every dtype) for loss, logprob and entropy, with the gradient exactly doubled.
+TEST(LossOptimCpu, CrossEntropyRlOptionsExactIdentities) {
+  auto be = make_cpu_backend();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t R = 5, V = 517;
+    TensorBuffer logits = random_host(Shape{R, V}, dt, 123, 3.0f);
+    const std::vector<float> x = host_values(logits);
+    const std::vector<int32_t> targets = {4, -100, 0, 516, 77};
+    // A fresh copy of the logits times `factor` (1 or 2: exact).
+    auto fresh = [&](float factor) {
+      TensorBuffer b = host_empty(Shape{R, V}, dt);
+      std::vector<float> v(x);
+      for (float& e : v) e *= factor;
+      cpu::detail::store_f32(b, 0, R * V, v.data());
+      return b;
+    };
+    ops::CrossEntropyOptions o;
+    o.label_smoothing = 0.1f;
+    o.grad_scale = 0.3f;
+    o.write_grad = true;
+    TensorBuffer l0 = fresh(1.0f), l1 = fresh(1.0f), l2 = fresh(1.0f), l3 = fresh(2.0f);
+    const CeRun plain = run_ce_options(*be, l0, targets, o, {}, false);
+    const CeRun with_all = run_ce_options(*be, l1, targets, o, std::vector<float>(R, 1.0f), true);
+    EXPECT_EQ(plain.loss, with_all.loss);
+    EXPECT_EQ(plain.logprob, with_all.logprob);
+    EXPECT_EQ(plain.logits_after, with_all.logits_after);
+
+    o.logit_scale = 2.0f;
+    const CeRun scaled = run_ce_options(*be, l2, targets, o, {}, true);
+    o.logit_scale = 1.0f;
+    const CeRun doubled = run_ce_options(*be, l3, targets, o, {}, true);
+    EXPECT_EQ(scaled.loss, doubled.loss);
+    EXPECT_EQ(scaled.logprob, doubled.logprob);
+    EXPECT_EQ(scaled.entropy, doubled.entropy);
+    std::vector<float> twice(doubled.logits_after);
+    for (float& g : twice) g *= 2.0f;
+    EXPECT_EQ(scaled.logits_after, twice);
   }
 }
 

@@ -10,6 +10,11 @@
 //       |gpu - cpu| <= u * |cpu| + 4e-6 * (|cpu| + grad_scale * (ls / V + (1 - ls) [v == t]))
 //     with u the storage rounding (2^-23 for f32, one bf16 ulp 2^-7 for bf16), plus 1e-37 for
 //     probabilities below 2^-126 that the GPU flushes to zero.
+//     The reinforcement-learning options (logit_scale 0.7 / 1.3, row_scales of random signs and
+//     magnitudes, entropies) under the same bounds, grad_scale replaced by |grad_scale * row_scale *
+//     logit_scale| in the gradient bound and entropies within 1e-5 like the losses; and exact
+//     identities of the CUDA twin alone: row scales of 1 change no bit, and logit_scale = 2 on x
+//     gives the bits of logit_scale = 1 on 2x (a gradient exactly doubled).
 //   * AdamW over N = 10,000,003 (a float4 body and an odd tail) with an odd decay_end, several steps,
 //     bf16 compute copy; and an unaligned view (scalar kernel) with an f16 copy. The CUDA twin performs
 //     the CPU twin's f32 operations with explicitly rounded intrinsics, so params, exp_avg and
@@ -19,6 +24,7 @@
 //     relative), an unaligned view, tiny and empty vectors, NaN and inf giving a non-finite result.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +33,7 @@
 #include <vector>
 
 #include "backend/cuda_backend.h"
+#include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_train_ops.h"
 #include "kernels/train_ops.h"
 #include "test_util.h"
@@ -95,11 +102,35 @@ void expect_rel_close(const std::vector<float>& a, const std::vector<float>& b, 
 
 // ---- Cross entropy ------------------------------------------------------------------------------
 
+// Row scales of random signs and magnitudes (|s| from 1e-2 to 10), one exactly 0.
+std::vector<float> random_row_scales(int64_t R, uint64_t seed) {
+  TensorBuffer mag = random_ints(Shape{R}, -200, 101, seed), sign = random_ints(Shape{R}, 0, 2, seed + 1);
+  std::vector<float> s(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r)
+    s[r] = static_cast<float>((sign.ptr<int32_t>()[r] ? -1.0 : 1.0) * std::pow(10.0, mag.ptr<int32_t>()[r] / 100.0));
+  if (R > 3) s[3] = 0.0f;
+  return s;
+}
+
+TensorBuffer host_floats(const std::vector<float>& v) {
+  TensorBuffer t = host_empty(Shape{static_cast<int64_t>(v.size())}, DType::f32);
+  std::copy(v.begin(), v.end(), t.ptr<float>());
+  return t;
+}
+
+// The RL options of one check: logit_scale, and whether row scales / entropies are passed.
+struct CeRl {
+  float logit_scale = 1.0f;
+  bool row_scales = false;
+  bool entropies = false;
+};
+
 void check_cross_entropy(Backend& be, int64_t R, int64_t V, DType dt, float ls, float gs, bool write_grad,
-                         int64_t offset, uint64_t seed) {
+                         int64_t offset, uint64_t seed, CeRl rl = {}) {
   SCOPED_TRACE("R=" + std::to_string(R) + " V=" + std::to_string(V) + " " + dtype_name(dt) + " ls=" +
                std::to_string(ls) + " gs=" + std::to_string(gs) + " write_grad=" + std::to_string(write_grad) +
-               " offset=" + std::to_string(offset));
+               " offset=" + std::to_string(offset) + " logit_scale=" + std::to_string(rl.logit_scale) +
+               " row_scales=" + std::to_string(rl.row_scales) + " entropies=" + std::to_string(rl.entropies));
   TensorBuffer logits = random_host(Shape{R, V}, dt, seed, 2.0f);
   TensorBuffer tg = random_ints(Shape{R}, 0, static_cast<int32_t>(V), seed + 1);
   std::vector<int32_t> targets(tg.ptr<int32_t>(), tg.ptr<int32_t>() + R);
@@ -107,25 +138,52 @@ void check_cross_entropy(Backend& be, int64_t R, int64_t V, DType dt, float ls, 
   targets[1] = 0;
   targets[2] = static_cast<int32_t>(V - 1);
   TensorBuffer tgt = host_ints(targets);
+  const std::vector<float> scales = rl.row_scales ? random_row_scales(R, seed + 2) : std::vector<float>(R, 1.0f);
+  TensorBuffer h_scales = host_floats(scales);
+
+  ops::CrossEntropyOptions o;
+  o.label_smoothing = ls;
+  o.grad_scale = gs;
+  o.write_grad = write_grad;
+  o.logit_scale = rl.logit_scale;
 
   // CPU twin, in place on a host copy.
   TensorBuffer cpu_logits = host_clone(logits);
   TensorBuffer cpu_loss = host_empty(Shape{R}, DType::f32), cpu_logp = host_empty(Shape{R}, DType::f32);
-  cpu::cross_entropy_forward_backward(cpu_logits, cpu_loss, cpu_logp, tgt, ls, gs, write_grad);
+  TensorBuffer cpu_ent = host_empty(Shape{R}, DType::f32);
+  ops::CrossEntropyOptions cpu_o = o;
+  if (rl.row_scales) cpu_o.row_scales = h_scales;
+  if (rl.entropies) cpu_o.entropies = cpu_ent;
+  cpu::cross_entropy_forward_backward(cpu_logits, cpu_loss, cpu_logp, tgt, cpu_o);
 
   OffsetTensor d_logits = upload_offset(be, logits, offset);
   TensorBuffer d_tgt = upload(be, tgt);
   TensorBuffer d_loss = device_empty(be, Shape{R}, DType::f32), d_logp = device_empty(be, Shape{R}, DType::f32);
-  ops::cross_entropy_forward_backward(be, d_logits.view, d_loss, d_logp, d_tgt, ls, gs, write_grad);
+  TensorBuffer d_ent = device_empty(be, Shape{R}, DType::f32), d_scales = upload(be, h_scales);
+  ops::CrossEntropyOptions gpu_o = o;
+  if (rl.row_scales) gpu_o.row_scales = d_scales;
+  if (rl.entropies) gpu_o.entropies = d_ent;
+  ops::cross_entropy_forward_backward(be, d_logits.view, d_loss, d_logp, d_tgt, gpu_o);
 
   const std::vector<float> loss = to_f32(be, d_loss), logp = to_f32(be, d_logp);
   const std::vector<float> ref_loss = to_f32(be, cpu_loss), ref_logp = to_f32(be, cpu_logp);
+  std::vector<float> ent, ref_ent;
+  if (rl.entropies) {
+    ent = to_f32(be, d_ent);
+    ref_ent = to_f32(be, cpu_ent);
+  }
   for (int64_t r = 0; r < R; ++r) {
     EXPECT_NEAR(loss[r], ref_loss[r], 1e-5) << "row " << r;
     EXPECT_NEAR(logp[r], ref_logp[r], 1e-5) << "row " << r;
+    if (rl.entropies) {
+      EXPECT_NEAR(ent[r], ref_ent[r], 1e-5) << "entropy row " << r;
+    }
     if (targets[r] < 0) {
       EXPECT_EQ(loss[r], 0.0f) << "row " << r;
       EXPECT_EQ(logp[r], 0.0f) << "row " << r;
+      if (rl.entropies) {
+        EXPECT_EQ(ent[r], 0.0f) << "entropy row " << r;
+      }
     }
   }
 
@@ -139,10 +197,12 @@ void check_cross_entropy(Backend& be, int64_t R, int64_t V, DType dt, float ls, 
   const double smooth = static_cast<double>(ls) / static_cast<double>(V), hot = 1.0 - ls;
   int64_t failures = 0;
   for (int64_t r = 0; r < R; ++r) {
+    // The row's gradient factor (grad_scale alone without the RL options).
+    const double k = std::fabs(static_cast<double>(gs) * scales[r] * rl.logit_scale);
     for (int64_t v = 0; v < V; ++v) {
       const int64_t i = r * V + v;
       const double b = ref[i];
-      const double scale = targets[r] < 0 ? 0.0 : std::fabs(gs) * (smooth + (v == targets[r] ? hot : 0.0));
+      const double scale = targets[r] < 0 ? 0.0 : k * (smooth + (v == targets[r] ? hot : 0.0));
       // 1e-37: the GPU flushes probabilities below 2^-126 to zero.
       const double tol = u * std::fabs(b) + 4e-6 * (std::fabs(b) + scale) + 1e-37;
       if (!(std::fabs(static_cast<double>(grad[i]) - b) <= tol) && ++failures <= 5)
@@ -174,6 +234,91 @@ TEST(LossOptimGpu, CrossEntropyMatchesCpu) {
     check_cross_entropy(*be, 33, V, DType::bf16, 0.1f, 1.0f, true, 1, seed);
     check_cross_entropy(*be, 33, V, DType::f32, 0.0f, 2.0f, true, 0, seed + 2);
     seed += 4;
+  }
+}
+
+// The RL options against the CPU twin: both logit scales, row scales and entropies alone and
+// together, at the training shape and an odd V (scalar head and tail), both dtypes, with label
+// smoothing, without the gradient, and off the 16-byte grid.
+TEST(LossOptimGpu, CrossEntropyRlOptionsMatchCpu) {
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 1001;
+  for (int64_t V : {128256, 1001}) {
+    for (DType dt : {DType::bf16, DType::f32}) {
+      for (float c : {0.7f, 1.3f}) {
+        check_cross_entropy(*be, 64, V, dt, 0.0f, 1.0f / 64, true, 0, seed, CeRl{c, true, true});
+        check_cross_entropy(*be, 64, V, dt, 0.1f, 1.0f / 64, true, 0, seed + 3, CeRl{c, false, true});
+        check_cross_entropy(*be, 64, V, dt, 0.1f, 0.5f, true, 0, seed + 6, CeRl{c, true, false});
+        check_cross_entropy(*be, 64, V, dt, 0.1f, 1.0f, false, 0, seed + 9, CeRl{c, true, true});
+        check_cross_entropy(*be, 13, V, dt, 0.0f, 0.5f, true, 3, seed + 12, CeRl{c, true, true});
+        seed += 15;
+      }
+      // logit_scale 1 with entropies / row scales.
+      check_cross_entropy(*be, 64, V, dt, 0.1f, 1.0f / 64, true, 0, seed, CeRl{1.0f, true, true});
+      check_cross_entropy(*be, 64, V, dt, 0.0f, 1.0f, true, 0, seed + 3, CeRl{1.0f, false, true});
+      seed += 6;
+    }
+  }
+  for (int64_t V : {1, 5, 8, 9, 17}) {
+    check_cross_entropy(*be, 33, V, DType::bf16, 0.1f, 1.0f, true, 1, seed, CeRl{1.3f, true, true});
+    check_cross_entropy(*be, 33, V, DType::f32, 0.0f, 2.0f, true, 0, seed + 3, CeRl{0.7f, true, true});
+    seed += 6;
+  }
+}
+
+// Exact identities of the CUDA twin: row scales of 1 give the bits of no row scales (the plain
+// op's path), and logit_scale = 2 (hi and lo exactly doubled) on x gives the bits of logit_scale = 1
+// on 2x for loss, logprob and entropy, with the gradient exactly doubled.
+TEST(LossOptimGpu, CrossEntropyRlOptionsExactIdentities) {
+  KILN_REQUIRE_GPU(be);
+  for (DType dt : {DType::bf16, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t R = 24, V = 50021;
+    TensorBuffer logits = random_host(Shape{R, V}, dt, 77, 2.0f);
+    const std::vector<float> x = to_f32(*be, logits);
+    std::vector<float> x2(x);
+    for (float& e : x2) e *= 2.0f;
+    TensorBuffer logits2 = host_empty(Shape{R, V}, dt);
+    cpu::detail::store_f32(logits2, 0, R * V, x2.data());
+    TensorBuffer tg = random_ints(Shape{R}, 0, static_cast<int32_t>(V), 78);
+    std::vector<int32_t> targets(tg.ptr<int32_t>(), tg.ptr<int32_t>() + R);
+    targets[5] = -100;
+    TensorBuffer d_tgt = upload(*be, host_ints(targets));
+    TensorBuffer d_ones = upload(*be, host_floats(std::vector<float>(R, 1.0f)));
+
+    struct Out {
+      std::vector<float> loss, logp, ent, grad;
+    };
+    auto run = [&](Tensor host_logits, float c, bool ones, bool entropies) {
+      TensorBuffer d = upload(*be, host_logits);
+      TensorBuffer loss = device_empty(*be, Shape{R}, DType::f32), logp = device_empty(*be, Shape{R}, DType::f32);
+      TensorBuffer ent = device_empty(*be, Shape{R}, DType::f32);
+      ops::CrossEntropyOptions o;
+      o.label_smoothing = 0.1f;
+      o.grad_scale = 0.3f;
+      o.write_grad = true;
+      o.logit_scale = c;
+      if (ones) o.row_scales = d_ones;
+      if (entropies) o.entropies = ent;
+      ops::cross_entropy_forward_backward(*be, d, loss, logp, d_tgt, o);
+      Out out{to_f32(*be, loss), to_f32(*be, logp), {}, to_f32(*be, d)};
+      if (entropies) out.ent = to_f32(*be, ent);
+      return out;
+    };
+    const Out plain = run(logits, 1.0f, false, false), ones = run(logits, 1.0f, true, false);
+    EXPECT_EQ(bit_mismatches(plain.loss, ones.loss), 0);
+    EXPECT_EQ(bit_mismatches(plain.logp, ones.logp), 0);
+    EXPECT_EQ(bit_mismatches(plain.grad, ones.grad), 0);
+    for (bool entropies : {false, true}) {
+      SCOPED_TRACE("entropies=" + std::to_string(entropies));
+      const Out scaled = run(logits, 2.0f, false, entropies), doubled = run(logits2, 1.0f, false, entropies);
+      EXPECT_EQ(bit_mismatches(scaled.loss, doubled.loss), 0);
+      EXPECT_EQ(bit_mismatches(scaled.logp, doubled.logp), 0);
+      EXPECT_EQ(bit_mismatches(scaled.ent, doubled.ent), 0);
+      std::vector<float> twice(doubled.grad);
+      for (float& g : twice) g *= 2.0f;
+      EXPECT_EQ(bit_mismatches(scaled.grad, twice), 0);
+    }
   }
 }
 

@@ -1,12 +1,16 @@
 // CPU twins of the fused cross-entropy row op and the optimizer updates (kernels/train_ops.h).
 //
-// cross_entropy_forward_backward, per row r of logits [R, V] with target t = targets[r]:
-//   m = max_v x[v],  s = sum_v exp(x[v] - m)      (exp and sum in double)
-//   lse = m + log(s);  logp[t] = x[t] - lse;  mean_v(-log p[v]) = lse - mean_v(x[v])
-//   loss = (1 - ls) * (lse - x[t]) + ls * (lse - mean(x))      (the ls term only when ls != 0)
-//   grad[v] = grad_scale * (exp(x[v] - lse) - ls / V - (1 - ls) [v == t])   (double, then stored)
-// Rows with t < 0 are ignored: loss = logprob = 0 and a zero gradient row. losses / logprobs may be
-// absent (data == nullptr) when the caller does not want them.
+// cross_entropy_forward_backward, per row r of logits [R, V] with target t = targets[r], c = logit_scale
+// and z[v] = c * x[v] (exact in double: a product of two floats):
+//   m = max_v z[v],  e[v] = exp(z[v] - m),  s = sum_v e[v]      (exp and sum in double)
+//   lse = m + log(s);  logp[t] = z[t] - lse;  mean_v(-log p[v]) = lse - mean_v(z[v])
+//   loss = (1 - ls) * (lse - z[t]) + ls * (lse - mean(z))      (the ls term only when ls != 0)
+//   entropy = log(s) - sum_v e[v] (z[v] - m) / s               (only when asked; terms with e = 0 skipped)
+//   grad[v] = k * (exp(z[v] - lse) - ls / V - (1 - ls) [v == t]),  k = grad_scale * row_scale * c
+//             (double, then stored)
+// With c = 1 and no row scale every double above equals the plain op's, so the results are the same
+// bits. Rows with t < 0 are ignored: loss = logprob = entropy = 0 and a zero gradient row.
+// losses / logprobs / entropies may be absent (data == nullptr) when the caller does not want them.
 //
 // adamw_step follows torch.optim.AdamW's single-tensor path (foreach=False) operation by operation,
 // every element operation in f32 and the scalar factors computed in double, then rounded to f32 as
@@ -61,7 +65,7 @@ bool check_lowp(const Tensor& lowp, int64_t n) {
 }  // namespace
 
 void cross_entropy_forward_backward(Tensor logits, Tensor losses, Tensor logprobs, Tensor targets,
-                                    float label_smoothing, float grad_scale, bool write_grad) {
+                                    const ops::CrossEntropyOptions& o) {
   detail::check_float(logits);
   detail::check_i32(targets);
   KILN_ASSERT(logits.ndim() >= 1);
@@ -69,10 +73,18 @@ void cross_entropy_forward_backward(Tensor logits, Tensor losses, Tensor logprob
   KILN_ASSERT(V > 0);
   const int64_t R = logits.numel() / V;
   KILN_ASSERT(targets.numel() == R);
+  KILN_ASSERT(std::isfinite(o.logit_scale) && o.logit_scale > 0.0f);
   const bool want_loss = losses.data != nullptr, want_logp = logprobs.data != nullptr;
+  const bool want_ent = o.entropies.data != nullptr, have_rs = o.row_scales.data != nullptr;
   if (want_loss) KILN_ASSERT(losses.device.is_cpu() && losses.dtype == DType::f32 && losses.numel() == R);
   if (want_logp) KILN_ASSERT(logprobs.device.is_cpu() && logprobs.dtype == DType::f32 && logprobs.numel() == R);
-  const double ls = label_smoothing;
+  if (want_ent)
+    KILN_ASSERT(o.entropies.device.is_cpu() && o.entropies.dtype == DType::f32 && o.entropies.numel() == R);
+  if (have_rs)
+    KILN_ASSERT(o.row_scales.device.is_cpu() && o.row_scales.dtype == DType::f32 && o.row_scales.numel() == R);
+  const double ls = o.label_smoothing;
+  const double c = o.logit_scale;
+  const bool write_grad = o.write_grad;
   const int32_t* tgt = targets.ptr<const int32_t>();
 
   std::vector<float> row(static_cast<size_t>(V));
@@ -82,6 +94,7 @@ void cross_entropy_forward_backward(Tensor logits, Tensor losses, Tensor logprob
     if (t < 0) {  // ignored row
       if (want_loss) losses.ptr<float>()[r] = 0.0f;
       if (want_logp) logprobs.ptr<float>()[r] = 0.0f;
+      if (want_ent) o.entropies.ptr<float>()[r] = 0.0f;
       if (write_grad) {
         std::fill(row.begin(), row.end(), 0.0f);
         detail::store_f32(logits, r * V, V, row.data());
@@ -89,25 +102,33 @@ void cross_entropy_forward_backward(Tensor logits, Tensor losses, Tensor logprob
       continue;
     }
     detail::load_f32(logits, r * V, V, row.data());
+    // c > 0, so the maximum of z is c times the maximum of x.
     double m = row[0];
     for (int64_t v = 1; v < V; ++v) m = std::fmax(m, static_cast<double>(row[v]));
-    double s = 0.0, sum_x = 0.0;
+    m *= c;
+    double s = 0.0, sum_z = 0.0, sum_ez = 0.0;  // sum e, sum z, sum e (z - m)
     for (int64_t v = 0; v < V; ++v) {
-      s += std::exp(static_cast<double>(row[v]) - m);
-      sum_x += row[v];
+      const double z = c * static_cast<double>(row[v]);
+      const double e = std::exp(z - m);
+      s += e;
+      sum_z += z;
+      if (want_ent && e > 0.0) sum_ez += e * (z - m);  // e = 0 for z = -inf, where (z - m) is -inf
     }
     const double lse = m + std::log(s);
-    const double logp_t = static_cast<double>(row[t]) - lse;
+    const double logp_t = c * static_cast<double>(row[t]) - lse;
     double loss = (1.0 - ls) * (-logp_t);
-    if (ls != 0.0) loss += ls * (lse - sum_x / static_cast<double>(V));
+    if (ls != 0.0) loss += ls * (lse - sum_z / static_cast<double>(V));
     if (want_loss) losses.ptr<float>()[r] = static_cast<float>(loss);
     if (want_logp) logprobs.ptr<float>()[r] = static_cast<float>(logp_t);
+    if (want_ent) o.entropies.ptr<float>()[r] = static_cast<float>(std::log(s) - sum_ez / s);
     if (write_grad) {
+      const double rs = have_rs ? static_cast<double>(o.row_scales.ptr<const float>()[r]) : 1.0;
+      const double k = static_cast<double>(o.grad_scale) * rs * c;
       const double smooth = ls / static_cast<double>(V);
       for (int64_t v = 0; v < V; ++v) {
-        double g = std::exp(static_cast<double>(row[v]) - lse) - smooth;
+        double g = std::exp(c * static_cast<double>(row[v]) - lse) - smooth;
         if (v == t) g -= 1.0 - ls;
-        row[v] = static_cast<float>(static_cast<double>(grad_scale) * g);
+        row[v] = static_cast<float>(k * g);
       }
       detail::store_f32(logits, r * V, V, row.data());
     }

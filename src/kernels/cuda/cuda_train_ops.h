@@ -22,7 +22,7 @@ void attention_train_forward(CudaBackend& be, Tensor out, Tensor lse, Tensor q, 
 void attention_train_backward(CudaBackend& be, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out,
                               Tensor lse, Tensor segment_ids, bool causal, float scale);
 void cross_entropy_forward_backward(CudaBackend& be, Tensor logits, Tensor losses, Tensor logprobs, Tensor targets,
-                                    float label_smoothing, float grad_scale, bool write_grad);
+                                    const ops::CrossEntropyOptions& o);
 void adamw_step(CudaBackend& be, Tensor params, Tensor grads, Tensor m, Tensor v, Tensor params_lowp, const ops::AdamWStep& s);
 void sgd_step(CudaBackend& be, Tensor params, Tensor grads, Tensor params_lowp, float lr, float weight_decay, float grad_scale,
               int64_t decay_end);

@@ -4,14 +4,20 @@
 // cross_entropy_forward_backward: one block of kCeThreads threads per row of logits [R, V]
 // (V up to ~256K; [4096, 128256] bf16 chunks in training, so it is bandwidth-bound: two reads and
 // one write of the row).
-//   Pass 1 (online softmax): each thread keeps, in the base-2 domain, a running maximum mlog of
-//     x * log2(e) and s = sum 2^(x * log2(e) - mlog), rescaled when its maximum grows; the exponent
-//     x * log2(e) - mlog is formed by two fmas with log2(e) split in hi + lo parts, so it is exact to
-//     f32 rounding of the (small) result, and 2^y is one ex2.approx. It also sums x (double per
-//     8-element vector) for the label-smoothing term. The block merges (mlog, s, sum_x), and thread 0
-//     writes loss and logprob: lse = mlog * ln 2 + ln s (double).
-//   Pass 2 (write_grad): grad = grad_scale * (2^(x * log2(e) - lse * log2(e)) - ls / V
-//     - (1 - ls) [v == t]), rounded to the logits' dtype and written in place.
+//   Every quantity is of z = logit_scale * x: the kernel works in the base-2 domain with
+//   logit_scale * log2(e) split in hi + lo parts (hi + lo = log2(e), the plain op's constants, when
+//   logit_scale = 1, so that case is the plain op bit for bit).
+//   Pass 1 (online softmax): each thread keeps a running maximum mlog of x * hi and
+//     s = sum 2^y, y = x * (hi + lo) - mlog, rescaled when its maximum grows; y is formed by two
+//     fmas, so it is exact to f32 rounding of the (small) result, and 2^y is one ex2.approx. It also
+//     sums x (double per 8-element vector) for the label-smoothing term. With entropies (a second
+//     instantiation, so the plain op's pass is unchanged) it also keeps a = sum 2^y * y in f32,
+//     rescaled with s (a -> f * (a - d * s) when the maximum grows by d, f = 2^-d), and
+//     entropy = ln s - ln 2 * a / s (double, clamped at 0). The block merges (mlog, s[, a], sum_x),
+//     and thread 0 writes loss and logprob: lse = mlog * ln 2 + ln s (double).
+//   Pass 2 (write_grad): grad = k * (2^(x * (hi + lo) - lse * log2(e)) - ls / V - (1 - ls) [v == t]),
+//     k = f32(grad_scale * row_scale * logit_scale) (double product, rounded once), rounded to the
+//     logits' dtype and written in place.
 //   Rows are read as a scalar head up to the first 16-byte boundary, 16-byte vectors of 8 elements
 //   (one uint4 for bf16/f16, two float4 for f32) and a scalar tail, so any V and any row alignment
 //   gets the vector path. Ignored rows (t < 0) skip pass 1 and write zeros. A target >= V (a caller
@@ -56,22 +62,38 @@ __device__ __forceinline__ float fast_exp2(float y) {
   return r;
 }
 
-// x * log2(e) - c, with the product carried to ~2^-48 relative inside the fmas. For x = -inf the
-// result is -inf (kLog2eLo > 0), so -inf logits add nothing.
-__device__ __forceinline__ float log2_domain(float x, float c) {
-  return __fmaf_rn(x, kLog2eHi, __fmaf_rn(x, kLog2eLo, -c));
+// x * (logit_scale * log2(e)) - c, with the product carried to ~2^-48 relative inside the fmas:
+// hi + lo is logit_scale * log2(e) split into two floats, hi below it and lo > 0 (see
+// log2e_split). For x = -inf the result is -inf (lo > 0), so -inf logits add nothing.
+__device__ __forceinline__ float log2_domain(float x, float hi, float lo, float c) {
+  return __fmaf_rn(x, hi, __fmaf_rn(x, lo, -c));
 }
 
-// Running softmax state of one thread: s = sum 2^(x * log2(e) - mlog); sum_x = sum x.
+// Running softmax state of one thread, in the base-2 domain y = z * log2(e) - mlog (z the scaled
+// logit): s = sum 2^y; sum_x = sum x (unscaled); a = sum 2^y * y (only with kEntropy: the entropy
+// is ln s - ln 2 * a / s).
 struct CeState {
   float mlog;
   float s;
+  float a;
   double sum_x;
 };
 
+// Re-expresses the state relative to a maximum m >= st.mlog: every term 2^y becomes f * 2^y with
+// f = 2^(st.mlog - m), and every y becomes y - (m - st.mlog), so a -> f * (a - (m - st.mlog) * s).
+// Returns f; the caller rescales s. A state that has seen nothing finite (mlog = -inf) has a = 0.
+template <bool kEntropy>
+__device__ __forceinline__ float ce_rescale_a(float& a, float mlog, float s, float m) {
+  const float f = fast_exp2(mlog - m);  // mlog = -inf: 2^-inf = 0
+  if constexpr (kEntropy) {
+    if (mlog != -INFINITY) a = f * (a - (m - mlog) * s);
+  }
+  return f;
+}
+
 // Adds n values (n <= 8) to the state.
-template <int N>
-__device__ __forceinline__ void ce_add(CeState& st, const float (&v)[N], int n) {
+template <bool kEntropy, int N>
+__device__ __forceinline__ void ce_add(CeState& st, const float (&v)[N], int n, float hi, float lo) {
   float vmax = -INFINITY;
   float vsum = 0.0f;
 #pragma unroll
@@ -82,45 +104,60 @@ __device__ __forceinline__ void ce_add(CeState& st, const float (&v)[N], int n) 
     }
   }
   // NaN propagates through vsum / the exponent sums; fmaxf would drop it.
-  const float vlog = vmax * kLog2eHi;
+  const float vlog = vmax * hi;
   if (vlog > st.mlog) {
-    st.s *= fast_exp2(st.mlog - vlog);  // mlog = -inf: 2^-inf = 0
+    st.s *= ce_rescale_a<kEntropy>(st.a, st.mlog, st.s, vlog);
     st.mlog = vlog;
   }
   if (st.mlog == -INFINITY) {
     // Nothing finite seen yet (all -inf so far): the terms are 0, but a NaN must still propagate.
     if (vsum != vsum) st.s = NAN;
   } else {
-    float e = 0.0f;
+    float e = 0.0f, ey = 0.0f;
 #pragma unroll
-    for (int k = 0; k < N; ++k)
-      if (k < n) e += fast_exp2(log2_domain(v[k], st.mlog));
+    for (int k = 0; k < N; ++k) {
+      if (k < n) {
+        const float y = log2_domain(v[k], hi, lo, st.mlog);
+        const float p = fast_exp2(y);
+        e += p;
+        if constexpr (kEntropy) ey += p > 0.0f ? p * y : 0.0f;  // p = 0 where y = -inf
+      }
+    }
     st.s += e;
+    if constexpr (kEntropy) st.a += ey;
   }
   st.sum_x += static_cast<double>(vsum);
 }
 
-__device__ __forceinline__ CeState ce_merge(CeState a, const CeState& b) {
+template <bool kEntropy>
+__device__ __forceinline__ CeState ce_merge(CeState a, CeState b) {
   const float m = fmaxf(a.mlog, b.mlog);
   CeState r;
   r.mlog = m;
+  r.a = 0.0f;
   if (m == -INFINITY) {  // neither side has seen a finite value
     r.s = a.s + b.s;     // 0, or NaN carried
   } else {
-    r.s = a.s * fast_exp2(a.mlog - m) + b.s * fast_exp2(b.mlog - m);
+    const float fa = ce_rescale_a<kEntropy>(a.a, a.mlog, a.s, m);
+    const float fb = ce_rescale_a<kEntropy>(b.a, b.mlog, b.s, m);
+    r.s = a.s * fa + b.s * fb;
+    if constexpr (kEntropy) r.a = a.a + b.a;
   }
   r.sum_x = a.sum_x + b.sum_x;
   return r;
 }
 
+template <bool kEntropy>
 __device__ __forceinline__ CeState ce_warp_merge(CeState st) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     CeState other;
     other.mlog = __shfl_xor_sync(0xffffffffu, st.mlog, o);
     other.s = __shfl_xor_sync(0xffffffffu, st.s, o);
+    other.a = 0.0f;
+    if constexpr (kEntropy) other.a = __shfl_xor_sync(0xffffffffu, st.a, o);
     other.sum_x = __shfl_xor_sync(0xffffffffu, st.sum_x, o);
-    st = ce_merge(st, other);
+    st = ce_merge<kEntropy>(st, other);
   }
   return st;
 }
@@ -133,12 +170,24 @@ __device__ __forceinline__ int64_t row_head(const void* row, int esize, int64_t 
   return head < V ? head : V;
 }
 
-// logits: [R, V] (dt), in place; targets: [R] i32; losses, logprobs: [R] f32 or nullptr.
+// Scalar arguments of one launch. log2e_hi + log2e_lo = logit_scale * log2(e) (log2e_split).
+struct CeArgs {
+  float label_smoothing;
+  float grad_scale;
+  float logit_scale;
+  float log2e_hi, log2e_lo;
+  bool write_grad;
+};
+
+// logits: [R, V] (dt), in place; targets: [R] i32; losses, logprobs: [R] f32 or nullptr;
+// row_scales: [R] f32 or nullptr; entropies: [R] f32 (kEntropy) or nullptr.
+template <bool kEntropy>
 __global__ void __launch_bounds__(kCeThreads, 2)
     cross_entropy_kernel(void* logits, DType dt, int64_t V, const int32_t* targets, float* losses, float* logprobs,
-                         float label_smoothing, float grad_scale, bool write_grad) {
+                         const float* row_scales, float* entropies, CeArgs args) {
   __shared__ float sm_mlog[kCeThreads / 32];
   __shared__ float sm_s[kCeThreads / 32];
+  __shared__ float sm_a[kCeThreads / 32];
   __shared__ double sm_sum[kCeThreads / 32];
   __shared__ float sm_lse2;
 
@@ -147,6 +196,7 @@ __global__ void __launch_bounds__(kCeThreads, 2)
   const int esize = dt == DType::f32 ? 4 : 2;
   char* row = static_cast<char*>(logits) + r * V * esize;
   const int32_t t = targets[r];
+  const float hi = args.log2e_hi, lo = args.log2e_lo;
 
   // Row layout: [0, head) scalar, [head, body_end) vectors of 8, [body_end, V) scalar.
   const int64_t head = row_head(row, esize, V);
@@ -158,8 +208,9 @@ __global__ void __launch_bounds__(kCeThreads, 2)
     if (tid == 0) {
       if (losses) losses[r] = 0.0f;
       if (logprobs) logprobs[r] = 0.0f;
+      if (kEntropy) entropies[r] = 0.0f;
     }
-    if (write_grad) {
+    if (args.write_grad) {
       const float zeros[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       for (int64_t k = tid; k < nvec; k += kCeThreads) detail::store_vec<8>(body, k * 8, dt, zeros);
       for (int64_t j = tid; j < head; j += kCeThreads) detail::store1(row, j, dt, 0.0f);
@@ -169,8 +220,8 @@ __global__ void __launch_bounds__(kCeThreads, 2)
   }
   const bool target_ok = t < V;
 
-  // Pass 1: online max / sum of exponentials, and the sum of x.
-  CeState st{-INFINITY, 0.0f, 0.0};
+  // Pass 1: online max / sum of exponentials (and of 2^y * y for the entropy), and the sum of x.
+  CeState st{-INFINITY, 0.0f, 0.0f, 0.0};
   float x_t = 0.0f;
   if (tid == 0 && target_ok) x_t = detail::load1(row, t, dt);
   {
@@ -180,64 +231,78 @@ __global__ void __launch_bounds__(kCeThreads, 2)
       float a[8], b[8];
       detail::load_vec<8>(body, k * 8, dt, a);
       detail::load_vec<8>(body, (k + kCeThreads) * 8, dt, b);
-      ce_add<8>(st, a, 8);
-      ce_add<8>(st, b, 8);
+      ce_add<kEntropy, 8>(st, a, 8, hi, lo);
+      ce_add<kEntropy, 8>(st, b, 8, hi, lo);
     }
     if (k < nvec) {
       float a[8];
       detail::load_vec<8>(body, k * 8, dt, a);
-      ce_add<8>(st, a, 8);
+      ce_add<kEntropy, 8>(st, a, 8, hi, lo);
     }
   }
   for (int64_t j = tid; j < head; j += kCeThreads) {
     const float a[1] = {detail::load1(row, j, dt)};
-    ce_add<1>(st, a, 1);
+    ce_add<kEntropy, 1>(st, a, 1, hi, lo);
   }
   for (int64_t j = body_end + tid; j < V; j += kCeThreads) {
     const float a[1] = {detail::load1(row, j, dt)};
-    ce_add<1>(st, a, 1);
+    ce_add<kEntropy, 1>(st, a, 1, hi, lo);
   }
 
   // Block merge: warps by shuffles, then the warp leaders through shared memory.
-  st = ce_warp_merge(st);
+  st = ce_warp_merge<kEntropy>(st);
   const int warp = tid / 32, lane = tid % 32;
   if (lane == 0) {
     sm_mlog[warp] = st.mlog;
     sm_s[warp] = st.s;
+    if (kEntropy) sm_a[warp] = st.a;
     sm_sum[warp] = st.sum_x;
   }
   __syncthreads();
   if (warp == 0) {
     constexpr int kWarps = kCeThreads / 32;
-    CeState w{-INFINITY, 0.0f, 0.0};
-    if (lane < kWarps) w = CeState{sm_mlog[lane], sm_s[lane], sm_sum[lane]};
-    w = ce_warp_merge(w);
+    CeState w{-INFINITY, 0.0f, 0.0f, 0.0};
+    if (lane < kWarps) w = CeState{sm_mlog[lane], sm_s[lane], kEntropy ? sm_a[lane] : 0.0f, sm_sum[lane]};
+    w = ce_warp_merge<kEntropy>(w);
     if (lane == 0) {
-      const double ls = label_smoothing;
+      // lse, logp and the mean are of z = logit_scale * x (mlog is already in z's units).
+      const double ls = args.label_smoothing;
+      const double c = args.logit_scale;
       const double lse = static_cast<double>(w.mlog) * kLn2 + log(static_cast<double>(w.s));
-      double logp_t = static_cast<double>(x_t) - lse;
+      double logp_t = c * static_cast<double>(x_t) - lse;
       double loss = (1.0 - ls) * (-logp_t);
-      if (ls != 0.0) loss += ls * (lse - w.sum_x / static_cast<double>(V));
+      if (ls != 0.0) loss += ls * (lse - c * w.sum_x / static_cast<double>(V));
       if (!target_ok) logp_t = loss = NAN;
       if (losses) losses[r] = static_cast<float>(loss);
       if (logprobs) logprobs[r] = static_cast<float>(logp_t);
+      if constexpr (kEntropy) {
+        // H = ln s - ln 2 * a / s; >= 0 mathematically (the f32 sums can leave -1e-7; NaN is kept).
+        double h = log(static_cast<double>(w.s)) - kLn2 * static_cast<double>(w.a) / static_cast<double>(w.s);
+        if (h < 0.0) h = 0.0;
+        entropies[r] = static_cast<float>(h);
+      }
       sm_lse2 = static_cast<float>(lse * kLog2e);
     }
   }
-  if (!write_grad) return;
+  if (!args.write_grad) return;
   __syncthreads();
 
   // Pass 2: the gradient, in place; each element is read and written by one thread. The vectors run
   // from the end of the row back, so the first reads find the most recently loaded part in L2.
   const float lse2 = sm_lse2;
-  const float smooth = static_cast<float>(static_cast<double>(label_smoothing) / static_cast<double>(V));
-  const float hot = 1.0f - label_smoothing;
-  // grad = gs * (p - smooth - hot [j == t]).
+  const float ls_f = args.label_smoothing;
+  const float smooth = static_cast<float>(static_cast<double>(ls_f) / static_cast<double>(V));
+  const float hot = 1.0f - ls_f;
+  // The row's factor grad_scale * row_scale * logit_scale, rounded once (exactly grad_scale when the
+  // other two are 1).
+  const double rs = row_scales ? static_cast<double>(row_scales[r]) : 1.0;
+  const float k_row = static_cast<float>(static_cast<double>(args.grad_scale) * rs * static_cast<double>(args.logit_scale));
+  // grad = k_row * (p - smooth - hot [j == t]).
   auto grad_of = [&](float x, int64_t j) {
-    const float p = fast_exp2(log2_domain(x, lse2));
+    const float p = fast_exp2(log2_domain(x, hi, lo, lse2));
     float q = p - smooth;
     if (j == t) q -= hot;
-    return grad_scale * q;
+    return k_row * q;
   };
   {
     int64_t k = nvec - 1 - tid;
@@ -267,6 +332,22 @@ __global__ void __launch_bounds__(kCeThreads, 2)
   for (int64_t j = tid; j < head; j += kCeThreads) detail::store1(row, j, dt, grad_of(detail::load1(row, j, dt), j));
   for (int64_t j = body_end + tid; j < V; j += kCeThreads)
     detail::store1(row, j, dt, grad_of(detail::load1(row, j, dt), j));
+}
+
+// logit_scale * log2(e) as hi + lo: hi the float just below it, lo > 0 the float nearest the rest
+// (lo > 0 keeps -inf logits at -inf in log2_domain). For logit_scale = 1 these are kLog2eHi /
+// kLog2eLo, the constants of the plain op.
+void log2e_split(float logit_scale, float& hi, float& lo) {
+  if (logit_scale == 1.0f) {
+    hi = kLog2eHi;
+    lo = kLog2eLo;
+    return;
+  }
+  const double target = static_cast<double>(logit_scale) * kLog2e;
+  hi = static_cast<float>(target);
+  if (static_cast<double>(hi) >= target) hi = std::nextafter(hi, 0.0f);
+  lo = static_cast<float>(target - static_cast<double>(hi));
+  KILN_ASSERT(lo > 0.0f);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -442,7 +523,7 @@ __global__ void __launch_bounds__(kSsThreads) sum_partials_kernel(const double* 
 }  // namespace
 
 void cross_entropy_forward_backward(CudaBackend& be, Tensor logits, Tensor losses, Tensor logprobs, Tensor targets,
-                                    float label_smoothing, float grad_scale, bool write_grad) {
+                                    const ops::CrossEntropyOptions& o) {
   detail::check_float(be, logits);
   detail::check_i32(be, targets);
   KILN_ASSERT(logits.ndim() >= 1);
@@ -450,23 +531,34 @@ void cross_entropy_forward_backward(CudaBackend& be, Tensor logits, Tensor losse
   KILN_ASSERT(V > 0 && V < (int64_t(1) << 31));
   const int64_t R = logits.numel() / V;
   KILN_ASSERT(targets.numel() == R);
-  float* loss_ptr = nullptr;
-  float* logp_ptr = nullptr;
-  if (losses.data != nullptr) {
-    detail::check_float(be, losses);
-    KILN_ASSERT(losses.dtype == DType::f32 && losses.numel() == R);
-    loss_ptr = losses.ptr<float>();
-  }
-  if (logprobs.data != nullptr) {
-    detail::check_float(be, logprobs);
-    KILN_ASSERT(logprobs.dtype == DType::f32 && logprobs.numel() == R);
-    logp_ptr = logprobs.ptr<float>();
-  }
+  KILN_ASSERT(std::isfinite(o.logit_scale) && o.logit_scale > 0.0f);
+  // An optional [R] f32 tensor on the device: its pointer, or nullptr when absent.
+  auto optional_rows = [&](const Tensor& x) -> float* {
+    if (x.data == nullptr) return nullptr;
+    detail::check_float(be, x);
+    KILN_ASSERT(x.dtype == DType::f32 && x.numel() == R);
+    return x.ptr<float>();
+  };
+  float* loss_ptr = optional_rows(losses);
+  float* logp_ptr = optional_rows(logprobs);
+  const float* rs_ptr = optional_rows(o.row_scales);
+  float* ent_ptr = optional_rows(o.entropies);
   if (R == 0) return;
   KILN_ASSERT(R < (int64_t(1) << 31));
-  cross_entropy_kernel<<<static_cast<unsigned>(R), kCeThreads, 0, detail::stream_of(be)>>>(
-      logits.data, logits.dtype, V, targets.ptr<const int32_t>(), loss_ptr, logp_ptr, label_smoothing, grad_scale,
-      write_grad);
+  CeArgs args;
+  args.label_smoothing = o.label_smoothing;
+  args.grad_scale = o.grad_scale;
+  args.logit_scale = o.logit_scale;
+  log2e_split(o.logit_scale, args.log2e_hi, args.log2e_lo);
+  args.write_grad = o.write_grad;
+  const unsigned grid = static_cast<unsigned>(R);
+  if (ent_ptr != nullptr) {
+    cross_entropy_kernel<true><<<grid, kCeThreads, 0, detail::stream_of(be)>>>(
+        logits.data, logits.dtype, V, targets.ptr<const int32_t>(), loss_ptr, logp_ptr, rs_ptr, ent_ptr, args);
+  } else {
+    cross_entropy_kernel<false><<<grid, kCeThreads, 0, detail::stream_of(be)>>>(
+        logits.data, logits.dtype, V, targets.ptr<const int32_t>(), loss_ptr, logp_ptr, rs_ptr, nullptr, args);
+  }
   KILN_CUDA_CHECK_LAUNCH();
 }
 
