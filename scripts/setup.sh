@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-PACKAGES="cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libopenblas-dev libgtest-dev libpcre2-dev libutf8proc-dev libtomlplusplus-dev zlib1g-dev"
+PACKAGES="cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libopenblas-dev libgtest-dev libpcre2-dev libutf8proc-dev libtomlplusplus-dev zlib1g-dev libboost-dev"
 missing=""
 for p in $PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
