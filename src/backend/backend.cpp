@@ -48,8 +48,9 @@ int64_t host_memory_limit() {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : limit_(host_memory_limit()) {}
+  explicit CpuBackend(bool batch_invariant) : limit_(host_memory_limit()), batch_invariant_(batch_invariant) {}
   Device device() const override { return Device::cpu(); }
+  bool batch_invariant() const override { return batch_invariant_; }
   int64_t allocation_count() const override { return allocations_.load(); }
   Result<void*> allocate(int64_t bytes) override {
     ++allocations_;
@@ -88,11 +89,12 @@ class CpuBackend final : public Backend {
   std::atomic<int64_t> allocations_{0};  // the shared host instance may be used from several threads
   std::atomic<int64_t> live_bytes_{0};
   const int64_t limit_;
+  const bool batch_invariant_;
 };
 
 // Stateless, so one shared instance for host buffers is safe.
 Backend& host_backend() {
-  static CpuBackend backend;
+  static CpuBackend backend(false);
   return backend;
 }
 
@@ -146,7 +148,9 @@ Result<TensorBuffer> to_device(Backend& backend, Tensor src) {
   return out;
 }
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(bool batch_invariant) {
+  return std::make_unique<CpuBackend>(batch_invariant);
+}
 
 int cuda_device_count() {
 #ifdef KILN_WITH_CUDA

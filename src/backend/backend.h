@@ -40,6 +40,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
+  // Whether ops compute every row of a batch the same way whatever the other rows are (bitwise),
+  // at some cost in speed: a CPU backend made with batch_invariant (engines whose outputs must not
+  // depend on how requests were batched: reproducible RL rollouts, prefix cache on = off).
+  virtual bool batch_invariant() const { return false; }
   // Raw device memory; out_of_memory status when the device has none left.
   virtual Result<void*> allocate(int64_t bytes) = 0;
   virtual void deallocate(void* ptr, int64_t bytes) = 0;
@@ -150,8 +154,8 @@ Result<TensorBuffer> pinned_host_empty(Backend& backend, Shape shape, DType dtyp
 TensorBuffer to_host(Backend& backend, Tensor src);
 Result<TensorBuffer> to_device(Backend& backend, Tensor src);
 
-// The CPU backend (process-wide allocations through aligned new/delete).
-std::unique_ptr<Backend> make_cpu_backend();
+// The CPU backend (process-wide allocations through aligned new/delete); see batch_invariant().
+std::unique_ptr<Backend> make_cpu_backend(bool batch_invariant = false);
 // Number of usable CUDA devices; 0 when built without CUDA or no GPU/driver is present.
 int cuda_device_count();
 // A backend for `device`; a clear error when that device does not exist.

@@ -52,6 +52,7 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias) {
   if (be.device().is_cuda()) return cuda::linear_forward(cuda_backend(be), y, x, w, bias);
 #endif
   KILN_ASSERT(be.device().is_cpu());
+  if (be.batch_invariant()) return cpu::linear_forward_row_invariant(y, x, w, bias);
   cpu::linear_forward(y, x, w, bias);
 }
 

@@ -123,6 +123,9 @@ bool Transformer::uses_fused_layers(int64_t tokens) const {
   const ModelConfig& c = config_;
   Backend& be = backend_;
   const int64_t H = c.hidden_size, q_width = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
+  // The fused CPU twins order their arithmetic otherwise than the separate ops: a batch-invariant
+  // backend takes the separate ops at every batch size.
+  if (be.batch_invariant()) return false;
   return ops::fused_linear_valid(be, ops::FusedLinear::residual, tokens, q_width, dtype_) &&
          ops::fused_linear_valid(be, ops::FusedLinear::swiglu, tokens, H, dtype_) &&
          ops::fused_linear_valid(be, ops::FusedLinear::residual, tokens, c.intermediate_size, dtype_);

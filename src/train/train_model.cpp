@@ -203,27 +203,28 @@ void TrainModel::layer_forward(int64_t l, const DeviceBatch& batch, LayerActivat
   ops::add_rmsnorm_forward(be_, n_next, x_out, proj, next_norm, eps, /*residual_in=*/a.x_mid);
 }
 
-Result<double> TrainModel::head_loss(const DeviceBatch& batch, Activations& act, float grad_scale, bool backward,
-                                     std::vector<float>* logprobs_out) {
+Result<double> TrainModel::head_loss(const DeviceBatch& batch, Activations& act, const HeadPass& pass,
+                                     TokenScores* scores) {
   const int64_t T = static_cast<int64_t>(batch.batch) * batch.seq_len, H = config_.hidden_size;
   const int64_t V = config_.vocab_size, R = batch.labelled;
   const DType dt = params_.compute_dtype();
   const std::string head = config_.tie_word_embeddings ? "embed_tokens" : "lm_head";
   const Tensor W = params_.weight(head);  // [V, H]
-  if (backward) {
+  if (pass.backward) {
     KILN_ASSIGN_OR_RETURN(act.d_final, empty(be_, {T, H}, DType::f32));
     be_.zero(act.d_final);
   }
-  if (R == 0) {
-    if (logprobs_out) logprobs_out->clear();
-    return 0.0;
-  }
+  if (scores) *scores = TokenScores{};
+  if (R == 0) return 0.0;
   KILN_ASSIGN_OR_RETURN(TensorBuffer gathered, empty(be_, {R, H}, dt));
   ops::embedding_forward(be_, gathered, act.n_final, batch.target_rows);  // row gather
   KILN_ASSIGN_OR_RETURN(TensorBuffer losses, empty(be_, {R}, DType::f32));
   KILN_ASSIGN_OR_RETURN(TensorBuffer logprobs, empty(be_, {R}, DType::f32));
-  TensorBuffer d_gathered;
-  if (backward) {
+  TensorBuffer entropies, d_gathered;
+  if (pass.entropies) {
+    KILN_ASSIGN_OR_RETURN(entropies, empty(be_, {R}, DType::f32));
+  }
+  if (pass.backward) {
     KILN_ASSIGN_OR_RETURN(d_gathered, empty(be_, {R, H}, DType::f32));
   }
   const int64_t chunk = std::min(R, head_chunk_rows(be_, V, dt));
@@ -234,23 +235,30 @@ Result<double> TrainModel::head_loss(const DeviceBatch& batch, Activations& act,
     const Tensor rows = gathered.view().rows(r0, r1);
     ops::linear_forward(be_, logits, rows, W);
     ops::CrossEntropyOptions ce;
-    ce.label_smoothing = options_.label_smoothing;
-    ce.grad_scale = grad_scale;
-    ce.write_grad = backward;
+    ce.label_smoothing = pass.label_smoothing;
+    ce.grad_scale = pass.grad_scale;
+    ce.write_grad = pass.backward;
+    ce.logit_scale = pass.logit_scale;
+    if (pass.row_scales.data) ce.row_scales = pass.row_scales.rows(r0, r1);
+    if (pass.entropies) ce.entropies = entropies.view().rows(r0, r1);
     ops::cross_entropy_forward_backward(be_, logits, losses.view().rows(r0, r1), logprobs.view().rows(r0, r1),
                                         batch.targets.view().rows(r0, r1), ce);
-    if (backward) {
+    if (pass.backward) {
       ops::gemm(be_, d_gathered.view().rows(r0, r1), logits, false, W, false, 1.0f, 0.0f);  // [r, V] @ [V, H]
       ops::gemm(be_, params_.grad(head), logits, true, rows, false, 1.0f, 1.0f);         // += [r, V]^T @ [r, H]
     }
   }
-  if (backward) ops::embedding_backward(be_, act.d_final, d_gathered, batch.target_rows);  // row scatter
+  if (pass.backward) ops::embedding_backward(be_, act.d_final, d_gathered, batch.target_rows);  // row scatter
   TensorBuffer host_losses = to_host(be_, losses);
   double sum = 0.0;
   for (int64_t r = 0; r < R; ++r) sum += host_losses.ptr<float>()[r];
-  if (logprobs_out) {
+  if (scores) {
     TensorBuffer host_lp = to_host(be_, logprobs);
-    logprobs_out->assign(host_lp.ptr<float>(), host_lp.ptr<float>() + R);
+    scores->logprobs.assign(host_lp.ptr<float>(), host_lp.ptr<float>() + R);
+    if (pass.entropies) {
+      TensorBuffer host_h = to_host(be_, entropies);
+      scores->entropies.assign(host_h.ptr<float>(), host_h.ptr<float>() + R);
+    }
   }
   return sum;
 }
@@ -345,7 +353,11 @@ Result<double> TrainModel::forward_backward_unchecked(const DeviceBatch& batch, 
   Activations act;
   KILN_RETURN_IF_ERROR(forward(batch, act, /*keep_layers=*/!options_.recompute));
   KILN_RETURN_IF_ERROR(mark(&t1));
-  KILN_ASSIGN_OR_RETURN(double loss_sum, head_loss(batch, act, grad_scale, /*backward=*/true, nullptr));
+  HeadPass pass;
+  pass.grad_scale = grad_scale;
+  pass.backward = true;
+  pass.label_smoothing = options_.label_smoothing;
+  KILN_ASSIGN_OR_RETURN(double loss_sum, head_loss(batch, act, pass, nullptr));
   KILN_RETURN_IF_ERROR(mark(&t2));
   KILN_RETURN_IF_ERROR(backward(batch, act));
   KILN_RETURN_IF_ERROR(be_.synchronize());
@@ -355,21 +367,69 @@ Result<double> TrainModel::forward_backward_unchecked(const DeviceBatch& batch, 
 }
 
 Result<std::vector<float>> TrainModel::target_logprobs(const DeviceBatch& batch) {
+  KILN_ASSIGN_OR_RETURN(TokenScores scores, target_scores(batch, TokenScoreOptions{}));
+  return std::move(scores.logprobs);
+}
+
+Result<TokenScores> TrainModel::target_scores(const DeviceBatch& batch, const TokenScoreOptions& options) {
   try {
-    return target_logprobs_unchecked(batch);
+    Activations act;
+    KILN_RETURN_IF_ERROR(forward(batch, act, /*keep_layers=*/false));  // nothing is read back
+    HeadPass pass;
+    pass.logit_scale = options.logit_scale;
+    pass.entropies = options.entropies;
+    TokenScores scores;
+    KILN_ASSIGN_OR_RETURN(double unused, head_loss(batch, act, pass, &scores));
+    (void)unused;
+    return scores;
   } catch (const OutOfMemory& e) {
     return out_of_memory(std::string(e.what()) + " scoring " + std::to_string(batch.batch) + " x " +
-                         std::to_string(batch.seq_len) + " tokens; lower the batch or the sequence length");
+                         std::to_string(batch.seq_len) + " tokens; use smaller micro-batches");
   }
 }
 
-Result<std::vector<float>> TrainModel::target_logprobs_unchecked(const DeviceBatch& batch) {
+Result<double> TrainModel::forward_backward_token_loss(const DeviceBatch& batch, const TokenLoss& loss,
+                                                       const TokenScoreOptions& options, TokenScores* scores) {
+  try {
+    return forward_backward_token_loss_unchecked(batch, loss, options, scores);
+  } catch (const OutOfMemory& e) {
+    return out_of_memory(std::string(e.what()) + " in a training step of " + std::to_string(batch.batch) + " x " +
+                         std::to_string(batch.seq_len) + " tokens; use smaller micro-batches");
+  }
+}
+
+Result<double> TrainModel::forward_backward_token_loss_unchecked(const DeviceBatch& batch, const TokenLoss& loss,
+                                                                 const TokenScoreOptions& options,
+                                                                 TokenScores* scores_out) {
   Activations act;
-  KILN_RETURN_IF_ERROR(forward(batch, act, /*keep_layers=*/false));  // nothing is read back
-  std::vector<float> out;
-  KILN_ASSIGN_OR_RETURN(double unused, head_loss(batch, act, 0.0f, /*backward=*/false, &out));
+  KILN_RETURN_IF_ERROR(forward(batch, act, /*keep_layers=*/!options_.recompute));
+  HeadPass score;
+  score.logit_scale = options.logit_scale;
+  score.entropies = options.entropies;
+  TokenScores scores;
+  KILN_ASSIGN_OR_RETURN(double unused, head_loss(batch, act, score, &scores));
   (void)unused;
-  return out;
+  KILN_ASSIGN_OR_RETURN(TokenLossValue value, loss(scores.logprobs, scores.entropies));
+  if (static_cast<int64_t>(value.dloss_dlogprob.size()) != batch.labelled)
+    return invalid_argument("a token loss returned " + std::to_string(value.dloss_dlogprob.size()) +
+                            " derivatives for " + std::to_string(batch.labelled) + " labelled tokens");
+  // The cross-entropy op's gradient is d(-logprob)/d logits: scale row r by -d loss / d logprob_r.
+  TensorBuffer host_scales = host_empty({std::max<int64_t>(batch.labelled, 1)}, DType::f32);
+  for (int64_t r = 0; r < batch.labelled; ++r) host_scales.ptr<float>()[r] = -value.dloss_dlogprob[r];
+  HeadPass grad = score;
+  grad.backward = true;
+  grad.entropies = false;
+  TensorBuffer scales;
+  if (batch.labelled > 0) {
+    KILN_ASSIGN_OR_RETURN(scales, to_device(be_, host_scales.view().rows(0, batch.labelled)));
+    grad.row_scales = scales;
+  }
+  KILN_ASSIGN_OR_RETURN(double unused2, head_loss(batch, act, grad, nullptr));
+  (void)unused2;
+  KILN_RETURN_IF_ERROR(backward(batch, act));
+  KILN_RETURN_IF_ERROR(be_.synchronize());
+  if (scores_out) *scores_out = std::move(scores);
+  return value.loss;
 }
 
 }  // namespace kiln

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,24 @@ struct TrainModelOptions {
   bool recompute = false;
 };
 
+// RL objectives (rl/losses.h) are functions of the labelled rows' log-probabilities. Given log
+// p(target) of every labelled row (row order of DeviceBatch::target_rows) under softmax(logits *
+// logit_scale), and each row's entropy when asked, a TokenLoss returns the micro-batch's loss and
+// d loss / d logprob per row.
+struct TokenLossValue {
+  double loss = 0.0;
+  std::vector<float> dloss_dlogprob;  // [labelled]
+};
+using TokenLoss = std::function<Result<TokenLossValue>(const std::vector<float>& logprobs,
+                                                       const std::vector<float>& entropies)>;
+struct TokenScoreOptions {
+  float logit_scale = 1.0f;  // 1 / sampling temperature
+  bool entropies = false;    // also each labelled row's entropy of softmax(logits * logit_scale)
+};
+struct TokenScores {
+  std::vector<float> logprobs, entropies;  // [labelled] (entropies when asked)
+};
+
 // Wall-clock milliseconds of the last forward_backward's phases (when profile_phases is set).
 struct PhaseTimes {
   double forward_ms = 0, head_ms = 0, backward_ms = 0;
@@ -101,6 +120,14 @@ class TrainModel {
 
   // Forward only: log p(target) for each labelled row, in row order (for DPO / GRPO and scoring).
   Result<std::vector<float>> target_logprobs(const DeviceBatch& batch);
+  Result<TokenScores> target_scores(const DeviceBatch& batch, const TokenScoreOptions& options);
+
+  // Forward and backward of a loss of the labelled rows' log-probabilities: the forward, the
+  // output head once for the log-probabilities (and entropies), `loss` on the host, the head again
+  // with each row's gradient scaled by its d loss / d logprob, the backward: params().grads() +=
+  // d loss / d params. Label smoothing does not apply. Returns the loss and the scores it saw.
+  Result<double> forward_backward_token_loss(const DeviceBatch& batch, const TokenLoss& loss,
+                                             const TokenScoreOptions& options, TokenScores* scores = nullptr);
 
   // Benchmarks: synchronise between the phases of forward_backward and record their times.
   void set_profile_phases(bool on) { profile_phases_ = on; }
@@ -121,9 +148,19 @@ class TrainModel {
                      Tensor x_out, Tensor n_next, Tensor next_norm);
   // The two entry points without their error boundary (an op running out of memory throws).
   Result<double> forward_backward_unchecked(const DeviceBatch& batch, float grad_scale);
-  Result<std::vector<float>> target_logprobs_unchecked(const DeviceBatch& batch);
-  Result<double> head_loss(const DeviceBatch& batch, Activations& act, float grad_scale, bool backward,
-                           std::vector<float>* logprobs);
+  // The output head over the labelled rows: losses, log-probabilities (and entropies) into
+  // `scores`, and with `backward` the gradients into act.d_final and the head's weight gradient.
+  struct HeadPass {
+    float grad_scale = 1.0f;
+    bool backward = false;
+    float logit_scale = 1.0f;
+    float label_smoothing = 0.0f;
+    Tensor row_scales;  // optional [R] f32 on the device
+    bool entropies = false;
+  };
+  Result<double> head_loss(const DeviceBatch& batch, Activations& act, const HeadPass& pass, TokenScores* scores);
+  Result<double> forward_backward_token_loss_unchecked(const DeviceBatch& batch, const TokenLoss& loss,
+                                                       const TokenScoreOptions& options, TokenScores* scores);
   Status backward(const DeviceBatch& batch, Activations& act);
 
   Backend& be_;

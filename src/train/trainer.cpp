@@ -29,7 +29,6 @@ Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
     r.skipped = true;
     return r;
   }
-  const std::string at = "step " + std::to_string(version_ + 1);
   double loss_sum = 0.0;
   for (const HostBatch& hb : micro) {
     KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(hb));
@@ -37,6 +36,38 @@ Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
     loss_sum += sum;
   }
   r.loss = loss_sum / static_cast<double>(r.labelled);
+  return commit(r, start);
+}
+
+Result<StepReport> Trainer::step_token_loss(const std::vector<HostBatch>& micro, const std::vector<TokenLoss>& losses,
+                                            const TokenScoreOptions& options, std::vector<TokenScores>* scores) {
+  KILN_ASSERT(micro.size() == losses.size());
+  const auto start = std::chrono::steady_clock::now();
+  StepReport r;
+  r.policy_version = version_;
+  for (const HostBatch& hb : micro) {
+    r.labelled += hb.labelled();
+    r.tokens += hb.tokens();
+  }
+  if (scores) scores->assign(micro.size(), TokenScores{});
+  if (r.labelled == 0) {
+    r.skipped = true;
+    return r;
+  }
+  for (size_t i = 0; i < micro.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(micro[i]));
+    Result<double> loss = model_->forward_backward_token_loss(db, losses[i], options, scores ? &(*scores)[i] : nullptr);
+    if (!loss.ok()) {
+      optimizer_.discard_gradients();
+      return loss.status();
+    }
+    r.loss += *loss;
+  }
+  return commit(r, start);
+}
+
+Result<StepReport> Trainer::commit(StepReport r, std::chrono::steady_clock::time_point start) {
+  const std::string at = "step " + std::to_string(version_ + 1);
   if (!std::isfinite(r.loss)) {
     optimizer_.discard_gradients();
     return invalid_argument(at + ": the loss is not finite (" + std::to_string(r.loss) + ")");

@@ -13,6 +13,7 @@
 // Thread safety: none; one thread drives a Trainer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -49,6 +50,12 @@ class Trainer {
   // or gradient is an error naming the step; the weights and the version stay as they were.
   Result<StepReport> step(const std::vector<HostBatch>& micro);
 
+  // One optimizer step of a loss of the labelled tokens' log-probabilities (RL objectives):
+  // micro[i]'s gradients from losses[i], each already normalised for the whole step (the step's
+  // loss is their sum). `scores`, when given, receives each micro-batch's log-probabilities.
+  Result<StepReport> step_token_loss(const std::vector<HostBatch>& micro, const std::vector<TokenLoss>& losses,
+                                     const TokenScoreOptions& options, std::vector<TokenScores>* scores = nullptr);
+
   uint64_t policy_version() const { return version_; }
   // Resuming from a checkpoint: the version it recorded (its optimizer state is loaded separately).
   void restore_policy_version(uint64_t version) { version_ = version; }
@@ -59,6 +66,9 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
  private:
+  // The update after the gradients of a step are in: the finite-loss check, the optimizer step at
+  // the schedule's rate, the version.
+  Result<StepReport> commit(StepReport r, std::chrono::steady_clock::time_point start);
   Trainer(TrainModel& model, Optimizer optimizer, const TrainerOptions& options)
       : model_(&model), optimizer_(std::move(optimizer)), options_(options) {}
 

@@ -45,9 +45,9 @@ Outcome drain(RequestStream& s) {
 
 class EngineTest : public ::testing::Test {
  protected:
-  void load(const std::string& model) {
+  void load(const std::string& model, bool batch_invariant = false) {
     model_.reset();  // before the backend it lives on
-    be_ = make_cpu_backend();
+    be_ = make_cpu_backend(batch_invariant);
     Result<std::unique_ptr<Transformer>> m = Transformer::load(*be_, testdata_dir() + "/" + model);
     ASSERT_TRUE(m.ok()) << m.status().message();
     model_ = std::shared_ptr<const Transformer>(std::move(m).value());
@@ -120,9 +120,13 @@ class EngineTest : public ::testing::Test {
       ASSERT_EQ(got.ids, want.ids) << "request " << i;
       EXPECT_EQ(got.finish_reason, want.finish_reason) << "request " << i;
       ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
-      for (size_t t = 0; t < got.logprobs.size(); ++t)
-        EXPECT_NEAR(got.logprobs[t], want.logprobs[t], 1e-5 * std::max(1.0f, std::fabs(want.logprobs[t])))
-            << "request " << i << " token " << t;
+      for (size_t t = 0; t < got.logprobs.size(); ++t) {
+        if (be_->batch_invariant())  // bitwise, whatever the batch, the cache and preemptions did
+          EXPECT_EQ(got.logprobs[t], want.logprobs[t]) << "request " << i << " token " << t;
+        else
+          EXPECT_NEAR(got.logprobs[t], want.logprobs[t], 1e-5 * std::max(1.0f, std::fabs(want.logprobs[t])))
+              << "request " << i << " token " << t;
+      }
       for (size_t t = 0; t < got.top.size(); ++t) {
         ASSERT_EQ(got.top[t].size(), want.top[t].size());
         for (size_t k = 0; k < got.top[t].size(); ++k) EXPECT_EQ(got.top[t][k].first, want.top[t][k].first);
@@ -153,6 +157,25 @@ TEST_F(EngineTest, BatchedEqualsAloneWithPrefixCache) {
     int64_t hits = 0;
     check_equivalence(o, 24, 11, nullptr, &hits);
     EXPECT_GT(hits, 0) << m << ": the shared prefixes should hit the radix cache";
+  }
+}
+
+// A batch-invariant backend makes every request's tokens and log-probabilities bitwise those of
+// the request run alone: with and without the prefix cache, chunked, and preempted.
+TEST_F(EngineTest, BatchInvariantBackendIsBitwiseAlone) {
+  for (const char* m : {"tiny-llama", "tiny-qwen3"}) {
+    load(m, /*batch_invariant=*/true);
+    for (bool cache : {true, false}) {
+      EngineOptions o;
+      o.max_running = 8;
+      o.max_step_tokens = 48;
+      o.page_size = 4;
+      o.kv_tokens = cache ? 2048 : 96;  // the small pool preempts
+      o.prefix_cache = cache;
+      int64_t preemptions = 0;
+      check_equivalence(o, 24, 29, &preemptions);
+      if (!cache) EXPECT_GT(preemptions, 0) << m;
+    }
   }
 }
 

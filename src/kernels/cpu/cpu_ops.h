@@ -15,6 +15,7 @@ void rmsnorm_forward(Tensor y, Tensor x, Tensor w, float eps);
 void add_rmsnorm_forward(Tensor y, Tensor residual, Tensor x, Tensor w, float eps, Tensor residual_in);
 void rope_forward(Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling);
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor bias);
+void linear_forward_row_invariant(Tensor y, Tensor x, Tensor w, Tensor bias);
 void norm_linear_forward(Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias);
 void norm_linear_swiglu_forward(Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias);
 void linear_swiglu_forward(Tensor out, Tensor x, Tensor w, Tensor bias);

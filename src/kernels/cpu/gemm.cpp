@@ -7,6 +7,10 @@
 //   gemm: C = alpha * op(A) @ op(B) + beta * C, op(X) = X^T when trans_X.
 //     A: [M, K] (or [K, M] when trans_a), B: [K, N] (or [N, K] when trans_b), C: [M, N].
 //     BLAS convention: with beta == 0, C is not read (NaN/garbage in C does not propagate).
+//   linear_forward_row_invariant: linear_forward where every y[m][n] is one fixed function of row m
+//     of x and row n of w, whatever M and the other rows are (OpenBLAS picks kernels by shape, so
+//     its rows change in the last bits with the batch): 8 partial sums over k = j (mod 8) in
+//     increasing k, combined as ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), then + bias.
 #include <cblas.h>
 
 #include <algorithm>
@@ -29,7 +33,60 @@ const float* as_f32(const Tensor& t, std::vector<float>& scratch) {
   return scratch.data();
 }
 
+// The row-invariant dot product (see the header comment).
+float dot_row_invariant(const float* a, const float* b, int64_t K) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8)
+    for (int j = 0; j < 8; ++j) s[j] += a[k + j] * b[k + j];
+  for (int j = 0; k + j < K; ++j) s[j] += a[k + j] * b[k + j];
+  return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
 }  // namespace
+
+void linear_forward_row_invariant(Tensor y, Tensor x, Tensor w, Tensor bias) {
+  detail::check_float(y);
+  detail::check_float(x);
+  detail::check_float(w);
+  KILN_ASSERT(x.ndim() >= 1 && w.ndim() == 2 && y.ndim() == x.ndim());
+  const int64_t K = x.size(-1), N = w.size(0);
+  KILN_ASSERT(w.size(1) == K && y.size(-1) == N);
+  const int64_t M = x.numel() / std::max<int64_t>(K, 1);
+  KILN_ASSERT(y.numel() == M * N);
+  if (M == 0 || N == 0) return;
+  std::vector<float> x_scratch, y_scratch, w_block, b;
+  const float* xf = as_f32(x, x_scratch);
+  float* yf = y.ptr<float>();
+  if (y.dtype != DType::f32) {
+    y_scratch.resize(static_cast<size_t>(M * N));
+    yf = y_scratch.data();
+  }
+  if (bias.data) {
+    detail::check_float(bias);
+    KILN_ASSERT(bias.numel() == N);
+    b = detail::to_f32(bias);
+  }
+  // Blocks of 64 weight rows stay in cache while every row of x passes over them.
+  constexpr int64_t kRows = 64;
+  for (int64_t n0 = 0; n0 < N; n0 += kRows) {
+    const int64_t nb = std::min(kRows, N - n0);
+    const float* wf;
+    if (w.dtype == DType::f32) {
+      wf = w.ptr<const float>() + n0 * K;
+    } else {
+      w_block.resize(static_cast<size_t>(nb * K));
+      detail::load_f32(w, n0 * K, nb * K, w_block.data());
+      wf = w_block.data();
+    }
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < nb; ++n) {
+        const float d = K == 0 ? 0.0f : dot_row_invariant(xf + m * K, wf + n * K, K);
+        yf[m * N + n0 + n] = bias.data ? d + b[n0 + n] : d;
+      }
+  }
+  if (y.dtype != DType::f32) detail::store_f32(y, 0, M * N, yf);
+}
 
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor bias) {
   detail::check_float(y);
