@@ -76,6 +76,7 @@ Runner add_detokenize(CLI::App& app);
 Runner add_chat_template(CLI::App& app);
 Runner add_chat(CLI::App& app);
 Runner add_train(CLI::App& app);
+Runner add_rl(CLI::App& app);
 Runner add_preprocess(CLI::App& app);
 Runner add_plot(CLI::App& app);
 

@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <cstdio>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -65,35 +66,42 @@ Result<std::vector<std::string>> expand_config_files(const CLI::App& app, const 
                             std::string(e.description()));
   }
   std::vector<std::string> out(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(sub_at) + 1);
-  for (const auto& [key, node] : root) {
-    std::string name(key.str());
-    for (char& c : name)
-      if (c == '_') c = '-';
-    const std::string where = "config file '" + path + "': '" + std::string(key.str()) + "'";
-    const std::string flag = "--" + name;
-    // A table is the value of a JSON-object flag (--objective-kwargs): passed on as JSON.
-    const bool json_flag = name.size() > 7 && name.compare(name.size() - 7, 7, "-kwargs") == 0;
-    if (node.is_table() && !(json_flag && sub->get_option_no_throw(flag)))
-      return invalid_argument(where + " is a table; the file holds flags as top-level keys (tables only for " +
-                              "the *_kwargs options)");
-    if (name == "config" || !sub->get_option_no_throw(flag))
-      return invalid_argument(where + " is not a flag of kiln " + sub->get_name() + " (see kiln " + sub->get_name() +
-                              " --help)");
-    if (given(command_line, flag)) continue;  // the command line wins
-    if (const toml::table* t = node.as_table()) {
-      std::ostringstream json;
-      json << toml::json_formatter{*t};
-      out.push_back(flag + "=" + json.str());
-    } else if (const toml::array* a = node.as_array()) {
-      for (const auto& v : *a) {
-        KILN_ASSIGN_OR_RETURN(std::string s, scalar(where, v));
+  // Keys of a table [name] are the dotted flags --name.key (kiln rl's --reward.command); a table
+  // that is the value of a JSON-object flag (--objective-kwargs) is passed on as JSON.
+  std::function<Status(const std::string&, const toml::table&)> add = [&](const std::string& prefix,
+                                                                           const toml::table& table) -> Status {
+    for (const auto& [key, node] : table) {
+      std::string name = prefix + std::string(key.str());
+      for (char& c : name)
+        if (c == '_') c = '-';
+      const std::string where = "config file '" + path + "': '" + prefix + std::string(key.str()) + "'";
+      const std::string flag = "--" + name;
+      const bool json_flag = name.size() > 7 && name.compare(name.size() - 7, 7, "-kwargs") == 0;
+      if (node.is_table() && !(json_flag && sub->get_option_no_throw(flag))) {
+        KILN_RETURN_IF_ERROR(add(name + ".", *node.as_table()));
+        continue;
+      }
+      if (name == "config" || !sub->get_option_no_throw(flag))
+        return invalid_argument(where + " is not a flag of kiln " + sub->get_name() + " (see kiln " +
+                                sub->get_name() + " --help)");
+      if (given(command_line, flag)) continue;  // the command line wins
+      if (const toml::table* t = node.as_table()) {
+        std::ostringstream json;
+        json << toml::json_formatter{*t};
+        out.push_back(flag + "=" + json.str());
+      } else if (const toml::array* arr = node.as_array()) {
+        for (const auto& v : *arr) {
+          KILN_ASSIGN_OR_RETURN(std::string s, scalar(where, v));
+          out.push_back(flag + "=" + s);
+        }
+      } else {
+        KILN_ASSIGN_OR_RETURN(std::string s, scalar(where, node));
         out.push_back(flag + "=" + s);
       }
-    } else {
-      KILN_ASSIGN_OR_RETURN(std::string s, scalar(where, node));
-      out.push_back(flag + "=" + s);
     }
-  }
+    return Status::Ok();
+  };
+  KILN_RETURN_IF_ERROR(add("", root));
   out.insert(out.end(), command_line.begin(), command_line.end());
   return out;
 }

@@ -1,9 +1,10 @@
 // `--config FILE.toml` for every subcommand: the file's top-level keys are the subcommand's long
 // flags (dashes or underscores: batch-size or batch_size), their values TOML strings, numbers,
-// booleans or arrays (one value per element). The file's settings become flags placed before the
-// command line's, and a flag given on the command line replaces the file's. A key that is not a
-// flag of the subcommand, a nested table, an unreadable file or a TOML syntax error is an error
-// naming the file (and the line).
+// booleans or arrays (one value per element); the keys of a table [name] are the dotted flags
+// --name.key (kiln rl's [reward] table: --reward.command). The file's settings become flags placed
+// before the command line's, and a flag given on the command line replaces the file's. A key that
+// is not a flag of the subcommand, an unreadable file or a TOML syntax error is an error naming
+// the file (and the line).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/optimizer_flags.h"
 #include "cli/progress.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -32,13 +33,9 @@ struct TrainFlags {
   std::string model_dir, data, output, device = "cpu";
   int64_t steps = 0;  // 0: one pass over the data
   int32_t batch_size = 1, grad_accum = 1;
-  float lr = 1e-5f, eps = 1e-8f, weight_decay = 0.0f, clip_norm = 0.0f, label_smoothing = 0.0f;
-  std::string betas = "0.9,0.999";
+  float label_smoothing = 0.0f;
+  OptimizerFlags optim;
   std::string no_decay = kDefaultNoDecay;
-  std::string optimizer = "adamw";
-  std::string lr_schedule = "constant";
-  int64_t warmup_steps = 0, decay_steps = 0;
-  double min_lr_ratio = 0.0;
   std::string save_dtype;  // empty: the source checkpoint's dtype
   bool shuffle = false;
   std::string seed = "0";  // parsed (range-checked) by run_train
@@ -46,24 +43,8 @@ struct TrainFlags {
   int64_t eval_every = 0, eval_rows = 0, save_every = 0;
   int32_t keep_last = 0;
   double peak_tflops = 989.0;  // H100 / H200 dense bf16
-  float muon_momentum = 0.95f;
-  std::string muon_adjust_lr = "original";
   bool recompute = false;
 };
-
-Result<std::pair<float, float>> parse_betas(const std::string& text) {
-  const size_t comma = text.find(',');
-  try {
-    if (comma == std::string::npos) throw std::invalid_argument("no comma");
-    size_t used1 = 0, used2 = 0;
-    const std::string a = text.substr(0, comma), b = text.substr(comma + 1);
-    const float b1 = std::stof(a, &used1), b2 = std::stof(b, &used2);
-    if (used1 != a.size() || used2 != b.size()) throw std::invalid_argument("trailing text");
-    return std::make_pair(b1, b2);
-  } catch (const std::exception&) {
-    return invalid_argument("--betas must be two numbers separated by a comma, e.g. 0.9,0.95 (got '" + text + "')");
-  }
-}
 
 Result<DType> parse_save_dtype(const std::string& name, DType source) {
   if (name.empty()) return source;
@@ -89,23 +70,21 @@ extern "C" void on_stop_signal(int sig) {
 
 // The flags as the run records them in checkpoints (keys: the long flag names with '_').
 nlohmann::json resolved_config(const TrainFlags& f) {
-  return {{"model", f.model_dir},         {"data", f.data},
+  nlohmann::json c = {{"model", f.model_dir},         {"data", f.data},
           {"val_data", f.val_data},       {"output", f.output},
           {"device", f.device},           {"steps", f.steps},
           {"batch_size", f.batch_size},   {"grad_accum", f.grad_accum},
-          {"lr", f.lr},                   {"lr_schedule", f.lr_schedule},
-          {"warmup_steps", f.warmup_steps}, {"min_lr_ratio", f.min_lr_ratio},
-          {"decay_steps", f.decay_steps}, {"betas", f.betas},
-          {"eps", f.eps},                 {"weight_decay", f.weight_decay},
-          {"no_decay", f.no_decay},       {"clip_norm", f.clip_norm},
-          {"label_smoothing", f.label_smoothing}, {"optimizer", f.optimizer},
+          {"no_decay", f.no_decay},
+          {"label_smoothing", f.label_smoothing},
           {"shuffle", f.shuffle},         {"seed", f.seed},
           {"save_dtype", f.save_dtype},   {"objective", f.objective},
           {"objective_kwargs", f.objective_kwargs}, {"eval_every", f.eval_every},
           {"eval_rows", f.eval_rows},     {"save_every", f.save_every},
           {"keep_last", f.keep_last},     {"resume", f.resume},
           {"peak_tflops", f.peak_tflops}, {"tensorboard", f.tensorboard},
-          {"muon_momentum", f.muon_momentum}, {"muon_adjust_lr", f.muon_adjust_lr}, {"recompute", f.recompute}};
+          {"recompute", f.recompute}};
+  f.optim.record(c);
+  return c;
 }
 
 int run_train(const TrainFlags& f) {
@@ -114,31 +93,8 @@ int run_train(const TrainFlags& f) {
   if (!(f.label_smoothing >= 0.0f && f.label_smoothing <= 1.0f))
     return fail(invalid_argument("--label-smoothing must be in [0, 1]"));
   if (f.keep_last < 0) return fail(invalid_argument("--keep-last must be >= 0"));
-  OptimizerOptions opt;
-  if (f.optimizer == "adamw")
-    opt.kind = OptimizerOptions::Kind::adamw;
-  else if (f.optimizer == "sgd")
-    opt.kind = OptimizerOptions::Kind::sgd;
-  else if (f.optimizer == "muon")
-    opt.kind = OptimizerOptions::Kind::muon;
-  else
-    return fail(invalid_argument("--optimizer must be adamw, sgd or muon (got '" + f.optimizer + "')"));
-  opt.muon_momentum = f.muon_momentum;
-  if (f.muon_adjust_lr == "original")
-    opt.muon_adjust_lr = ops::MuonAdjustLr::original;
-  else if (f.muon_adjust_lr == "match_rms_adamw")
-    opt.muon_adjust_lr = ops::MuonAdjustLr::match_rms_adamw;
-  else
-    return fail(invalid_argument("--muon-adjust-lr must be original or match_rms_adamw (got '" + f.muon_adjust_lr + "')"));
-  Result<std::pair<float, float>> betas = parse_betas(f.betas);
-  if (!betas.ok()) return fail(betas.status());
-  opt.lr = f.lr;
-  opt.beta1 = betas->first;
-  opt.beta2 = betas->second;
-  opt.eps = f.eps;
-  opt.weight_decay = f.weight_decay;
-  opt.clip_norm = f.clip_norm;
-
+  Result<TrainerOptions> trainer = f.optim.resolve();
+  if (!trainer.ok()) return fail(trainer.status());
   Result<Device> device = parse_device(f.device);
   if (!device.ok()) return fail(device.status());
   Result<std::unique_ptr<Backend>> backend = make_backend(*device);
@@ -154,8 +110,6 @@ int run_train(const TrainFlags& f) {
   TrainModel& m = **model;
   Result<DType> save_dtype = parse_save_dtype(f.save_dtype, m.config().dtype);
   if (!save_dtype.ok()) return fail(save_dtype.status());
-  Result<LrSchedule::Kind> kind = LrSchedule::parse_kind(f.lr_schedule);
-  if (!kind.ok()) return fail(kind.status());
 
   RunOptions ro;
   ro.model_dir = f.model_dir;
@@ -169,8 +123,7 @@ int run_train(const TrainFlags& f) {
   ro.seed = *seed;
   ro.objective = f.objective;
   ro.objective_kwargs = f.objective_kwargs;
-  ro.trainer.optimizer = opt;
-  ro.trainer.schedule = {*kind, f.warmup_steps, 0, f.decay_steps, f.min_lr_ratio};
+  ro.trainer = *trainer;
   ro.eval_every = f.eval_every;
   ro.eval_rows = f.eval_rows;
   ro.save_every = f.save_every;
@@ -184,7 +137,8 @@ int run_train(const TrainFlags& f) {
   std::fprintf(stderr, "kiln: training %s (%lld parameters, %s): %d x %d sequences per step, %s lr %g (%s schedule), "
                "%zu tensors without weight decay\n",
                f.model_dir.c_str(), static_cast<long long>(m.params().parameter_count()), f.device.c_str(),
-               f.grad_accum, f.batch_size, f.optimizer.c_str(), static_cast<double>(f.lr), f.lr_schedule.c_str(),
+               f.grad_accum, f.batch_size, f.optim.optimizer.c_str(), static_cast<double>(f.optim.lr),
+               f.optim.lr_schedule.c_str(),
                m.params().no_decay_names().size());
   std::unique_ptr<ProgressBar> bar;
   RunEvents ev;
@@ -262,28 +216,11 @@ Runner add_train(CLI::App& app) {
   t->add_option("--steps", f->steps, "optimizer steps (default: one pass over the data)");
   t->add_option("--batch-size", f->batch_size, "sequences per micro-batch")->capture_default_str();
   t->add_option("--grad-accum", f->grad_accum, "micro-batches per optimizer step")->capture_default_str();
-  t->add_option("--lr", f->lr, "base learning rate (the schedule scales it)")->capture_default_str();
-  t->add_option("--lr-schedule", f->lr_schedule, "constant, linear, cosine or wsd (as transformers' schedules)")
-      ->capture_default_str();
-  t->add_option("--warmup-steps", f->warmup_steps, "linear warmup steps")->capture_default_str();
-  t->add_option("--min-lr-ratio", f->min_lr_ratio, "cosine / wsd: the final lr as a fraction of --lr")
-      ->capture_default_str();
-  t->add_option("--decay-steps", f->decay_steps, "wsd: steps of the final decay");
-  t->add_option("--betas", f->betas, "AdamW beta1,beta2")->capture_default_str();
-  t->add_option("--eps", f->eps, "AdamW epsilon")->capture_default_str();
-  t->add_option("--weight-decay", f->weight_decay, "decoupled weight decay (AdamW) / L2 (SGD)")->capture_default_str();
+  f->optim.add(t);
   t->add_option("--no-decay", f->no_decay,
                 "regular expression over Hugging Face tensor names exempt from weight decay ('' = none)")
       ->capture_default_str();
-  t->add_option("--clip-norm", f->clip_norm, "clip the global gradient norm to this value (default: off)");
   t->add_option("--label-smoothing", f->label_smoothing, "cross-entropy label smoothing")->capture_default_str();
-  t->add_option("--optimizer", f->optimizer,
-                "adamw, sgd (plain, no momentum) or muon (torch.optim.Muon on the layers' matrices, AdamW on the rest)")
-      ->capture_default_str();
-  t->add_option("--muon-momentum", f->muon_momentum, "Muon momentum (Nesterov)")->capture_default_str();
-  t->add_option("--muon-adjust-lr", f->muon_adjust_lr,
-                "Muon's per-matrix lr: original (sqrt(max(1, rows/cols))) or match_rms_adamw (0.2 sqrt(max(rows, cols)))")
-      ->capture_default_str();
   t->add_flag("--recompute", f->recompute,
               "keep only each layer's input and recompute its activations in the backward pass (less memory, "
               "about one more forward)");

@@ -43,7 +43,7 @@ std::string quote(std::string_view s) {
 // An error where a reward that reads the completion text meets a rollout with tokens but no text
 // (a model without a tokenizer).
 Status check_text(size_t i, const Rollout& r, const char* who) {
-  if (r.text.empty() && !r.completion_ids.empty())
+  if (!r.has_text && !r.completion_ids.empty())
     return invalid_argument(sample_name(i, r) + ": " + who +
                             " reads the completion text, and this rollout has none: the model needs a tokenizer "
                             "(tokenizer.json beside its weights)");

@@ -30,7 +30,7 @@ nlohmann::json to_json(const Rollout& r, bool with_reward) {
     j["reward"] = r.reward;
     j["advantage"] = r.advantage;
   }
-  if (!r.text.empty()) j["text"] = r.text;
+  if (r.has_text) j["text"] = r.text;
   return j;
 }
 

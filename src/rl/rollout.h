@@ -30,7 +30,8 @@ struct Rollout {
   int64_t group = 0;
   double reward = 0.0, advantage = 0.0;
   std::string finish_reason;
-  std::string text;        // completion text ("" without a tokenizer)
+  std::string text;        // completion text (special tokens skipped)
+  bool has_text = false;   // text was decoded (the model has a tokenizer); it may still be empty
   nlohmann::json fields;   // the prompt line's fields (an object)
 
   // The oldest version among the completion's tokens (admission_version when there are none).

@@ -229,7 +229,7 @@ TEST(CliTrain, ConfigFile) {
   expect_clean_failure(run_kiln(base + " --config " + tmp.file("a.toml", "learning_rate = 3\n")),
                        "'learning_rate' is not a flag of kiln train");
   expect_clean_failure(run_kiln(base + " --config " + tmp.file("b.toml", "lr = = 1\n")), "line 1");
-  expect_clean_failure(run_kiln(base + " --config " + tmp.file("c.toml", "[optim]\nlr = 1\n")), "is a table");
+  expect_clean_failure(run_kiln(base + " --config " + tmp.file("c.toml", "[optim]\nlr = 1\n")), "optim.lr' is not a flag of kiln train");
   expect_clean_failure(run_kiln(base + " --config " + tmp.sub("missing.toml")), "missing.toml");
   // A table is the JSON object of a *_kwargs flag: it reaches the objective, which checks its keys.
   expect_clean_failure(run_kiln(base + " --config " + tmp.file("d.toml", "[objective_kwargs]\nbeta = 0.1\n")),

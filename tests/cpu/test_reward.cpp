@@ -38,6 +38,7 @@ Rollout rollout(const std::string& text, nlohmann::json fields = nlohmann::json:
   r.group = group;
   r.finish_reason = "stop";
   r.text = text;
+  r.has_text = true;
   r.fields = std::move(fields);
   return r;
 }
@@ -150,6 +151,7 @@ TEST(RewardAnswer, ErrorsNameTheSample) {
   e = score_error(*reward, {rollout("4", {{"answer", true}})});
   EXPECT_HAS(e, "boolean");
   Rollout untokenized = rollout("", {{"answer", 4}}, 2, /*tokens=*/5);
+  untokenized.has_text = false;
   e = score_error(*reward, {good, good, untokenized});
   EXPECT_HAS(e, "sample 2 (group 2)");
   EXPECT_HAS(e, "needs a tokenizer");
@@ -230,7 +232,9 @@ TEST(RewardPenalties, SubtractFromAnyKind) {
   EXPECT_HAS(d, "truncation penalty 0.25");
 
   // The format check needs text, checked before the inner reward runs.
-  std::string e = score_error(*reward, {rollout("", {{"answer", 7}}, 4, 3)});
+  Rollout untokenized = rollout("", {{"answer", 7}}, 4, 3);
+  untokenized.has_text = false;
+  std::string e = score_error(*reward, {untokenized});
   EXPECT_HAS(e, "sample 0 (group 4)");
   EXPECT_HAS(e, "needs a tokenizer");
 }
