@@ -77,6 +77,7 @@ Runner add_chat_template(CLI::App& app);
 Runner add_chat(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_rl(CLI::App& app);
+Runner add_demo(CLI::App& app);
 Runner add_preprocess(CLI::App& app);
 Runner add_plot(CLI::App& app);
 
