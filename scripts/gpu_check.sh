@@ -12,6 +12,9 @@
 #   train-bench: bench_train on the llama-1b shape at 8 x 2048 and 8 x 8192, with and without
 #          --recompute, beside hf_bench.py's training figure, and bench/bench_preprocess.py (kiln
 #          preprocess against tokenizers / transformers on this machine's cores).
+#   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
+#          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
+#          loop's time split).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
@@ -130,6 +133,17 @@ if [ "$WHAT" = train-bench ]; then
   [ -z "${SKIP_PREPROCESS:-}" ] && { timeout 240 python3 bench/bench_preprocess.py --kiln "$BUILD/bin/kiln" --mb ${PREPROCESS_MB:-60} \
     > "$OUT/bench_preprocess.json" 2> "$LOGS/bench_preprocess.err" || { status=1; tail -5 "$LOGS/bench_preprocess.err"; }
     cat "$OUT/bench_preprocess.json"; }
+fi
+if [ "$WHAT" = rl ]; then
+  LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"
+  timeout 300 "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${RL_FILTER:-*Sampl*:*CrossEntropy*:*LossOptim*}" \
+    > "$OUT/gpu_rl_tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure" "$OUT/gpu_rl_tests.log" | head -30
+  timeout 300 "$BUILD/bin/kiln" demo --device cuda --output "$LOGS/demo" > "$OUT/demo_cuda.log" 2>&1 || status=1
+  grep -E "after SFT|after GRPO|attribution|error" "$OUT/demo_cuda.log"
+  timeout 400 "$BUILD/bin/bench_rl" --config bench/configs/llama-1b-shape.config.json ${RL_BENCH_ARGS:-} \
+    > "$OUT/bench_rl.json" 2> "$LOGS/bench_rl.err" || { status=1; tail -5 "$LOGS/bench_rl.err"; }
+  cat "$OUT/bench_rl.json"
 fi
 if [ "$WHAT" = profile ]; then
   # Per-kernel times of training steps (Nsight Compute, durations only; first-choice GEMM algorithms).

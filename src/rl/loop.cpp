@@ -96,21 +96,31 @@ Status Run::setup() {
   } else {
     KILN_ASSIGN_OR_RETURN(engine_be_, make_backend(device));
   }
-  if (fs::exists(fs::path(o_.model_dir) / "tokenizer.json")) {
+  if (!o_.model_dir.empty() && fs::exists(fs::path(o_.model_dir) / "tokenizer.json")) {
     KILN_ASSIGN_OR_RETURN(ModelText t, ModelText::load(o_.model_dir));
     text_ = std::move(t);
   }
   KILN_ASSIGN_OR_RETURN(prompts_, load_prompts(o_.prompts, text_ ? &*text_ : nullptr, o_.algorithm == "dpo"));
   info("prompts: " + std::to_string(prompts_.size()) + " from " + o_.prompts);
   TrainModelOptions tmo;
-  KILN_ASSIGN_OR_RETURN(model_, TrainModel::load(*train_be_, o_.model_dir, tmo));
+  std::optional<ModelConfig> random_config;
+  if (!o_.random_config.empty()) {
+    KILN_ASSIGN_OR_RETURN(ModelConfig c, load_model_config_file(o_.random_config));
+    random_config = c;
+    tmo.random_seed = o_.seed;
+  }
+  auto load_model = [&]() -> Result<std::unique_ptr<TrainModel>> {
+    if (random_config) return TrainModel::random(*train_be_, *random_config, tmo);
+    return TrainModel::load(*train_be_, o_.model_dir, tmo);
+  };
+  KILN_ASSIGN_OR_RETURN(model_, load_model());
   TrainerOptions to = o_.trainer;
   to.schedule.total_steps = o_.steps * (o_.algorithm == "grpo" ? o_.minibatches : 1);
   KILN_ASSIGN_OR_RETURN(Trainer trainer, Trainer::create(*train_be_, *model_, to));
   trainer_.emplace(std::move(trainer));
   const bool needs_reference = o_.algorithm != "grpo" || o_.grpo.kl_coef != 0.0;
   if (needs_reference) {
-    KILN_ASSIGN_OR_RETURN(reference_, TrainModel::load(*train_be_, o_.model_dir, tmo));
+    KILN_ASSIGN_OR_RETURN(reference_, load_model());
   }
   if (o_.algorithm != "dpo") {
     KILN_ASSIGN_OR_RETURN(reward_, make_reward(o_.reward));
@@ -595,7 +605,7 @@ Result<RlSummary> Run::run() {
     if (events_.step) events_.step(rep);
     if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ < o_.steps) KILN_RETURN_IF_ERROR(save_checkpoint());
   }
-  KILN_RETURN_IF_ERROR(save_checkpoint());
+  if (o_.final_checkpoint) KILN_RETURN_IF_ERROR(save_checkpoint());
   summary_.version = trainer_->policy_version();
   if (engine_) summary_.cross_version_hits = engine_->stats().cross_version_hits;
   return summary_;
@@ -604,7 +614,7 @@ Result<RlSummary> Run::run() {
 }  // namespace
 
 Status validate_rl_options(const RlOptions& o) {
-  if (o.model_dir.empty()) return invalid_argument("--model is required");
+  if (o.model_dir.empty() && o.random_config.empty()) return invalid_argument("--model is required");
   if (o.prompts.empty()) return invalid_argument("--prompts is required (a JSONL file)");
   if (o.output.empty()) return invalid_argument("--output is required");
   if (o.algorithm != "grpo" && o.algorithm != "dpo" && o.algorithm != "online-dpo")

@@ -45,6 +45,10 @@ namespace kiln::rl {
 
 struct RlOptions {
   std::string model_dir, prompts, output, dump_rollouts, device = "cpu";
+  // Benchmarks: a config.json to build the model from with seeded random weights (model_dir is then
+  // only the source of the files copied into checkpoints), and whether the run ends with a checkpoint.
+  std::string random_config;
+  bool final_checkpoint = true;
   std::string algorithm = "grpo";    // grpo, dpo (offline: prompts are preference lines), online-dpo
   std::string mode = "sync";         // sync, async
   WeightUpdateMode update_mode = WeightUpdateMode::sync;  // how async updates treat requests in flight
