@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up on a fresh Debian 12 machine: installs the Debian packages kiln builds with,
-# configures and builds (CUDA too where nvcc is installed), then runs the embedded default job:
-# greedy generation from the tiny Llama checkpoint under testdata/.
+# configures and builds (CUDA too where nvcc is installed), then runs kiln demo (a tiny model taught
+# addition by SFT and then GRPO on kiln's engine, in about half a minute on two cores).
 # Usage: scripts/setup.sh [build-dir]      (root, or sudo available, for apt-get)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,4 +18,4 @@ fi
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C "$BUILD" kiln
-"$BUILD/bin/kiln" generate
+"$BUILD/bin/kiln" demo
