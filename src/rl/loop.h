@@ -79,6 +79,7 @@ struct RlStepReport {
   double loss = 0, grad_norm = 0, lr = 0, kl = 0, entropy = 0, clip_fraction = 0, importance_weight = 0;
   double response_length = 0;     // mean completion tokens
   int64_t samples = 0, dropped_stale = 0, tokens_generated = 0, tokens_trained = 0;
+  int64_t tokens_attributed = 0;  // completion tokens trained on, each with its version
   std::map<int64_t, int64_t> staleness;  // trainer version - oldest token version -> samples
   uint64_t oldest_version = 0, newest_version = 0;  // over the trained samples' tokens
   double generate_seconds = 0, train_seconds = 0, update_seconds = 0, ack_seconds = 0;
