@@ -290,7 +290,8 @@ Status Run::score(std::vector<Group>& groups, RlStepReport& rep) {
 
 Status Run::publish(RlStepReport& rep) {
   rep.version = trainer_->policy_version();
-  if (!engine_) return Status::Ok();
+  // Nothing to publish when the step made no update (no sample had a completion, no pair formed).
+  if (!engine_ || rep.version == engine_->policy_version()) return Status::Ok();
   const auto t0 = Clock::now();
   const WeightUpdateMode mode = o_.mode == "sync" ? WeightUpdateMode::sync : o_.update_mode;
   KILN_ASSIGN_OR_RETURN(WeightUpdateAck ack, engine_->update_weights(WeightSource::in_process(trainer_weights_, *train_be_),

@@ -23,9 +23,12 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "infer/engine.h"
+#include "model/safetensors.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -249,6 +252,72 @@ TEST(Attribution, VersionsAreDistinguishable) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_GT(std::fabs(a[i] - b[i]), 50 * kTolerance) << i;
   // A mixed history differs from both once the newer version computes a token over older KV.
   for (size_t i = 3; i < a.size(); ++i) EXPECT_GT(std::fabs(mixed[i] - b[i]), 10 * kTolerance) << i;
+}
+
+// A checkpoint folder as the source: loaded whole before anything is replaced; a broken one, or one
+// of another architecture, is refused and the old weights keep serving.
+TEST(Attribution, CheckpointUpdatesAreTransactions) {
+  TempDir tmp;
+  std::unique_ptr<Backend> be = make_cpu_backend(true), ref_be = make_cpu_backend();
+  std::map<uint64_t, std::unique_ptr<Transformer>> models;
+  models[0] = version_model(*ref_be, 0);
+  models[5] = version_model(*ref_be, 5);
+  // Version 5's weights as a Hugging Face folder.
+  const std::string dir = tmp.sub("v5");
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(testdata_dir() + "/tiny-llama/config.json", dir + "/config.json");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const HfTensor& t : model_tensor_layout(models[5]->config()).hf)
+    if (!(models[5]->config().tie_word_embeddings && t.name == "lm_head.weight"))
+      tensors.emplace_back(t.name, models[5]->weights().hf_view(t));
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", tensors, {}).ok());
+  // A truncated copy, and a folder of another shape.
+  const std::string broken = tmp.sub("broken"), other = tmp.sub("other");
+  std::filesystem::create_directories(broken);
+  std::filesystem::copy_file(dir + "/config.json", broken + "/config.json");
+  {
+    std::ifstream in(dir + "/model.safetensors", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(broken + "/model.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  }
+  std::filesystem::copy(testdata_dir() + "/tiny-qwen3", other);
+
+  std::shared_ptr<const Transformer> served(version_model(*be, 0).release());
+  EngineOptions o;
+  o.kv_tokens = 256;
+  o.use_graphs = false;
+  Result<std::unique_ptr<Engine>> made = Engine::create(served, nullptr, {}, o);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  Engine& engine = **made;
+  auto score_now = [&](uint64_t expect_version) {
+    GenerationRequest r;
+    r.prompt = {5, 9, 13, 17};
+    r.max_tokens = 4;
+    r.logprobs = true;
+    r.ignore_eos = true;
+    Record rec;
+    rec.request = r;
+    Result<std::shared_ptr<RequestStream>> s = engine.submit(r);
+    ASSERT_TRUE(s.ok());
+    rec.stream = *s;
+    drain(rec);
+    ASSERT_EQ(rec.versions, std::vector<uint64_t>(4, expect_version));
+    const std::vector<float> ref = reference_logprobs(models, r.prompt, rec.ids, rec.versions);
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(rec.logprobs[i], ref[i], kTolerance) << i;
+  };
+  score_now(0);
+  for (const std::string& bad : {broken, other, tmp.sub("missing")}) {
+    Result<WeightUpdateAck> ack = engine.update_weights(WeightSource::checkpoint(bad), 5, WeightUpdateMode::sync);
+    EXPECT_FALSE(ack.ok()) << bad;
+    if (!ack.ok()) EXPECT_NE(ack.status().message().find("version 0 keeps serving"), std::string::npos) << ack.status().message();
+    EXPECT_EQ(engine.policy_version(), 0u);
+    score_now(0);  // the old weights, untouched
+  }
+  Result<WeightUpdateAck> ack = engine.update_weights(WeightSource::checkpoint(dir), 5, WeightUpdateMode::sync);
+  ASSERT_TRUE(ack.ok()) << ack.status().message();
+  EXPECT_EQ(ack->version, 5u);
+  score_now(5);
+  EXPECT_FALSE(engine.update_weights(WeightSource::checkpoint(dir), 5, WeightUpdateMode::sync).ok());  // not newer
 }
 
 // 10,000 operations over the three modes, each mode on its own and all mixed.

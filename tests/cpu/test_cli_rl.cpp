@@ -57,10 +57,12 @@ const char* kRewardScript =
     "  if (!match($0, /\"completion_ids\":\\[[^]]*\\]/)) exit 4;\n"
     "  s = substr($0, RSTART, RLENGTH); print gsub(/,/, \",\", s) + 1 }'\n";
 
-std::string rl_args(const TempDir& tmp, const std::string& out, const std::string& extra, int steps = 4) {
+std::string rl_args(const TempDir& tmp, const std::string& out, const std::string& extra, int steps = 4,
+                    int max_tokens = 12, int group_size = 4, const char* lr = "1e-3") {
   return "rl --model " + testdata_dir() + "/tiny-chat --prompts " + tmp.sub("prompts.jsonl") + " --output " +
          tmp.sub(out) + " --steps " + std::to_string(steps) +
-         " --group-size 4 --prompts-per-step 2 --max-tokens 12 --lr 1e-3 --seed 11 --micro-batch 4 "
+         " --group-size " + std::to_string(group_size) + " --prompts-per-step 2 --max-tokens " + std::to_string(max_tokens) +
+         " --lr " + lr + " --seed 11 --micro-batch 4 "
          "--reward.command \"sh " + tmp.sub("reward.sh") + "\" --dump-rollouts " + tmp.sub(out + ".rollouts.jsonl") +
          " " + extra;
 }
@@ -173,6 +175,26 @@ TEST(CliRl, OfflineDpoLearnsThePreferences) {
   EXPECT_LT(m.back()["loss"].get<double>(), m.front()["loss"].get<double>());
   EXPECT_NEAR(m.front()["loss"].get<double>(), std::log(2.0), 1e-6);  // the policy starts as the reference
   EXPECT_EQ(m.back()["dpo_accuracy"].get<double>(), 1.0);
+}
+
+// Online DPO: pairs are the best and worst completion of each group by reward (one-token
+// completions, rewarded by their id: higher is better); the reward grows.
+TEST(CliRl, OnlineDpoPairsGroupsByReward) {
+  TempDir tmp;
+  write_inputs(tmp);
+  tmp.file("reward.sh", "awk '{ match($0, /\"completion_ids\":\\[[0-9]+/); print substr($0, RSTART + 18, RLENGTH - 18) }'\n");
+  RunResult r = run_kiln(rl_args(tmp, "odpo", "--algorithm online-dpo --beta 0.5", 12, 1, 8, "1e-2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> m = read_jsonl(tmp.sub("odpo/metrics.jsonl"));
+  ASSERT_EQ(m.size(), 12u);
+  for (const nlohmann::json& x : m) {
+    EXPECT_GT(x["samples"].get<int64_t>(), 0) << x.dump();  // pairs formed
+    EXPECT_TRUE(x.contains("dpo_accuracy"));
+  }
+  EXPECT_NEAR(m.front()["loss"].get<double>(), std::log(2.0), 1e-6);
+  double first = 0, last = 0;  // mean reward of the first and the last four steps
+  for (int i = 0; i < 4; ++i) first += m[i]["reward_mean"].get<double>() / 4, last += m[8 + i]["reward_mean"].get<double>() / 4;
+  EXPECT_GT(last, first + 20);
 }
 
 TEST(CliRl, BadConfigurationAndRewardsFailCleanly) {
