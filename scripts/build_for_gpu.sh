@@ -8,6 +8,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_STATIC_BLAS=O
 BINS="bench_engine bench_attention bench_ops bench_linear bench_train bench_attention_train bench_rl"
 ninja -C build-gpu kiln kiln_tests kiln_gpu_tests $BINS
 mkdir -p .carry
+rm -f .carry/gpu-inc.tar.xz  # a full build replaces any incremental one
 cp ../shared/reference/hf_bench.py .carry/ 2>/dev/null || true
 # The binaries share most of their bytes (CUDA kernels, static OpenBLAS): one xz archive is ~5 MB.
 tar -cf - build-gpu/bin/kiln $(for b in $BINS; do echo build-gpu/bin/$b; done) \

@@ -22,6 +22,8 @@ BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-/tmp/kiln-out}
 mkdir -p "$OUT"
 [ -f .carry/gpu-build.tar.xz ] && tar -xJf .carry/gpu-build.tar.xz
+# An incremental rebuild of some binaries (scripts/build_for_gpu.sh removes a stale one) goes on top.
+[ -f .carry/gpu-inc.tar.xz ] && tar -xJf .carry/gpu-inc.tar.xz
 # cuBLASLt comes from the machine's CUDA toolkit or PyTorch's wheel.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do

@@ -64,7 +64,13 @@ struct RlOptions {
   double dpo_beta = 0.1;
   TrainerOptions trainer;
   RewardOptions reward;
-  EngineOptions engine;      // max_running, KV pool, page size (prefix_cache and version are set here)
+  // max_running, KV pool, page size (prefix_cache and version are set by the run). The trainer
+  // shares the device: by default the KV pool takes 30% of the memory free when the engine starts.
+  EngineOptions engine = [] {
+    EngineOptions e;
+    e.kv_memory_fraction = 0.3;
+    return e;
+  }();
   int64_t save_every = 0;    // steps; 0: only at the end and when stopped
   int32_t keep_last = 0;
   std::string resume;        // "", "auto" or a checkpoint / run directory
