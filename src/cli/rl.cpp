@@ -2,10 +2,7 @@
 // Every key of the config file (--config rl.toml) is a flag; the [reward] table's keys are the
 // dotted flags --reward.kind, --reward.command, ...; unknown keys are errors. SIGTERM / SIGINT save a
 // checkpoint after the current step and exit 0 (a second signal ends the process at once).
-#include <unistd.h>
-
 #include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -13,6 +10,7 @@
 #include "cli/common.h"
 #include "cli/optimizer_flags.h"
 #include "cli/progress.h"
+#include "cli/stop_signal.h"
 #include "rl/loop.h"
 
 namespace kiln::cli {
@@ -24,18 +22,6 @@ struct RlFlags {
   std::string seed = "0", update_mode = "sync", loss_agg = "token-mean", save_dtype, prefix_cache = "true",
               scale_rewards = "true";
 };
-
-std::atomic<bool> g_rl_stop{false};
-
-extern "C" void on_rl_stop_signal(int sig) {
-  if (g_rl_stop.exchange(true)) {
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-    return;
-  }
-  static const char msg[] = "\nkiln: stop requested: saving a checkpoint after this step (again to quit now)\n";
-  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-}
 
 Result<bool> parse_bool(const std::string& s, const char* flag) {
   if (s == "true" || s == "1" || s == "yes") return true;
@@ -102,13 +88,11 @@ int run_rl_command(RlFlags& f) {
     std::snprintf(note, sizeof(note), "reward %.3f", r.reward_mean);
     bar->update(static_cast<double>(r.step), note, /*force=*/true);
   };
-  g_rl_stop = false;
-  ev.stop = &g_rl_stop;
-  std::signal(SIGTERM, on_rl_stop_signal);
-  std::signal(SIGINT, on_rl_stop_signal);
-  Result<rl::RlSummary> s = rl::run_rl(f.o, ev);
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGINT, SIG_DFL);
+  Result<rl::RlSummary> s = [&] {
+    StopOnSignal stop;
+    ev.stop = stop.flag();
+    return rl::run_rl(f.o, ev);
+  }();
   if (bar) bar->clear();
   if (!s.ok()) return fail(s.status());
   std::fprintf(stderr,

@@ -2,11 +2,8 @@
 // writes the result back as a Hugging Face checkpoint. The run (data, objective, schedule,
 // checkpoints, resume, evaluation) is the training layer's (train/run.h); this file parses flags,
 // reports progress and turns SIGTERM / SIGINT into a checkpoint and a clean exit.
-#include <unistd.h>
-
 #include <atomic>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -17,6 +14,7 @@
 #include "cli/common.h"
 #include "cli/optimizer_flags.h"
 #include "cli/progress.h"
+#include "cli/stop_signal.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/metrics.h"
@@ -52,20 +50,6 @@ Result<DType> parse_save_dtype(const std::string& name, DType source) {
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
   if (name == "f16" || name == "float16") return DType::f16;
   return invalid_argument("--save-dtype must be f32, bf16 or f16 (got '" + name + "')");
-}
-
-// SIGTERM / SIGINT: the first asks the run to save a checkpoint and stop after the current step;
-// a second one ends the process at once.
-std::atomic<bool> g_stop_requested{false};
-
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_requested.exchange(true)) {
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-    return;
-  }
-  static const char msg[] = "\nkiln: stop requested: saving a checkpoint after this step (again to quit now)\n";
-  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
 }
 
 // The flags as the run records them in checkpoints (keys: the long flag names with '_').
@@ -167,13 +151,11 @@ int run_train(const TrainFlags& f) {
                 std::exp(val_loss), static_cast<long long>(tokens));
     std::fflush(stdout);
   };
-  g_stop_requested = false;
-  ev.stop = &g_stop_requested;
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
-  Result<RunResult> r = run_training(be, m, ro, ev);
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGINT, SIG_DFL);
+  Result<RunResult> r = [&] {
+    StopOnSignal stop;
+    ev.stop = stop.flag();
+    return run_training(be, m, ro, ev);
+  }();
   if (bar) bar->clear();
   if (!r.ok()) return fail(r.status());
   if (r->stopped) {

@@ -1,6 +1,7 @@
 // The built-in rewards (answer, regex), the penalties and make_reward (see reward.h); the external
 // kinds (command, url) are in reward_external.cpp.
 #include "rl/reward.h"
+#include "rl/reward_text.h"
 
 #include <pcre2.h>
 
@@ -22,22 +23,10 @@ namespace {
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_alnum(char c) { return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
-std::string sample_name(size_t i, const Rollout& r) {
-  return "sample " + std::to_string(i) + " (group " + std::to_string(r.group) + ")";
-}
-
 std::string format_number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%g", v);
   return buf;
-}
-
-// The start of a quote of `s` for an error message: at most 200 bytes.
-std::string quote(std::string_view s) {
-  std::string q = "'";
-  q.append(s.substr(0, 200));
-  q += s.size() <= 200 ? "'" : "...' (" + std::to_string(s.size()) + " bytes)";
-  return q;
 }
 
 // An error where a reward that reads the completion text meets a rollout with tokens but no text

@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "rl/reward.h"
+#include "rl/reward_text.h"
 
 extern char** environ;
 
@@ -42,18 +43,6 @@ std::string seconds_text(double s) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%g s", s);
   return buf;
-}
-
-// At most 200 bytes of `s`, quoted, for an error message.
-std::string quote(std::string_view s) {
-  std::string q = "'";
-  q.append(s.substr(0, 200));
-  q += s.size() <= 200 ? "'" : "...' (" + std::to_string(s.size()) + " bytes)";
-  return q;
-}
-
-std::string sample_name(size_t i, const Rollout& r) {
-  return "sample " + std::to_string(i) + ", group " + std::to_string(r.group);
 }
 
 // The reward program's view of a rollout (invalid UTF-8 in the text becomes U+FFFD).
@@ -329,8 +318,8 @@ class CommandReward final : public Reward {
     for (size_t i = 0; i < lines.size() && i < rollouts.size(); ++i) {
       std::optional<double> v = parse_json_number(trim(lines[i]));
       if (!v)
-        return invalid_argument(who + ": line " + std::to_string(i + 1) + " of its output (" +
-                                sample_name(i, rollouts[i]) + ") is not a finite number: " + quote(lines[i]) +
+        return invalid_argument(who + ": line " + std::to_string(i + 1) + " of its output, for " +
+                                sample_name(i, rollouts[i]) + ", is not a finite number: " + quote(lines[i]) +
                                 "; it should print one number per line, one line per rollout, in input order" + note);
       out[i].reward = *v;
     }
@@ -440,8 +429,8 @@ class UrlReward final : public Reward {
     for (size_t i = 0; i < rollouts.size(); ++i) {
       const nlohmann::json& v = rewards[i];
       if (!v.is_number() || !std::isfinite(v.get<double>()))
-        return invalid_argument(who + ": rewards[" + std::to_string(i) + "] (" + sample_name(i, rollouts[i]) +
-                                ") is " + quote(v.dump()) + ", not a finite number");
+        return invalid_argument(who + ": rewards[" + std::to_string(i) + "], for " + sample_name(i, rollouts[i]) +
+                                ", is " + quote(v.dump()) + ", not a finite number");
       out[i].reward = v.get<double>();
     }
     return out;

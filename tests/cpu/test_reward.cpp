@@ -341,7 +341,7 @@ TEST(RewardCommand, BadOutputIsAnErrorNamingTheLine) {
   };
   std::string e = run("cat >/dev/null; echo 1; echo abc; echo 3");
   EXPECT_HAS(e, "line 2");
-  EXPECT_HAS(e, "sample 1, group 0");
+  EXPECT_HAS(e, "sample 1 (group 0)");
   EXPECT_HAS(e, "'abc'");
   e = run("cat >/dev/null; echo 1; echo 1e999; echo 3");
   EXPECT_HAS(e, "line 2");
@@ -354,7 +354,7 @@ TEST(RewardCommand, BadOutputIsAnErrorNamingTheLine) {
   EXPECT_HAS(e, "(300 bytes)");  // the quote is cut
   e = run("cat >/dev/null; echo 1");
   EXPECT_HAS(e, "printed 1 lines for 3 rollouts");
-  EXPECT_HAS(e, "sample 1, group 0");
+  EXPECT_HAS(e, "sample 1 (group 0)");
   e = run("cat >/dev/null; echo 1; echo 2; echo 3; echo 4");
   EXPECT_HAS(e, "printed 4 lines for 3 rollouts");
   e = run("cat >/dev/null; echo 'it went wrong' >&2; exit 1");
@@ -547,7 +547,7 @@ TEST(RewardUrl, FailuresNameTheUrl) {
   e = url_error(http_response(200, "{\"rewards\": [1]}"));
   EXPECT_HAS(e, "returned 1 rewards for 2 rollouts");
   e = url_error(http_response(200, "{\"rewards\": [1, \"2\"]}"));
-  EXPECT_HAS(e, "rewards[1] (sample 1, group 0)");
+  EXPECT_HAS(e, "rewards[1], for sample 1 (group 0)");
   e = url_error("");  // the server closes without answering
   EXPECT_FALSE(e.empty());
 
