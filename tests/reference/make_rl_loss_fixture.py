@@ -44,7 +44,7 @@ from transformers import LlamaForCausalLM
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 MODEL = os.path.join(ROOT, "testdata", "tiny-llama")
-OUT_DIR = os.path.join(ROOT, "testdata", "rl")
+OUT_DIR = os.environ.get("RL_FIXTURE_DIR", os.path.join(ROOT, "testdata", "rl"))
 torch.manual_seed(20240611)
 torch.set_num_threads(2)
 
