@@ -470,6 +470,7 @@ void Engine::publish_stats() {
 
 void Engine::loop() {
   while (true) {
+    bool updating = false;  // an update or a flush waits (one arriving later is seen next round)
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] {
@@ -477,12 +478,9 @@ void Engine::loop() {
                !scheduler_->idle();
       });
       if (stopping_) break;
+      updating = !updates_.empty() || flush_requested_;
     }
     drain_inbox();
-    const bool updating = [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      return !updates_.empty() || flush_requested_;
-    }();
     if (updating || !scheduler_->idle()) {
       const double t0 = now_seconds();
       // The engine thread's error boundary: what a step or an update throws (host memory running

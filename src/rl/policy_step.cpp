@@ -81,7 +81,7 @@ Status train_grpo_step(Trainer& trainer, TrainModel& model, TrainModel* referenc
       micro.push_back(sequence_batch(std::vector<SequenceRef>(seqs.begin() + b, seqs.begin() + e)));
       const bool current = o_.minibatches == 1;
       const GrpoOptions opts = o_.grpo;
-      losses.push_back([tokens, opts, current, &totals](const std::vector<float>& logprobs,
+      losses.push_back([tokens = std::move(tokens), opts, current, &totals](const std::vector<float>& logprobs,
                                                        const std::vector<float>&) -> Result<TokenLossValue> {
         GrpoValue v = grpo_loss(tokens, logprobs, opts, current);
         totals.tokens += v.tokens;
@@ -149,7 +149,7 @@ Status train_dpo_step(Trainer& trainer, TrainModel& reference, const RlOptions& 
     }
     micro.push_back(sequence_batch(std::vector<SequenceRef>(seqs.begin() + b, seqs.begin() + e)));
     const double beta = o_.dpo_beta;
-    losses.push_back([mp, beta, &totals](const std::vector<float>& logprobs,
+    losses.push_back([mp = std::move(mp), beta, &totals](const std::vector<float>& logprobs,
                                          const std::vector<float>&) -> Result<TokenLossValue> {
       DpoValue v = dpo_loss(mp, logprobs, beta);
       totals.pairs += v.pairs;

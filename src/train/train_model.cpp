@@ -366,6 +366,17 @@ Result<double> TrainModel::forward_backward_unchecked(const DeviceBatch& batch, 
   return loss_sum;
 }
 
+namespace {
+
+// The status of an op running out of memory in a call over `batch` (RL scoring and token losses,
+// whose micro-batches the caller chooses).
+Status out_of_memory_in(const OutOfMemory& e, const char* doing, const DeviceBatch& batch) {
+  return out_of_memory(std::string(e.what()) + " " + doing + " " + std::to_string(batch.batch) + " x " +
+                       std::to_string(batch.seq_len) + " tokens; use smaller micro-batches");
+}
+
+}  // namespace
+
 Result<std::vector<float>> TrainModel::target_logprobs(const DeviceBatch& batch) {
   KILN_ASSIGN_OR_RETURN(TokenScores scores, target_scores(batch, TokenScoreOptions{}));
   return std::move(scores.logprobs);
@@ -383,8 +394,7 @@ Result<TokenScores> TrainModel::target_scores(const DeviceBatch& batch, const To
     (void)unused;
     return scores;
   } catch (const OutOfMemory& e) {
-    return out_of_memory(std::string(e.what()) + " scoring " + std::to_string(batch.batch) + " x " +
-                         std::to_string(batch.seq_len) + " tokens; use smaller micro-batches");
+    return out_of_memory_in(e, "scoring", batch);
   }
 }
 
@@ -393,8 +403,7 @@ Result<double> TrainModel::forward_backward_token_loss(const DeviceBatch& batch,
   try {
     return forward_backward_token_loss_unchecked(batch, loss, options, scores);
   } catch (const OutOfMemory& e) {
-    return out_of_memory(std::string(e.what()) + " in a training step of " + std::to_string(batch.batch) + " x " +
-                         std::to_string(batch.seq_len) + " tokens; use smaller micro-batches");
+    return out_of_memory_in(e, "in a training step of", batch);
   }
 }
 

@@ -17,18 +17,21 @@ double Trainer::next_lr() const {
   return static_cast<double>(options_.optimizer.lr) * options_.schedule.multiplier(static_cast<int64_t>(version_));
 }
 
-Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
-  const auto start = std::chrono::steady_clock::now();
+StepReport Trainer::begin_step(const std::vector<HostBatch>& micro) const {
   StepReport r;
   r.policy_version = version_;
   for (const HostBatch& hb : micro) {
     r.labelled += hb.labelled();
     r.tokens += hb.tokens();
   }
-  if (r.labelled == 0) {
-    r.skipped = true;
-    return r;
-  }
+  r.skipped = r.labelled == 0;
+  return r;
+}
+
+Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
+  const auto start = std::chrono::steady_clock::now();
+  StepReport r = begin_step(micro);
+  if (r.skipped) return r;
   double loss_sum = 0.0;
   for (const HostBatch& hb : micro) {
     KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(hb));
@@ -43,17 +46,9 @@ Result<StepReport> Trainer::step_token_loss(const std::vector<HostBatch>& micro,
                                             const TokenScoreOptions& options, std::vector<TokenScores>* scores) {
   KILN_ASSERT(micro.size() == losses.size());
   const auto start = std::chrono::steady_clock::now();
-  StepReport r;
-  r.policy_version = version_;
-  for (const HostBatch& hb : micro) {
-    r.labelled += hb.labelled();
-    r.tokens += hb.tokens();
-  }
+  StepReport r = begin_step(micro);
   if (scores) scores->assign(micro.size(), TokenScores{});
-  if (r.labelled == 0) {
-    r.skipped = true;
-    return r;
-  }
+  if (r.skipped) return r;
   for (size_t i = 0; i < micro.size(); ++i) {
     KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(micro[i]));
     Result<double> loss = model_->forward_backward_token_loss(db, losses[i], options, scores ? &(*scores)[i] : nullptr);

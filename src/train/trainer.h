@@ -66,6 +66,8 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
  private:
+  // A step's report before any work: the version, token counts, skipped when nothing is labelled.
+  StepReport begin_step(const std::vector<HostBatch>& micro) const;
   // The update after the gradients of a step are in: the finite-loss check, the optimizer step at
   // the schedule's rate, the version.
   Result<StepReport> commit(StepReport r, std::chrono::steady_clock::time_point start);

@@ -33,6 +33,25 @@ const float* as_f32(const Tensor& t, std::vector<float>& scratch) {
   return scratch.data();
 }
 
+// Checks linear_forward's operands (see the header comment); returns M, the rows of x.
+int64_t check_linear(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  detail::check_float(y);
+  detail::check_float(x);
+  detail::check_float(w);
+  KILN_ASSERT(x.ndim() >= 1 && w.ndim() == 2 && y.ndim() == x.ndim());
+  const int64_t K = x.size(-1), N = w.size(0);
+  KILN_ASSERT(w.size(1) == K && y.size(-1) == N);
+  for (int d = 0; d + 1 < x.ndim(); ++d) KILN_ASSERT(y.size(d) == x.size(d));
+  int64_t M = 1;
+  for (int d = 0; d + 1 < x.ndim(); ++d) M *= x.size(d);
+  KILN_ASSERT(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX);
+  if (bias.data) {
+    detail::check_float(bias);
+    KILN_ASSERT(bias.numel() == N);
+  }
+  return M;
+}
+
 // The row-invariant dot product (see the header comment).
 float dot_row_invariant(const float* a, const float* b, int64_t K) {
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -46,14 +65,7 @@ float dot_row_invariant(const float* a, const float* b, int64_t K) {
 }  // namespace
 
 void linear_forward_row_invariant(Tensor y, Tensor x, Tensor w, Tensor bias) {
-  detail::check_float(y);
-  detail::check_float(x);
-  detail::check_float(w);
-  KILN_ASSERT(x.ndim() >= 1 && w.ndim() == 2 && y.ndim() == x.ndim());
-  const int64_t K = x.size(-1), N = w.size(0);
-  KILN_ASSERT(w.size(1) == K && y.size(-1) == N);
-  const int64_t M = x.numel() / std::max<int64_t>(K, 1);
-  KILN_ASSERT(y.numel() == M * N);
+  const int64_t M = check_linear(y, x, w, bias), K = x.size(-1), N = w.size(0);
   if (M == 0 || N == 0) return;
   std::vector<float> x_scratch, y_scratch, w_block, b;
   const float* xf = as_f32(x, x_scratch);
@@ -62,11 +74,7 @@ void linear_forward_row_invariant(Tensor y, Tensor x, Tensor w, Tensor bias) {
     y_scratch.resize(static_cast<size_t>(M * N));
     yf = y_scratch.data();
   }
-  if (bias.data) {
-    detail::check_float(bias);
-    KILN_ASSERT(bias.numel() == N);
-    b = detail::to_f32(bias);
-  }
+  if (bias.data) b = detail::to_f32(bias);
   // Blocks of 64 weight rows stay in cache while every row of x passes over them.
   constexpr int64_t kRows = 64;
   for (int64_t n0 = 0; n0 < N; n0 += kRows) {
@@ -89,21 +97,8 @@ void linear_forward_row_invariant(Tensor y, Tensor x, Tensor w, Tensor bias) {
 }
 
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor bias) {
-  detail::check_float(y);
-  detail::check_float(x);
-  detail::check_float(w);
-  KILN_ASSERT(x.ndim() >= 1 && w.ndim() == 2 && y.ndim() == x.ndim());
-  const int64_t K = x.size(-1), N = w.size(0);
-  KILN_ASSERT(w.size(1) == K && y.size(-1) == N);
-  for (int d = 0; d + 1 < x.ndim(); ++d) KILN_ASSERT(y.size(d) == x.size(d));
-  int64_t M = 1;
-  for (int d = 0; d + 1 < x.ndim(); ++d) M *= x.size(d);
-  KILN_ASSERT(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX);
+  const int64_t M = check_linear(y, x, w, bias), K = x.size(-1), N = w.size(0);
   const bool has_bias = bias.data != nullptr;
-  if (has_bias) {
-    detail::check_float(bias);
-    KILN_ASSERT(bias.numel() == N);
-  }
   if (M == 0 || N == 0) return;
 
   std::vector<float> x_scratch, y_scratch, w_block;
