@@ -78,6 +78,8 @@ Runner add_chat(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_rl(CLI::App& app);
 Runner add_demo(CLI::App& app);
+Runner add_serve(CLI::App& app);
+Runner add_run_batch(CLI::App& app);
 Runner add_preprocess(CLI::App& app);
 Runner add_plot(CLI::App& app);
 

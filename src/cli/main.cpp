@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   add(kiln::cli::add_train);
   add(kiln::cli::add_rl);
   add(kiln::cli::add_demo);
+  add(kiln::cli::add_serve);
+  add(kiln::cli::add_run_batch);
   add(kiln::cli::add_plot);
   for (auto& [cmd, run] : commands) kiln::cli::add_config_flag(cmd);
   std::vector<std::string> args(argv + 1, argv + argc);

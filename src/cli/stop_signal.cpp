@@ -8,6 +8,7 @@ namespace kiln::cli {
 namespace {
 
 std::atomic<bool> g_stop_requested{false};
+std::atomic<const char*> g_stop_message{""};
 
 extern "C" void on_stop_signal(int sig) {
   if (g_stop_requested.exchange(true)) {
@@ -15,14 +16,19 @@ extern "C" void on_stop_signal(int sig) {
     std::raise(sig);
     return;
   }
-  static const char msg[] = "\nkiln: stop requested: saving a checkpoint after this step (again to quit now)\n";
-  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  const char* msg = g_stop_message.load();
+  size_t len = 0;
+  while (msg[len]) ++len;
+  [[maybe_unused]] ssize_t a = ::write(STDERR_FILENO, "\nkiln: ", 7);
+  [[maybe_unused]] ssize_t b = ::write(STDERR_FILENO, msg, len);
+  [[maybe_unused]] ssize_t c = ::write(STDERR_FILENO, "\n", 1);
 }
 
 }  // namespace
 
-StopOnSignal::StopOnSignal() {
+StopOnSignal::StopOnSignal(const char* message) {
   g_stop_requested = false;
+  g_stop_message = message;
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
 }

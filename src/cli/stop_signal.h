@@ -1,6 +1,6 @@
-// SIGTERM / SIGINT for the long-running commands (train, rl): while a StopOnSignal lives, the first
-// signal sets the flag it exposes (the run saves a checkpoint after its current step and exits 0)
-// and prints a line; a second one ends the process at once. Its destructor restores the default
+// SIGTERM / SIGINT for the long-running commands (train, rl, serve): while a StopOnSignal lives, the
+// first signal sets the flag it exposes (a run saves a checkpoint after its current step and exits 0;
+// the server stops gracefully) and prints `message`; a second one ends the process at once. Its destructor restores the default
 // handlers. The flag is the process's one signal-handler state (a handler cannot take arguments).
 // Thread safety: one at a time per process.
 #pragma once
@@ -11,7 +11,7 @@ namespace kiln::cli {
 
 class StopOnSignal {
  public:
-  StopOnSignal();
+  explicit StopOnSignal(const char* message = "stop requested: saving a checkpoint after this step (again to quit now)");
   ~StopOnSignal();
   StopOnSignal(const StopOnSignal&) = delete;
   StopOnSignal& operator=(const StopOnSignal&) = delete;

@@ -44,14 +44,22 @@ std::optional<EngineEvent> RequestStream::poll() {
   return e;
 }
 
+void RequestStream::set_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = listener ? std::make_shared<const std::function<void()>>(std::move(listener)) : nullptr;
+}
+
 void RequestStream::push(EngineEvent e) {
+  std::shared_ptr<const std::function<void()>> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closed_ = e.finished;
     events_.push_back(std::move(e));
+    listener = listener_;
   }
   cv_.notify_all();
+  if (listener) (*listener)();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -66,6 +74,7 @@ struct Engine::Live {
   int32_t counts_row = -1;
   uint64_t admission_seen = 0;  // the scheduler's admission stamp at the last admission seen
   bool stopped_by_string = false;  // the text ends before a stop string: nothing held back is shown
+  std::string stop_string;         // ... which one
   bool done = false;               // the final event was pushed
   bool retired = false;            // out of the scheduler (its KV freed)
   int32_t cached_tokens = 0;       // usage: prefix-cached prompt tokens, kept when it is retired
@@ -201,7 +210,7 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
   KILN_RETURN_IF_ERROR(validate(request));
   auto live = std::make_unique<Live>();
   live->request = std::move(request);
-  if (tokenizer_) live->text = std::make_unique<StopStringMatcher>(*tokenizer_, live->request.stop);
+  if (tokenizer_) live->text = std::make_unique<StopStringMatcher>(*tokenizer_, live->request.stop, live->request.skip_special_tokens);
   std::shared_ptr<RequestStream> stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -236,6 +245,7 @@ void Engine::finish(Live& live, const std::string& reason, const std::string& er
   e.finished = true;
   e.finish_reason = reason;
   e.error = error;
+  e.stop_string = live.stop_string;
   if (live.text && !live.stopped_by_string) e.text = live.text->flush();  // held-back text goes out
   if (const Sequence* seq = live.retired ? nullptr : scheduler_->find(live.id)) remember_usage(live, *seq);
   e.usage.prompt_tokens = static_cast<int32_t>(live.request.prompt.size());
@@ -328,10 +338,14 @@ void Engine::deliver_pending() {
     EngineEvent e;
     e.tokens.push_back(std::move(p.token));
     bool by_string = false;
-    if (live.text) {
+    // With special tokens in the text, the EOS that ends the request still shows nothing.
+    const bool silent_eos = !live.request.skip_special_tokens && p.finish_reason && !live.request.ignore_eos &&
+                            std::find(eos_ids_.begin(), eos_ids_.end(), e.tokens.back().id) != eos_ids_.end();
+    if (live.text && !silent_eos) {
       StopStringMatcher::Update u = live.text->push(e.tokens.back().id);
       e.text = std::move(u.text);
       live.stopped_by_string = u.stopped;
+      live.stop_string = std::move(u.matched);
       by_string = u.stopped;
     }
     live.stream->push(std::move(e));

@@ -30,6 +30,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -69,6 +70,9 @@ struct GenerationRequest {
   // logprob = log of the probability the sampler drew the token with (penalties, temperature and
   // cuts applied; 0 for greedy) instead of the raw model's. Implies logprobs; top alternatives stay raw.
   bool behaviour_logprobs = false;
+  // Event text drops special tokens (as decode(skip_special_tokens=True)); false keeps them, e.g. for
+  // tool-call markers that are special tokens, but never the text of the EOS token that ends it.
+  bool skip_special_tokens = true;
 };
 
 enum class WeightUpdateMode { sync, abort, keep };
@@ -125,6 +129,7 @@ struct EngineEvent {
   std::string text;                // text of the new tokens; text that may begin a stop string waits
   bool finished = false;
   std::string finish_reason;       // final event: "stop", "length" or "abort"
+  std::string stop_string;         // final event: the stop string that ended it (else empty)
   std::string error;               // final event of a request the engine could not run (else empty)
   Usage usage;                     // final event
   uint64_t admission_version = 0;  // final event: the version at the request's first admission
@@ -140,6 +145,10 @@ class RequestStream {
   std::optional<EngineEvent> next();
   // The next event if one is ready.
   std::optional<EngineEvent> poll();
+  // Called (on the engine's thread, outside the stream's lock) after every event pushed from now on:
+  // for consumers that wait asynchronously. It must be cheap and must not call back into the engine's
+  // thread-affine parts; set it before the first event can matter (events already queued stay queued).
+  void set_listener(std::function<void()> listener);
   void push(EngineEvent e);  // the engine's side
 
  private:
@@ -149,6 +158,7 @@ class RequestStream {
   std::deque<EngineEvent> events_;
   bool closed_ = false;  // the final event was pushed
   bool drained_ = false; // ... and taken
+  std::shared_ptr<const std::function<void()>> listener_;
 };
 
 struct EngineOptions {

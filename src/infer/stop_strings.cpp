@@ -4,18 +4,24 @@
 
 namespace kiln {
 
-StopStringMatcher::StopStringMatcher(const Tokenizer& tokenizer, std::vector<std::string> stops)
-    : decoder_(tokenizer, /*skip_special_tokens=*/true), stops_(std::move(stops)) {}
+StopStringMatcher::StopStringMatcher(const Tokenizer& tokenizer, std::vector<std::string> stops,
+                                     bool skip_special_tokens)
+    : decoder_(tokenizer, skip_special_tokens), stops_(std::move(stops)) {}
 
 StopStringMatcher::Update StopStringMatcher::push(int32_t id) {
   Result<std::string> piece = decoder_.push(id);
   if (piece.ok()) pending_ += *piece;
   Update u;
   size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
-  if (first != std::string::npos) {
+  const std::string* matched = nullptr;
+  for (const std::string& s : stops_) {
+    const size_t at = pending_.find(s);
+    if (at < first) first = at, matched = &s;
+  }
+  if (matched) {
     u.text = pending_.substr(0, first);
     u.stopped = true;
+    u.matched = *matched;
     pending_.clear();
     return u;
   }

@@ -57,6 +57,7 @@ class ChatTemplate {
   // return_assistant_tokens_mask). Without tracking, a generation block just renders its body.
   bool has_generation_blocks() const;
   const std::string& name() const;
+  const std::string& source() const;  // the template text (e.g. to recognise a model family's formats)
 
  private:
   Result<std::string> render_impl(const nlohmann::ordered_json& context, const TemplateLimits& limits,

@@ -489,6 +489,7 @@ Result<ChatTemplate> ChatTemplate::parse(const std::string& source, const std::s
 }
 
 const std::string& ChatTemplate::name() const { return program_->name; }
+const std::string& ChatTemplate::source() const { return program_->source; }
 
 namespace {
 

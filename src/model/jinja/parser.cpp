@@ -574,6 +574,7 @@ Result<std::shared_ptr<Program>> parse_program(const std::string& source, const 
   Parser p{std::move(toks), name};
   auto prog = std::make_shared<Program>();
   prog->name = name;
+  prog->source = source;
   std::string which;
   KILN_RETURN_IF_ERROR(p.body(prog->body, {}, &which, "", 0));
   prog->has_generation = p.saw_generation;

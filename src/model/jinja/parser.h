@@ -60,6 +60,7 @@ struct Node {
 
 struct Program {
   std::string name;
+  std::string source;  // the template text as given
   Body body;
   bool has_generation = false;  // the template has a {% generation %} block
 };

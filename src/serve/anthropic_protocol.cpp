@@ -1,0 +1,209 @@
+#include "serve/anthropic_protocol.h"
+
+#include <random>
+
+#include "serve/chat_messages.h"
+#include "serve/request_fields.h"
+
+namespace kiln::serve {
+namespace {
+
+std::string stop_reason(const std::string& neutral) {
+  if (neutral == "stop") return "end_turn";
+  if (neutral == "stop_string") return "stop_sequence";
+  if (neutral == "length") return "max_tokens";
+  if (neutral == "tool_calls") return "tool_use";
+  return neutral;  // abort, error: kiln's own
+}
+
+Json usage_json(const Usage& u) {
+  return {{"input_tokens", u.prompt_tokens - u.cached_tokens},
+          {"cache_creation_input_tokens", 0},
+          {"cache_read_input_tokens", u.cached_tokens},
+          {"output_tokens", u.completion_tokens}};
+}
+
+// The input object of a parsed call (its arguments text holds a JSON object).
+Json tool_input(const ToolCall& c) {
+  Json j = Json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : Json::object();
+}
+
+std::string event(const char* name, const Json& data) {
+  return std::string("event: ") + name + "\ndata: " + data.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace
+
+Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeContext& ctx) {
+  CompletionJob job;
+  job.protocol = Protocol::anthropic_messages;
+  FieldReader f(body);
+  const Json* model = f.get("model");
+  if (!model || !model->is_string()) return invalid_argument("model: Field required (a string naming the model)");
+  job.model = model->get<std::string>();
+  if (job.model != ctx.model_name) return not_found("model: " + job.model + " (this server serves '" + ctx.model_name + "')");
+  if (!ctx.text) return invalid_argument("messages need the model's tokenizer and chat template, which are not loaded");
+  if (!f.has("max_tokens")) return invalid_argument("max_tokens: Field required");
+  int32_t max_tokens = 0;
+  KILN_RETURN_IF_ERROR(f.read_int("max_tokens", &max_tokens, 1, INT32_MAX));
+  const Json* messages = f.get("messages");
+  if (!messages) return invalid_argument("messages: Field required");
+  const Json* system = f.get("system");
+  KILN_ASSIGN_OR_RETURN(AnthropicConversation conv, template_messages_from_anthropic(system ? *system : Json(), *messages));
+  GenerationRequest& r = job.request;
+  r.temperature = 1.0f;  // Anthropic's default
+  KILN_RETURN_IF_ERROR(f.read_float("temperature", &r.temperature, 0.0, 1.0));
+  KILN_RETURN_IF_ERROR(f.read_float("top_p", &r.top_p, 1e-9, 1.0));
+  KILN_RETURN_IF_ERROR(f.read_int("top_k", &r.top_k, 0, 1 << 30));
+  KILN_RETURN_IF_ERROR(f.read_strings("stop_sequences", &r.stop));
+  KILN_RETURN_IF_ERROR(f.read_bool("stream", &job.stream));
+  r.seed = std::random_device{}() * 0x9E3779B97F4A7C15ull + std::random_device{}();
+  f.accept({"metadata"});
+  if (const Json* tier = f.get("service_tier"))
+    if (!(tier->is_string() && (*tier == "auto" || *tier == "standard_only")))
+      return invalid_argument("service_tier: must be 'auto' or 'standard_only'");
+  if (const Json* thinking = f.get("thinking"))
+    if (!(thinking->is_object() && thinking->value("type", std::string()) == "disabled"))
+      return unsupported("thinking: extended thinking is not supported by kiln yet");
+  // Tools.
+  Json tools;
+  const Json* tool_list = f.get("tools");
+  const Json* choice = f.get("tool_choice");
+  std::string mode = "auto", forced;
+  if (choice) {
+    if (!choice->is_object() || !choice->contains("type") || !(*choice)["type"].is_string())
+      return invalid_argument("tool_choice: must be an object with a 'type' (auto, any, tool, none)");
+    mode = (*choice)["type"].get<std::string>();
+    if (mode != "auto" && mode != "any" && mode != "tool" && mode != "none")
+      return invalid_argument("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'");
+    if (mode == "tool") {
+      if (!choice->contains("name") || !(*choice)["name"].is_string()) return invalid_argument("tool_choice.name: Field required");
+      forced = (*choice)["name"].get<std::string>();
+    }
+    if (choice->contains("disable_parallel_tool_use")) {
+      if (!(*choice)["disable_parallel_tool_use"].is_boolean())
+        return invalid_argument("tool_choice.disable_parallel_tool_use: must be true or false");
+      job.tools.parallel = !(*choice)["disable_parallel_tool_use"].get<bool>();
+    }
+  }
+  if (tool_list && !tool_list->empty() && mode != "none") {
+    KILN_ASSIGN_OR_RETURN(tools, template_tools_from_anthropic(*tool_list));
+    for (const Json& t : tools) job.tools.names.push_back(t["function"]["name"].get<std::string>());
+    if (!forced.empty() && std::find(job.tools.names.begin(), job.tools.names.end(), forced) == job.tools.names.end())
+      return invalid_argument("tool_choice.name: '" + forced + "' is not among the tools");
+    if (ctx.tool_format == ToolCallFormat::none)
+      return unsupported("this model's chat template has no tool-call format kiln can parse; start kiln serve with "
+                         "--tool-call-parser hermes|llama3_json|mistral, or call without tools");
+    job.tools.enabled = true;
+    job.tools.format = ctx.tool_format;
+    if (mode == "any" || mode == "tool") job.tools.forced_prefix = forced_tool_call_prefix(ctx.tool_format, forced);
+    if (ctx.tool_format != ToolCallFormat::hermes) r.skip_special_tokens = false;
+  } else if (mode == "any" || mode == "tool") {
+    return invalid_argument("tool_choice: needs tools");
+  }
+  KILN_RETURN_IF_ERROR(f.refuse_unread("/v1/messages"));
+  // A prefill is part of the reply the client already has: the model continues it.
+  KILN_ASSIGN_OR_RETURN(ChatPrompt prompt, render_chat_prompt(*ctx.text, ctx.template_name, conv.messages, tools,
+                                                              conv.prefill + job.tools.forced_prefix));
+  const int64_t room = ctx.context_length - static_cast<int64_t>(prompt.ids.size());
+  if (ctx.max_tokens_cap > 0) max_tokens = std::min(max_tokens, ctx.max_tokens_cap);
+  if (static_cast<int64_t>(max_tokens) > room)
+    return invalid_argument("prompt is too long: " + std::to_string(prompt.ids.size()) + " tokens + max_tokens " +
+                            std::to_string(max_tokens) + " > " + std::to_string(ctx.context_length) + " maximum");
+  r.max_tokens = max_tokens;
+  job.prompts.push_back(std::move(prompt.ids));
+  return job;
+}
+
+Json anthropic_response(const CompletionRun& run, const std::string& id) {
+  const ChoiceResult& r = run.results().at(0);
+  const CompletionJob& job = run.job();
+  Json content = Json::array();
+  if (!r.text.empty() || r.tool_calls.empty()) content.push_back({{"type", "text"}, {"text", r.text}});
+  for (size_t i = 0; i < r.tool_calls.size(); ++i)
+    content.push_back({{"type", "tool_use"},
+                       {"id", make_tool_call_id(job.tools.format, "toolu_", job.request.seed, static_cast<int32_t>(i))},
+                       {"name", r.tool_calls[i].name},
+                       {"input", tool_input(r.tool_calls[i])}});
+  return {{"id", id},
+          {"type", "message"},
+          {"role", "assistant"},
+          {"model", job.model},
+          {"content", content},
+          {"stop_reason", stop_reason(r.finish_reason)},
+          {"stop_sequence", r.stop_string.empty() ? Json() : Json(r.stop_string)},
+          {"usage", usage_json(run.total_usage())},
+          {"policy_versions", version_runs(r.tokens)}};
+}
+
+std::string AnthropicStream::begin() {
+  Usage u;
+  u.prompt_tokens = static_cast<int32_t>(job_.prompts.at(0).size());
+  Json usage = usage_json(u);
+  usage["output_tokens"] = 0;
+  Json message = {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", job_.model},
+                  {"content", Json::array()}, {"stop_reason", Json()}, {"stop_sequence", Json()}, {"usage", usage}};
+  return event("message_start", {{"type", "message_start"}, {"message", message}}) + event("ping", {{"type", "ping"}});
+}
+
+std::string AnthropicStream::open_block(const Json& block) {
+  std::string out = close_block();
+  ++index_;
+  open_ = true;
+  return out + event("content_block_start", {{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
+}
+
+std::string AnthropicStream::close_block() {
+  if (!open_) return "";
+  open_ = false;
+  text_open_ = false;
+  tool_index_ = -1;
+  return event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
+}
+
+std::string AnthropicStream::deltas(const std::vector<ChoiceDelta>& deltas) {
+  std::string out;
+  for (const ChoiceDelta& d : deltas) {
+    if (!d.text.empty()) {
+      if (!text_open_) {
+        out += open_block({{"type", "text"}, {"text", ""}});
+        text_open_ = true;
+      }
+      out += event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                           {"delta", {{"type", "text_delta"}, {"text", d.text}}}});
+    }
+    for (const ToolCallDelta& t : d.tool_calls) {
+      if (!t.name.empty() || t.index != tool_index_) {
+        out += open_block({{"type", "tool_use"},
+                           {"id", make_tool_call_id(job_.tools.format, "toolu_", job_.request.seed, t.index)},
+                           {"name", t.name},
+                           {"input", Json::object()}});
+        tool_index_ = t.index;
+      }
+      if (!t.arguments.empty())
+        out += event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                             {"delta", {{"type", "input_json_delta"}, {"partial_json", t.arguments}}}});
+    }
+  }
+  return out;
+}
+
+std::string AnthropicStream::end(const CompletionRun& run) {
+  std::string out;
+  if (index_ < 0) out += open_block({{"type", "text"}, {"text", ""}});  // an empty reply is one empty text block
+  out += close_block();
+  const ChoiceResult& r = run.results().at(0);
+  Json usage = usage_json(run.total_usage());
+  out += event("message_delta", {{"type", "message_delta"},
+                                 {"delta", {{"stop_reason", stop_reason(r.finish_reason)},
+                                            {"stop_sequence", r.stop_string.empty() ? Json() : Json(r.stop_string)}}},
+                                 {"usage", usage},
+                                 {"policy_versions", version_runs(r.tokens)}});
+  out += event("message_stop", {{"type", "message_stop"}});
+  return out;
+}
+
+std::string AnthropicStream::error(const ApiError& e) { return event("error", anthropic_error_body(e)); }
+
+}  // namespace kiln::serve

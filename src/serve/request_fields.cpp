@@ -1,0 +1,99 @@
+#include "serve/request_fields.h"
+
+#include <cmath>
+
+namespace kiln::serve {
+
+const Json* FieldReader::get(const std::string& key) {
+  read_.insert(key);
+  auto it = body_.find(key);
+  if (it == body_.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool FieldReader::has(const std::string& key) const {
+  auto it = body_.find(key);
+  return it != body_.end() && !it->is_null();
+}
+
+Status FieldReader::read_bool(const std::string& key, bool* out) {
+  const Json* v = get(key);
+  if (!v) return Status::Ok();
+  if (!v->is_boolean()) return invalid_argument("'" + key + "' must be true or false");
+  *out = v->get<bool>();
+  return Status::Ok();
+}
+
+Status FieldReader::read_int(const std::string& key, int32_t* out, int64_t min, int64_t max) {
+  const Json* v = get(key);
+  if (!v) return Status::Ok();
+  const bool integral_float = v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
+                              std::fabs(v->get<double>()) < 9e15;
+  if (!v->is_number_integer() && !integral_float) return invalid_argument("'" + key + "' must be an integer");
+  const double d = v->get<double>();
+  const int64_t x = v->is_number_unsigned() ? (v->get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v->get<int64_t>())
+                    : v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(d);
+  if (x < min || x > max)
+    return invalid_argument("'" + key + "' must be within [" + std::to_string(min) + ", " + std::to_string(max) +
+                            "], got " + v->dump());
+  *out = static_cast<int32_t>(x);
+  return Status::Ok();
+}
+
+Status FieldReader::read_float(const std::string& key, float* out, double min, double max) {
+  const Json* v = get(key);
+  if (!v) return Status::Ok();
+  if (!v->is_number()) return invalid_argument("'" + key + "' must be a number");
+  const double x = v->get<double>();
+  if (!(x >= min && x <= max))
+    return invalid_argument("'" + key + "' must be within [" + std::to_string(min).substr(0, 6) + ", " +
+                            std::to_string(max).substr(0, 6) + "], got " + v->dump());
+  *out = static_cast<float>(x);
+  return Status::Ok();
+}
+
+Status FieldReader::read_string(const std::string& key, std::string* out) {
+  const Json* v = get(key);
+  if (!v) return Status::Ok();
+  if (!v->is_string()) return invalid_argument("'" + key + "' must be a string");
+  *out = v->get<std::string>();
+  return Status::Ok();
+}
+
+Status FieldReader::read_u64(const std::string& key, uint64_t* out) {
+  const Json* v = get(key);
+  if (!v) return Status::Ok();
+  if (!v->is_number_integer() || (v->is_number_integer() && !v->is_number_unsigned() && v->get<int64_t>() < 0))
+    return invalid_argument("'" + key + "' must be a non-negative integer");
+  *out = v->get<uint64_t>();
+  return Status::Ok();
+}
+
+Status FieldReader::read_strings(const std::string& key, std::vector<std::string>* out) {
+  const Json* v = get(key);
+  if (!v) return Status::Ok();
+  auto add = [&](const Json& s) -> Status {
+    if (!s.is_string()) return invalid_argument("'" + key + "' must be a string or a list of strings");
+    if (s.get<std::string>().empty()) return invalid_argument("'" + key + "' must not hold empty strings");
+    out->push_back(s.get<std::string>());
+    return Status::Ok();
+  };
+  if (v->is_array()) {
+    for (const Json& s : *v) KILN_RETURN_IF_ERROR(add(s));
+    return Status::Ok();
+  }
+  return add(*v);
+}
+
+void FieldReader::accept(std::initializer_list<const char*> keys) {
+  for (const char* k : keys) read_.insert(k);
+}
+
+Status FieldReader::refuse_unread(const std::string& what) const {
+  for (auto it = body_.begin(); it != body_.end(); ++it)
+    if (!read_.count(it.key()))
+      return invalid_argument("unknown or unsupported parameter '" + it.key() + "' for " + what);
+  return Status::Ok();
+}
+
+}  // namespace kiln::serve

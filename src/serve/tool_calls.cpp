@@ -1,0 +1,746 @@
+#include "serve/tool_calls.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/rng.h"
+
+namespace kiln::serve {
+namespace {
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+
+bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_hex(char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+int hex_value(char c) { return is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10; }
+bool is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '_' || c == '-' || c == '.';
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// A strict JSON (RFC 8259) recognizer fed one byte at a time: one value, its nesting on an explicit
+// stack, strings checked for UTF-8 (RFC 3629) and paired surrogate escapes. It says when the value
+// ends: `done` on its last byte, `done_before` when a number is ended by the byte after it (which
+// the caller then reads again).
+class JsonScanner {
+ public:
+  enum class Step : uint8_t { more, done, done_before, error };
+
+  void reset() {
+    stack_.clear();
+    s_ = S::value;
+    need_low_ = false;
+    utf8_left_ = 0;
+  }
+
+  Step push(char ch) {
+    if (s_ <= S::after && is_ws(ch)) return Step::more;  // between tokens
+    switch (s_) {
+      case S::value: return begin_value(ch);
+      case S::value_or_close: return ch == ']' ? close() : begin_value(ch);
+      case S::key_or_close:
+        if (ch == '}') return close();
+        [[fallthrough]];
+      case S::key:
+        key_ = true;
+        return ch == '"' ? go(S::string) : Step::error;
+      case S::colon: return ch == ':' ? go(S::value) : Step::error;
+      case S::after: {
+        const bool object = stack_.back() == '{';
+        if (ch == ',') return go(object ? S::key : S::value);
+        return ch == (object ? '}' : ']') ? close() : Step::error;
+      }
+      case S::string: return string_byte(ch);
+      case S::escape:
+        if (ch == 'u') {
+          hex_left_ = 4;
+          code_ = 0;
+          return go(S::hex);
+        }
+        if (need_low_ || std::string_view("\"\\/bfnrt").find(ch) == std::string_view::npos) return Step::error;
+        return go(S::string);
+      case S::hex: return hex_byte(ch);
+      case S::number: return number_byte(ch);
+      case S::literal:
+        if (ch != *lit_) return Step::error;
+        return *++lit_ == '\0' ? end_value() : Step::more;
+      case S::finished: return Step::error;
+    }
+    return Step::error;
+  }
+
+ private:
+  // The states up to `after` allow whitespace before their byte.
+  enum class S : uint8_t { value, value_or_close, key_or_close, key, colon, after, string, escape, hex, number, literal, finished };
+  enum class N : uint8_t { sign, zero, integer, dot, fraction, exp_mark, exp_sign, exponent };
+
+  Step go(S s) {
+    s_ = s;
+    return Step::more;
+  }
+  Step go(N n) {
+    n_ = n;
+    return Step::more;
+  }
+
+  Step begin_value(char ch) {
+    key_ = false;
+    switch (ch) {
+      case '{': stack_.push_back('{'); return go(S::key_or_close);
+      case '[': stack_.push_back('['); return go(S::value_or_close);
+      case '"': return go(S::string);
+      case 't': lit_ = "rue"; return go(S::literal);
+      case 'f': lit_ = "alse"; return go(S::literal);
+      case 'n': lit_ = "ull"; return go(S::literal);
+      default: break;
+    }
+    if (ch != '-' && !is_digit(ch)) return Step::error;
+    s_ = S::number;
+    return go(ch == '-' ? N::sign : ch == '0' ? N::zero : N::integer);
+  }
+
+  Step string_byte(char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (utf8_left_ > 0) {  // a continuation byte, within [lo_, hi_]
+      if (c < lo_ || c > hi_) return Step::error;
+      lo_ = 0x80;
+      hi_ = 0xBF;
+      --utf8_left_;
+      return Step::more;
+    }
+    if (need_low_ && ch != '\\') return Step::error;  // a high surrogate needs a low one next
+    if (ch == '"') return key_ ? go(S::colon) : end_value();
+    if (ch == '\\') return go(S::escape);
+    if (c < 0x20) return Step::error;
+    if (c < 0x80) return Step::more;
+    lo_ = 0x80;
+    hi_ = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) utf8_left_ = 1;
+    else if (c == 0xE0) utf8_left_ = 2, lo_ = 0xA0;
+    else if (c == 0xED) utf8_left_ = 2, hi_ = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF) utf8_left_ = 2;
+    else if (c == 0xF0) utf8_left_ = 3, lo_ = 0x90;
+    else if (c == 0xF4) utf8_left_ = 3, hi_ = 0x8F;
+    else if (c >= 0xF1 && c <= 0xF3) utf8_left_ = 3;
+    else return Step::error;
+    return Step::more;
+  }
+
+  Step hex_byte(char ch) {
+    if (!is_hex(ch)) return Step::error;
+    code_ = code_ * 16 + static_cast<uint32_t>(hex_value(ch));
+    if (--hex_left_ > 0) return Step::more;
+    const bool high = code_ >= 0xD800 && code_ <= 0xDBFF, low = code_ >= 0xDC00 && code_ <= 0xDFFF;
+    if (need_low_ != low) return Step::error;
+    need_low_ = high;
+    return go(S::string);
+  }
+
+  Step number_byte(char ch) {
+    const bool digit = is_digit(ch), exp = ch == 'e' || ch == 'E';
+    switch (n_) {
+      case N::sign: return !digit ? Step::error : go(ch == '0' ? N::zero : N::integer);
+      case N::integer:
+        if (digit) return Step::more;
+        [[fallthrough]];
+      case N::zero: return ch == '.' ? go(N::dot) : exp ? go(N::exp_mark) : end_number(ch);
+      case N::dot: return digit ? go(N::fraction) : Step::error;
+      case N::fraction: return digit ? Step::more : exp ? go(N::exp_mark) : end_number(ch);
+      case N::exp_mark: return ch == '+' || ch == '-' ? go(N::exp_sign) : digit ? go(N::exponent) : Step::error;
+      case N::exp_sign: return digit ? go(N::exponent) : Step::error;
+      case N::exponent: return digit ? Step::more : end_number(ch);
+    }
+    return Step::error;
+  }
+
+  // A number ends at the first byte that cannot continue it; that byte belongs to what follows.
+  Step end_number(char ch) {
+    if (stack_.empty()) {
+      s_ = S::finished;
+      return Step::done_before;
+    }
+    s_ = S::after;
+    return push(ch);
+  }
+
+  Step close() {
+    stack_.pop_back();
+    return end_value();
+  }
+
+  Step end_value() {
+    s_ = stack_.empty() ? S::finished : S::after;
+    return stack_.empty() ? Step::done : Step::more;
+  }
+
+  std::vector<char> stack_;  // '{' or '[' per open container
+  S s_ = S::value;
+  N n_ = N::sign;
+  bool key_ = false;       // the string being read is an object key
+  bool need_low_ = false;  // after a \uD800-\uDBFF escape
+  int hex_left_ = 0;
+  uint32_t code_ = 0;
+  int utf8_left_ = 0;
+  unsigned char lo_ = 0x80, hi_ = 0xBF;
+  const char* lit_ = "";
+};
+
+// The content of a complete JSON string token (quotes included), which JsonScanner accepted.
+std::optional<std::string> decode_string(std::string_view token) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(token, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_string()) return std::nullopt;
+  return j.get<std::string>();
+}
+
+bool is_json_object(std::string_view s) {
+  if (s.empty() || s.front() != '{') return false;
+  JsonScanner scan;
+  for (size_t i = 0; i < s.size(); ++i) {
+    JsonScanner::Step r = scan.push(s[i]);
+    if (r == JsonScanner::Step::error) return false;
+    if (r == JsonScanner::Step::done) return i + 1 == s.size();
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<ToolCallFormat> parse_tool_call_format(const std::string& s) {
+  for (ToolCallFormat f : {ToolCallFormat::none, ToolCallFormat::hermes, ToolCallFormat::llama3_json, ToolCallFormat::mistral})
+    if (s == tool_call_format_name(f)) return f;
+  return invalid_argument("unknown tool-call format '" + s + "': expected none, hermes, llama3_json or mistral");
+}
+
+const char* tool_call_format_name(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::none: return "none";
+    case ToolCallFormat::hermes: return "hermes";
+    case ToolCallFormat::llama3_json: return "llama3_json";
+    case ToolCallFormat::mistral: return "mistral";
+  }
+  return "none";
+}
+
+ToolCallFormat detect_tool_call_format(const std::string& template_source,
+                                       const std::function<bool(std::string_view)>& has_token) {
+  auto in_template = [&](std::string_view s) { return template_source.find(s) != std::string::npos; };
+  auto in_vocab = [&](std::string_view s) { return has_token && has_token(s); };
+  if (in_template(kHermesOpen) || in_vocab(kHermesOpen)) return ToolCallFormat::hermes;
+  if (in_template(kMistralCalls) || in_vocab(kMistralCalls)) return ToolCallFormat::mistral;
+  if (in_template(kPythonTag) || in_template("<|eom_id|>") || (in_template("<|start_header_id|>") && in_template("tools")))
+    return ToolCallFormat::llama3_json;
+  return ToolCallFormat::none;
+}
+
+bool mistral_uses_args_form(const std::string& template_source) {
+  return template_source.find(kMistralArgs) != std::string::npos;
+}
+
+std::string forced_tool_call_prefix(ToolCallFormat f, const std::string& name, bool mistral_args_form) {
+  const std::string quoted = nlohmann::ordered_json(name).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  switch (f) {
+    case ToolCallFormat::none: return "";
+    case ToolCallFormat::hermes:
+      return name.empty() ? std::string(kHermesOpen) : std::string(kHermesOpen) + "\n{\"name\": " + quoted + ", \"arguments\":";
+    case ToolCallFormat::llama3_json:
+      return name.empty() ? "{\"name\": \"" : "{\"name\": " + quoted + ", \"parameters\":";
+    case ToolCallFormat::mistral:
+      if (name.empty()) return std::string(kMistralCalls);
+      if (mistral_args_form) return std::string(kMistralCalls) + name + std::string(kMistralArgs);
+      return std::string(kMistralCalls) + " [{\"name\": " + quoted + ", \"arguments\":";
+  }
+  return "";
+}
+
+std::string make_tool_call_id(ToolCallFormat f, std::string_view protocol_prefix, uint64_t seed, int32_t index) {
+  static constexpr char kAlnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  const bool mistral = f == ToolCallFormat::mistral;
+  std::string id = mistral ? std::string() : std::string(protocol_prefix);
+  const int n = mistral ? 9 : 24;
+  for (int j = 0; j < n; ++j) {
+    const uint64_t counter = (static_cast<uint64_t>(static_cast<uint32_t>(index)) << 8) | static_cast<uint64_t>(j);
+    id += kAlnum[static_cast<int>(rng::uniform(seed, counter) * 62.0)];
+  }
+  return id;
+}
+
+// ---- ToolCallParser ----------------------------------------------------------------------------
+//
+// The text not yet decided lives in `buf`, which starts at absolute offset `base`; `pos` is the
+// next byte to look at. Every decision waits for the bytes it depends on, so the result does not
+// depend on how the text was split. While a call is not yet announced (`in_region`) its text from
+// `region` on is kept, to become content if the call fails.
+
+struct ToolCallParser::Impl {
+  enum class State : uint8_t {
+    content,        // hermes / mistral: content, looking for the marker
+    plain,          // everything is content (format none; llama3_json once not a call)
+    llama_start,    // llama3_json, before the first non-whitespace byte
+    llama_between,  // llama3_json, after a call: ';', another call, or content
+    llama_next,     // llama3_json, after ';': another call
+    llama_tag,      // llama3_json, matching <|python_tag|>
+    object,         // inside a call object
+    hermes_close,   // after a hermes call object: an optional </tool_call>
+    mistral_open,   // after [TOOL_CALLS]: '[' or a name
+    mistral_first,  // after '[': the first call object or ']'
+    mistral_next,   // after a call object of the list: ',' or ']'
+    mistral_elem,   // after ',': the next call object
+    mistral_name,   // the name of name[ARGS]{...}
+    mistral_tag,    // matching [ARGS]
+    mistral_value,  // after [ARGS]: '{'
+    mistral_body,   // the arguments object of name[ARGS]{...}
+  };
+  enum class Obj : uint8_t { open, key_or_close, key_start, key, colon, value_start, value, after };
+  enum class Role : uint8_t { name, args, other };
+  enum class Match : uint8_t { full, partial, none };
+  enum class Byte : uint8_t { consumed, again, fail };
+  using Step = JsonScanner::Step;
+
+  ToolCallFormat format = ToolCallFormat::none;
+  std::string buf;
+  size_t base = 0, pos = 0, prefix_end = 0;
+  bool finished = false;
+  State state = State::content, after_object = State::content;
+
+  bool after_call = false;  // content right after a call: its leading whitespace is dropped
+  size_t scan_from = 0;     // the marker does not start before this
+  size_t ws_until = 0;      // [pos, ws_until) is whitespace
+  bool in_region = false;   // a call not yet announced: its text may become content
+  size_t region = 0;
+
+  // The call being read.
+  Obj obj = Obj::open;
+  Role role = Role::other;
+  JsonScanner scan;
+  std::string key, name, args_text;
+  size_t raw_start = 0;  // the string token being read (a key, the name, string arguments)
+  size_t args_start = 0, name_start = 0;
+  bool args_object = false, committed = false, have_name = false, have_args = false, args_done = false;
+
+  std::vector<ToolCall> calls;
+  std::string content;
+  Output out;
+
+  size_t end() const { return base + buf.size(); }
+  char at(size_t i) const { return buf[i - base]; }
+  std::string_view text(size_t a, size_t b) const { return std::string_view(buf).substr(a - base, b - a); }
+
+  Match match(size_t p, std::string_view lit) const {
+    const size_t n = std::min(lit.size(), end() - p);
+    if (text(p, p + n) != lit.substr(0, n)) return Match::none;
+    return n == lit.size() ? Match::full : Match::partial;
+  }
+
+  void emit(size_t a, size_t b) {
+    a = std::max(a, prefix_end);  // the prefix is never content
+    if (a >= b) return;
+    out.content.append(text(a, b));
+    content.append(text(a, b));
+  }
+
+  void begin_call(size_t region_start) {
+    in_region = true;
+    region = region_start;
+    committed = have_name = have_args = args_done = false;
+    name.clear();
+    args_text.clear();
+  }
+
+  void enter_object(State next) {
+    state = State::object;
+    obj = Obj::open;
+    after_object = next;
+  }
+
+  void enter_content(bool after) {
+    state = format == ToolCallFormat::llama3_json ? State::plain : State::content;
+    after_call = after;
+    scan_from = ws_until = pos;
+  }
+
+  // The byte at `at` cannot continue the call: what was held for it becomes content and parsing
+  // resumes at that byte. An announced call stays as it is. True: for step().
+  bool fail(size_t at) {
+    if (in_region) emit(region, at);
+    in_region = committed = false;
+    pos = at;
+    enter_content(false);
+    return true;
+  }
+
+  void commit(std::string_view args, bool complete) {
+    calls.push_back({name, std::string(args), complete});
+    out.calls.push_back({static_cast<int32_t>(calls.size() - 1), name, std::string(args)});
+    committed = true;
+    in_region = false;
+  }
+
+  void stream_args(std::string_view piece) {
+    if (piece.empty()) return;
+    calls.back().arguments.append(piece);
+    const auto index = static_cast<int32_t>(calls.size() - 1);
+    if (out.calls.empty() || out.calls.back().index != index) out.calls.push_back({index, "", ""});
+    out.calls.back().arguments.append(piece);
+  }
+
+  // ---- the call object --------------------------------------------------------------------------
+
+  Byte start_value(char c, size_t at) {
+    role = Role::other;
+    if (key == "name" && !have_name) {
+      if (c != '"') return Byte::fail;
+      role = Role::name;
+    } else if ((key == "arguments" || key == "parameters") && !have_args) {
+      if (c != '{' && c != '"') return Byte::fail;
+      role = Role::args;
+      have_args = true;
+      args_start = at;
+      args_object = c == '{';
+      if (args_object && have_name) commit("{", false);
+    }
+    raw_start = at;
+    scan.reset();
+    obj = Obj::value;
+    return scan.push(c) == Step::error ? Byte::fail : Byte::consumed;
+  }
+
+  // A value of the call object ended just before `stop`; false: the call is malformed.
+  bool end_value(size_t stop) {
+    if (role == Role::name) {
+      std::optional<std::string> s = decode_string(text(raw_start, stop));
+      if (!s || s->empty()) return false;
+      name = std::move(*s);
+      have_name = true;
+      if (args_done) commit(args_text, true);
+    } else if (role == Role::args && args_object) {
+      args_done = true;
+      if (committed) calls.back().complete = true;
+      else args_text = std::string(text(args_start, stop));
+    } else if (role == Role::args) {
+      std::optional<std::string> s = decode_string(text(raw_start, stop));
+      if (!s) return false;
+      std::string_view inner = trim(*s);
+      if (!is_json_object(inner)) return false;
+      args_text = std::string(inner);
+      args_done = true;
+      if (have_name) commit(args_text, true);
+    }
+    return true;
+  }
+
+  Byte close_object() {
+    if (!have_name) return Byte::fail;
+    if (!have_args) commit("{}", true);
+    state = after_object;
+    return Byte::consumed;
+  }
+
+  Byte object_byte(char c, size_t at) {
+    if (is_ws(c) && obj != Obj::key && obj != Obj::value) return Byte::consumed;
+    switch (obj) {
+      case Obj::open:
+        obj = Obj::key_or_close;
+        return c == '{' ? Byte::consumed : Byte::fail;
+      case Obj::key_or_close:
+        if (c == '}') return close_object();
+        [[fallthrough]];
+      case Obj::key_start:
+        if (c != '"') return Byte::fail;
+        raw_start = at;
+        scan.reset();
+        scan.push('"');
+        obj = Obj::key;
+        return Byte::consumed;
+      case Obj::key: {
+        const Step s = scan.push(c);
+        if (s == Step::error) return Byte::fail;
+        if (s == Step::done) {
+          std::optional<std::string> k = decode_string(text(raw_start, at + 1));
+          if (!k) return Byte::fail;
+          key = std::move(*k);
+          obj = Obj::colon;
+        }
+        return Byte::consumed;
+      }
+      case Obj::colon:
+        obj = Obj::value_start;
+        return c == ':' ? Byte::consumed : Byte::fail;
+      case Obj::value_start: return start_value(c, at);
+      case Obj::value: {
+        const Step s = scan.push(c);
+        if (s == Step::error) return Byte::fail;
+        if (s == Step::done_before) {
+          obj = Obj::after;
+          return end_value(at) ? Byte::again : Byte::fail;
+        }
+        if (role == Role::args && args_object && committed) stream_args(std::string_view(&c, 1));
+        if (s == Step::more) return Byte::consumed;
+        obj = Obj::after;
+        return end_value(at + 1) ? Byte::consumed : Byte::fail;
+      }
+      case Obj::after:
+        if (c == '}') return close_object();
+        obj = Obj::key_start;
+        return c == ',' ? Byte::consumed : Byte::fail;
+    }
+    return Byte::fail;
+  }
+
+  // ---- the states ---------------------------------------------------------------------------------
+
+  // Skips whitespace; false when the text ends first.
+  bool next_byte(char* c) {
+    while (pos < end() && is_ws(at(pos))) ++pos;
+    if (pos == end()) return false;
+    *c = at(pos);
+    return true;
+  }
+
+  // Content of hermes and mistral: releases all that cannot be part of a marker or of the
+  // whitespace right before one.
+  bool content_step(bool final) {
+    char c;
+    if (after_call) {
+      if (!next_byte(&c)) return false;
+      after_call = false;
+      scan_from = ws_until = pos;
+    }
+    if (pos == end()) return false;
+    const std::string_view marker = format == ToolCallFormat::hermes ? kHermesOpen : kMistralCalls;
+    ws_until = std::max(ws_until, pos);
+    auto trim_back = [&](size_t r) {  // the start of the whitespace run that ends at r
+      const size_t floor = std::min(ws_until, r);
+      size_t q = r;
+      while (q > floor && is_ws(at(q - 1))) --q;
+      return q == floor && floor == ws_until ? pos : q;
+    };
+    const size_t found = buf.find(marker, std::max(pos, scan_from) - base);
+    if (found != std::string::npos) {
+      const size_t p = base + found, q = trim_back(p);
+      emit(pos, q);
+      begin_call(q);
+      pos = p + marker.size();
+      if (format == ToolCallFormat::hermes) enter_object(State::hermes_close);
+      else state = State::mistral_open;
+      return true;
+    }
+    if (final) {
+      emit(pos, end());
+      pos = end();
+      return false;
+    }
+    size_t hold = 0;  // the longest tail that is a proper prefix of the marker
+    for (size_t k = std::min(marker.size() - 1, end() - pos); k > 0 && hold == 0; --k)
+      if (match(end() - k, marker) == Match::partial) hold = k;
+    const size_t r = end() - hold, q = trim_back(r);
+    emit(pos, q);
+    pos = q;
+    ws_until = r;
+    scan_from = std::max(pos, end() + 1 - std::min(end() + 1, marker.size()));
+    return false;
+  }
+
+  // A literal at `pos`: `then` once it is all there, a failed call when it is not.
+  template <typename Then>
+  bool literal_step(std::string_view lit, bool final, Then then) {
+    if (pos == end()) return false;
+    const Match m = match(pos, lit);
+    if (m == Match::partial && !final) return false;
+    if (m != Match::full) return fail(pos);
+    pos += lit.size();
+    then();
+    return true;
+  }
+
+  // One state's work on the text there is; false when it needs more text.
+  bool step(bool final) {
+    char c;
+    switch (state) {
+      case State::content: return content_step(final);
+      case State::plain:
+        emit(pos, end());
+        pos = end();
+        return false;
+      case State::llama_start:
+      case State::llama_between:
+      case State::llama_next:
+        if (!next_byte(&c)) return false;
+        if (state == State::llama_between) {
+          if (c != ';' && c != '{' && c != '<') {
+            enter_content(false);
+            return true;
+          }
+          begin_call(pos);
+          if (c == ';') {
+            ++pos;
+            state = State::llama_next;
+            return true;
+          }
+        }
+        if (c == '{') enter_object(State::llama_between);
+        else if (c == '<') state = State::llama_tag;
+        else fail(pos);
+        return true;
+      case State::llama_tag: return literal_step(kPythonTag, final, [&] { enter_object(State::llama_between); });
+      case State::object:
+        while (pos < end()) {
+          const Byte r = object_byte(at(pos), pos);
+          if (r == Byte::fail) return fail(pos);
+          if (r == Byte::consumed) ++pos;
+          if (state != State::object) return true;
+        }
+        return false;
+      case State::hermes_close: {
+        if (!next_byte(&c)) return false;
+        const Match m = match(pos, kHermesClose);
+        if (m == Match::partial) {
+          if (final) pos = end();  // a closing tag cut off by the end: dropped
+          return false;
+        }
+        if (m == Match::full) pos += kHermesClose.size();
+        enter_content(m == Match::full);
+        return true;
+      }
+      case State::mistral_open:
+        if (!next_byte(&c)) return false;
+        if (c == '[') {
+          ++pos;
+          state = State::mistral_first;
+        } else if (is_name_char(c)) {
+          name_start = pos;
+          state = State::mistral_name;
+        } else {
+          fail(pos);
+        }
+        return true;
+      case State::mistral_first:
+      case State::mistral_elem:
+      case State::mistral_next:
+        if (!next_byte(&c)) return false;
+        if (state == State::mistral_next && c == ',') {
+          begin_call(pos++);
+          state = State::mistral_elem;
+        } else if (state != State::mistral_elem && c == ']') {
+          ++pos;
+          in_region = false;  // the end of the list (or an empty one): not content
+          enter_content(true);
+        } else if (state != State::mistral_next && c == '{') {
+          enter_object(State::mistral_next);
+        } else {
+          fail(pos);
+        }
+        return true;
+      case State::mistral_name:
+        while (pos < end() && is_name_char(at(pos))) ++pos;
+        if (pos == end()) return false;
+        if (at(pos) != '[') return fail(pos);
+        name = std::string(text(name_start, pos));
+        state = State::mistral_tag;
+        return true;
+      case State::mistral_tag: return literal_step(kMistralArgs, final, [&] { state = State::mistral_value; });
+      case State::mistral_value:
+        if (!next_byte(&c)) return false;
+        if (c != '{') return fail(pos);
+        have_name = have_args = true;
+        commit("{", false);
+        scan.reset();
+        scan.push(c);
+        ++pos;
+        state = State::mistral_body;
+        return true;
+      case State::mistral_body: {
+        const size_t start = pos;
+        Step s = Step::more;
+        while (pos < end() && s == Step::more) {
+          s = scan.push(at(pos));
+          if (s != Step::error) ++pos;
+        }
+        stream_args(text(start, pos));
+        if (s == Step::error) return fail(pos);
+        if (s == Step::more) return false;
+        calls.back().complete = true;
+        enter_content(true);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void run(bool final) {
+    while (step(final)) {
+    }
+    if (final) {
+      if (in_region) emit(region, end());
+      in_region = false;
+      pos = end();
+    }
+    // Keep what a later decision may need: the held call's text, the key being read.
+    size_t keep = pos;
+    if (in_region) keep = std::min(keep, region);
+    if (state == State::object && obj == Obj::key) keep = std::min(keep, raw_start);
+    if (keep > base) {
+      buf.erase(0, keep - base);
+      base = keep;
+    }
+  }
+};
+
+ToolCallParser::ToolCallParser(ToolCallFormat format, std::string prefix) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.format = format;
+  m.prefix_end = prefix.size();
+  m.buf = std::move(prefix);
+  switch (format) {
+    case ToolCallFormat::none: m.state = Impl::State::plain; break;
+    case ToolCallFormat::llama3_json:
+      m.state = Impl::State::llama_start;
+      m.begin_call(0);
+      break;
+    case ToolCallFormat::hermes:
+    case ToolCallFormat::mistral: m.state = Impl::State::content; break;
+  }
+  m.run(false);
+}
+
+ToolCallParser::~ToolCallParser() = default;
+ToolCallParser::ToolCallParser(ToolCallParser&&) noexcept = default;
+ToolCallParser& ToolCallParser::operator=(ToolCallParser&&) noexcept = default;
+
+ToolCallParser::Output ToolCallParser::feed(std::string_view text) {
+  if (impl_->finished) return {};
+  impl_->buf.append(text);
+  impl_->run(false);
+  return std::exchange(impl_->out, {});
+}
+
+ToolCallParser::Output ToolCallParser::finish() {
+  if (impl_->finished) return {};
+  impl_->run(true);
+  impl_->finished = true;
+  return std::exchange(impl_->out, {});
+}
+
+const std::vector<ToolCall>& ToolCallParser::calls() const { return impl_->calls; }
+const std::string& ToolCallParser::content() const { return impl_->content; }
+
+ParsedToolCalls parse_tool_calls(ToolCallFormat f, std::string_view text, const std::string& prefix) {
+  ToolCallParser p(f, prefix);
+  p.feed(text);
+  p.finish();
+  return {p.content(), p.calls()};
+}
+
+}  // namespace kiln::serve
