@@ -76,12 +76,17 @@ Status read_common(FieldReader& f, const ServeContext& ctx, CompletionJob* job) 
 }
 
 // max_tokens against the context: absent means "what is left of the context" (capped).
-Status fit_max_tokens(FieldReader& f, const ServeContext& ctx, CompletionJob* job, int32_t default_max) {
+// The completion length asked for (-1: not given).
+Result<int32_t> read_max_tokens(FieldReader& f) {
   int32_t max_tokens = -1, max_completion = -1;
   KILN_RETURN_IF_ERROR(f.read_int("max_tokens", &max_tokens, 0, INT32_MAX));
   KILN_RETURN_IF_ERROR(f.read_int("max_completion_tokens", &max_completion, 0, INT32_MAX));
   if (max_tokens >= 0 && max_completion >= 0 && max_tokens != max_completion)
     return invalid_argument("give one of 'max_tokens' and 'max_completion_tokens'");
+  return max_completion >= 0 ? max_completion : max_tokens;
+}
+
+Status fit_max_tokens(const ServeContext& ctx, CompletionJob* job, int32_t asked_tokens, int32_t default_max) {
   size_t longest = 0;
   for (const auto& p : job->prompts) longest = std::max(longest, p.size());
   const int64_t room = ctx.context_length - static_cast<int64_t>(longest);
@@ -90,7 +95,7 @@ Status fit_max_tokens(FieldReader& f, const ServeContext& ctx, CompletionJob* jo
                             " tokens. However, your prompt has " + std::to_string(longest) +
                             " tokens. Please reduce the length of the prompt.");
   }
-  int64_t asked = max_completion >= 0 ? max_completion : max_tokens;
+  int64_t asked = asked_tokens;
   if (asked < 0) asked = default_max > 0 ? std::min<int64_t>(default_max, room) : room;
   if (ctx.max_tokens_cap > 0) asked = std::min<int64_t>(asked, ctx.max_tokens_cap);
   if (asked > room) {
@@ -250,12 +255,13 @@ Result<CompletionJob> parse_openai_chat(const Json& body, const ServeContext& ct
         return unsupported(std::string("'") + k + "' is not supported by kiln");
   Json tools;
   KILN_RETURN_IF_ERROR(read_tools(f, ctx, &job, &tools));
+  KILN_ASSIGN_OR_RETURN(int32_t asked, read_max_tokens(f));
   KILN_RETURN_IF_ERROR(f.refuse_unread("/v1/chat/completions"));
   if (job.tools.enabled && job.tools.format != ToolCallFormat::hermes) job.request.skip_special_tokens = false;
   KILN_ASSIGN_OR_RETURN(ChatPrompt prompt,
                         render_chat_prompt(*ctx.text, ctx.template_name, template_messages, tools, job.tools.forced_prefix));
   job.prompts.push_back(std::move(prompt.ids));
-  KILN_RETURN_IF_ERROR(fit_max_tokens(f, ctx, &job, 0));
+  KILN_RETURN_IF_ERROR(fit_max_tokens(ctx, &job, asked, 0));
   return job;
 }
 
@@ -317,8 +323,9 @@ Result<CompletionJob> parse_openai_completion(const Json& body, const ServeConte
   if (best_of != job.n) return unsupported("'best_of' other than 'n' is not supported by kiln");
   if (const Json* sfx = f.get("suffix"))
     if (!(sfx->is_string() && sfx->get<std::string>().empty())) return unsupported("'suffix' (fill in the middle) is not supported");
+  KILN_ASSIGN_OR_RETURN(int32_t asked, read_max_tokens(f));
   KILN_RETURN_IF_ERROR(f.refuse_unread("/v1/completions"));
-  KILN_RETURN_IF_ERROR(fit_max_tokens(f, ctx, &job, 16));
+  KILN_RETURN_IF_ERROR(fit_max_tokens(ctx, &job, asked, 16));
   return job;
 }
 

@@ -1,6 +1,7 @@
 #include "serve/tool_calls.h"
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -87,14 +88,8 @@ class JsonScanner {
   enum class S : uint8_t { value, value_or_close, key_or_close, key, colon, after, string, escape, hex, number, literal, finished };
   enum class N : uint8_t { sign, zero, integer, dot, fraction, exp_mark, exp_sign, exponent };
 
-  Step go(S s) {
-    s_ = s;
-    return Step::more;
-  }
-  Step go(N n) {
-    n_ = n;
-    return Step::more;
-  }
+  Step go(S s) { s_ = s; return Step::more; }
+  Step go(N n) { n_ = n; return Step::more; }
 
   Step begin_value(char ch) {
     key_ = false;
@@ -168,19 +163,11 @@ class JsonScanner {
 
   // A number ends at the first byte that cannot continue it; that byte belongs to what follows.
   Step end_number(char ch) {
-    if (stack_.empty()) {
-      s_ = S::finished;
-      return Step::done_before;
-    }
-    s_ = S::after;
-    return push(ch);
+    s_ = stack_.empty() ? S::finished : S::after;
+    return stack_.empty() ? Step::done_before : push(ch);
   }
 
-  Step close() {
-    stack_.pop_back();
-    return end_value();
-  }
-
+  Step close() { stack_.pop_back(); return end_value(); }
   Step end_value() {
     s_ = stack_.empty() ? S::finished : S::after;
     return stack_.empty() ? Step::done : Step::more;
@@ -218,20 +205,17 @@ bool is_json_object(std::string_view s) {
 
 }  // namespace
 
+constexpr const char* kFormatNames[] = {"none", "hermes", "llama3_json", "mistral"};  // in enum order
+
 Result<ToolCallFormat> parse_tool_call_format(const std::string& s) {
-  for (ToolCallFormat f : {ToolCallFormat::none, ToolCallFormat::hermes, ToolCallFormat::llama3_json, ToolCallFormat::mistral})
-    if (s == tool_call_format_name(f)) return f;
+  for (size_t i = 0; i < std::size(kFormatNames); ++i)
+    if (s == kFormatNames[i]) return static_cast<ToolCallFormat>(i);
   return invalid_argument("unknown tool-call format '" + s + "': expected none, hermes, llama3_json or mistral");
 }
 
 const char* tool_call_format_name(ToolCallFormat f) {
-  switch (f) {
-    case ToolCallFormat::none: return "none";
-    case ToolCallFormat::hermes: return "hermes";
-    case ToolCallFormat::llama3_json: return "llama3_json";
-    case ToolCallFormat::mistral: return "mistral";
-  }
-  return "none";
+  const auto i = static_cast<size_t>(f);
+  return i < std::size(kFormatNames) ? kFormatNames[i] : "none";
 }
 
 ToolCallFormat detect_tool_call_format(const std::string& template_source,
@@ -286,13 +270,11 @@ std::string make_tool_call_id(ToolCallFormat f, std::string_view protocol_prefix
 
 struct ToolCallParser::Impl {
   enum class State : uint8_t {
-    content,        // hermes / mistral: content, looking for the marker
-    plain,          // everything is content (format none; llama3_json once not a call)
-    llama_start,    // llama3_json, before the first non-whitespace byte
+    content,        // content: hermes and mistral look for their marker, the others take it all
+    llama_start,    // llama3_json, at the start or after ';': a call (or else content)
     llama_between,  // llama3_json, after a call: ';', another call, or content
-    llama_next,     // llama3_json, after ';': another call
     llama_tag,      // llama3_json, matching <|python_tag|>
-    object,         // inside a call object
+    object,         // inside a call object (or the bare arguments of name[ARGS]{...})
     hermes_close,   // after a hermes call object: an optional </tool_call>
     mistral_open,   // after [TOOL_CALLS]: '[' or a name
     mistral_first,  // after '[': the first call object or ']'
@@ -300,13 +282,10 @@ struct ToolCallParser::Impl {
     mistral_elem,   // after ',': the next call object
     mistral_name,   // the name of name[ARGS]{...}
     mistral_tag,    // matching [ARGS]
-    mistral_value,  // after [ARGS]: '{'
-    mistral_body,   // the arguments object of name[ARGS]{...}
   };
   enum class Obj : uint8_t { open, key_or_close, key_start, key, colon, value_start, value, after };
   enum class Role : uint8_t { name, args, other };
   enum class Match : uint8_t { full, partial, none };
-  enum class Byte : uint8_t { consumed, again, fail };
   using Step = JsonScanner::Step;
 
   ToolCallFormat format = ToolCallFormat::none;
@@ -326,8 +305,9 @@ struct ToolCallParser::Impl {
   Role role = Role::other;
   JsonScanner scan;
   std::string key, name, args_text;
-  size_t raw_start = 0;  // the string token being read (a key, the name, string arguments)
-  size_t args_start = 0, name_start = 0;
+  size_t raw_start = 0;  // the token being read (a key, the name, string arguments)
+  size_t name_start = 0;
+  bool bare = false;     // name[ARGS]{...}: the call ends with its arguments
   bool args_object = false, committed = false, have_name = false, have_args = false, args_done = false;
 
   std::vector<ToolCall> calls;
@@ -355,27 +335,24 @@ struct ToolCallParser::Impl {
     in_region = true;
     region = region_start;
     committed = have_name = have_args = args_done = false;
-    name.clear();
-    args_text.clear();
   }
-
   void enter_object(State next) {
     state = State::object;
     obj = Obj::open;
     after_object = next;
+    bare = false;
   }
-
   void enter_content(bool after) {
-    state = format == ToolCallFormat::llama3_json ? State::plain : State::content;
+    state = State::content;
     after_call = after;
     scan_from = ws_until = pos;
   }
 
   // The byte at `at` cannot continue the call: what was held for it becomes content and parsing
-  // resumes at that byte. An announced call stays as it is. True: for step().
+  // resumes at that byte. An announced call stays as it is. Returns true, for step().
   bool fail(size_t at) {
     if (in_region) emit(region, at);
-    in_region = committed = false;
+    in_region = false;
     pos = at;
     enter_content(false);
     return true;
@@ -389,7 +366,6 @@ struct ToolCallParser::Impl {
   }
 
   void stream_args(std::string_view piece) {
-    if (piece.empty()) return;
     calls.back().arguments.append(piece);
     const auto index = static_cast<int32_t>(calls.size() - 1);
     if (out.calls.empty() || out.calls.back().index != index) out.calls.push_back({index, "", ""});
@@ -398,23 +374,22 @@ struct ToolCallParser::Impl {
 
   // ---- the call object --------------------------------------------------------------------------
 
-  Byte start_value(char c, size_t at) {
+  bool start_value(char c, size_t at) {
     role = Role::other;
     if (key == "name" && !have_name) {
-      if (c != '"') return Byte::fail;
+      if (c != '"') return false;
       role = Role::name;
     } else if ((key == "arguments" || key == "parameters") && !have_args) {
-      if (c != '{' && c != '"') return Byte::fail;
+      if (c != '{' && c != '"') return false;
       role = Role::args;
       have_args = true;
-      args_start = at;
       args_object = c == '{';
       if (args_object && have_name) commit("{", false);
     }
     raw_start = at;
     scan.reset();
     obj = Obj::value;
-    return scan.push(c) == Step::error ? Byte::fail : Byte::consumed;
+    return scan.push(c) != Step::error;
   }
 
   // A value of the call object ended just before `stop`; false: the call is malformed.
@@ -428,75 +403,69 @@ struct ToolCallParser::Impl {
     } else if (role == Role::args && args_object) {
       args_done = true;
       if (committed) calls.back().complete = true;
-      else args_text = std::string(text(args_start, stop));
+      else args_text = std::string(text(raw_start, stop));
     } else if (role == Role::args) {
       std::optional<std::string> s = decode_string(text(raw_start, stop));
-      if (!s) return false;
-      std::string_view inner = trim(*s);
-      if (!is_json_object(inner)) return false;
-      args_text = std::string(inner);
+      if (!s || !is_json_object(trim(*s))) return false;
+      args_text = std::string(trim(*s));
       args_done = true;
       if (have_name) commit(args_text, true);
     }
+    if (bare) enter_content(true);  // name[ARGS]{...} ends with its arguments
     return true;
   }
 
-  Byte close_object() {
-    if (!have_name) return Byte::fail;
+  bool close_object() {
+    if (!have_name) return false;
     if (!have_args) commit("{}", true);
     state = after_object;
-    return Byte::consumed;
+    return true;
   }
 
-  Byte object_byte(char c, size_t at) {
-    if (is_ws(c) && obj != Obj::key && obj != Obj::value) return Byte::consumed;
+  // One byte of a call object; false: the call is malformed at this byte.
+  bool object_byte(char c, size_t at) {
+    if (is_ws(c) && obj != Obj::key && obj != Obj::value) return true;
     switch (obj) {
       case Obj::open:
         obj = Obj::key_or_close;
-        return c == '{' ? Byte::consumed : Byte::fail;
+        return c == '{';
       case Obj::key_or_close:
         if (c == '}') return close_object();
         [[fallthrough]];
       case Obj::key_start:
-        if (c != '"') return Byte::fail;
         raw_start = at;
         scan.reset();
-        scan.push('"');
         obj = Obj::key;
-        return Byte::consumed;
+        return c == '"' && scan.push(c) == Step::more;
       case Obj::key: {
         const Step s = scan.push(c);
-        if (s == Step::error) return Byte::fail;
-        if (s == Step::done) {
-          std::optional<std::string> k = decode_string(text(raw_start, at + 1));
-          if (!k) return Byte::fail;
-          key = std::move(*k);
-          obj = Obj::colon;
-        }
-        return Byte::consumed;
+        if (s != Step::done) return s == Step::more;
+        std::optional<std::string> k = decode_string(text(raw_start, at + 1));
+        key = k ? std::move(*k) : std::string();
+        obj = Obj::colon;
+        return k.has_value();
       }
       case Obj::colon:
         obj = Obj::value_start;
-        return c == ':' ? Byte::consumed : Byte::fail;
+        return c == ':';
       case Obj::value_start: return start_value(c, at);
       case Obj::value: {
         const Step s = scan.push(c);
-        if (s == Step::error) return Byte::fail;
-        if (s == Step::done_before) {
+        if (s == Step::error) return false;
+        if (s == Step::done_before) {  // a number ended before this byte, which comes next
           obj = Obj::after;
-          return end_value(at) ? Byte::again : Byte::fail;
+          return end_value(at) && object_byte(c, at);
         }
         if (role == Role::args && args_object && committed) stream_args(std::string_view(&c, 1));
-        if (s == Step::more) return Byte::consumed;
-        obj = Obj::after;
-        return end_value(at + 1) ? Byte::consumed : Byte::fail;
+        obj = s == Step::done ? Obj::after : Obj::value;
+        return s == Step::more || end_value(at + 1);
       }
       case Obj::after:
         if (c == '}') return close_object();
         obj = Obj::key_start;
-        return c == ',' ? Byte::consumed : Byte::fail;
+        return c == ',';
     }
-    return Byte::fail;
+    return false;
   }
 
   // ---- the states ---------------------------------------------------------------------------------
@@ -509,8 +478,7 @@ struct ToolCallParser::Impl {
     return true;
   }
 
-  // Content of hermes and mistral: releases all that cannot be part of a marker or of the
-  // whitespace right before one.
+  // Content: releases all that cannot be part of a marker or of the whitespace right before one.
   bool content_step(bool final) {
     char c;
     if (after_call) {
@@ -519,6 +487,11 @@ struct ToolCallParser::Impl {
       scan_from = ws_until = pos;
     }
     if (pos == end()) return false;
+    if (format != ToolCallFormat::hermes && format != ToolCallFormat::mistral) {  // no marker: all content
+      emit(pos, end());
+      pos = end();
+      return false;
+    }
     const std::string_view marker = format == ToolCallFormat::hermes ? kHermesOpen : kMistralCalls;
     ws_until = std::max(ws_until, pos);
     auto trim_back = [&](size_t r) {  // the start of the whitespace run that ends at r
@@ -537,15 +510,10 @@ struct ToolCallParser::Impl {
       else state = State::mistral_open;
       return true;
     }
-    if (final) {
-      emit(pos, end());
-      pos = end();
-      return false;
-    }
     size_t hold = 0;  // the longest tail that is a proper prefix of the marker
-    for (size_t k = std::min(marker.size() - 1, end() - pos); k > 0 && hold == 0; --k)
+    for (size_t k = std::min(marker.size() - 1, end() - pos); k > 0 && hold == 0 && !final; --k)
       if (match(end() - k, marker) == Match::partial) hold = k;
-    const size_t r = end() - hold, q = trim_back(r);
+    const size_t r = end() - hold, q = final ? end() : trim_back(r);
     emit(pos, q);
     pos = q;
     ws_until = r;
@@ -570,26 +538,18 @@ struct ToolCallParser::Impl {
     char c;
     switch (state) {
       case State::content: return content_step(final);
-      case State::plain:
-        emit(pos, end());
-        pos = end();
-        return false;
-      case State::llama_start:
       case State::llama_between:
-      case State::llama_next:
         if (!next_byte(&c)) return false;
-        if (state == State::llama_between) {
-          if (c != ';' && c != '{' && c != '<') {
-            enter_content(false);
-            return true;
-          }
+        if (c != ';' && c != '{' && c != '<') {
+          enter_content(false);
+        } else {
           begin_call(pos);
-          if (c == ';') {
-            ++pos;
-            state = State::llama_next;
-            return true;
-          }
+          pos += c == ';';
+          state = State::llama_start;
         }
+        return true;
+      case State::llama_start:
+        if (!next_byte(&c)) return false;
         if (c == '{') enter_object(State::llama_between);
         else if (c == '<') state = State::llama_tag;
         else fail(pos);
@@ -597,9 +557,8 @@ struct ToolCallParser::Impl {
       case State::llama_tag: return literal_step(kPythonTag, final, [&] { enter_object(State::llama_between); });
       case State::object:
         while (pos < end()) {
-          const Byte r = object_byte(at(pos), pos);
-          if (r == Byte::fail) return fail(pos);
-          if (r == Byte::consumed) ++pos;
+          if (!object_byte(at(pos), pos)) return fail(pos);
+          ++pos;
           if (state != State::object) return true;
         }
         return false;
@@ -650,31 +609,13 @@ struct ToolCallParser::Impl {
         name = std::string(text(name_start, pos));
         state = State::mistral_tag;
         return true;
-      case State::mistral_tag: return literal_step(kMistralArgs, final, [&] { state = State::mistral_value; });
-      case State::mistral_value:
-        if (!next_byte(&c)) return false;
-        if (c != '{') return fail(pos);
-        have_name = have_args = true;
-        commit("{", false);
-        scan.reset();
-        scan.push(c);
-        ++pos;
-        state = State::mistral_body;
-        return true;
-      case State::mistral_body: {
-        const size_t start = pos;
-        Step s = Step::more;
-        while (pos < end() && s == Step::more) {
-          s = scan.push(at(pos));
-          if (s != Step::error) ++pos;
-        }
-        stream_args(text(start, pos));
-        if (s == Step::error) return fail(pos);
-        if (s == Step::more) return false;
-        calls.back().complete = true;
-        enter_content(true);
-        return true;
-      }
+      case State::mistral_tag:
+        return literal_step(kMistralArgs, final, [&] {
+          enter_object(State::content);
+          obj = Obj::value_start;  // straight to the arguments
+          key = "arguments";
+          have_name = bare = true;
+        });
     }
     return false;
   }
@@ -703,14 +644,9 @@ ToolCallParser::ToolCallParser(ToolCallFormat format, std::string prefix) : impl
   m.format = format;
   m.prefix_end = prefix.size();
   m.buf = std::move(prefix);
-  switch (format) {
-    case ToolCallFormat::none: m.state = Impl::State::plain; break;
-    case ToolCallFormat::llama3_json:
-      m.state = Impl::State::llama_start;
-      m.begin_call(0);
-      break;
-    case ToolCallFormat::hermes:
-    case ToolCallFormat::mistral: m.state = Impl::State::content; break;
+  if (format == ToolCallFormat::llama3_json) {
+    m.state = Impl::State::llama_start;
+    m.begin_call(0);  // leading whitespace is content unless a call follows
   }
   m.run(false);
 }

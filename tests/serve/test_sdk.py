@@ -1,0 +1,363 @@
+"""kiln serve driven by the official openai and anthropic Python SDKs.
+
+The model is testdata/tiny-tools: constructed weights whose greedy replies are known (see
+testdata/FIXTURES.md); golden.json holds what Hugging Face transformers renders, tokenizes and
+generates for each case, and the tests compare kiln's responses with it.
+Run: KILN=build/bin/kiln python -m unittest tests/serve/test_sdk.py   (openai, anthropic installed)
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import anthropic
+import openai
+
+sys.path.insert(0, os.path.dirname(__file__))
+from kiln_server import KilnServer  # noqa: E402
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MODEL = os.path.join(ROOT, "testdata", "tiny-tools")
+KILN = os.environ.get("KILN", os.path.join(ROOT, "build", "bin", "kiln"))
+KEY = "sk-test-0123456789"
+T0 = {"temperature": 0}  # the anthropic SDK has no sampling arguments: they go in the body
+with open(os.path.join(MODEL, "golden.json")) as f:
+    GOLDEN = json.load(f)
+CASES = {c["name"]: c for c in GOLDEN["cases"]}
+GREETING = GOLDEN["replies"]["greeting"]
+WEATHER = GOLDEN["replies"]["weather"]
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city name."}},
+                   "required": ["city"]}}}
+ANTHROPIC_TOOL = {"name": "get_weather", "description": "Get the current weather in a city.",
+                  "input_schema": WEATHER_TOOL["function"]["parameters"]}
+
+
+def openai_messages(case):
+    """A golden case's messages as an OpenAI client sends them (tool-call arguments as JSON text)."""
+    out = []
+    for m in case["messages"]:
+        m = dict(m)
+        if "tool_calls" in m:
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                               for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+class ServeSdkTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = KilnServer(KILN, MODEL, "--api-key", KEY)
+        cls.oai = openai.OpenAI(base_url=cls.server.url + "/v1", api_key=KEY, max_retries=0)
+        cls.ant = anthropic.Anthropic(base_url=cls.server.url, api_key=KEY, max_retries=0)
+        cls.model = cls.server.model_name
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.assertEqual = unittest.TestCase.assertEqual
+        code = cls.server.stop()
+        if code != 0:
+            raise AssertionError(f"kiln serve exited {code} on SIGTERM:\n" + cls.server.read_log()[-3000:])
+
+    # ---------------------------------------------------------------- OpenAI chat
+    def chat(self, case, **kw):
+        return self.oai.chat.completions.create(model=self.model, messages=openai_messages(CASES[case]),
+                                                temperature=0, **kw)
+
+    def test_models(self):
+        models = self.oai.models.list()
+        self.assertEqual([m.id for m in models.data], ["tiny-tools"])
+
+    def test_chat_matches_transformers(self):
+        for name in ("chat", "chat_system", "chat_multi_turn"):
+            r = self.chat(name)
+            self.assertEqual(r.choices[0].message.content, CASES[name]["completion_text"], name)
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+            self.assertEqual(r.usage.prompt_tokens, CASES[name]["prompt_tokens"], name)
+            self.assertEqual(r.usage.completion_tokens, CASES[name]["completion_tokens"], name)
+            self.assertEqual(r.model_extra["system_fingerprint"] if "system_fingerprint" in (r.model_extra or {}) else r.system_fingerprint, "kiln")
+
+    def test_chat_stream_with_usage(self):
+        stream = self.chat("chat", stream=True, stream_options={"include_usage": True})
+        text, finish, usage, roles = "", None, None, 0
+        for chunk in stream:
+            if chunk.usage:
+                usage = chunk.usage
+            for c in chunk.choices:
+                roles += c.delta.role == "assistant"
+                text += c.delta.content or ""
+                finish = c.finish_reason or finish
+        self.assertEqual(text, GREETING)
+        self.assertEqual(finish, "stop")
+        self.assertEqual(roles, 1)
+        self.assertEqual(usage.prompt_tokens, CASES["chat"]["prompt_tokens"])
+        self.assertEqual(usage.completion_tokens, CASES["chat"]["completion_tokens"])
+
+    def test_logprobs_match_transformers(self):
+        # Raw-model log-probabilities of the generated tokens (fp32, transformers), as OpenAI reports them.
+        r = self.oai.chat.completions.create(model=self.model, messages=openai_messages(CASES["chat"]), temperature=1,
+                                             seed=3, logprobs=True, top_logprobs=3, max_tokens=1)
+        first = r.choices[0].logprobs.content[0]
+        self.assertEqual(first.token, "Hello")
+        self.assertAlmostEqual(first.logprob, CASES["chat"]["token_logprobs"][0], places=4)
+        self.assertEqual(len(first.top_logprobs), 3)
+        self.assertEqual(first.top_logprobs[0].token, "Hello")
+        self.assertEqual(bytes(first.bytes), b"Hello")
+        r = self.chat("chat", logprobs=True)
+        lps = [t.logprob for t in r.choices[0].logprobs.content]
+        self.assertEqual(len(lps), CASES["chat"]["completion_tokens"])
+        for got, want in zip(lps, CASES["chat"]["token_logprobs"]):
+            self.assertAlmostEqual(got, want, places=4)
+
+    def test_n_and_seed(self):
+        kw = dict(model=self.model, messages=openai_messages(CASES["chat"]), temperature=2.0, max_tokens=12)
+        a = self.oai.chat.completions.create(seed=11, n=3, **kw)
+        b = self.oai.chat.completions.create(seed=11, n=3, **kw)
+        self.assertEqual(len(a.choices), 3)
+        self.assertEqual([c.message.content for c in a.choices], [c.message.content for c in b.choices])
+        self.assertEqual([c.index for c in a.choices], [0, 1, 2])
+        self.assertEqual(a.usage.prompt_tokens, CASES["chat"]["prompt_tokens"])  # the prompt counts once
+
+    def test_max_tokens_length(self):
+        for kw in ({"max_tokens": 3}, {"max_completion_tokens": 3}):
+            r = self.chat("chat", **kw)
+            self.assertEqual(r.choices[0].message.content, "Hello! How")
+            self.assertEqual(r.choices[0].finish_reason, "length")
+            self.assertEqual(r.usage.completion_tokens, 3)
+
+    def test_stop_sequences_both_protocols(self):
+        r = self.chat("chat", stop=[" can", "zzz"])
+        self.assertEqual(r.choices[0].message.content, "Hello! How")
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        text = "".join(c.choices[0].delta.content or "" for c in self.chat("chat", stop=" can", stream=True) if c.choices)
+        self.assertEqual(text, "Hello! How")
+        m = self.ant.messages.create(model=self.model, max_tokens=50, extra_body=T0, stop_sequences=[" can"],
+                                     messages=[{"role": "user", "content": "Hi!"}])
+        self.assertEqual(m.content[0].text, "Hello! How")
+        self.assertEqual(m.stop_reason, "stop_sequence")
+        self.assertEqual(m.stop_sequence, " can")
+        with self.ant.messages.stream(model=self.model, max_tokens=50, extra_body=T0, stop_sequences=["you"],
+                                      messages=[{"role": "user", "content": "Hi!"}]) as s:
+            self.assertEqual("".join(s.text_stream), "Hello! How can I help ")
+            final = s.get_final_message()
+        self.assertEqual(final.stop_sequence, "you")
+
+    # ---------------------------------------------------------------- completions
+    def test_completions(self):
+        c = CASES["completion"]
+        r = self.oai.completions.create(model=self.model, prompt=c["prompt"], temperature=0, max_tokens=20)
+        self.assertEqual(r.choices[0].text, c["completion_text"])
+        self.assertEqual(r.usage.prompt_tokens, c["prompt_tokens"])
+        r = self.oai.completions.create(model=self.model, prompt=c["prompt_ids"], temperature=0, max_tokens=20,
+                                        echo=True, logprobs=2)
+        self.assertEqual(r.choices[0].text, c["prompt"] + c["completion_text"])
+        self.assertEqual(len(r.choices[0].logprobs.tokens), c["completion_tokens"])
+        r = self.oai.completions.create(model=self.model, prompt=[c["prompt"], "Say: Hello!"], temperature=0, max_tokens=20, n=2)
+        self.assertEqual([x.text for x in r.choices][:2], [c["completion_text"]] * 2)
+        self.assertEqual(r.choices[2].text, " How can I help you today?")
+        text = "".join(x.choices[0].text for x in self.oai.completions.create(
+            model=self.model, prompt=c["prompt"], temperature=0, max_tokens=20, stream=True))
+        self.assertEqual(text, c["completion_text"])
+
+    # ---------------------------------------------------------------- tool calls
+    def test_tool_call_openai(self):
+        r = self.chat("tools", tools=[WEATHER_TOOL])
+        msg = r.choices[0].message
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        self.assertIsNone(msg.content)
+        self.assertEqual(len(msg.tool_calls), 1)
+        self.assertEqual(msg.tool_calls[0].function.name, "get_weather")
+        self.assertEqual(json.loads(msg.tool_calls[0].function.arguments), {"city": "Paris"})
+        self.assertTrue(msg.tool_calls[0].id.startswith("call_"))
+        self.assertEqual(r.usage.prompt_tokens, CASES["tools"]["prompt_tokens"])  # tools rendered as transformers does
+        # Streamed: the name first, then the arguments in pieces that add up.
+        calls, finish = {}, None
+        pieces = 0
+        for chunk in self.chat("tools", tools=[WEATHER_TOOL], stream=True):
+            for c in chunk.choices:
+                finish = c.finish_reason or finish
+                self.assertFalse(c.delta.content)
+                for tc in c.delta.tool_calls or []:
+                    entry = calls.setdefault(tc.index, {"name": "", "arguments": "", "id": None})
+                    if tc.id:
+                        entry["id"] = tc.id
+                    if tc.function.name:
+                        entry["name"] += tc.function.name
+                    entry["arguments"] += tc.function.arguments or ""
+                    pieces += 1
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual(list(calls), [0])
+        self.assertEqual(calls[0]["name"], "get_weather")
+        self.assertEqual(json.loads(calls[0]["arguments"]), {"city": "Paris"})
+        self.assertGreater(pieces, 2)  # incremental
+        # The result goes back; the template renders it as transformers does, and the model answers.
+        r = self.chat("tool_result", tools=[WEATHER_TOOL])
+        self.assertEqual(r.choices[0].message.content, WEATHER)
+        self.assertEqual(r.usage.prompt_tokens, CASES["tool_result"]["prompt_tokens"])
+
+    def test_tool_choice(self):
+        r = self.chat("tools", tools=[WEATHER_TOOL], tool_choice="none")
+        self.assertEqual(r.choices[0].message.content, GREETING)  # no tools in the prompt
+        self.assertIsNone(r.choices[0].message.tool_calls)
+        r = self.chat("chat", tools=[WEATHER_TOOL], tool_choice="required")
+        self.assertEqual(r.choices[0].message.tool_calls[0].function.name, "get_weather")
+        r = self.chat("tools", tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        self.assertEqual(json.loads(r.choices[0].message.tool_calls[0].function.arguments), {"city": "Paris"})
+        self.assertEqual(r.usage.prompt_tokens, CASES["forced_call_name"]["prompt_tokens"])
+        with self.assertRaises(openai.BadRequestError):
+            self.chat("tools", tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "nope"}})
+
+    def test_tool_use_anthropic(self):
+        m = self.ant.messages.create(model=self.model, max_tokens=100, extra_body=T0, tools=[ANTHROPIC_TOOL],
+                                     messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+        self.assertEqual(m.stop_reason, "tool_use")
+        self.assertEqual([b.type for b in m.content], ["tool_use"])
+        self.assertEqual(m.content[0].name, "get_weather")
+        self.assertEqual(m.content[0].input, {"city": "Paris"})
+        self.assertEqual(m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0), CASES["tools"]["prompt_tokens"])
+        with self.ant.messages.stream(model=self.model, max_tokens=100, extra_body=T0, tools=[ANTHROPIC_TOOL],
+                                      messages=[{"role": "user", "content": "What is the weather in Paris?"}]) as s:
+            final = s.get_final_message()
+        self.assertEqual(final.content[0].input, {"city": "Paris"})
+        result = self.ant.messages.create(
+            model=self.model, max_tokens=100, extra_body=T0, tools=[ANTHROPIC_TOOL],
+            messages=[{"role": "user", "content": "What is the weather in Paris?"},
+                      {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather",
+                                                          "input": {"city": "Paris"}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                                     "content": CASES["tool_result"]["messages"][2]["content"]}]}])
+        self.assertEqual(result.content[0].text, WEATHER)
+        self.assertEqual(result.usage.input_tokens + (result.usage.cache_read_input_tokens or 0),
+                         CASES["tool_result"]["prompt_tokens"])
+
+    # ---------------------------------------------------------------- Anthropic messages
+    def test_messages(self):
+        c = CASES["chat_system"]
+        m = self.ant.messages.create(model=self.model, max_tokens=50, extra_body=T0, system=c["messages"][0]["content"],
+                                     messages=c["messages"][1:])
+        self.assertEqual(m.content[0].text, c["completion_text"])
+        self.assertEqual(m.stop_reason, "end_turn")
+        self.assertEqual(m.usage.output_tokens, c["completion_tokens"])
+        self.assertEqual(m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0), c["prompt_tokens"])
+        m = self.ant.messages.create(model=self.model, max_tokens=2, extra_body=T0, messages=[{"role": "user", "content": "Hi!"}])
+        self.assertEqual((m.content[0].text, m.stop_reason), ("Hello!", "max_tokens"))
+        # A final assistant message is a prefill the reply continues.
+        m = self.ant.messages.create(model=self.model, max_tokens=50, extra_body=T0,
+                                     messages=[{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello!"}])
+        self.assertEqual(m.content[0].text, CASES["forced_greeting"]["completion_text"])
+
+    def test_messages_stream_event_order(self):
+        with self.ant.messages.stream(model=self.model, max_tokens=50, extra_body=T0,
+                                      messages=[{"role": "user", "content": [{"type": "text", "text": "Hi!"}]}]) as s:
+            events = [e.type for e in s if e.type != "text"]  # the SDK adds "text" helper events
+            final = s.get_final_message()
+        raw = [e for e in events if e in ("message_start", "content_block_start", "content_block_delta",
+                                          "content_block_stop", "message_delta", "message_stop")]
+        n_deltas = raw.count("content_block_delta")
+        self.assertEqual(raw, ["message_start", "content_block_start"] + ["content_block_delta"] * n_deltas +
+                         ["content_block_stop", "message_delta", "message_stop"])
+        self.assertGreater(n_deltas, 3)
+        self.assertEqual(final.content[0].text, GREETING)
+        self.assertEqual(final.usage.output_tokens, CASES["chat"]["completion_tokens"])
+
+    # ---------------------------------------------------------------- errors
+    def test_openai_errors(self):
+        with self.assertRaises(openai.NotFoundError) as e:
+            self.oai.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+        self.assertEqual(e.exception.body["code"], "model_not_found")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.oai.chat.completions.create(model=self.model, messages=[])
+        self.assertIn("messages", e.exception.body["message"])
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.oai.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "x" * 5000}])
+        self.assertEqual(e.exception.body["code"], "context_length_exceeded")
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.oai.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "x"}],
+                                             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})
+        self.assertIn("response_format", e.exception.body["message"])
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.oai.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "x"}],
+                                             extra_body={"bogus_field": 1})
+        self.assertIn("bogus_field", e.exception.body["message"])
+        with self.assertRaises(openai.BadRequestError):
+            self.oai.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "x"}], temperature=7)
+        bad = openai.OpenAI(base_url=self.server.url + "/v1", api_key="wrong", max_retries=0)
+        with self.assertRaises(openai.AuthenticationError) as e:
+            bad.models.list()
+        self.assertEqual(e.exception.body["type"], "authentication_error")
+        status, body = self.server.post("/v1/chat/completions", b'{"model": "tiny-tools", "messages": [',
+                                        {"Authorization": "Bearer " + KEY})
+        self.assertEqual(status, 400)
+        self.assertEqual(body["error"]["type"], "invalid_request_error")
+        self.assertIn("JSON", body["error"]["message"])
+
+    def test_anthropic_errors(self):
+        with self.assertRaises(anthropic.NotFoundError) as e:
+            self.ant.messages.create(model="claude-9", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        self.assertEqual(e.exception.body["type"], "error")
+        self.assertEqual(e.exception.body["error"]["type"], "not_found_error")
+        status, body = self.server.post("/v1/messages", {"model": self.model, "messages": [{"role": "user", "content": "x"}]},
+                                        {"x-api-key": KEY})
+        self.assertEqual(status, 400)
+        self.assertEqual(body["error"]["type"], "invalid_request_error")
+        self.assertIn("max_tokens", body["error"]["message"])
+        with self.assertRaises(anthropic.BadRequestError) as e:
+            self.ant.messages.create(model=self.model, max_tokens=100, messages=[{"role": "user", "content": "x" * 5000}])
+        self.assertIn("too long", e.exception.body["error"]["message"])
+        status, body = self.server.post("/v1/messages", b"{nope", {"x-api-key": KEY})
+        self.assertEqual((status, body["type"], body["error"]["type"]), (400, "error", "invalid_request_error"))
+        bad = anthropic.Anthropic(base_url=self.server.url, api_key="wrong", max_retries=0)
+        with self.assertRaises(anthropic.AuthenticationError) as e:
+            bad.messages.create(model=self.model, max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        self.assertEqual(e.exception.body["error"]["type"], "authentication_error")
+
+    # ---------------------------------------------------------------- operations
+    def test_health_metrics_page(self):
+        self.assertEqual(json.loads(self.server.get("/health"))["status"], "ok")
+        self.chat("chat")
+        m = self.server.metrics({"Authorization": "Bearer " + KEY})
+        for name in ("kiln_requests_running", "kiln_requests_waiting", "kiln_kv_usage_ratio", "kiln_prefix_cache_hit_rate",
+                     "kiln_policy_version", "kiln_generation_tokens_total", "kiln_time_to_first_token_seconds_count",
+                     "kiln_time_per_output_token_seconds_count", "kiln_e2e_request_latency_seconds_count"):
+            self.assertIn(name, m)
+        self.assertGreater(m['kiln_requests_total{route="/v1/chat/completions",status="200"}'], 0)
+        page = self.server.get("/")
+        self.assertIn("<html", page.lower())
+        self.assertNotIn("http://", page.replace(self.server.url, ""))  # nothing from the network
+        self.assertIn('"path":"/v1/chat/completions"', self.server.read_log())  # the access log
+
+    def test_run_batch(self):
+        lines = [
+            {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": self.model, "messages": openai_messages(CASES["chat"]), "temperature": 0}},
+            {"custom_id": "b", "method": "POST", "url": "/v1/completions",
+             "body": {"model": self.model, "prompt": CASES["completion"]["prompt"], "temperature": 0, "max_tokens": 20}},
+            {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": self.model, "messages": openai_messages(CASES["tools"]), "tools": [WEATHER_TOOL], "temperature": 0}},
+            {"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "nope", "messages": []}},
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            src, dst = os.path.join(d, "in.jsonl"), os.path.join(d, "out.jsonl")
+            with open(src, "w") as f:
+                f.write("".join(json.dumps(x) + "\n" for x in lines) + "not json\n")
+            p = subprocess.run([KILN, "run-batch", "--model", MODEL, "-i", src, "-o", dst], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 1, p.stderr)  # two lines failed
+            out = [json.loads(x) for x in open(dst)]
+        self.assertEqual([o["custom_id"] for o in out], ["a", "b", "c", "d", None])
+        self.assertEqual(out[0]["response"]["status_code"], 200)
+        self.assertEqual(out[0]["response"]["body"]["choices"][0]["message"]["content"], GREETING)
+        self.assertEqual(out[1]["response"]["body"]["choices"][0]["text"], CASES["completion"]["completion_text"])
+        call = out[2]["response"]["body"]["choices"][0]["message"]["tool_calls"][0]
+        self.assertEqual((call["function"]["name"], json.loads(call["function"]["arguments"])), ("get_weather", {"city": "Paris"}))
+        self.assertEqual(out[3]["response"]["status_code"], 404)
+        self.assertIsNone(out[4]["response"])
+        self.assertIn("line 5", out[4]["error"]["message"])
+
+
+if __name__ == "__main__":
+    unittest.main()
