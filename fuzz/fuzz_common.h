@@ -20,6 +20,7 @@ int chat_template(const uint8_t* data, size_t size);
 int training_jsonl(const uint8_t* data, size_t size);
 int regex_pattern(const uint8_t* data, size_t size);
 int kiln_shard(const uint8_t* data, size_t size);
+int serve_request(const uint8_t* data, size_t size);
 
 // Writes the input to a file of this process (one per target) and returns its path, for parsers
 // that read files.

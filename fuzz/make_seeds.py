@@ -88,3 +88,27 @@ pats = [s["component"]["pattern"]["Regex"] for s in scan["scans"] if "component"
 pats += [r"(?i)[^a-c\d]+", r"[\w&&[^\d]]+", r"(?m)^a.+$", r"[[:^alpha:][:punct:]]{,3}", r"\p{^Greek}\h\u00e9\x{1F600}[]a-]"]
 for i, p in enumerate(pats):
     put("regex_pattern", f"p{i:02d}", p + "\0" + "It's 2024: Größe 東京 \r\n  x\u00b2 Ω")
+
+# serve_request: HTTP requests as clients send them to kiln serve (testdata/tiny-tools).
+def http_post(path, body):
+    data = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+serve_seeds = {
+    "chat": ("/v1/chat/completions", {"model": "tiny-tools", "messages": [{"role": "user", "content": "Hi!"}], "stream": True,
+                                      "stream_options": {"include_usage": True}, "n": 2, "stop": ["x"], "logprobs": True, "top_logprobs": 2}),
+    "chat_tools": ("/v1/chat/completions", {"model": "tiny-tools", "tools": [tool], "tool_choice": "required", "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}),
+    "completion": ("/v1/completions", {"model": "tiny-tools", "prompt": ["Once upon a time", [1, 2, 3]], "max_tokens": 5, "echo": True, "logprobs": 1}),
+    "messages": ("/v1/messages", {"model": "tiny-tools", "max_tokens": 20, "system": "Be brief.", "stop_sequences": ["y"], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}],
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}], "tool_choice": {"type": "auto"}}),
+}
+for name, (path, body) in serve_seeds.items():
+    put("serve_request", name, http_post(path, body))

@@ -1,0 +1,184 @@
+// The server's protocol pieces without HTTP: request bodies into jobs (OpenAI, Anthropic), the
+// conversations handed to chat templates, field checking, API-key comparison and the Prometheus text.
+// Expected values are written from the protocols' documentation; the served behaviour end to end is
+// tested with the official SDKs (tests/serve/).
+#include <gtest/gtest.h>
+
+#include "serve/anthropic_protocol.h"
+#include "serve/chat_messages.h"
+#include "serve/metrics.h"
+#include "serve/openai_protocol.h"
+#include "serve/server_internal.h"
+
+namespace kiln::serve {
+namespace {
+
+class ServeProtocol : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    Result<ModelText> t = ModelText::load(std::string(KILN_TESTDATA) + "/tiny-tools");
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    text_ = new ModelText(std::move(t).value());
+  }
+  static void TearDownTestSuite() { delete text_; }
+  ServeContext ctx() const {
+    ServeContext c;
+    c.text = text_;
+    c.model_name = "tiny-tools";
+    c.tool_format = ToolCallFormat::hermes;
+    c.context_length = 4096;
+    c.max_n = 4;
+    return c;
+  }
+  static ModelText* text_;
+};
+ModelText* ServeProtocol::text_ = nullptr;
+
+TEST_F(ServeProtocol, OpenAIMessagesForTheTemplate) {
+  Json in = Json::parse(R"([
+    {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+      "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "42"}])");
+  Result<Json> out = template_messages_from_openai(in);
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  const Json want = Json::parse(R"([
+    {"role": "system", "content": "a\nb"},
+    {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+      "function": {"name": "f", "arguments": {"x": 1}}, "id": "c1"}]},
+    {"role": "tool", "content": "42", "tool_call_id": "c1"}])");
+  EXPECT_EQ(*out, want);
+  EXPECT_FALSE(template_messages_from_openai(Json::parse(R"([{"role": "wizard", "content": "x"}])")).ok());
+  EXPECT_FALSE(template_messages_from_openai(
+      Json::parse(R"([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])")).ok());
+}
+
+TEST_F(ServeProtocol, AnthropicMessagesForTheTemplate) {
+  Json msgs = Json::parse(R"([
+    {"role": "user", "content": "q"},
+    {"role": "assistant", "content": [{"type": "text", "text": "let me see"},
+      {"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "42"}]},
+      {"type": "text", "text": "thanks"}]},
+    {"role": "assistant", "content": "The answer"}])");
+  Result<AnthropicConversation> c = template_messages_from_anthropic(Json("sys"), msgs);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const Json want = Json::parse(R"([
+    {"role": "system", "content": "sys"},
+    {"role": "user", "content": "q"},
+    {"role": "assistant", "content": "let me see", "tool_calls": [{"type": "function",
+      "function": {"name": "f", "arguments": {"x": 1}}, "id": "t1"}]},
+    {"role": "tool", "tool_call_id": "t1", "content": "42"},
+    {"role": "user", "content": "thanks"}])");
+  EXPECT_EQ(c->messages, want);
+  EXPECT_EQ(c->prefill, "The answer");
+}
+
+TEST_F(ServeProtocol, OpenAIChatJob) {
+  Result<CompletionJob> job = parse_openai_chat(Json::parse(R"({"model": "tiny-tools", "n": 2, "seed": 5,
+      "messages": [{"role": "user", "content": "Hi!"}], "max_completion_tokens": 7, "temperature": 0.5,
+      "top_k": -1, "stop": "x", "stream": true, "stream_options": {"include_usage": true}})"), ctx());
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_EQ(job->n, 2);
+  EXPECT_EQ(job->request.max_tokens, 7);
+  EXPECT_EQ(job->request.seed, 5u);
+  EXPECT_EQ(job->request.top_k, 0);
+  EXPECT_FLOAT_EQ(job->request.temperature, 0.5f);
+  EXPECT_EQ(job->request.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(job->stream && job->include_usage);
+  // The prompt is the template's render, encoded without added special tokens.
+  Result<std::string> rendered = text_->render_chat(Json::parse(R"([{"role": "user", "content": "Hi!"}])"), Json(), true);
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_EQ(job->prompts.at(0), *text_->tokenizer().encode(*rendered, false));
+  // Without max_tokens: what the context leaves.
+  job = parse_openai_chat(Json::parse(R"({"model": "tiny-tools", "messages": [{"role": "user", "content": "Hi!"}]})"), ctx());
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->request.max_tokens + static_cast<int64_t>(job->prompts[0].size()), 4096);
+}
+
+TEST_F(ServeProtocol, RefusesWhatItDoesNotSupport) {
+  auto chat = [&](const char* extra) {
+    return parse_openai_chat(Json::parse(std::string(R"({"model": "tiny-tools", "messages": [{"role": "user", "content": "x"}])") +
+                                         extra + "}"), ctx());
+  };
+  for (const char* extra : {R"(, "response_format": {"type": "json_object"})", R"(, "logit_bias": {"1": 5})",
+                            R"(, "functions": [])", R"(, "n": 5)", R"(, "top_logprobs": 2)", R"(, "temperature": -1)",
+                            R"(, "max_tokens": 1, "max_completion_tokens": 2)", R"(, "whatever": 1)",
+                            R"(, "stream_options": {"include_usage": true})", R"(, "tool_choice": "required")"}) {
+    Result<CompletionJob> job = chat(extra);
+    EXPECT_FALSE(job.ok()) << extra;
+    EXPECT_EQ(api_error_from(job.status()).status, 400) << extra;
+  }
+  Result<CompletionJob> job = parse_openai_chat(Json::parse(R"({"model": "other", "messages": []})"), ctx());
+  EXPECT_EQ(api_error_from(job.status()).status, 404);
+  EXPECT_TRUE(chat(R"(, "response_format": {"type": "text"}, "user": "u", "store": false)").ok());
+}
+
+TEST_F(ServeProtocol, CompletionPrompts) {
+  Result<CompletionJob> job = parse_openai_completion(
+      Json::parse(R"({"model": "tiny-tools", "prompt": [[5, 6], [7]], "n": 2, "max_tokens": 3})"), ctx());
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_EQ(job->prompts, (std::vector<std::vector<int32_t>>{{5, 6}, {7}}));
+  EXPECT_EQ(job->choices(), 4);
+  job = parse_openai_completion(Json::parse(R"({"model": "tiny-tools", "prompt": "Hello"})"), ctx());
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->request.max_tokens, 16);  // OpenAI's default for completions
+  EXPECT_EQ(job->prompts[0], (std::vector<int32_t>{269}));  // "Hello" is one token of tiny-tools
+  EXPECT_FALSE(parse_openai_completion(Json::parse(R"({"model": "tiny-tools", "prompt": []})"), ctx()).ok());
+  EXPECT_FALSE(parse_openai_completion(Json::parse(R"({"model": "tiny-tools", "prompt": [-1]})"), ctx()).ok());
+}
+
+TEST_F(ServeProtocol, AnthropicJob) {
+  Result<CompletionJob> job = parse_anthropic_messages(Json::parse(R"({"model": "tiny-tools", "max_tokens": 9,
+      "messages": [{"role": "user", "content": "Hi!"}], "stop_sequences": ["a", "b"], "top_k": 4,
+      "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}], "tool_choice": {"type": "tool", "name": "get_weather"}})"),
+                                                   ctx());
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_EQ(job->request.max_tokens, 9);
+  EXPECT_EQ(job->request.top_k, 4);
+  EXPECT_EQ(job->request.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(job->tools.enabled);
+  EXPECT_EQ(job->tools.forced_prefix, forced_tool_call_prefix(ToolCallFormat::hermes, "get_weather"));
+  for (const char* bad : {R"({"model": "tiny-tools", "messages": [{"role": "user", "content": "x"}]})",
+                          R"({"model": "tiny-tools", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})",
+                          R"({"model": "tiny-tools", "max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "x"}]})",
+                          R"({"model": "tiny-tools", "max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": 10}, "messages": [{"role": "user", "content": "x"}]})"})
+    EXPECT_FALSE(parse_anthropic_messages(Json::parse(bad), ctx()).ok()) << bad;
+}
+
+TEST(ServeBody, ParseLimits) {
+  EXPECT_TRUE(parse_request_body(R"({"a": [[["\"[[[[" ]]]})").ok());
+  std::string deep(kMaxRequestNesting + 1, '[');
+  EXPECT_FALSE(parse_request_body("{\"a\":" + deep + std::string(kMaxRequestNesting + 1, ']') + "}").ok());
+  EXPECT_FALSE(parse_request_body("[1]").ok());
+  EXPECT_FALSE(parse_request_body("{").ok());
+}
+
+TEST(ServeAuth, ApiKeyComparison) {
+  EXPECT_TRUE(api_key_matches("sk-abc", "sk-abc"));
+  EXPECT_FALSE(api_key_matches("sk-abd", "sk-abc"));
+  EXPECT_FALSE(api_key_matches("sk-ab", "sk-abc"));
+  EXPECT_FALSE(api_key_matches("sk-abcd", "sk-abc"));
+  EXPECT_FALSE(api_key_matches("", "sk-abc"));
+}
+
+TEST(ServeMetrics, PrometheusText) {
+  Histogram h({0.1, 1.0});
+  h.observe(0.05);
+  h.observe(0.5);
+  h.observe(3.0);
+  EXPECT_EQ(h.render("x", "help"),
+            "# HELP x help\n# TYPE x histogram\nx_bucket{le=\"0.1\"} 1\nx_bucket{le=\"1\"} 2\nx_bucket{le=\"+Inf\"} 3\n"
+            "x_sum 3.55\nx_count 3\n");
+  ServerMetrics m;
+  m.request_done("/v1/messages", 200);
+  m.request_done("/v1/messages", 200);
+  EngineStats s;
+  s.policy_version = 7;
+  const std::string text = m.render(s, "m");
+  EXPECT_NE(text.find("kiln_requests_total{route=\"/v1/messages\",status=\"200\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("kiln_policy_version{model=\"m\"} 7\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::serve
