@@ -24,8 +24,8 @@
 #include <thread>
 
 #include "infer/engine.h"
-#include "kernels/rng.h"
 #include "model/config.h"
+#include "workload.h"
 
 using namespace kiln;
 using Clock = std::chrono::steady_clock;
@@ -39,11 +39,7 @@ int fail(const Status& s) {
   return 1;
 }
 
-std::vector<int32_t> random_ids(int32_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) v[i] = 3 + static_cast<int32_t>(rng::uniform(seed, i) * static_cast<double>(vocab - 3));
-  return v;
-}
+using bench::random_ids;  // bench/workload.h: shared with bench_serve
 
 // Per-request timing from its event stream.
 struct Timing {
@@ -232,23 +228,15 @@ int main(int argc, char** argv) {
     std::vector<Timing> t(static_cast<size_t>(N));
     std::vector<GenerationRequest> reqs(static_cast<size_t>(N));
     std::vector<double> arrival(static_cast<size_t>(N));
-    double at = 0;
+    std::vector<bench::OnlineRequest> workload = bench::online_workload(N, rate, vocab);
     for (int32_t i = 0; i < N; ++i) {
-      auto gauss = [&](uint64_t k) {
-        const double u1 = std::max(1e-12, rng::uniform(77, 4 * static_cast<uint64_t>(i) + k)),
-                     u2 = rng::uniform(77, 4 * static_cast<uint64_t>(i) + k + 1);
-        return std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-      };
-      const int32_t prompt = std::clamp(static_cast<int32_t>(std::exp(std::log(256.0) + 1.0 * gauss(0))), 4, 4096);
-      const int32_t output = std::clamp(static_cast<int32_t>(std::exp(std::log(128.0) + 0.8 * gauss(2))), 4, 1024);
-      reqs[i].prompt = random_ids(prompt, vocab, 5000 + static_cast<uint64_t>(i));
-      reqs[i].max_tokens = output;
+      reqs[i].prompt = std::move(workload[i].prompt);
+      reqs[i].max_tokens = workload[i].max_tokens;
       reqs[i].ignore_eos = true;
       reqs[i].temperature = 0.8f;
       reqs[i].top_p = 0.95f;
       reqs[i].seed = static_cast<uint64_t>(i);
-      at += -std::log(1.0 - rng::uniform(91, static_cast<uint64_t>(i))) / rate;
-      arrival[i] = at;
+      arrival[i] = workload[i].arrival_seconds;
     }
     const Clock::time_point t0 = Clock::now();
     std::thread submitter([&] {

@@ -12,6 +12,11 @@
 #   train-bench: bench_train on the llama-1b shape at 8 x 2048 and 8 x 8192, with and without
 #          --recompute, beside hf_bench.py's training figure, and bench/bench_preprocess.py (kiln
 #          preprocess against tokenizers / transformers on this machine's cores).
+#   serve: the engine GPU tests, kiln serve --device cuda on testdata/tiny-tools (greedy replies of the
+#          known bf16 model through the OpenAI and Anthropic routes, tool calls), the CPU serve
+#          tests that need no pip packages (weight updates, disconnects, 429, SIGTERM, 1,000 streams),
+#          and bench_serve on the astrai-1b shape (the online workload direct on the engine and
+#          through HTTP in one run).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -135,6 +140,18 @@ if [ "$WHAT" = train-bench ]; then
   [ -z "${SKIP_PREPROCESS:-}" ] && { timeout 240 python3 bench/bench_preprocess.py --kiln "$BUILD/bin/kiln" --mb ${PREPROCESS_MB:-60} \
     > "$OUT/bench_preprocess.json" 2> "$LOGS/bench_preprocess.err" || { status=1; tail -5 "$LOGS/bench_preprocess.err"; }
     cat "$OUT/bench_preprocess.json"; }
+fi
+if [ "$WHAT" = serve ]; then
+  LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"
+  timeout 300 "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${SERVE_FILTER:-*Engine*:*Sampl*}" > "$OUT/gpu_serve_tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error" "$OUT/gpu_serve_tests.log" | head -30
+  KILN="$BUILD/bin/kiln" KILN_SERVE_DEVICE=cuda timeout 300 python3 -m unittest tests/serve/test_serve_gpu.py > "$OUT/serve_gpu.log" 2>&1 || status=1
+  tail -4 "$OUT/serve_gpu.log"
+  KILN="$BUILD/bin/kiln" timeout 300 python3 -m unittest tests/serve/test_serve_ops.py > "$LOGS/serve_ops.log" 2>&1 || status=1
+  tail -3 "$LOGS/serve_ops.log"
+  timeout 500 "$BUILD/bin/bench_serve" --config bench/configs/astrai-1b-shape.config.json --device cuda \
+    ${SERVE_BENCH_ARGS:-} > "$OUT/bench_serve.json" 2> "$LOGS/bench_serve.err" || { status=1; tail -5 "$LOGS/bench_serve.err"; }
+  cat "$OUT/bench_serve.json"
 fi
 if [ "$WHAT" = rl ]; then
   LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"
