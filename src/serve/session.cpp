@@ -8,6 +8,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -167,8 +168,13 @@ class Session : public std::enable_shared_from_this<Session> {
       core_.model.engine->flush_prefix_cache();
       return respond_json(200, {{"flushed", true}});
     }
-    route_ = "other";
-    const bool known = path_ == "/" || path_ == "/health" || path_ == "/metrics" || path_.rfind("/v1/", 0) == 0;
+    static constexpr const char* kRoutes[] = {"/", "/index.html", "/health", "/metrics", "/v1/models",
+                                              "/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                              "/v1/messages/count_tokens", "/v1/admin/update_weights",
+                                              "/v1/admin/flush_cache"};
+    const bool known = route_ == "/v1/models/{id}" ||
+                       std::find(std::begin(kRoutes), std::end(kRoutes), path_) != std::end(kRoutes);
+    if (!known) route_ = "other";
     if (known) return respond_error(405, "method " + std::string(request_.method_string()) + " is not allowed on " + path_, anthropic_);
     return respond_error(404, "no route " + path_, anthropic_);
   }

@@ -37,8 +37,11 @@
 // while it could still be the beginning of a marker or is a run of whitespace that could precede
 // one, as stop strings are (infer/stop_strings.h); the rest is released at once.
 //
-// Memory: what is held back is bounded by the output's length; nothing is recursive.
-// Thread safety: functions are pure; a ToolCallParser is one request's, used by one thread at a time.
+// Ownership and memory: a ToolCallParser owns the text it holds back (bounded by the output's
+// length) and the calls it found; it borrows nothing. Nothing is recursive, so no input nests deep
+// enough to exhaust the stack. No function throws on any input (only std::bad_alloc).
+// Thread safety: the functions are pure; a ToolCallParser is one request's, used by one thread at a
+// time.
 #pragma once
 
 #include <cstdint>

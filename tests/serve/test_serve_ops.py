@@ -218,6 +218,30 @@ class ConnectionTest(unittest.TestCase):
         finally:
             server.stop()
 
+    def test_limits_and_malformed_requests(self):
+        server = KilnServer(KILN, MODEL, "--max-body-bytes", "4096")
+        try:
+            big = chat_body(messages=[{"role": "user", "content": "x" * 8000}])
+            status, body = server.post("/v1/chat/completions", big)
+            self.assertEqual((status, body["error"]["type"]), (413, "invalid_request_error"))
+            status, body = server.post("/v1/messages", {**big, "max_tokens": 5})
+            self.assertEqual((status, body["type"], body["error"]["type"]), (413, "error", "request_too_large"))
+            status, body = server.post("/v1/nothing", {})
+            self.assertEqual(status, 404)
+            # Raw garbage and a broken request line: 400 or a closed connection, and the server lives on.
+            import socket
+            u = urllib.parse.urlparse(server.url)
+            for raw in (b"\x00\xff garbage\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\n"
+                        b"Content-Length: 99999999999999999999\r\n\r\n"):
+                with socket.create_connection((u.hostname, u.port), timeout=10) as sock:
+                    sock.sendall(raw)
+                    reply = sock.recv(4096)
+                    self.assertTrue(reply == b"" or reply.startswith(b"HTTP/1.1 400"), reply[:80])
+            status, body = server.post("/v1/chat/completions", chat_body())
+            self.assertEqual(status, 200)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
     def test_sigterm_is_graceful(self):
         server = KilnServer(KILN, MODEL, "--shutdown-grace", "0.3")
         s = StreamInThread(server, long_body(max_tokens=4000))
