@@ -97,7 +97,8 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
                          "--tool-call-parser hermes|llama3_json|mistral, or call without tools");
     job.tools.enabled = true;
     job.tools.format = ctx.tool_format;
-    if (mode == "any" || mode == "tool") job.tools.forced_prefix = forced_tool_call_prefix(ctx.tool_format, forced);
+    if (mode == "any" || mode == "tool")
+      job.tools.forced_prefix = forced_tool_call_prefix(ctx.tool_format, forced, ctx.mistral_args_form);
     if (ctx.tool_format != ToolCallFormat::hermes) r.skip_special_tokens = false;
   } else if (mode == "any" || mode == "tool") {
     return invalid_argument("tool_choice: needs tools");

@@ -55,6 +55,7 @@ struct ServeContext {
   std::string model_name;            // the id clients must name
   std::string template_name;         // chat template name ("": the default)
   ToolCallFormat tool_format = ToolCallFormat::none;
+  bool mistral_args_form = false;    // Mistral v11+ calls: [TOOL_CALLS]name[ARGS]{...}
   int64_t context_length = 0;        // the longest prompt + completion
   int32_t max_tokens_cap = 0;        // 0: none beyond the context
   int32_t max_n = 16;

@@ -73,7 +73,10 @@ void CompletionRun::apply(int32_t index, EngineEvent& e, ChoiceDelta& d) {
   if (!e.finished) return;
   if (ch.tools) {
     take(ch.tools->finish());
-    r.tool_calls = ch.tools->calls();
+    // A call cut off (max_tokens) or broken after it began streaming was streamed, but only complete
+    // calls are results: their arguments are JSON objects.
+    for (const ToolCall& c : ch.tools->calls())
+      if (c.complete) r.tool_calls.push_back(c);
     if (!job_.tools.parallel && r.tool_calls.size() > 1) r.tool_calls.resize(1);
   }
   r.finished = true;

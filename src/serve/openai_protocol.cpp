@@ -148,7 +148,7 @@ Status read_tools(FieldReader& f, const ServeContext& ctx, CompletionJob* job, J
   *template_tools = std::move(checked);
   job->tools.enabled = true;
   job->tools.format = ctx.tool_format;
-  if (mode != "auto") job->tools.forced_prefix = forced_tool_call_prefix(ctx.tool_format, forced);
+  if (mode != "auto") job->tools.forced_prefix = forced_tool_call_prefix(ctx.tool_format, forced, ctx.mistral_args_form);
   return Status::Ok();
 }
 

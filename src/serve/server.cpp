@@ -94,9 +94,13 @@ Result<ServeContext> make_serve_context(const ServedModel& model, const ServerOp
       const std::string source = tmpl.ok() ? (*tmpl)->source() : std::string();
       const Tokenizer& tok = model.text->tokenizer();
       ctx.tool_format = detect_tool_call_format(source, [&](std::string_view t) { return tok.token_to_id(t).has_value(); });
+      ctx.mistral_args_form = mistral_uses_args_form(source);
     }
   } else {
     KILN_ASSIGN_OR_RETURN(ctx.tool_format, parse_tool_call_format(options.tool_call_format));
+    if (model.text)
+      if (Result<const ChatTemplate*> tmpl = model.text->chat_template(options.chat_template, true); tmpl.ok())
+        ctx.mistral_args_form = mistral_uses_args_form((*tmpl)->source());
   }
   return ctx;
 }

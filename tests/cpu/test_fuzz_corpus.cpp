@@ -39,6 +39,7 @@ TEST(FuzzCorpus, ChatTemplate) { replay("chat_template", fuzz::chat_template); }
 TEST(FuzzCorpus, TrainingJsonl) { replay("training_jsonl", fuzz::training_jsonl); }
 TEST(FuzzCorpus, KilnShard) { replay("kiln_shard", fuzz::kiln_shard); }
 TEST(FuzzCorpus, RegexPattern) { replay("regex_pattern", fuzz::regex_pattern); }
+TEST(FuzzCorpus, ServeRequest) { replay("serve_request", fuzz::serve_request); }
 
 }  // namespace
 }  // namespace kiln::test

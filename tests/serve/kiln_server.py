@@ -78,4 +78,5 @@ class KilnServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.log.close()
         return self.proc.returncode
