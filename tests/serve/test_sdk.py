@@ -249,6 +249,8 @@ class ServeSdkTest(unittest.TestCase):
         m = self.ant.messages.create(model=self.model, max_tokens=50, extra_body=T0,
                                      messages=[{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello!"}])
         self.assertEqual(m.content[0].text, CASES["forced_greeting"]["completion_text"])
+        count = self.ant.messages.count_tokens(model=self.model, messages=[{"role": "user", "content": "Hi!"}])
+        self.assertEqual(count.input_tokens, CASES["chat"]["prompt_tokens"])
 
     def test_messages_stream_event_order(self):
         with self.ant.messages.stream(model=self.model, max_tokens=50, extra_body=T0,
