@@ -25,6 +25,7 @@
 
 #include "infer/engine.h"
 #include "model/config.h"
+#include "random_model.h"
 #include "workload.h"
 
 using namespace kiln;
@@ -104,31 +105,22 @@ int main(int argc, char** argv) {
   app.add_option("--rate", rate, "online arrival rate, requests per second (Poisson)");
   app.add_option("--prefix-len", prefix_len, "shared prefix tokens of the prefix run");
   app.add_option("--prefix-requests", prefix_requests, "requests of the prefix run");
-  app.add_option("--max-running", options.max_running, "engine: requests decoded together at most");
-  app.add_option("--max-step-tokens", options.max_step_tokens, "engine: tokens per step");
-  app.add_option("--page-size", options.page_size, "engine: KV page size");
-  app.add_option("--kv-tokens", options.kv_tokens, "engine: KV pool tokens (default: from free memory)");
   app.add_option("--single-contexts", single, "prompt lengths of the single-request runs");
   app.add_option("--skip", skip, "parts to skip: single, decode, online, prefix (comma separated)");
-  app.add_flag("--no-graphs", no_graphs, "run every step eagerly");
+  bench::add_engine_flags(app, options, &no_graphs);
   CLI11_PARSE(app, argc, argv);
   options.use_graphs = !no_graphs;
 
-  Result<ModelConfig> config = load_model_config_file(config_path);
-  if (!config.ok()) return fail(config.status());
-  Result<Device> device = parse_device(device_name);
-  if (!device.ok()) return fail(device.status());
-  Result<std::unique_ptr<Backend>> backend = make_backend(*device);
-  if (!backend.ok()) return fail(backend.status());
-  Result<std::unique_ptr<Transformer>> loaded = Transformer::random(**backend, *config, 1234);
-  if (!loaded.ok()) return fail(loaded.status());
-  std::shared_ptr<const Transformer> model(std::move(loaded).value());
+  Result<bench::RandomModel> built = bench::random_model(config_path, device_name);
+  if (!built.ok()) return fail(built.status());
+  std::unique_ptr<Backend>& backend = built->backend;
+  std::shared_ptr<const Transformer> model = built->model;
   const int64_t vocab = model->config().vocab_size;
   auto make_engine = [&](const EngineOptions& o) { return Engine::create(model, nullptr, {}, o); };
 
   nlohmann::json out = {{"system", "kiln"},
                         {"config", config_path},
-                        {"device", (*backend)->device().str()},
+                        {"device", backend->device().str()},
                         {"params", model->parameter_count()},
                         {"cuda_graphs", options.use_graphs},
                         {"page_size", options.page_size},

@@ -30,6 +30,7 @@
 #include "model/config.h"
 #include "serve/server.h"
 #include "serve_load.h"
+#include "random_model.h"
 #include "workload.h"
 
 using namespace kiln;
@@ -195,33 +196,24 @@ int main(int argc, char** argv) {
   app.add_option("--client-threads", client_threads, "load client: Asio threads")->check(CLI::PositiveNumber);
   app.add_option("--temperature", sampling.temperature, "sampling temperature of every request (0: greedy)");
   app.add_option("--top-p", sampling.top_p, "nucleus sampling of every request");
-  app.add_option("--max-running", options.max_running, "engine: requests decoded together at most");
-  app.add_option("--max-step-tokens", options.max_step_tokens, "engine: tokens per step");
-  app.add_option("--page-size", options.page_size, "engine: KV page size");
-  app.add_option("--kv-tokens", options.kv_tokens, "engine: KV pool tokens (default: from free memory)");
-  app.add_flag("--no-graphs", no_graphs, "run every step eagerly");
+  bench::add_engine_flags(app, options, &no_graphs);
   app.add_flag("--no-warmup", no_warmup, "measure without the warm-up run first");
   app.add_flag("--skip-http", skip_http, "the direct run only");
   app.add_flag("--access-log", access_log, "server: one JSON line per request on stderr");
   CLI11_PARSE(app, argc, argv);
   options.use_graphs = !no_graphs;
 
-  Result<ModelConfig> config = load_model_config_file(config_path);
-  if (!config.ok()) return fail(config.status());
-  Result<Device> device = parse_device(device_name);
-  if (!device.ok()) return fail(device.status());
-  Result<std::unique_ptr<Backend>> backend = make_backend(*device);
-  if (!backend.ok()) return fail(backend.status());
-  Result<std::unique_ptr<Transformer>> loaded = Transformer::random(**backend, *config, 1234);
-  if (!loaded.ok()) return fail(loaded.status());
-  std::shared_ptr<const Transformer> model(std::move(loaded).value());
+  Result<bench::RandomModel> built = bench::random_model(config_path, device_name);
+  if (!built.ok()) return fail(built.status());
+  std::unique_ptr<Backend>& backend = built->backend;
+  std::shared_ptr<const Transformer> model = built->model;
   Result<std::unique_ptr<Engine>> created = Engine::create(model, nullptr, {}, options);
   if (!created.ok()) return fail(created.status());
   Engine& engine = **created;
   const std::vector<bench::OnlineRequest> work = bench::online_workload(requests, rate, model->config().vocab_size);
 
   nlohmann::json out = {{"config", config_path},
-                        {"device", (*backend)->device().str()},
+                        {"device", backend->device().str()},
                         {"requests", requests},
                         {"rate", rate},
                         {"cuda_graphs", options.use_graphs},
