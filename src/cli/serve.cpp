@@ -53,6 +53,9 @@ int run_serve(const Flags& f, const CLI::App& cmd) {
                serve::tool_call_format_name(ctx->tool_format), o.api_key.empty() ? ", no API key" : "");
   std::fprintf(stderr, "kiln: web chat at %s/  OpenAI API at %s/v1  metrics at %s/metrics\n", (*server)->url().c_str(),
                (*server)->url().c_str(), (*server)->url().c_str());
+  if (o.api_key.empty() && o.host_given)
+    std::fprintf(stderr, "kiln: warning: no API key: any client that reaches %s may use the model (set --api-key)\n",
+                 o.host.c_str());
   std::fflush(stderr);
   while (!stop.flag()->load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   (*server)->shutdown(std::chrono::milliseconds(static_cast<int64_t>(f.shutdown_grace * 1000)));
