@@ -83,6 +83,7 @@ Runner add_serve(CLI::App& app) {
   c->add_option("--max-queued", o.max_queued, "API requests in flight at most; more are answered 429 with Retry-After")
       ->capture_default_str();
   c->add_option("--threads", o.threads, "HTTP threads")->capture_default_str();
+  c->add_option("--allow-origin", o.allow_origin, "CORS: the origin web pages may call the API from (* for any)");
   c->add_option("--idle-timeout", o.idle_timeout_seconds, "seconds a connection may stay idle or take to send a request")
       ->capture_default_str();
   c->add_option("--shutdown-grace", f->shutdown_grace, "on SIGTERM, seconds open requests may take to finish before they are aborted")

@@ -37,6 +37,7 @@ struct ServerOptions {
   std::string chat_template;         // template name; empty: the folder's default (tool_use with tools)
   std::string tool_call_format = "auto";  // auto|hermes|llama3_json|mistral|none
   double idle_timeout_seconds = 120; // a connection idle (or sending a request) this long is closed
+  std::string allow_origin;          // CORS: the origin browsers may call from ("*": any); empty: none
 };
 
 // What the server serves: one engine, the model's text side (null: token-id prompts only), and

@@ -135,6 +135,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const http::verb method = request_.method();
     route_ = path_.rfind("/v1/models/", 0) == 0 ? "/v1/models/{id}" : path_;
     if (core_.draining) return respond_error(503, "the server is shutting down", anthropic_);
+    if (method == http::verb::options) return preflight();  // before the key: browsers send none here
     if (core_.options.api_key.empty() && !core_.options.host_given && !loopback_)
       return respond_error(403, "without an API key only loopback clients are served", anthropic_);
     const bool api = path_.rfind("/v1/", 0) == 0 || path_ == "/metrics";
@@ -179,6 +180,20 @@ class Session : public std::enable_shared_from_this<Session> {
     return respond_error(404, "no route " + path_, anthropic_);
   }
 
+  // CORS (--allow-origin): the header on every response, and the answer to a browser's preflight.
+  std::string cors_headers() const {
+    const std::string& origin = core_.options.allow_origin;
+    if (origin.empty()) return "";
+    return "Access-Control-Allow-Origin: " + origin + "\r\n" + (origin == "*" ? "" : "Vary: Origin\r\n");
+  }
+  void preflight() {
+    if (core_.options.allow_origin.empty()) return respond_error(405, "CORS is off: start kiln serve with --allow-origin", anthropic_);
+    respond(204, "text/plain", "",
+            {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+             {"Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"},
+             {"Access-Control-Max-Age", "600"}});
+  }
+
   bool authorized() const {
     std::string presented;
     auto auth = request_.find(http::field::authorization);
@@ -198,6 +213,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string head = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
     head += "Content-Type: " + content_type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
     for (const auto& [k, v] : headers) head += k + ": " + v + "\r\n";
+    head += cors_headers();
     head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     log_request();
     send(head + body, /*last=*/true);
@@ -304,6 +320,7 @@ class Session : public std::enable_shared_from_this<Session> {
       status_ = 200;
       std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                          "Transfer-Encoding: chunked\r\nX-Request-Id: " + request_id_ + "\r\n";
+      head += cors_headers();
       head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
       std::string first;
       if (protocol == Protocol::anthropic_messages) {

@@ -242,6 +242,26 @@ class ConnectionTest(unittest.TestCase):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_cors(self):
+        import http.client
+        server = KilnServer(KILN, MODEL, "--allow-origin", "https://chat.example", "--api-key", KEY)
+        try:
+            u = urllib.parse.urlparse(server.url)
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+            conn.request("OPTIONS", "/v1/chat/completions", headers={
+                "Origin": "https://chat.example", "Access-Control-Request-Method": "POST"})
+            r = conn.getresponse()
+            r.read()
+            self.assertEqual(r.status, 204)
+            self.assertEqual(r.getheader("Access-Control-Allow-Origin"), "https://chat.example")
+            self.assertIn("Authorization", r.getheader("Access-Control-Allow-Headers"))
+            conn.request("GET", "/v1/models", headers={"Origin": "https://chat.example", **AUTH})
+            r = conn.getresponse()
+            r.read()
+            self.assertEqual((r.status, r.getheader("Access-Control-Allow-Origin")), (200, "https://chat.example"))
+        finally:
+            self.assertEqual(server.stop(), 0)
+
     def test_sigterm_is_graceful(self):
         server = KilnServer(KILN, MODEL, "--shutdown-grace", "0.3")
         s = StreamInThread(server, long_body(max_tokens=4000))
