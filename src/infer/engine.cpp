@@ -210,7 +210,8 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
   KILN_RETURN_IF_ERROR(validate(request));
   auto live = std::make_unique<Live>();
   live->request = std::move(request);
-  if (tokenizer_) live->text = std::make_unique<StopStringMatcher>(*tokenizer_, live->request.stop, live->request.skip_special_tokens);
+  if (tokenizer_)
+    live->text = std::make_unique<StopStringMatcher>(*tokenizer_, live->request.stop, live->request.skip_special_tokens);
   std::shared_ptr<RequestStream> stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
