@@ -53,7 +53,7 @@ int run_serve(const Flags& f, const CLI::App& cmd) {
                serve::tool_call_format_name(ctx->tool_format), o.api_key.empty() ? ", no API key" : "");
   std::fprintf(stderr, "kiln: web chat at %s/  OpenAI API at %s/v1  metrics at %s/metrics\n", (*server)->url().c_str(),
                (*server)->url().c_str(), (*server)->url().c_str());
-  if (o.api_key.empty() && o.host_given)
+  if (o.api_key.empty() && !(*server)->loopback_only())
     std::fprintf(stderr, "kiln: warning: no API key: any client that reaches %s may use the model (set --api-key)\n",
                  o.host.c_str());
   std::fflush(stderr);

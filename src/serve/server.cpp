@@ -50,6 +50,7 @@ struct Server::Impl {
   tcp::acceptor acceptor{core.ioc};
   std::vector<std::thread> threads;
   uint16_t port = 0;
+  bool loopback = true;
   bool stopped = false;
   std::mutex stop_mu;
 
@@ -67,6 +68,7 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() { shutdown(std::chrono::milliseconds(0)); }
 
 uint16_t Server::port() const { return impl_->port; }
+bool Server::loopback_only() const { return impl_->loopback; }
 
 std::string Server::url() const {
   const std::string& h = impl_->core.options.host;
@@ -116,8 +118,16 @@ Result<std::unique_ptr<Server>> Server::start(const ServedModel& model, const Se
   core.options = options;
   KILN_ASSIGN_OR_RETURN(core.ctx, make_serve_context(model, options));
   boost::system::error_code ec;
-  const net::ip::address address = net::ip::make_address(options.host, ec);
-  if (ec) return invalid_argument("--host " + options.host + " is not an IP address (e.g. 127.0.0.1, 0.0.0.0, ::1)");
+  net::ip::address address = net::ip::make_address(options.host, ec);
+  if (ec) {  // a host name (localhost, or this machine's name): its first address
+    tcp::resolver resolver(impl->core.ioc);
+    const tcp::resolver::results_type found = resolver.resolve(options.host, "", ec);
+    if (ec || found.empty())
+      return invalid_argument("--host " + options.host + " is neither an IP address (e.g. 127.0.0.1, 0.0.0.0, ::1) nor " +
+                              "a name this machine resolves");
+    address = found.begin()->endpoint().address();
+  }
+  impl->loopback = address.is_loopback();
   const tcp::endpoint endpoint(address, options.port);
   impl->acceptor.open(endpoint.protocol(), ec);
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);

@@ -62,6 +62,7 @@ class Server {
 
   uint16_t port() const;
   std::string url() const;  // http://host:port
+  bool loopback_only() const;  // it listens on a loopback address: no other host can connect
 
   // Graceful stop: stops accepting, lets open requests finish for `grace`, then cancels the rest
   // (their streams end with finish reason "abort"), closes every connection and joins the threads.
