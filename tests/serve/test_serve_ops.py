@@ -259,6 +259,7 @@ class ConnectionTest(unittest.TestCase):
             r = conn.getresponse()
             r.read()
             self.assertEqual((r.status, r.getheader("Access-Control-Allow-Origin")), (200, "https://chat.example"))
+            conn.close()
         finally:
             self.assertEqual(server.stop(), 0)
 
