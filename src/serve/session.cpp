@@ -155,10 +155,10 @@ class Session : public std::enable_shared_from_this<Session> {
       return respond(200, "text/plain; version=0.0.4; charset=utf-8",
                      core_.metrics.render(core_.model.engine->stats(), core_.ctx.model_name));
     if (is(http::verb::get, "/v1/models"))
-      return respond_json(200, openai_models(core_.ctx, core_.model.engine->policy_version(), unix_seconds()));
+      return respond_json(200, openai_models(core_.ctx, core_.model.engine->policy_version(), core_.started_at));
     if (method == http::verb::get && route_ == "/v1/models/{id}") {
       if (path_.substr(11) != core_.ctx.model_name) return respond_error(404, "The model '" + path_.substr(11) + "' does not exist", false);
-      return respond_json(200, openai_models(core_.ctx, core_.model.engine->policy_version(), unix_seconds())["data"][0]);
+      return respond_json(200, openai_models(core_.ctx, core_.model.engine->policy_version(), core_.started_at)["data"][0]);
     }
     if (is(http::verb::post, "/v1/chat/completions")) return start_completion(Protocol::openai_chat);
     if (is(http::verb::post, "/v1/completions")) return start_completion(Protocol::openai_completion);
