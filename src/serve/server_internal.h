@@ -41,6 +41,7 @@ struct ServerCore {
   ServerMetrics metrics;
   boost::asio::io_context ioc;
   std::atomic<bool> draining{false};  // shutting down: no new requests
+  int64_t started_at = unix_seconds();  // the "created" time of GET /v1/models
 
   // Open sessions, so that shutdown can cancel their requests and close them.
   std::mutex sessions_mu;
