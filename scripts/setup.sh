@@ -7,13 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 PACKAGES="cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libopenblas-dev libgtest-dev libpcre2-dev libutf8proc-dev libtomlplusplus-dev zlib1g-dev libboost-dev"
-missing=""
-for p in $PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
-if [ -n "$missing" ]; then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing
-fi
+bash scripts/install_packages.sh $PACKAGES
 # nvcc lives outside PATH on a default CUDA install.
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -1,7 +1,5 @@
 #include "serve/anthropic_protocol.h"
 
-#include <random>
-
 #include "serve/chat_messages.h"
 #include "serve/request_fields.h"
 
@@ -58,7 +56,7 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
   KILN_RETURN_IF_ERROR(f.read_int("top_k", &r.top_k, 0, 1 << 30));
   KILN_RETURN_IF_ERROR(f.read_strings("stop_sequences", &r.stop));
   KILN_RETURN_IF_ERROR(f.read_bool("stream", &job.stream));
-  r.seed = std::random_device{}() * 0x9E3779B97F4A7C15ull + std::random_device{}();
+  r.seed = random_seed();
   f.accept({"metadata"});
   if (const Json* tier = f.get("service_tier"))
     if (!(tier->is_string() && (*tier == "auto" || *tier == "standard_only")))

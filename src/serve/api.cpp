@@ -58,6 +58,8 @@ int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+uint64_t random_seed() { return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}(); }
+
 std::string random_id(int32_t chars) {
   thread_local std::mt19937_64 gen{std::random_device{}()};
   static constexpr char kHex[] = "0123456789abcdef";

@@ -85,5 +85,7 @@ std::string openai_error_type(int status);
 int64_t unix_seconds();
 // A random hexadecimal id suffix (not a secret: request ids).
 std::string random_id(int32_t chars);
+// A random sampling seed, for requests that give none.
+uint64_t random_seed();
 
 }  // namespace kiln::serve

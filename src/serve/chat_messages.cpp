@@ -5,8 +5,8 @@ namespace {
 
 Status bad(const std::string& what) { return invalid_argument(what); }
 
-// Text of a content value: a string, or a list of parts whose text parts are joined with "\n".
-// `text_type` is the part type holding text ("text" in both protocols); other parts are refused.
+// Text of a content value: a string, or a list of parts whose "text" parts (the type holding text in
+// both protocols) are joined with "\n"; other parts are refused.
 Result<std::string> content_text(const Json& content, const std::string& where) {
   if (content.is_null()) return std::string();
   if (content.is_string()) return content.get<std::string>();

@@ -66,7 +66,6 @@ class CompletionRun {
   struct Choice {
     std::shared_ptr<RequestStream> stream;
     std::unique_ptr<ToolCallParser> tools;  // when tool calls are parsed
-    bool held_first_call = false;           // a call of a non-parallel request was already taken
   };
   void apply(int32_t index, EngineEvent& e, ChoiceDelta& d);
 

@@ -1,7 +1,5 @@
 #include "serve/openai_protocol.h"
 
-#include <random>
-
 #include "serve/chat_messages.h"
 #include "serve/request_fields.h"
 
@@ -50,7 +48,7 @@ Status read_common(FieldReader& f, const ServeContext& ctx, CompletionJob* job) 
     if (!s->is_number_integer()) return invalid_argument("'seed' must be an integer");
     r.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
   } else {
-    r.seed = std::random_device{}() * 0x9E3779B97F4A7C15ull + std::random_device{}();
+    r.seed = random_seed();
   }
   KILN_RETURN_IF_ERROR(f.read_strings("stop", &r.stop));
   if (!r.stop.empty() && !ctx.text) return invalid_argument("'stop' needs the model's tokenizer, which is not loaded");

@@ -1,5 +1,6 @@
 #include "serve/request_fields.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kiln::serve {
@@ -27,12 +28,14 @@ Status FieldReader::read_bool(const std::string& key, bool* out) {
 Status FieldReader::read_int(const std::string& key, int32_t* out, int64_t min, int64_t max) {
   const Json* v = get(key);
   if (!v) return Status::Ok();
-  const bool integral_float = v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
-                              std::fabs(v->get<double>()) < 9e15;
-  if (!v->is_number_integer() && !integral_float) return invalid_argument("'" + key + "' must be an integer");
-  const double d = v->get<double>();
-  const int64_t x = v->is_number_unsigned() ? (v->get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v->get<int64_t>())
-                    : v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(d);
+  // Integers, and numbers such as 5.0 that hold one (some clients send those); unsigned values above
+  // INT64_MAX saturate and fail the range check.
+  const double d = v->is_number() ? v->get<double>() : 0.5;
+  if (!v->is_number_integer() && !(std::floor(d) == d && std::fabs(d) < 9e15))
+    return invalid_argument("'" + key + "' must be an integer");
+  const int64_t x = v->is_number_unsigned()  ? static_cast<int64_t>(std::min<uint64_t>(v->get<uint64_t>(), INT64_MAX))
+                    : v->is_number_integer() ? v->get<int64_t>()
+                                             : static_cast<int64_t>(d);
   if (x < min || x > max)
     return invalid_argument("'" + key + "' must be within [" + std::to_string(min) + ", " + std::to_string(max) +
                             "], got " + v->dump());

@@ -89,20 +89,18 @@ Result<ServeContext> make_serve_context(const ServedModel& model, const ServerOp
     while (!p.empty() && p.filename().empty()) p = p.parent_path();
     ctx.model_name = p.filename().string().empty() ? "kiln" : p.filename().string();
   }
-  // The tool-call format: as asked, or what the chat template and vocabulary show.
-  if (options.tool_call_format == "auto") {
-    if (model.text) {
-      Result<const ChatTemplate*> tmpl = model.text->chat_template(options.chat_template, /*with_tools=*/true);
-      const std::string source = tmpl.ok() ? (*tmpl)->source() : std::string();
-      const Tokenizer& tok = model.text->tokenizer();
-      ctx.tool_format = detect_tool_call_format(source, [&](std::string_view t) { return tok.token_to_id(t).has_value(); });
-      ctx.mistral_args_form = mistral_uses_args_form(source);
-    }
-  } else {
+  // The tool-call format: as asked, or what the chat template (the one rendered with tools) and the
+  // vocabulary show.
+  std::string source;
+  if (model.text)
+    if (Result<const ChatTemplate*> tmpl = model.text->chat_template(options.chat_template, /*with_tools=*/true); tmpl.ok())
+      source = (*tmpl)->source();
+  ctx.mistral_args_form = mistral_uses_args_form(source);
+  if (options.tool_call_format != "auto") {
     KILN_ASSIGN_OR_RETURN(ctx.tool_format, parse_tool_call_format(options.tool_call_format));
-    if (model.text)
-      if (Result<const ChatTemplate*> tmpl = model.text->chat_template(options.chat_template, true); tmpl.ok())
-        ctx.mistral_args_form = mistral_uses_args_form((*tmpl)->source());
+  } else if (model.text) {
+    const Tokenizer& tok = model.text->tokenizer();
+    ctx.tool_format = detect_tool_call_format(source, [&](std::string_view t) { return tok.token_to_id(t).has_value(); });
   }
   return ctx;
 }

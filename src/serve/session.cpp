@@ -388,11 +388,11 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       if (ec == net::error::operation_aborted) return;
       if (ec) return self->client_gone();
-      if (self->buffer_.size() > static_cast<size_t>(kMaxHeaderBytes + core_body_limit(self->core_))) return self->client_gone();
+      if (self->buffer_.size() > static_cast<size_t>(kMaxHeaderBytes + self->core_.options.max_body_bytes))
+        return self->client_gone();
       if (self->run_ && !self->run_done_) self->watch_client();
     });
   }
-  static size_t core_body_limit(const ServerCore& core) { return static_cast<size_t>(core.options.max_body_bytes); }
 
   void client_gone() {
     if (run_ && !run_done_) {
