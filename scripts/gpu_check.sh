@@ -3,7 +3,9 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|engine|train|profile|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|engine|decode|train|profile|all]
+#   decode: the decode-step kernel's GPU tests and bench_engine's single-request and B <= 8 decode with
+#           and without the kernel, on the astrai-1b and llama-1b shapes.
 #   engine: the engine, sampler and attention GPU tests, then bench_engine (decode B sweep, online run,
 #           shared-prefix TTFT, single-request latency) beside hf_bench.py's batched decode.
 #   train: the training fixtures (tests/reference/make_train_fixtures.py), the training GPU tests,
@@ -93,6 +95,36 @@ for m, ops in r["rows"].items(): print("rows", m, {k: round(v["us"], 2) for k, v
       --skip static,train --out "$OUT/hf_bench.json" > "$OUT/hf_bench.log" 2>&1 || status=1
     cat "$OUT/hf_bench.json"
   fi
+fi
+if [ "$WHAT" = decode ]; then
+  # The decode-step kernel: its GPU tests, then single-request decode and B = 1..8 on the astrai-1b and
+  # llama-1b shapes with the kernel (default) and without it (KILN_DECODE_STEP=0), in one call.
+  timeout ${DECODE_TEST_TIMEOUT:-240} "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${DECODE_FILTER:-*DecodeStep*}" \
+    > "$OUT/gpu_decode_tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error|waited" "$OUT/gpu_decode_tests.log" | head -40
+  for shape in ${DECODE_SHAPES:-astrai-1b llama-1b}; do
+    timeout ${DECODE_BENCH_TIMEOUT:-200} "$BUILD/bin/bench_decode_step" --config bench/configs/$shape-shape.config.json \
+      --batches ${DECODE_BATCHES:-1,2,4,8} --contexts ${DECODE_CONTEXTS:-1024,8192,30000} --profile \
+      > "$OUT/bench_decode_step_$shape.json" 2> "/tmp/bench_decode_step_$shape.err" || { status=1; tail -3 "/tmp/bench_decode_step_$shape.err"; }
+    python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+for x in r["runs"]:
+    s = x.get("split_us", {})
+    print(sys.argv[2], "B=%d C=%d" % (x["batch"], x["context"]), "step %.3f ms (%.2f TB/s)" % (x.get("step_ms", 0), x.get("step_tb_per_s", 0)),
+          "layers %.3f ms" % x["layers_ms"], "floor %.3f" % x["floor_ms_at_4.3_tb_per_s"],
+          " ".join("%s=%.0f" % (k, v) for k, v in s.items()))' "$OUT/bench_decode_step_$shape.json" $shape || status=1
+    # The engine around it (DECODE_ENGINE=1): single-request decode and B <= 8, with and without the kernel.
+    for mode in ${DECODE_ENGINE:+step layers}; do
+      env="KILN_DECODE_STEP=0"; [ $mode = step ] && env="KILN_DECODE_STEP=1"
+      env $env timeout ${DECODE_BENCH_TIMEOUT:-200} "$BUILD/bin/bench_engine" --config bench/configs/$shape-shape.config.json \
+        --skip online,prefix --batches ${DECODE_BATCHES:-1,2,4,8} --single-contexts ${DECODE_CONTEXTS:-1024,8192,30000} \
+        2> "/tmp/bench_engine_$shape.$mode.err" > "$OUT/bench_engine_$shape.$mode.json" || status=1
+      python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print(sys.argv[2], [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r["single"]],
+      [(x["batch"], round(x["ms_per_step"], 3)) for x in r["decode"]])' "$OUT/bench_engine_$shape.$mode.json" "$shape $mode" || status=1
+    done
+  done
 fi
 if [ "$WHAT" = train ] || [ "$WHAT" = all ]; then
   # The device tool returns at most 8 files: logs go to $LOGS, the results worth keeping to $OUT.

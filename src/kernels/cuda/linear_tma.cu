@@ -28,6 +28,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
+#include "kernels/cuda/tensor_map.h"
 
 namespace kiln::cuda {
 namespace {
@@ -224,8 +225,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (splits > 1) cg::this_cluster().sync();  // keep this block's tile alive until every rank has read it
 }
 
+}  // namespace
+
 // cuTensorMapEncodeTiled from the driver (through the runtime: no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -236,20 +239,26 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// Tensor map of a row-major bf16 matrix [rows, cols] read in boxes of box_rows x 64 columns, with
-// the 128-byte swizzle; out-of-bounds elements read as zeros.
-CUtensorMap tile_map(const void* base, int64_t rows, int64_t cols, int box_rows) {
+CUtensorMap bf16_tile_map(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols,
+                          CUtensorMapSwizzle swizzle) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims,
-                                          strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                          strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   KILN_ASSERT(r == CUDA_SUCCESS);
   return map;
+}
+
+namespace {
+
+// Tensor map of a row-major bf16 matrix [rows, cols] read in boxes of box_rows x 64 columns, with
+// the 128-byte swizzle.
+CUtensorMap tile_map(const void* base, int64_t rows, int64_t cols, int box_rows) {
+  return bf16_tile_map(base, rows, cols, box_rows, kBK, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // Blocks of a cluster splitting K (1, 2, 4 or 8): doubled while the grid has fewer blocks than a

@@ -1,0 +1,177 @@
+// bench_decode_step: one decode step of B requests at a context of C tokens on a model of a config
+// with random weights, the decode-step kernel (kernels/decode_step.h) beside the separate kernels in
+// the same run, each replayed from a CUDA graph as the engine does. Per run: ms per step, the bytes
+// a step must read (weights and KV), the bandwidth that makes, and with --profile the kernel's time
+// split: when the last block finished each op (the step's critical path), summed per op kind.
+// Usage: bench_decode_step --config CFG [--batches 1,8] [--contexts 1024,8192,30000] [--iters 200]
+//        [--profile]
+// Prints one JSON object.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "backend/backend.h"
+#include "backend/cuda_backend.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/transformer.h"
+
+namespace kiln {
+namespace {
+
+std::vector<int32_t> parse_list(const std::string& s) {
+  std::vector<int32_t> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(std::stoi(item));
+  return out;
+}
+
+struct StepInputs {
+  std::vector<TensorBuffer> buffers;
+  ForwardBatch batch;
+};
+
+// B requests of C tokens each on consecutive pages, the query at position C - 1.
+Result<StepInputs> make_step(Backend& be, int32_t B, int32_t C, int32_t page_size, int64_t vocab) {
+  const int32_t pages = (C + page_size - 1) / page_size;
+  std::vector<int32_t> ids, positions, slots, q_indptr = {0}, page_indptr = {0}, page_indices, last, rows;
+  for (int32_t b = 0; b < B; ++b) {
+    ids.push_back(static_cast<int32_t>((17 + 7919 * b) % vocab));
+    positions.push_back(C - 1);
+    slots.push_back((b * pages + (C - 1) / page_size) * page_size + (C - 1) % page_size);
+    q_indptr.push_back(b + 1);
+    for (int32_t p = 0; p < pages; ++p) page_indices.push_back(b * pages + p);
+    page_indptr.push_back((b + 1) * pages);
+    last.push_back(C - (pages - 1) * page_size);
+    rows.push_back(b);
+  }
+  StepInputs s;
+  for (const std::vector<int32_t>* v : {&ids, &positions, &slots, &q_indptr, &page_indptr, &page_indices, &last, &rows}) {
+    TensorBuffer host = host_empty({static_cast<int64_t>(v->size())}, DType::i32);
+    std::copy(v->begin(), v->end(), host.ptr<int32_t>());
+    KILN_ASSIGN_OR_RETURN(TensorBuffer dev, to_device(be, host));
+    s.buffers.push_back(std::move(dev));
+  }
+  ForwardBatch& f = s.batch;
+  f.ids = s.buffers[0], f.positions = s.buffers[1], f.slots = s.buffers[2], f.q_indptr = s.buffers[3];
+  f.kv = PagedKV{s.buffers[4], s.buffers[5], s.buffers[6], page_size};
+  f.logit_rows = s.buffers[7];
+  f.bounds = {B, 1, C};
+  return s;
+}
+
+// Milliseconds per replay of a graph of one forward.
+Result<double> time_graph(Backend& be, Transformer& model, const ForwardBatch& batch, KVCache& cache,
+                          ForwardWorkspace& ws, int iters) {
+  model.forward(batch, cache, ws);  // eagerly first: op scratch is sized outside the capture
+  KILN_RETURN_IF_ERROR(be.synchronize());
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CapturedWork> graph, be.capture([&] { model.forward(batch, cache, ws); }));
+  for (int i = 0; i < 5; ++i) graph->replay();
+  std::unique_ptr<Event> start = be.create_event(), stop = be.create_event();
+  start->record();
+  for (int i = 0; i < iters; ++i) graph->replay();
+  stop->record();
+  KILN_RETURN_IF_ERROR(stop->wait());
+  KILN_RETURN_IF_ERROR(be.synchronize());
+  return static_cast<double>(stop->elapsed_ms(*start)) / iters;
+}
+
+// The critical path of one kernel launch per op kind, from the timings buffer.
+nlohmann::json time_split(const std::vector<int64_t>& t, int layers, int blocks) {
+  const int ops = 2 + 5 * layers;
+  auto row_max = [&](int row) { return *std::max_element(t.begin() + row * blocks, t.begin() + (row + 1) * blocks); };
+  const int64_t start = *std::min_element(t.begin(), t.begin() + blocks);
+  static const char* kinds[] = {"qkv", "attention", "o", "gate_up", "down"};
+  nlohmann::json split = {{"embed", 0.0}, {"qkv", 0.0}, {"attention", 0.0}, {"o", 0.0},
+                          {"gate_up", 0.0}, {"down", 0.0}, {"head", 0.0}};
+  int64_t prev = start;
+  for (int op = 0; op < ops; ++op) {
+    const int64_t end = row_max(1 + op);
+    const char* kind = op == 0 ? "embed" : op == ops - 1 ? "head" : kinds[(op - 1) % 5];
+    split[kind] = split[kind].get<double>() + (end - prev) * 1e-3;
+    prev = end;
+  }
+  split["total"] = (prev - start) * 1e-3;
+  return split;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"bench_decode_step: the decode-step kernel beside the separate kernels"};
+  std::string config_path, batches = "1,8", contexts = "1024,8192,30000";
+  int iters = 200;
+  bool profile = false;
+  app.add_option("--config", config_path, "model config.json (random weights)")->required();
+  app.add_option("--batches", batches, "requests per step, comma separated (at most 8)");
+  app.add_option("--contexts", contexts, "context lengths, comma separated");
+  app.add_option("--iters", iters, "graph replays timed per run");
+  app.add_flag("--profile", profile, "the kernel's time split per op kind");
+  CLI11_PARSE(app, argc, argv);
+
+  Result<ModelConfig> config = load_model_config_file(config_path);
+  if (!config.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", config.status().message().c_str()), 1;
+  Result<std::unique_ptr<Backend>> be = make_backend(Device::cuda(0));
+  if (!be.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", be.status().message().c_str()), 1;
+  Result<std::unique_ptr<Transformer>> model = Transformer::random(**be, *config, 1234);
+  if (!model.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", model.status().message().c_str()), 1;
+  Transformer& m = **model;
+  const ModelConfig& c = m.config();
+  const std::vector<int32_t> bs = parse_list(batches), cs = parse_list(contexts);
+  const int32_t page_size = 16;
+  const int32_t max_b = *std::max_element(bs.begin(), bs.end()), max_c = *std::max_element(cs.begin(), cs.end());
+  const int32_t pages = (max_c + page_size - 1) / page_size;
+  Result<KVCache> cache = m.make_kv_cache(max_b * pages * page_size);
+  Result<ForwardWorkspace> ws = m.make_workspace(8, 8);
+  if (!cache.ok() || !ws.ok()) return std::fprintf(stderr, "bench_decode_step: out of memory\n"), 1;
+  for (size_t l = 0; l < cache->k.size(); ++l) {
+    ops::fill_normal(**be, cache->k[l], 1.0f, 10 + l);
+    ops::fill_normal(**be, cache->v[l], 1.0f, 20 + l);
+  }
+  // Bytes a step reads: every weight but the embedding table (B rows of it), and the KV.
+  const int64_t streamed_params = m.parameter_count() - (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size);
+  const double weight_gb = 2.0 * static_cast<double>(streamed_params) * 1e-9;
+  nlohmann::json out = {{"config", config_path}, {"decode_step_available", m.decode_step_enabled()}, {"runs", nlohmann::json::array()}};
+  for (int32_t C : cs)
+    for (int32_t B : bs) {
+      Result<StepInputs> step = make_step(**be, B, C, page_size, c.vocab_size);
+      if (!step.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", step.status().message().c_str()), 1;
+      const double kv_gb = 4.0 * B * static_cast<double>(C) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 1e-9;
+      nlohmann::json r = {{"batch", B}, {"context", C}, {"weight_gb", weight_gb}, {"kv_gb", kv_gb}};
+      for (bool kernel : {true, false}) {
+        m.set_decode_step(kernel);
+        if (kernel && !m.uses_decode_step(step->batch, *ws)) continue;
+        Result<double> ms = time_graph(**be, m, step->batch, *cache, *ws, iters);
+        if (!ms.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", ms.status().message().c_str()), 1;
+        r[kernel ? "step_ms" : "layers_ms"] = *ms;
+        r[kernel ? "step_tb_per_s" : "layers_tb_per_s"] = (weight_gb + kv_gb) / *ms;
+      }
+      if (r.contains("step_ms")) r["step_over_layers"] = r["step_ms"].get<double>() / r["layers_ms"].get<double>();
+      r["floor_ms_at_4.3_tb_per_s"] = (weight_gb + kv_gb) / 4.3;
+      m.set_decode_step(true);
+      if (profile && m.uses_decode_step(step->batch, *ws)) {
+        const int blocks = static_cast<CudaBackend&>(**be).multiprocessor_count();
+        const int64_t n = static_cast<int64_t>(3 + 5 * c.num_hidden_layers) * blocks;
+        Result<TensorBuffer> dev = empty(**be, {n}, DType::i64);
+        TensorBuffer host = host_empty({n}, DType::i64);
+        if (!dev.ok()) return std::fprintf(stderr, "bench_decode_step: out of memory\n"), 1;
+        ws->decode_timings = dev->view();
+        for (int i = 0; i < 3; ++i) m.forward(step->batch, *cache, *ws);  // the last one is kept
+        (**be).copy(host, *dev);
+        if (Status st = (**be).synchronize(); !st.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", st.message().c_str()), 1;
+        ws->decode_timings = Tensor{};
+        r["split_us"] = time_split(std::vector<int64_t>(host.ptr<int64_t>(), host.ptr<int64_t>() + n),
+                                   static_cast<int>(c.num_hidden_layers), blocks);
+      }
+      out["runs"].push_back(r);
+      std::fprintf(stderr, "%s\n", r.dump().c_str());
+    }
+  std::printf("%s\n", out.dump(1).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) { return kiln::run(argc, argv); }

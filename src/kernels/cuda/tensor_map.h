@@ -1,0 +1,18 @@
+// Tensor maps (TMA descriptors) of row-major bf16 matrices, for kiln's Hopper kernels: the one
+// place that calls the driver's cuTensorMapEncodeTiled (through the runtime's entry point, so nothing
+// links against libcuda). Host code; the maps are values (128 bytes) passed to kernels or copied to
+// device memory.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace kiln::cuda {
+
+// A map of `base` [rows, cols] (bf16, row-major) read in boxes of box_rows x box_cols elements;
+// out-of-bounds elements read as zeros.
+CUtensorMap bf16_tile_map(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols,
+                          CUtensorMapSwizzle swizzle);
+
+}  // namespace kiln::cuda
