@@ -43,6 +43,7 @@ struct Gemv {
   int N, K, M, epilogue;          // N: weight rows (SwiGLU: outputs I, weight rows 2I)
   int tiles, chunks;
   int64_t units;
+  bool whole_tiles;  // block g takes tile g whole (no split tiles to add up)
 };
 
 __device__ __forceinline__ bool is_gemv(int op, int layers) { return op == 1 + 5 * layers || (op > 0 && (op - 1) % 5 != 1); }
@@ -67,10 +68,16 @@ __device__ Gemv gemv_of(const Params& p, int op) {
   m.tiles = m.epilogue == kSwiglu ? (m.N + 15) / 16 : (m.N + kTileRows - 1) / kTileRows;
   m.chunks = (m.K + kChunk - 1) / kChunk;
   m.units = static_cast<int64_t>(m.tiles) * m.chunks;
+  // A matrix of at most a tile per block whose tile fits the ring (q/k/v, o): the producer has it in
+  // shared memory before the stage starts, and a whole tile needs no fix-up across blocks.
+  m.whole_tiles = m.tiles <= p.blocks && m.chunks <= p.stages;
   return m;
 }
 
-__device__ __forceinline__ int64_t unit_begin(int64_t units, int block, int blocks) { return units * block / blocks; }
+// The first unit of block `block`: stream-K shares, or tile `block` whole.
+__device__ __forceinline__ int64_t unit_begin(const Gemv& m, int block, int blocks) {
+  return m.whole_tiles ? static_cast<int64_t>(min(block, m.tiles)) * m.chunks : m.units * block / blocks;
+}
 // The block whose range holds unit u.
 __device__ __forceinline__ int block_of(int64_t u, int64_t units, int blocks) {
   return static_cast<int>(((u + 1) * blocks - 1) / units);
@@ -103,8 +110,8 @@ __device__ void producer(const Params& p, uint8_t* ring, uint64_t* full, uint64_
   for (int op = 1; op < 2 + 5 * p.layers; ++op) {
     if (!is_gemv(op, p.layers)) continue;
     const Gemv m = gemv_of(p, op);
-    const int64_t u1 = unit_begin(m.units, blockIdx.x + 1, p.blocks);
-    for (int64_t u = unit_begin(m.units, blockIdx.x, p.blocks); u < u1; ++u, ++count) {
+    const int64_t u1 = unit_begin(m, blockIdx.x + 1, p.blocks);
+    for (int64_t u = unit_begin(m, blockIdx.x, p.blocks); u < u1; ++u, ++count) {
       const int slot = static_cast<int>(count % p.stages);
       if (count >= static_cast<uint32_t>(p.stages)) ring_wait(&empty[slot], (count / p.stages - 1) & 1, "empty");
       const int tile = static_cast<int>(u / m.chunks), k0 = static_cast<int>(u % m.chunks) * kChunk;
@@ -173,19 +180,19 @@ __device__ void finish_tile(const Params& p, const Gemv& m, Work& w, int tile, f
     const int64_t first_unit = static_cast<int64_t>(tile) * m.chunks, last_unit = first_unit + m.chunks - 1;
     const int g_first = block_of(first_unit, m.units, p.blocks), g_last = block_of(last_unit, m.units, p.blocks);
     auto piece = [&](int gb) {  // where block gb leaves its piece of this tile
-      const bool first = tile == unit_begin(m.units, gb, p.blocks) / m.chunks;
+      const bool first = tile == unit_begin(m, gb, p.blocks) / m.chunks;
       return p.tile_part + (static_cast<int64_t>(gb) * 2 + (first ? 0 : 1)) * (kTileRows * kMaxRows);
     };
-    auto has_units = [&](int gb) { return unit_begin(m.units, gb, p.blocks) < unit_begin(m.units, gb + 1, p.blocks); };
+    auto has_units = [&](int gb) { return unit_begin(m, gb, p.blocks) < unit_begin(m, gb + 1, p.blocks); };
     if (c < m.M) __stcg(piece(blockIdx.x) + c * kTileRows + r, v);
     consumer_sync();
     if (threadIdx.x == 0) {
       unsigned pieces = 0;
       for (int gb = g_first; gb <= g_last; ++gb) pieces += has_units(gb) ? 1u : 0u;
-      __threadfence();
+      fence_acq_rel();
       const bool last = atomicAdd(p.tile_count + tile, 1u) == pieces - 1;
       if (last) p.tile_count[tile] = 0;  // ready for the next stage
-      __threadfence();
+      fence_acq_rel();
       w.flag = last;
     }
     consumer_sync();
@@ -245,7 +252,7 @@ template <bool kNorm>
 __device__ void gemv_stage(const Params& p, const Gemv& m, const uint8_t* ring, bf16* xs, uint64_t* full,
                            uint64_t* empty, Work& w, uint32_t& count) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t u0 = unit_begin(m.units, blockIdx.x, p.blocks), u1 = unit_begin(m.units, blockIdx.x + 1, p.blocks);
+  const int64_t u0 = unit_begin(m, blockIdx.x, p.blocks), u1 = unit_begin(m, blockIdx.x + 1, p.blocks);
   if constexpr (kNorm) {  // 1 / rms of each token row, from the residual's tile sums of squares
     if (warp < m.M) {
       const int row = m.rows ? m.rows[warp] : warp;

@@ -307,11 +307,11 @@ __device__ void attention_stage(const Params& p, const LayerPtrs& L, Work& w) {
     if (active > 1) {
       consumer_sync();
       if (threadIdx.x == 0) {
-        __threadfence();
+        fence_acq_rel();
         unsigned* count = p.attn_count + b * p.Hkv + kvh;
         const bool last = atomicAdd(count, 1u) == static_cast<unsigned>(active - 1);
         if (last) *count = 0;  // ready for the next layer
-        __threadfence();
+        fence_acq_rel();
         w.flag = last;
       }
       consumer_sync();
