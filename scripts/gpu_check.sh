@@ -6,6 +6,7 @@
 # Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|engine|decode|train|profile|all]
 #   decode: the decode-step kernel's GPU tests and bench_engine's single-request and B <= 8 decode with
 #           and without the kernel, on the astrai-1b and llama-1b shapes.
+#   peers: llama.cpp (bench/peers/llama_cpp.sh model + bench) beside kiln's bench_engine single-request runs.
 #   engine: the engine, sampler and attention GPU tests, then bench_engine (decode B sweep, online run,
 #           shared-prefix TTFT, single-request latency) beside hf_bench.py's batched decode.
 #   train: the training fixtures (tests/reference/make_train_fixtures.py), the training GPU tests,
@@ -124,6 +125,23 @@ r = json.load(open(sys.argv[1]))
 print(sys.argv[2], [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r["single"]],
       [(x["batch"], round(x["ms_per_step"], 3)) for x in r["decode"]])' "$OUT/bench_engine_$shape.$mode.json" "$shape $mode" || status=1
     done
+  done
+fi
+if [ "$WHAT" = peers ]; then
+  # llama.cpp beside kiln (bench/peers/README.md): its own converter writes a GGUF of a random-weight
+  # checkpoint of each shape, llama-bench runs pp and tg at 1K / 8K / 30K; kiln's bench_engine
+  # single-request figures in the same call. Carry build-peers/llama-cpp-peer.tar.xz in .carry/.
+  for m in ${PEER_SHAPES:-astrai-1b llama-1b}; do
+    timeout ${PEER_TIMEOUT:-400} bash bench/peers/llama_cpp.sh model bench/configs/$m-shape.config.json /tmp/peer-$m \
+      > /tmp/peer-$m.model.log 2>&1 || { status=1; tail -5 /tmp/peer-$m.model.log; continue; }
+    timeout ${PEER_TIMEOUT:-400} bash bench/peers/llama_cpp.sh bench /tmp/peer-$m/model-bf16.gguf "$OUT/llama_cpp_$m.json" \
+      || status=1
+    timeout 200 "$BUILD/bin/bench_engine" --config bench/configs/$m-shape.config.json --skip decode,online,prefix \
+      --single-contexts 1024,8192,30000 2> /tmp/bench_engine_$m.err > "$OUT/bench_engine_single_$m.json" || status=1
+    python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print("kiln", sys.argv[2], [(x["context"], round(x["prefill_ms"], 2), round(x["decode_ms_per_token"], 3)) for x in r["single"]])' \
+      "$OUT/bench_engine_single_$m.json" $m || status=1
   done
 fi
 if [ "$WHAT" = train ] || [ "$WHAT" = all ]; then
