@@ -98,8 +98,9 @@ for m, ops in r["rows"].items(): print("rows", m, {k: round(v["us"], 2) for k, v
   fi
 fi
 if [ "$WHAT" = decode ]; then
-  # The decode-step kernel: its GPU tests, then single-request decode and B = 1..8 on the astrai-1b and
-  # llama-1b shapes with the kernel (default) and without it (KILN_DECODE_STEP=0), in one call.
+  # The decode-step kernel: its GPU tests, then bench_decode_step (the kernel beside the separate
+  # kernels, per-stage split) on the astrai-1b and llama-1b shapes, and with DECODE_ENGINE=1
+  # bench_engine's single-request and B <= 8 decode with KILN_DECODE_STEP=1 and =0, in one call.
   timeout ${DECODE_TEST_TIMEOUT:-240} "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${DECODE_FILTER:-*DecodeStep*}" \
     > "$OUT/gpu_decode_tests.log" 2>&1 || status=1
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error|waited" "$OUT/gpu_decode_tests.log" | head -40

@@ -32,11 +32,10 @@ struct DecodeStepShape {
   int32_t layers = 0, hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
 };
 
-// Views of one layer's weights (bf16; absent optional ones empty) and its KV cache [S, Hkv, D].
+// Views of one layer's weights (bf16; absent optional ones empty).
 struct DecodeStepLayer {
   Tensor input_norm, qkv_proj, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up_proj, gate_up_bias,
       down_proj, down_bias;
-  Tensor k_cache, v_cache;
 };
 
 struct DecodeStepModel {
@@ -55,6 +54,8 @@ struct DecodeStepIo {
   Tensor ids, positions, slots, q_indptr, logit_rows;  // [T], [T], [T], [B+1], [R] i32
   PagedKV kv;
   AttentionBounds bounds;
+  const std::vector<TensorBuffer>* k_cache = nullptr;  // per layer [S, Hkv, D] bf16
+  const std::vector<TensorBuffer>* v_cache = nullptr;
   Tensor residual;  // [>= T, H] f32
   Tensor qkv;       // [>= T, (Hq + 2 Hkv) D] bf16
   Tensor attn;      // [>= T, Hq D] bf16

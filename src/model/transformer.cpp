@@ -60,7 +60,7 @@ Status Transformer::bind_weights() {
   d.layers.clear();
   for (const LayerWeights& L : layers_)
     d.layers.push_back({L.input_norm, L.qkv_proj, L.qkv_bias, L.q_norm, L.k_norm, L.o_proj, L.o_bias, L.post_norm,
-                        L.gate_up_proj, L.gate_up_bias, L.down_proj, L.down_bias, Tensor{}, Tensor{}});
+                        L.gate_up_proj, L.gate_up_bias, L.down_proj, L.down_bias});
   d.embed = embed_tokens_, d.final_norm = final_norm_, d.lm_head = lm_head_;
   d.inv_freq = rope_.inv_freq.view();
   d.attention_scaling = rope_.attention_scaling;
@@ -169,19 +169,15 @@ bool Transformer::uses_decode_step(const ForwardBatch& batch, const ForwardWorks
 Tensor Transformer::decode_step(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const {
   const int64_t T = batch.ids.numel(), R = batch.logit_rows.numel();
   KILN_ASSERT(T <= ws.max_tokens && R <= ws.max_logit_rows);
-  ops::DecodeStepModel model = decode_model_;
-  for (size_t i = 0; i < model.layers.size(); ++i) {
-    model.layers[i].k_cache = cache.k[i].view();
-    model.layers[i].v_cache = cache.v[i].view();
-  }
   ops::DecodeStepIo io;
+  io.k_cache = &cache.k, io.v_cache = &cache.v;
   io.ids = batch.ids, io.positions = batch.positions, io.slots = batch.slots, io.q_indptr = batch.q_indptr;
   io.logit_rows = batch.logit_rows, io.kv = batch.kv, io.bounds = batch.bounds;
   io.residual = ws.residual.view(), io.qkv = ws.qkv.view(), io.attn = ws.attn.view(), io.act = ws.act.view();
   io.logits = ws.logits.view().rows(0, R);
   io.scratch = ws.decode_scratch.view();
   io.timings = ws.decode_timings;
-  ops::decode_step_forward(backend_, model, io);
+  ops::decode_step_forward(backend_, decode_model_, io);
   return io.logits;
 }
 

@@ -137,7 +137,7 @@ class Transformer {
   Tensor lm_head_;       // [V, H]; the embedding when tied
   DeviceRope rope_;
   std::vector<LayerWeights> layers_;
-  ops::DecodeStepModel decode_model_;  // the weights as the decode-step kernel takes them (no caches)
+  ops::DecodeStepModel decode_model_;  // the weights as the decode-step kernel takes them
   TensorBuffer decode_maps_;           // their TMA descriptors (decode_model_.tensor_maps)
   bool decode_step_available_ = false; // the backend has the kernel for this model
   bool decode_step_ = false;           // ... and it is not turned off

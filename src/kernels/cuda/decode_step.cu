@@ -146,10 +146,10 @@ __device__ void stage_x(const Gemv& m, bf16* xs, int64_t u0, int64_t u1) {
         const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(m.x) + at);
         const float4 a = __ldcg(src), b = __ldcg(src + 1);
         float nw[8];
-        unpack8(__ldg(reinterpret_cast<const uint4*>(m.norm_w + k)), nw);
+        detail::unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(m.norm_w + k)), nw);
         const float y[8] = {a.x * nw[0], a.y * nw[1], a.z * nw[2], a.w * nw[3],
                             b.x * nw[4], b.y * nw[5], b.z * nw[6], b.w * nw[7]};
-        v = pack8(y);
+        v = detail::pack_bf16x8(y);
       } else {
         v = __ldcg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(m.x) + at));
       }
@@ -527,14 +527,17 @@ void decode_step_forward(CudaBackend& be, const ops::DecodeStepModel& model, con
     KILN_ASSERT(io.timings.dtype == DType::i64 && io.timings.numel() >= int64_t(3 + 5 * s.layers) * blocks);
     p.timings = static_cast<unsigned long long*>(io.timings.data);
   }
+  KILN_ASSERT(io.k_cache && io.v_cache && static_cast<int>(io.k_cache->size()) == s.layers &&
+              static_cast<int>(io.v_cache->size()) == s.layers);
   for (int l = 0; l < s.layers; ++l) {
     const ops::DecodeStepLayer& L = model.layers[l];
+    const Tensor k_cache = (*io.k_cache)[l].view(), v_cache = (*io.v_cache)[l].view();
     for (const Tensor* t : {&L.qkv_proj, &L.o_proj, &L.gate_up_proj, &L.down_proj})
       KILN_ASSERT(t->dtype == DType::bf16 && detail::aligned16(t->data));
-    KILN_ASSERT(L.k_cache.dtype == DType::bf16 && L.k_cache.size(-1) == s.head_dim);
+    KILN_ASSERT(k_cache.dtype == DType::bf16 && k_cache.size(-1) == s.head_dim && v_cache.shape == k_cache.shape);
     p.layer[l] = LayerPtrs{w(L.input_norm), w(L.qkv_proj), w(L.qkv_bias), w(L.q_norm), w(L.k_norm), w(L.o_proj),
                            w(L.o_bias), w(L.post_norm), w(L.gate_up_proj), w(L.gate_up_bias), w(L.down_proj),
-                           w(L.down_bias), static_cast<bf16*>(L.k_cache.data), static_cast<bf16*>(L.v_cache.data)};
+                           w(L.down_bias), static_cast<bf16*>(k_cache.data), static_cast<bf16*>(v_cache.data)};
   }
   KILN_ASSERT(detail::aligned16(p.lm_head));
 

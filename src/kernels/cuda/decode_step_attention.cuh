@@ -26,23 +26,6 @@ __device__ __forceinline__ int keys_per_split(int kv_len, int splits) {
   return max(64, (k + 15) / 16 * 16);
 }
 
-__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ uint4 pack8(const float* v) {
-  uint4 u;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-  return u;
-}
-
 // Query heads of the group (and, for the writer, the new key and value) into shared memory.
 template <int D>
 __device__ __forceinline__ void prepare_heads(const Params& p, const LayerPtrs& L, Work& w, int row, int kvh,
@@ -191,8 +174,8 @@ __device__ void attention_stage(const Params& p, const LayerPtrs& L, Work& w) {
         if (j >= key_end) {
           kr[i] = vr[i] = make_uint4(0, 0, 0, 0);
         } else if (j == kv_len - 1) {
-          kr[i] = pack8(w.attn.k_new + c8 * 8);
-          vr[i] = pack8(w.attn.v_new + c8 * 8);
+          kr[i] = detail::pack_bf16x8(w.attn.k_new + c8 * 8);
+          vr[i] = detail::pack_bf16x8(w.attn.v_new + c8 * 8);
         } else {
           const int64_t off = (paged_kv_slot(p.page_indices, first_page, p.page_size, j) * p.Hkv + kvh) * D + c8 * 8;
           kr[i] = ldg_stream(L.k_cache + off);
@@ -203,7 +186,7 @@ __device__ void attention_stage(const Params& p, const LayerPtrs& L, Work& w) {
 #pragma unroll
       for (int i = 0; i < NK; ++i) {
         float kf[8];
-        unpack8(kr[i], kf);
+        detail::unpack_bf16x8(kr[i], kf);
         const bool ok = j0 + i * NG < key_end;
 #pragma unroll
         for (int h = 0; h < kMaxGroup; ++h) {
@@ -247,7 +230,7 @@ __device__ void attention_stage(const Params& p, const LayerPtrs& L, Work& w) {
 #pragma unroll
       for (int i = 0; i < NK; ++i) {
         float vf[8];
-        unpack8(vr[i], vf);
+        detail::unpack_bf16x8(vr[i], vf);
 #pragma unroll
         for (int h = 0; h < kMaxGroup; ++h) {
           if (h >= G) break;

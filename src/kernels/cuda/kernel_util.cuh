@@ -87,22 +87,32 @@ __device__ __forceinline__ float round_to(DType dt, float v) {
   }
 }
 
+// Eight bf16 values in one 16-byte word, to and from floats (round to nearest even).
+__device__ __forceinline__ void unpack_bf16x8(const uint4& u, float (&v)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    v[2 * k] = f.x;
+    v[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+  return u;
+}
+
 // v[0..N) = p[i .. i+N). N == 8 requires i % 8 == 0 and a 16-byte-aligned p.
 template <int N>
 __device__ __forceinline__ void load_vec(const void* p, int64_t i, DType dt, float (&v)[N]) {
   if constexpr (N == 8) {
     switch (dt) {
-      case DType::bf16: {
-        const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p) + i);
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 f = __bfloat1622float2(h[k]);
-          v[2 * k] = f.x;
-          v[2 * k + 1] = f.y;
-        }
+      case DType::bf16:
+        unpack_bf16x8(*reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p) + i), v);
         break;
-      }
       case DType::f16: {
         const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const __half*>(p) + i);
         const __half2* h = reinterpret_cast<const __half2*>(&u);
@@ -133,14 +143,9 @@ template <int N>
 __device__ __forceinline__ void store_vec(void* p, int64_t i, DType dt, const float (&v)[N]) {
   if constexpr (N == 8) {
     switch (dt) {
-      case DType::bf16: {
-        uint4 u;
-        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p) + i) = u;
+      case DType::bf16:
+        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p) + i) = pack_bf16x8(v);
         break;
-      }
       case DType::f16: {
         uint4 u;
         __half2* h = reinterpret_cast<__half2*>(&u);
