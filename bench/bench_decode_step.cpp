@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <string>
 
 #include "backend/backend.h"
 #include "backend/cuda_backend.h"
@@ -139,15 +140,23 @@ int run(int argc, char** argv) {
       if (!step.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", step.status().message().c_str()), 1;
       const double kv_gb = 4.0 * B * static_cast<double>(C) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 1e-9;
       nlohmann::json r = {{"batch", B}, {"context", C}, {"weight_gb", weight_gb}, {"kv_gb", kv_gb}};
-      for (bool kernel : {true, false}) {
+      // The kernel, the separate kernels (programmatic launch as configured), the separate kernels
+      // each launched after the previous one has finished.
+      CudaBackend& cbe = static_cast<CudaBackend&>(**be);
+      const bool programmatic = cbe.programmatic_launch();
+      for (const char* variant : {"step", "layers", "layers_serial"}) {
+        const bool kernel = variant == std::string("step");
         m.set_decode_step(kernel);
         if (kernel && !m.uses_decode_step(step->batch, *ws)) continue;
+        cbe.set_programmatic_launch(variant != std::string("layers_serial") && programmatic);
         Result<double> ms = time_graph(**be, m, step->batch, *cache, *ws, iters);
+        cbe.set_programmatic_launch(programmatic);
         if (!ms.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", ms.status().message().c_str()), 1;
-        r[kernel ? "step_ms" : "layers_ms"] = *ms;
-        r[kernel ? "step_tb_per_s" : "layers_tb_per_s"] = (weight_gb + kv_gb) / *ms;
+        r[std::string(variant) + "_ms"] = *ms;
+        r[std::string(variant) + "_tb_per_s"] = (weight_gb + kv_gb) / *ms;
       }
       if (r.contains("step_ms")) r["step_over_layers"] = r["step_ms"].get<double>() / r["layers_ms"].get<double>();
+      r["layers_over_serial"] = r["layers_ms"].get<double>() / r["layers_serial_ms"].get<double>();
       r["floor_ms_at_4.3_tb_per_s"] = (weight_gb + kv_gb) / 4.3;
       m.set_decode_step(true);
       if (profile && m.uses_decode_step(step->batch, *ws)) {

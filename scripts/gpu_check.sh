@@ -3,9 +3,11 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|engine|decode|train|profile|all]
-#   decode: the decode-step kernel's GPU tests and bench_engine's single-request and B <= 8 decode with
-#           and without the kernel, on the astrai-1b and llama-1b shapes.
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|engine|decode|train|profile|profile-decode|all]
+#   decode: the decode-step kernel's GPU tests, bench_decode_step (the kernel, the separate kernels with
+#           and without programmatic launch), with DECODE_ENGINE=1 bench_engine's single-request and
+#           B <= 8 decode with and without the kernel, on the astrai-1b and llama-1b shapes.
+#   profile-decode: Nsight Compute per-kernel time and DRAM bandwidth of B=1 decode steps.
 #   peers: llama.cpp (bench/peers/llama_cpp.sh model + bench) beside kiln's bench_engine single-request runs.
 #   engine: the engine, sampler and attention GPU tests, then bench_engine (decode B sweep, online run,
 #           shared-prefix TTFT, single-request latency) beside hf_bench.py's batched decode.
@@ -99,7 +101,7 @@ for m, ops in r["rows"].items(): print("rows", m, {k: round(v["us"], 2) for k, v
 fi
 if [ "$WHAT" = decode ]; then
   # The decode-step kernel: its GPU tests, then bench_decode_step (the kernel beside the separate
-  # kernels, per-stage split) on the astrai-1b and llama-1b shapes, and with DECODE_ENGINE=1
+  # kernels with and without programmatic launch, per-stage split) on the astrai-1b and llama-1b shapes, and with DECODE_ENGINE=1
   # bench_engine's single-request and B <= 8 decode with KILN_DECODE_STEP=1 and =0, in one call.
   timeout ${DECODE_TEST_TIMEOUT:-240} "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${DECODE_FILTER:-*DecodeStep*}" \
     > "$OUT/gpu_decode_tests.log" 2>&1 || status=1
@@ -113,7 +115,7 @@ r = json.load(open(sys.argv[1]))
 for x in r["runs"]:
     s = x.get("split_us", {})
     print(sys.argv[2], "B=%d C=%d" % (x["batch"], x["context"]), "step %.3f ms (%.2f TB/s)" % (x.get("step_ms", 0), x.get("step_tb_per_s", 0)),
-          "layers %.3f ms" % x["layers_ms"], "floor %.3f" % x["floor_ms_at_4.3_tb_per_s"],
+          "layers %.3f ms (serial launches %.3f)" % (x["layers_ms"], x["layers_serial_ms"]), "floor %.3f" % x["floor_ms_at_4.3_tb_per_s"],
           " ".join("%s=%.0f" % (k, v) for k, v in s.items()))' "$OUT/bench_decode_step_$shape.json" $shape || status=1
     # The engine around it (DECODE_ENGINE=1): single-request decode and B <= 8, with and without the kernel.
     for mode in ${DECODE_ENGINE:+step layers}; do
@@ -233,5 +235,17 @@ if [ "$WHAT" = profile-engine ]; then
     --skip single,online,prefix --batches $B --decode-tokens 60 --no-graphs > /tmp/ncu_engine.csv 2> /tmp/ncu_engine.err \
     || { tail -5 /tmp/ncu_engine.err; status=1; }
   python3 scripts/ncu_summary.py /tmp/ncu_engine.csv --steps ${PROFILE_STEPS:-5} --top 30 | tee "$OUT/ncu_engine_B$B.txt"
+fi
+if [ "$WHAT" = profile-decode ]; then
+  # Per-kernel time and DRAM bandwidth of single-request decode steps (Nsight Compute, eager steps, each
+  # kernel replayed alone: no overlap between kernels), on each of PROFILE_SHAPES.
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  for shape in ${PROFILE_SHAPES:-astrai-1b}; do
+    "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+      --launch-skip ${PROFILE_SKIP:-4000} --launch-count ${PROFILE_COUNT:-700} "$BUILD/bin/bench_engine" \
+      --config bench/configs/$shape-shape.config.json --skip single,online,prefix --batches 1 --decode-tokens 64 \
+      --no-graphs > /tmp/ncu_decode.csv 2> /tmp/ncu_decode.err || { tail -5 /tmp/ncu_decode.err; status=1; }
+    python3 scripts/ncu_summary.py /tmp/ncu_decode.csv --steps ${PROFILE_STEPS:-4} --top 30 | tee "$OUT/ncu_decode_$shape.txt"
+  done
 fi
 exit $status

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 namespace kiln {
@@ -91,6 +92,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index) {
     return unsupported("cannot use CUDA device " + std::to_string(device_index));
   }
   CUDA_CHECK(cudaDeviceGetAttribute(&b->sm_count_, cudaDevAttrMultiProcessorCount, device_index));
+  if (const char* pdl = std::getenv("KILN_PDL")) b->programmatic_launch_ = std::string(pdl) != "0";
   CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   cublasLtHandle_t h = nullptr;
   if (cublasLtCreate(&h) != CUBLAS_STATUS_SUCCESS) return unsupported("cuBLASLt could not be initialised on this GPU");

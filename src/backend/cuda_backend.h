@@ -80,6 +80,12 @@ class CudaBackend final : public Backend {
   // the kernel's default (or KILN_ATTN_PREFILL_VARIANT). For tests and benchmarks.
   int attention_prefill_variant() const { return attention_prefill_variant_; }
   void set_attention_prefill_variant(int v) { attention_prefill_variant_ = v < 0 ? -1 : v; }
+  // Whether kernels written for it launch with programmatic stream serialization (kernels/cuda/
+  // programmatic_launch.cuh): such a kernel may start while its predecessor in the stream drains,
+  // issuing the loads that do not depend on it. On by default; KILN_PDL=0 or this setter turns it
+  // off (tests and benchmarks compare both).
+  bool programmatic_launch() const { return programmatic_launch_; }
+  void set_programmatic_launch(bool on) { programmatic_launch_ = on; }
   CudaCachingAllocator& allocator() { return allocator_; }
   // Opaque state the CUDA kernels keep per backend (kernels/cuda/gemm.cu: cached cuBLASLt matmul
   // plans). Created by the kernels on first use; released before the cuBLASLt handle.
@@ -95,6 +101,7 @@ class CudaBackend final : public Backend {
   int device_index_;
   int sm_count_ = 0;
   int attention_prefill_variant_ = -1;
+  bool programmatic_launch_ = true;
   int64_t allocations_ = 0;
   CUstream_st* stream_ = nullptr;
   cublasLtContext* blaslt_ = nullptr;

@@ -4,11 +4,13 @@
 // widths that are not multiples of a tile (32 rows) or a chunk (256 columns), matrices taken a tile
 // per block and matrices shared stream-K with split tiles, contexts of 1 to
 // 2500 tokens on pages in random order (one split and many), and a padded batch; bit-exact when
-// repeated and when replayed from a CUDA graph; the new keys and values written to the cache.
+// repeated and when replayed from a CUDA graph; the new keys and values written to the cache. The
+// separate kernels' logits are the same with programmatic launch on and off.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "backend/cuda_backend.h"
 #include "kernels/rng.h"
 #include "model/config.h"
 #include "model/transformer.h"
@@ -141,6 +143,25 @@ void check_case(const Case& c) {
     gpu.model->set_decode_step(false);
     ASSERT_FALSE(gpu.model->uses_decode_step(in.batch, gpu.ws));
     const std::vector<float> layers = real_rows(to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws)), real, c.vocab);
+    // Programmatic launch (on by default) changes when the separate kernels start, never what they
+    // compute: the same logits with each kernel launched after the previous one has finished, and
+    // from a replayed graph with the programmatic edges.
+    {
+      CudaBackend& cbe = static_cast<CudaBackend&>(*be);
+      ASSERT_TRUE(cbe.programmatic_launch());
+      cbe.set_programmatic_launch(false);
+      const std::vector<float> serial = real_rows(to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws)), real, c.vocab);
+      cbe.set_programmatic_launch(true);
+      EXPECT_EQ(serial, layers) << "separate kernels, launched serially";
+      Tensor logits;
+      Result<std::unique_ptr<CapturedWork>> graph =
+          be->capture([&] { logits = gpu.model->forward(in.batch, gpu.cache, gpu.ws); });
+      ASSERT_TRUE(graph.ok()) << graph.status().message();
+      be->zero(gpu.ws.logits);
+      (*graph)->replay();
+      ASSERT_TRUE(be->synchronize().ok());
+      EXPECT_EQ(real_rows(to_f32(*be, logits), real, c.vocab), layers) << "separate kernels, graph replay";
+    }
     std::vector<std::vector<float>> layers_k, layers_v;
     for (int l = 0; l < c.layers; ++l) {
       layers_k.push_back(cache_rows(*be, gpu.cache.k[l], in.new_slots));

@@ -2,6 +2,7 @@
 // description), with the host choice of the split count.
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/hopper_util.cuh"
+#include "kernels/cuda/programmatic_launch.cuh"
 
 namespace kiln::cuda::attn {
 namespace {
@@ -47,6 +48,7 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   __shared__ float sm_m[kWarps][16];
   __shared__ float sm_l[kWarps][16];
   hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
+  hopper::grid_dependency_wait();  // for the kernel that wrote q and the new key (programmatic launch)
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y % Hkv;
@@ -346,6 +348,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ __align__(16) float sm_o[kWarps][D];
   __shared__ float sm_red[2][kWarps];
   hopper::launch_dependents();
+  hopper::grid_dependency_wait();
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -454,7 +457,6 @@ int decode_num_splits(int max_splits, int max_kv_len) {
 
 template <typename T, int D>
 void launch_decode_d(CudaBackend& be, const Args& a) {
-  cudaStream_t stream = be.stream();
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int base_blocks = a.B * a.Hkv * row_tiles;
   constexpr bool kPingPong = D <= 64;
@@ -474,15 +476,14 @@ void launch_decode_d(CudaBackend& be, const Args& a) {
     part_lse = reinterpret_cast<float*>(scratch + n_part * D * 4);
   }
   dim3 grid(splits, a.Hkv * row_tiles, a.B);
-  kernel<<<grid, kThreads, 0, stream>>>(static_cast<T*>(a.out), part_o, part_lse, static_cast<const T*>(a.q),
-                                        static_cast<const T*>(a.k), static_cast<const T*>(a.v), a.q_indptr, a.kv, a.Hq,
-                                        a.Hkv, a.G, a.max_q_len, splits, a.sl);
-  CUDA_CHECK(cudaGetLastError());
+  detail::launch_programmatic(be, kernel, grid, dim3(kThreads), 0, 1, static_cast<T*>(a.out), part_o, part_lse,
+                              static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                              a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len, splits, a.sl);
   if (splits > 1) {
     const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.B) * a.max_q_len * a.Hq);
-    attn_combine_kernel<T, D><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(a.out), part_o, part_lse, a.q_indptr,
-                                                               a.Hq, a.max_q_len, splits);
-    CUDA_CHECK(cudaGetLastError());
+    detail::launch_programmatic(be, attn_combine_kernel<T, D>, dim3(blocks), dim3(kThreads), 0, 1,
+                                static_cast<T*>(a.out), static_cast<const float*>(part_o),
+                                static_cast<const float*>(part_lse), a.q_indptr, a.Hq, a.max_q_len, splits);
   }
 }
 

@@ -19,6 +19,8 @@
 // batch row's 1 / rms when normed, plus bias, then stored, added to the f32 residual, or SwiGLU.
 // Norm prologue: x is the f32 residual stream; each thread multiplies its x chunk by the norm weight
 // and rounds it to the weight dtype, and sums x^2 of its chunks; the block adds those up at the end.
+// Launched programmatically (programmatic_launch.cuh): the first two stages' weight loads are issued
+// before the wait for the kernel that wrote x, so they overlap that kernel's tail.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -26,7 +28,9 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_util.cuh"
+#include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/programmatic_launch.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -70,6 +74,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ float part[kRows][kCols + 1];  // this block's sum over its warps
   __shared__ float part_ss[kCols];
 
+  hopper::launch_dependents();  // the next kernel's weight stream may start under this one's tail
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int rank = KS > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
@@ -110,7 +115,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int mt = 0; mt < MT; ++mt) ss[mt] = 0.0f;
 
   using Stage = typename L::Stage;
-  auto load = [&](Stage& s, int c0) {
+  // Weights (and norm weights) of chunks [c0, c0 + U): launch-invariant, so the first two stages
+  // are issued before the wait for the previous kernel.
+  auto load_w = [&](Stage& s, int c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = c0 + u;
@@ -120,6 +127,16 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int rg = 0; rg < RG; ++rg)
 #pragma unroll
         for (int h = 0; h < 2; ++h) s.w[u][rg][h] = wok[rg][h] ? ldg_stream(wrow[rg][h] + k) : make_uint4(0, 0, 0, 0);
+      if constexpr (kNorm) s.nw[u] = *reinterpret_cast<const uint4*>(norm_w + k + t * 8);
+    }
+  };
+  // The batch rows of the same chunks (written by the previous kernel).
+  auto load_x = [&](Stage& s, int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u;
+      if (c >= c_end) break;  // warp-uniform
+      const int k = c * 32;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int64_t off = static_cast<int64_t>(mt * 8 + g) * K + k + t * 8;
@@ -131,7 +148,6 @@ __global__ void __launch_bounds__(kThreads, 2)
           s.x[u][mt][0] = xok[mt] ? *reinterpret_cast<const uint4*>(static_cast<const T*>(x) + off) : make_uint4(0, 0, 0, 0);
         }
       }
-      if constexpr (kNorm) s.nw[u] = *reinterpret_cast<const uint4*>(norm_w + k + t * 8);
     }
   };
 
@@ -169,12 +185,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
   Stage s0, s1;
-  load(s0, c_begin);
+  load_w(s0, c_begin);
+  load_w(s1, c_begin + U);
+  hopper::grid_dependency_wait();
+  load_x(s0, c_begin);
+  load_x(s1, c_begin + U);
   for (int c = c_begin; c < c_end; c += 2 * U) {
-    load(s1, c + U);
     compute(s0, c);
-    load(s0, c + 2 * U);
+    load_w(s0, c + 2 * U);
+    load_x(s0, c + 2 * U);
     compute(s1, c + U);
+    load_w(s1, c + 3 * U);
+    load_x(s1, c + 3 * U);
   }
 
   // Partial sums to shared memory: acc[rg][mt] = rows rg*16 + g (+8), columns mt*8 + 2t (+1).
@@ -252,21 +274,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 template <int MT, int RG, int KS, bool kNorm, Epilogue kEpi>
-void launch_kernel(cudaStream_t stream, int row_blocks, void* y, DType y_dt, const void* x, const T* w,
+void launch_kernel(const CudaBackend& be, int row_blocks, void* y, DType y_dt, const void* x, const T* w,
                    const T* norm_w, const void* bias, DType b_dt, int M, int N, int K, float eps) {
-  auto kernel = fused_linear_kernel<MT, RG, KS, kNorm, kEpi>;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(KS));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = KS;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps));
+  detail::launch_programmatic(be, fused_linear_kernel<MT, RG, KS, kNorm, kEpi>,
+                              dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(KS)), dim3(kThreads), 0,
+                              static_cast<unsigned>(KS), y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps);
 }
 
 // Blocks of a cluster splitting K: two for long-K matrices that fill fewer than two blocks per SM
@@ -280,12 +292,11 @@ int k_splits(int row_blocks, int K, int sm_count) {
 template <int MT, bool kNorm, Epilogue kEpi>
 void launch_for_tiles(CudaBackend& be, void* y, DType y_dt, const void* x, const T* w, const T* norm_w,
                       const void* bias, DType b_dt, int M, int N, int K, float eps) {
-  cudaStream_t stream = detail::stream_of(be);
   const int out_rows = kEpi == Epilogue::swiglu ? N / 2 : N;
   const int tiles16 = (out_rows + 15) / 16;
   constexpr int RG = kEpi == Epilogue::swiglu ? 2 : 1;
   auto run = [&](auto ks) {
-    launch_kernel<MT, RG, decltype(ks)::value, kNorm, kEpi>(stream, tiles16, y, y_dt, x, w, norm_w, bias, b_dt, M, N,
+    launch_kernel<MT, RG, decltype(ks)::value, kNorm, kEpi>(be, tiles16, y, y_dt, x, w, norm_w, bias, b_dt, M, N,
                                                             K, eps);
   };
   if (k_splits(tiles16, K, be.multiprocessor_count()) == 1) run(std::integral_constant<int, 1>{});

@@ -299,7 +299,7 @@ void launch_bm(CudaBackend& be, void* y, DType y_dt, const void* x, const void* 
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 2;
+  cfg.numAttrs = be.programmatic_launch() ? 2 : 1;  // programmatic_launch.cuh
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, w_map, x_map, y, y_dt, bias, b_dt, M, N, K));
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
+#include "kernels/cuda/programmatic_launch.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -33,6 +34,7 @@ __global__ void __launch_bounds__(kBlock)
   constexpr int kCache = 32 / N;  // chunks of N values held in registers per thread
   __shared__ float smem[32];
   hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
+  hopper::grid_dependency_wait();  // launched programmatically itself (programmatic_launch.cuh)
 
   const int lane = threadIdx.x % kThreads;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreads;
@@ -115,11 +117,10 @@ void launch_rmsnorm(CudaBackend& be, Tensor y, Tensor x, Tensor residual, Tensor
                    (!has_residual || (detail::aligned16(residual.data) && detail::aligned16(residual_in.data)));
   const bool warp_per_row = H <= 1024;
   const unsigned grid = static_cast<unsigned>(warp_per_row ? detail::ceil_div(rows, kBlock / 32) : rows);
-  cudaStream_t stream = detail::stream_of(be);
   const DType r_dt = has_residual ? residual.dtype : x.dtype;
 #define KILN_LAUNCH_RMSNORM(THREADS, N)                                                                       \
-  rmsnorm_kernel<THREADS, N><<<grid, kBlock, 0, stream>>>(y.data, y.dtype, x.data, x.dtype, residual.data,     \
-                                                          residual_in.data, r_dt, w.data, w.dtype, rows, H, eps)
+  detail::launch_programmatic(be, rmsnorm_kernel<THREADS, N>, dim3(grid), dim3(kBlock), 0, 1, y.data, y.dtype,     \
+                              x.data, x.dtype, residual.data, residual_in.data, r_dt, w.data, w.dtype, rows, H, eps)
   if (warp_per_row) {
     if (vec) KILN_LAUNCH_RMSNORM(32, 8);
     else KILN_LAUNCH_RMSNORM(32, 1);
@@ -128,7 +129,6 @@ void launch_rmsnorm(CudaBackend& be, Tensor y, Tensor x, Tensor residual, Tensor
     else KILN_LAUNCH_RMSNORM(kBlock, 1);
   }
 #undef KILN_LAUNCH_RMSNORM
-  KILN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

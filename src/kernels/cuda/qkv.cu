@@ -9,8 +9,11 @@
 // store chain runs in parallel (a block per token walking its heads was latency-bound: 10 us per
 // layer at B=128); lane i holds elements i, i + 32, ... and computes the (cos, sin) pairs of the
 // frequencies it stores. A negative slot skips the token's cache writes (as kv_cache_write does).
+// Launched programmatically (programmatic_launch.cuh): it waits for the projection at its start.
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
+#include "kernels/cuda/programmatic_launch.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -26,6 +29,8 @@ __global__ void __launch_bounds__(kThreads)
                           float scaling, const void* q_norm, DType qn_dt, const void* k_norm, DType kn_dt, int Hq,
                           int Hkv, int D, float eps) {
   __shared__ float rows[kWarps][kMaxHeadDim];
+  hopper::launch_dependents();  // lets the attention kernel get scheduled under this one
+  hopper::grid_dependency_wait();
   const int64_t t = blockIdx.x;
   const int half = D / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -102,12 +107,11 @@ void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor 
   KILN_ASSERT(!k_norm.data || k_norm.numel() == D);
   if (T == 0) return;
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((Hq + 2 * Hkv + kWarps - 1) / kWarps));
-  qkv_rope_cache_kernel<<<grid, kThreads, 0, detail::stream_of(be)>>>(
-      q_out.data, q_out.dtype, k_cache.data, v_cache.data, k_cache.dtype, qkv.data, qkv.dtype,
+  detail::launch_programmatic(
+      be, qkv_rope_cache_kernel, grid, dim3(kThreads), 0, 1, q_out.data, q_out.dtype, k_cache.data, v_cache.data, k_cache.dtype, qkv.data, qkv.dtype,
       positions.ptr<const int32_t>(), slots.ptr<const int32_t>(), inv_freq.ptr<const float>(), attention_scaling,
       q_norm.data, q_norm.dtype, k_norm.data, k_norm.dtype, static_cast<int>(Hq), static_cast<int>(Hkv),
       static_cast<int>(D), eps);
-  KILN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace kiln::cuda
