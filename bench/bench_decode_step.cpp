@@ -1,10 +1,9 @@
 // bench_decode_step: one decode step of B requests at a context of C tokens on a model of a config
-// with random weights, the decode-step kernel (kernels/decode_step.h) beside the separate kernels in
-// the same run, each replayed from a CUDA graph as the engine does. Per run: ms per step, the bytes
-// a step must read (weights and KV), the bandwidth that makes, and with --profile the kernel's time
-// split: when the last block finished each op (the step's critical path), summed per op kind.
+// with random weights (the transformer's forward, as the engine runs it), replayed from a CUDA graph,
+// with programmatic dependent launch (CudaBackend::programmatic_launch) and with every kernel
+// launched after the previous one has finished, in the same run. Per run: ms per step, the bytes a
+// step must read (weights and KV), the bandwidth that makes, and the floor at 4.3 TB/s.
 // Usage: bench_decode_step --config CFG [--batches 1,8] [--contexts 1024,8192,30000] [--iters 200]
-//        [--profile]
 // Prints one JSON object.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -80,35 +79,14 @@ Result<double> time_graph(Backend& be, Transformer& model, const ForwardBatch& b
   return static_cast<double>(stop->elapsed_ms(*start)) / iters;
 }
 
-// The critical path of one kernel launch per op kind, from the timings buffer.
-nlohmann::json time_split(const std::vector<int64_t>& t, int layers, int blocks) {
-  const int ops = 2 + 5 * layers;
-  auto row_max = [&](int row) { return *std::max_element(t.begin() + row * blocks, t.begin() + (row + 1) * blocks); };
-  const int64_t start = *std::min_element(t.begin(), t.begin() + blocks);
-  static const char* kinds[] = {"qkv", "attention", "o", "gate_up", "down"};
-  nlohmann::json split = {{"embed", 0.0}, {"qkv", 0.0}, {"attention", 0.0}, {"o", 0.0},
-                          {"gate_up", 0.0}, {"down", 0.0}, {"head", 0.0}};
-  int64_t prev = start;
-  for (int op = 0; op < ops; ++op) {
-    const int64_t end = row_max(1 + op);
-    const char* kind = op == 0 ? "embed" : op == ops - 1 ? "head" : kinds[(op - 1) % 5];
-    split[kind] = split[kind].get<double>() + (end - prev) * 1e-3;
-    prev = end;
-  }
-  split["total"] = (prev - start) * 1e-3;
-  return split;
-}
-
 int run(int argc, char** argv) {
-  CLI::App app{"bench_decode_step: the decode-step kernel beside the separate kernels"};
+  CLI::App app{"bench_decode_step: one graph-replayed decode step, with and without programmatic launch"};
   std::string config_path, batches = "1,8", contexts = "1024,8192,30000";
   int iters = 200;
-  bool profile = false;
   app.add_option("--config", config_path, "model config.json (random weights)")->required();
   app.add_option("--batches", batches, "requests per step, comma separated (at most 8)");
   app.add_option("--contexts", contexts, "context lengths, comma separated");
   app.add_option("--iters", iters, "graph replays timed per run");
-  app.add_flag("--profile", profile, "the kernel's time split per op kind");
   CLI11_PARSE(app, argc, argv);
 
   Result<ModelConfig> config = load_model_config_file(config_path);
@@ -133,46 +111,26 @@ int run(int argc, char** argv) {
   // Bytes a step reads: every weight but the embedding table (B rows of it), and the KV.
   const int64_t streamed_params = m.parameter_count() - (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size);
   const double weight_gb = 2.0 * static_cast<double>(streamed_params) * 1e-9;
-  nlohmann::json out = {{"config", config_path}, {"decode_step_available", m.decode_step_enabled()}, {"runs", nlohmann::json::array()}};
+  nlohmann::json out = {{"config", config_path}, {"runs", nlohmann::json::array()}};
   for (int32_t C : cs)
     for (int32_t B : bs) {
       Result<StepInputs> step = make_step(**be, B, C, page_size, c.vocab_size);
       if (!step.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", step.status().message().c_str()), 1;
       const double kv_gb = 4.0 * B * static_cast<double>(C) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 1e-9;
       nlohmann::json r = {{"batch", B}, {"context", C}, {"weight_gb", weight_gb}, {"kv_gb", kv_gb}};
-      // The kernel, the separate kernels (programmatic launch as configured), the separate kernels
-      // each launched after the previous one has finished.
+      // Programmatic launch as configured (on unless KILN_PDL=0), then off.
       CudaBackend& cbe = static_cast<CudaBackend&>(**be);
       const bool programmatic = cbe.programmatic_launch();
-      for (const char* variant : {"step", "layers", "layers_serial"}) {
-        const bool kernel = variant == std::string("step");
-        m.set_decode_step(kernel);
-        if (kernel && !m.uses_decode_step(step->batch, *ws)) continue;
-        cbe.set_programmatic_launch(variant != std::string("layers_serial") && programmatic);
+      for (const char* variant : {"layers", "layers_serial"}) {
+        cbe.set_programmatic_launch(variant == std::string("layers") && programmatic);
         Result<double> ms = time_graph(**be, m, step->batch, *cache, *ws, iters);
         cbe.set_programmatic_launch(programmatic);
         if (!ms.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", ms.status().message().c_str()), 1;
         r[std::string(variant) + "_ms"] = *ms;
         r[std::string(variant) + "_tb_per_s"] = (weight_gb + kv_gb) / *ms;
       }
-      if (r.contains("step_ms")) r["step_over_layers"] = r["step_ms"].get<double>() / r["layers_ms"].get<double>();
       r["layers_over_serial"] = r["layers_ms"].get<double>() / r["layers_serial_ms"].get<double>();
       r["floor_ms_at_4.3_tb_per_s"] = (weight_gb + kv_gb) / 4.3;
-      m.set_decode_step(true);
-      if (profile && m.uses_decode_step(step->batch, *ws)) {
-        const int blocks = static_cast<CudaBackend&>(**be).multiprocessor_count();
-        const int64_t n = static_cast<int64_t>(3 + 5 * c.num_hidden_layers) * blocks;
-        Result<TensorBuffer> dev = empty(**be, {n}, DType::i64);
-        TensorBuffer host = host_empty({n}, DType::i64);
-        if (!dev.ok()) return std::fprintf(stderr, "bench_decode_step: out of memory\n"), 1;
-        ws->decode_timings = dev->view();
-        for (int i = 0; i < 3; ++i) m.forward(step->batch, *cache, *ws);  // the last one is kept
-        (**be).copy(host, *dev);
-        if (Status st = (**be).synchronize(); !st.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", st.message().c_str()), 1;
-        ws->decode_timings = Tensor{};
-        r["split_us"] = time_split(std::vector<int64_t>(host.ptr<int64_t>(), host.ptr<int64_t>() + n),
-                                   static_cast<int>(c.num_hidden_layers), blocks);
-      }
       out["runs"].push_back(r);
       std::fprintf(stderr, "%s\n", r.dump().c_str());
     }

@@ -4,9 +4,9 @@
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
 # Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|engine|decode|train|profile|profile-decode|all]
-#   decode: the decode-step kernel's GPU tests, bench_decode_step (the kernel, the separate kernels with
-#           and without programmatic launch), with DECODE_ENGINE=1 bench_engine's single-request and
-#           B <= 8 decode with and without the kernel, on the astrai-1b and llama-1b shapes.
+#   decode: the decode path's GPU tests, bench_decode_step (a step with and without programmatic
+#           launch), with DECODE_ENGINE=1 bench_engine's single-request and B <= 8 decode with
+#           KILN_PDL=1 and =0, on the astrai-1b and llama-1b shapes.
 #   profile-decode: Nsight Compute per-kernel time and DRAM bandwidth of B=1 decode steps.
 #   peers: llama.cpp (bench/peers/llama_cpp.sh model + bench) beside kiln's bench_engine single-request runs.
 #   engine: the engine, sampler and attention GPU tests, then bench_engine (decode B sweep, online run,
@@ -100,33 +100,31 @@ for m, ops in r["rows"].items(): print("rows", m, {k: round(v["us"], 2) for k, v
   fi
 fi
 if [ "$WHAT" = decode ]; then
-  # The decode-step kernel: its GPU tests, then bench_decode_step (the kernel beside the separate
-  # kernels with and without programmatic launch, per-stage split) on the astrai-1b and llama-1b shapes, and with DECODE_ENGINE=1
-  # bench_engine's single-request and B <= 8 decode with KILN_DECODE_STEP=1 and =0, in one call.
-  timeout ${DECODE_TEST_TIMEOUT:-240} "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${DECODE_FILTER:-*DecodeStep*}" \
+  # The decode path's GPU tests, then bench_decode_step (a graph-replayed step with and without
+  # programmatic launch) on the astrai-1b and llama-1b shapes, and with DECODE_ENGINE=1
+  # bench_engine's single-request and B <= 8 decode with KILN_PDL=1 and =0, in one call.
+  timeout ${DECODE_TEST_TIMEOUT:-240} "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${DECODE_FILTER:-*DecodeLayers*:*FusedLinear*:*Attention*Decode*}" \
     > "$OUT/gpu_decode_tests.log" 2>&1 || status=1
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error|waited" "$OUT/gpu_decode_tests.log" | head -40
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error" "$OUT/gpu_decode_tests.log" | head -40
   for shape in ${DECODE_SHAPES:-astrai-1b llama-1b}; do
     timeout ${DECODE_BENCH_TIMEOUT:-200} "$BUILD/bin/bench_decode_step" --config bench/configs/$shape-shape.config.json \
-      --batches ${DECODE_BATCHES:-1,2,4,8} --contexts ${DECODE_CONTEXTS:-1024,8192,30000} --profile \
+      --batches ${DECODE_BATCHES:-1,2,4,8} --contexts ${DECODE_CONTEXTS:-1024,8192,30000} \
       > "$OUT/bench_decode_step_$shape.json" 2> "/tmp/bench_decode_step_$shape.err" || { status=1; tail -3 "/tmp/bench_decode_step_$shape.err"; }
     python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
 for x in r["runs"]:
-    s = x.get("split_us", {})
-    print(sys.argv[2], "B=%d C=%d" % (x["batch"], x["context"]), "step %.3f ms (%.2f TB/s)" % (x.get("step_ms", 0), x.get("step_tb_per_s", 0)),
-          "layers %.3f ms (serial launches %.3f)" % (x["layers_ms"], x["layers_serial_ms"]), "floor %.3f" % x["floor_ms_at_4.3_tb_per_s"],
-          " ".join("%s=%.0f" % (k, v) for k, v in s.items()))' "$OUT/bench_decode_step_$shape.json" $shape || status=1
-    # The engine around it (DECODE_ENGINE=1): single-request decode and B <= 8, with and without the kernel.
-    for mode in ${DECODE_ENGINE:+step layers}; do
-      env="KILN_DECODE_STEP=0"; [ $mode = step ] && env="KILN_DECODE_STEP=1"
-      env $env timeout ${DECODE_BENCH_TIMEOUT:-200} "$BUILD/bin/bench_engine" --config bench/configs/$shape-shape.config.json \
+    print(sys.argv[2], "B=%d C=%d" % (x["batch"], x["context"]),
+          "%.3f ms (%.2f TB/s), serial launches %.3f ms, floor %.3f" % (x["layers_ms"], x["layers_tb_per_s"],
+          x["layers_serial_ms"], x["floor_ms_at_4.3_tb_per_s"]))' "$OUT/bench_decode_step_$shape.json" $shape || status=1
+    # The engine around it (DECODE_ENGINE=1): single-request decode and B <= 8, with and without it.
+    for pdl in ${DECODE_ENGINE:+1 0}; do
+      KILN_PDL=$pdl timeout ${DECODE_BENCH_TIMEOUT:-200} "$BUILD/bin/bench_engine" --config bench/configs/$shape-shape.config.json \
         --skip online,prefix --batches ${DECODE_BATCHES:-1,2,4,8} --single-contexts ${DECODE_CONTEXTS:-1024,8192,30000} \
-        2> "/tmp/bench_engine_$shape.$mode.err" > "$OUT/bench_engine_$shape.$mode.json" || status=1
+        2> "/tmp/bench_engine_$shape.pdl$pdl.err" > "$OUT/bench_engine_$shape.pdl$pdl.json" || status=1
       python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
 print(sys.argv[2], [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r["single"]],
-      [(x["batch"], round(x["ms_per_step"], 3)) for x in r["decode"]])' "$OUT/bench_engine_$shape.$mode.json" "$shape $mode" || status=1
+      [(x["batch"], round(x["ms_per_step"], 3)) for x in r["decode"]])' "$OUT/bench_engine_$shape.pdl$pdl.json" "$shape KILN_PDL=$pdl" || status=1
     done
   done
 fi

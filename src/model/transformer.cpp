@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "model/safetensors.h"
@@ -50,30 +49,6 @@ Status Transformer::bind_weights() {
     L.down_bias = w.get_or_empty(k + "down_bias");
   }
   KILN_ASSIGN_OR_RETURN(rope_, make_device_rope(backend_, config_));
-
-  const ModelConfig& c = config_;
-  ops::DecodeStepModel& d = decode_model_;
-  d.shape = {static_cast<int32_t>(c.num_hidden_layers), static_cast<int32_t>(c.hidden_size),
-             static_cast<int32_t>(c.intermediate_size), static_cast<int32_t>(c.num_attention_heads),
-             static_cast<int32_t>(c.num_key_value_heads), static_cast<int32_t>(c.head_dim),
-             static_cast<int32_t>(c.vocab_size)};
-  d.layers.clear();
-  for (const LayerWeights& L : layers_)
-    d.layers.push_back({L.input_norm, L.qkv_proj, L.qkv_bias, L.q_norm, L.k_norm, L.o_proj, L.o_bias, L.post_norm,
-                        L.gate_up_proj, L.gate_up_bias, L.down_proj, L.down_bias});
-  d.embed = embed_tokens_, d.final_norm = final_norm_, d.lm_head = lm_head_;
-  d.inv_freq = rope_.inv_freq.view();
-  d.attention_scaling = rope_.attention_scaling;
-  d.eps = static_cast<float>(c.rms_norm_eps);
-  // Opt-in while it is slower than the separate kernels (docs/perf-notes.md): KILN_DECODE_STEP=1.
-  const char* env = std::getenv("KILN_DECODE_STEP");
-  const bool on = env && std::string(env) == "1";
-  decode_step_available_ = !backend_.batch_invariant() && ops::decode_step_available(backend_, d.shape, dtype_);
-  if (decode_step_available_) {
-    KILN_ASSIGN_OR_RETURN(decode_maps_, ops::decode_step_tensor_maps(backend_, d));
-    d.tensor_maps = decode_maps_.view();
-  }
-  decode_step_ = decode_step_available_ && on;
   return Status::Ok();
 }
 
@@ -141,11 +116,6 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   KILN_ASSIGN_OR_RETURN(ws.logits, empty(backend_, {R, c.vocab_size}, DType::f32));
   KILN_ASSIGN_OR_RETURN(ws.last_q, empty(backend_, {R, c.num_attention_heads * D}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.last_residual, empty(backend_, {R, H}, DType::f32));
-  if (decode_step_available_) {
-    const int64_t bytes = ops::decode_step_scratch_bytes(backend_, decode_model_.shape);
-    KILN_ASSIGN_OR_RETURN(ws.decode_scratch, empty(backend_, {(bytes + 3) / 4}, DType::i32));
-    backend_.zero(ws.decode_scratch);
-  }
   return ws;
 }
 
@@ -161,28 +131,7 @@ bool Transformer::uses_fused_layers(int64_t tokens) const {
          ops::fused_linear_valid(be, ops::FusedLinear::residual, tokens, c.intermediate_size, dtype_);
 }
 
-bool Transformer::uses_decode_step(const ForwardBatch& batch, const ForwardWorkspace& ws) const {
-  return decode_step_ && ws.decode_scratch.allocated() &&
-         ops::decode_step_takes(batch.ids.numel(), batch.logit_rows.numel(), batch.bounds);
-}
-
-Tensor Transformer::decode_step(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const {
-  const int64_t T = batch.ids.numel(), R = batch.logit_rows.numel();
-  KILN_ASSERT(T <= ws.max_tokens && R <= ws.max_logit_rows);
-  ops::DecodeStepIo io;
-  io.k_cache = &cache.k, io.v_cache = &cache.v;
-  io.ids = batch.ids, io.positions = batch.positions, io.slots = batch.slots, io.q_indptr = batch.q_indptr;
-  io.logit_rows = batch.logit_rows, io.kv = batch.kv, io.bounds = batch.bounds;
-  io.residual = ws.residual.view(), io.qkv = ws.qkv.view(), io.attn = ws.attn.view(), io.act = ws.act.view();
-  io.logits = ws.logits.view().rows(0, R);
-  io.scratch = ws.decode_scratch.view();
-  io.timings = ws.decode_timings;
-  ops::decode_step_forward(backend_, decode_model_, io);
-  return io.logits;
-}
-
 Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const {
-  if (uses_decode_step(batch, ws)) return decode_step(batch, cache, ws);
   const ModelConfig& c = config_;
   const int64_t T = batch.ids.numel(), R = batch.logit_rows.numel();
   const int64_t D = c.head_dim, Hq = c.num_attention_heads;

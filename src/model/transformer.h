@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "kernels/decode_step.h"
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/tensor_table.h"
@@ -73,8 +72,6 @@ struct ForwardWorkspace {
   int64_t max_tokens = 0, max_logit_rows = 0;
   TensorBuffer hidden, residual, normed, qkv, q, attn, proj, gate_up, act, gathered, logits;
   TensorBuffer last_q, last_residual;  // [R, Hq*D], [R, H] f32: the final layer's trimmed rows
-  TensorBuffer decode_scratch;         // the decode-step kernel's counters and partial sums, when it runs
-  Tensor decode_timings;               // a profiler's buffer for the decode-step kernel (DecodeStepIo::timings)
 };
 
 struct ModelLoadOptions {
@@ -107,17 +104,8 @@ class Transformer {
   // Runs the batch; writes logits [R, vocab] f32 into ws.logits rows 0..R-1 and returns that view.
   // Batches of at most ops::kFusedLinearMaxRows tokens (decode steps) run the fused small-batch
   // layers of kernels/ops.h where the backend has them (uses_fused_layers), others the separate ops.
-  // Decode steps of at most ops::kDecodeStepMaxRows requests may run the whole forward as one
-  // persistent kernel where the backend has it (kernels/decode_step.h): opt-in for now
-  // (KILN_DECODE_STEP=1 in the environment, or set_decode_step), while it is slower than the
-  // separate kernels.
   Tensor forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const;
   bool uses_fused_layers(int64_t tokens) const;
-  bool uses_decode_step(const ForwardBatch& batch, const ForwardWorkspace& ws) const;
-  // Whether decode steps may take the decode-step kernel (where the backend has it); false runs the
-  // separate kernels, which tests and benchmarks compare it with.
-  void set_decode_step(bool on) { decode_step_ = on && decode_step_available_; }
-  bool decode_step_enabled() const { return decode_step_; }
 
  private:
   Transformer(Backend& backend, ModelConfig config);
@@ -137,11 +125,6 @@ class Transformer {
   Tensor lm_head_;       // [V, H]; the embedding when tied
   DeviceRope rope_;
   std::vector<LayerWeights> layers_;
-  ops::DecodeStepModel decode_model_;  // the weights as the decode-step kernel takes them
-  TensorBuffer decode_maps_;           // their TMA descriptors (decode_model_.tensor_maps)
-  bool decode_step_available_ = false; // the backend has the kernel for this model
-  bool decode_step_ = false;           // ... and it is not turned off
-  Tensor decode_step(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const;
 };
 
 }  // namespace kiln

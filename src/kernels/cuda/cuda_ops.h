@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "backend/cuda_backend.h"
-#include "kernels/decode_step.h"
 #include "kernels/ops.h"
 
 namespace kiln::cuda {
@@ -43,11 +42,6 @@ bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype);
 bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype);
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
                         int k_splits = 0);
-// The persistent decode-step kernel (decode_step.cu; kernels/decode_step.h).
-bool decode_step_available(CudaBackend& be, const ops::DecodeStepShape& shape, DType dtype);
-int64_t decode_step_scratch_bytes(CudaBackend& be, const ops::DecodeStepShape& shape);
-Result<TensorBuffer> decode_step_tensor_maps(CudaBackend& be, const ops::DecodeStepModel& model);
-void decode_step_forward(CudaBackend& be, const ops::DecodeStepModel& model, const ops::DecodeStepIo& io);
 void swiglu_forward(CudaBackend& be, Tensor out, Tensor gate_up);
 void softmax_forward(CudaBackend& be, Tensor y, Tensor x);
 void log_softmax_forward(CudaBackend& be, Tensor y, Tensor x);

@@ -1,11 +1,10 @@
-// The persistent decode-step kernel (kernels/decode_step.h) against the transformer's separate CUDA
-// kernels and against the CPU twin, on random models that take every branch: head_dim 64 and 128,
-// query groups of 1, 3, 4 and 8 heads, q/k/v and o biases, q/k norms, MLP biases, tied embeddings,
-// widths that are not multiples of a tile (32 rows) or a chunk (256 columns), matrices taken a tile
-// per block and matrices shared stream-K with split tiles, contexts of 1 to
-// 2500 tokens on pages in random order (one split and many), and a padded batch; bit-exact when
-// repeated and when replayed from a CUDA graph; the new keys and values written to the cache. The
-// separate kernels' logits are the same with programmatic launch on and off.
+// The small-batch decode forward on CUDA (the fused layers of kernels/ops.h, programmatically
+// launched, kernels/cuda/programmatic_launch.cuh) against the CPU twin, on random models that take
+// every branch: head_dim 64 and 128, query groups of 1, 3, 4 and 8 heads, q/k/v and o biases, q/k
+// norms, MLP biases, tied embeddings, widths that are not multiples of the fused kernel's 32-wide k
+// chunk (those projections take the streaming kernel or cuBLASLt), contexts of 1 to 2500 tokens on pages in random order (one attention split and many), and a
+// padded batch. The logits and the new keys and values against the CPU; bit-exact with every kernel
+// launched after the previous one has finished, when repeated, and when replayed from a CUDA graph.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -123,10 +122,10 @@ std::vector<float> real_rows(const std::vector<float>& logits, int64_t rows, int
 void check_case(const Case& c) {
   SCOPED_TRACE(c.name);
   KILN_REQUIRE_GPU(be);
+  CudaBackend& cbe = static_cast<CudaBackend&>(*be);
+  ASSERT_TRUE(cbe.programmatic_launch());  // the default
   const ModelConfig config = config_of(c);
   Rig gpu = make_rig(*be, config);
-  gpu.model->set_decode_step(true);  // opt-in by default
-  if (!gpu.model->decode_step_enabled()) GTEST_SKIP() << "no decode-step kernel on this GPU (Hopper only)";
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   Rig ref = make_rig(*cpu, config);
   const std::vector<Step> steps = {{{1, 17, 300, 64, 65, 1000, 2, 2500}, 8}, {{2500}, 1}, {{40, 0, 129, 0}, 4}};
@@ -136,54 +135,27 @@ void check_case(const Case& c) {
     Inputs in = make_inputs(*be, s, 31 + si, c.vocab);
     Inputs in_cpu = make_inputs(*cpu, s, 31 + si, c.vocab);
     const int64_t real = static_cast<int64_t>(in.new_slots.size());
-    ASSERT_TRUE(gpu.model->uses_decode_step(in.batch, gpu.ws));
+    ASSERT_TRUE(gpu.model->uses_fused_layers(in.batch.ids.numel()));
 
-    // The CPU twin and the separate CUDA kernels, then the decode-step kernel over the same cache.
     const std::vector<float> want = real_rows(to_f32(*cpu, ref.model->forward(in_cpu.batch, ref.cache, ref.ws)), real, c.vocab);
-    gpu.model->set_decode_step(false);
-    ASSERT_FALSE(gpu.model->uses_decode_step(in.batch, gpu.ws));
-    const std::vector<float> layers = real_rows(to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws)), real, c.vocab);
-    // Programmatic launch (on by default) changes when the separate kernels start, never what they
-    // compute: the same logits with each kernel launched after the previous one has finished, and
-    // from a replayed graph with the programmatic edges.
-    {
-      CudaBackend& cbe = static_cast<CudaBackend&>(*be);
-      ASSERT_TRUE(cbe.programmatic_launch());
-      cbe.set_programmatic_launch(false);
-      const std::vector<float> serial = real_rows(to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws)), real, c.vocab);
-      cbe.set_programmatic_launch(true);
-      EXPECT_EQ(serial, layers) << "separate kernels, launched serially";
-      Tensor logits;
-      Result<std::unique_ptr<CapturedWork>> graph =
-          be->capture([&] { logits = gpu.model->forward(in.batch, gpu.cache, gpu.ws); });
-      ASSERT_TRUE(graph.ok()) << graph.status().message();
-      be->zero(gpu.ws.logits);
-      (*graph)->replay();
-      ASSERT_TRUE(be->synchronize().ok());
-      EXPECT_EQ(real_rows(to_f32(*be, logits), real, c.vocab), layers) << "separate kernels, graph replay";
-    }
-    std::vector<std::vector<float>> layers_k, layers_v;
-    for (int l = 0; l < c.layers; ++l) {
-      layers_k.push_back(cache_rows(*be, gpu.cache.k[l], in.new_slots));
-      layers_v.push_back(cache_rows(*be, gpu.cache.v[l], in.new_slots));
-    }
-    gpu.model->set_decode_step(true);
     const std::vector<float> all = to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws));
     const std::vector<float> got = real_rows(all, real, c.vocab);
     // Whole-model bf16 logits: relative L2 error as the golden-model tests judge them (bf16 rounding
-    // through the layers moves single logits by a few percent of the rms on either path).
-    const double err = rel_error(got, want), layers_err = rel_error(layers, want);
-    EXPECT_LE(err, 2e-2);
-    EXPECT_LE(layers_err, 2e-2);  // the reference path itself, for scale
-    EXPECT_LE(rel_error(got, layers), 2e-2);
-    EXPECT_LE(err, 2.0 * layers_err + 1e-3) << "less accurate than the separate kernels";
+    // through the layers moves single logits by a few percent of the rms).
+    EXPECT_LE(rel_error(got, want), 2e-2);
     for (int l = 0; l < c.layers; ++l) {
-      EXPECT_CLOSE(cache_rows(*be, gpu.cache.k[l], in.new_slots), layers_k[l], 2e-2) << "keys, layer " << l;
-      EXPECT_CLOSE(cache_rows(*be, gpu.cache.v[l], in.new_slots), layers_v[l], 2e-2) << "values, layer " << l;
+      EXPECT_CLOSE(cache_rows(*be, gpu.cache.k[l], in.new_slots), cache_rows(*cpu, ref.cache.k[l], in_cpu.new_slots), 2e-2)
+          << "keys, layer " << l;
+      EXPECT_CLOSE(cache_rows(*be, gpu.cache.v[l], in.new_slots), cache_rows(*cpu, ref.cache.v[l], in_cpu.new_slots), 2e-2)
+          << "values, layer " << l;
     }
 
-    // Deterministic: again, and replayed from a graph.
-    EXPECT_EQ(to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws)), all);
+    // Programmatic launch changes when the kernels start, never what they compute.
+    cbe.set_programmatic_launch(false);
+    const std::vector<float> serial = to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws));
+    cbe.set_programmatic_launch(true);
+    EXPECT_EQ(serial, all) << "each kernel launched after the previous one";
+    EXPECT_EQ(to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws)), all) << "repeated";
     Tensor logits;
     Result<std::unique_ptr<CapturedWork>> graph =
         be->capture([&] { logits = gpu.model->forward(in.batch, gpu.cache, gpu.ws); });
@@ -197,18 +169,18 @@ void check_case(const Case& c) {
   }
 }
 
-TEST(DecodeStepGpu, LlamaHeadDim64GroupOf3UnevenWidths) {
+TEST(DecodeLayersGpu, LlamaHeadDim64GroupOf3UnevenWidths) {
   check_case({"llama d64 g3", 208, 6, 2, 64, 176, 1001, 3, false, false, false, false, false});
 }
-TEST(DecodeStepGpu, Qwen2BiasesHeadDim128GroupOf4) {
+TEST(DecodeLayersGpu, Qwen2BiasesHeadDim128GroupOf4) {
   check_case({"qwen2 d128 g4", 256, 8, 2, 128, 352, 777, 2, true, false, false, false, false});
 }
-TEST(DecodeStepGpu, Qwen3NormsTiedMlpBiasNoGroups) {
+TEST(DecodeLayersGpu, Qwen3NormsTiedMlpBiasNoGroups) {
   check_case({"qwen3 d64 g1", 320, 4, 4, 64, 288, 512, 2, false, true, true, true, true});
 }
-// Matrices larger than a tile per block (gate/up, the head) or than the ring (down): stream-K shares
-// with tiles split between blocks and added up by the last to arrive.
-TEST(DecodeStepGpu, HeadDim128GroupOf8SplitTiles) {
+// A wide MLP and vocabulary (several blocks per SM, the long-K down projection split over a
+// cluster), head_dim 128 and a group of 8.
+TEST(DecodeLayersGpu, HeadDim128GroupOf8WideMlp) {
   check_case({"d128 g8", 512, 8, 1, 128, 3072, 5000, 2, false, false, false, false, false});
 }
 
