@@ -23,15 +23,17 @@
 //    D=64: 1 warpgroup, BM = 64 query rows, 128-key tiles, 3 blocks per SM; D=128: 2 warpgroups,
 //    BM = 128, 64-key tiles, 2 blocks per SM. Q/K/V tiles in 128-byte-swizzled shared memory
 //    (cp.async, K/V double buffered); S = Q K^T and O += P V on wgmma (P from registers).
-//  * Backward main kernel: 2 warpgroups, 128 keys per block (64 per warpgroup: dK, dV in
-//    registers), 64 queries per step: S^T = K Q^T and dP^T = V dO^T (keys as M), P^T / dS^T in
-//    registers feed dV += P^T dO and dK += dS^T Q as register A operands; dS^T is stored
-//    transposed with stmatrix for dQ_w = dS_w K_w; the two warpgroups' dQ partials are summed
-//    through shared memory and added to the f32 accumulator with 16-byte vector atomics in a
-//    permuted, fully coalesced layout (undone by the tiled convert kernel).
-//  3 is variant 1 with, for D = 64, a one-warpgroup backward kernel (64 keys per block, 3 blocks
-//    per SM so that one block's tensor-core work overlaps another's elementwise work; no dQ
-//    exchange). For D = 128 variants 1 and 3 are the same.
+//  * Backward main kernel: one template, attn_train_bwd_wg_kernel<BwdWgCfg<D, NWG, kMinBlocks>>,
+//    here in its 2-warpgroup configuration (BwdWg2Cfg<D>, 1 block per SM): 128 keys per block (64
+//    per warpgroup: dK, dV in registers), 64 queries per step: S^T = K Q^T and dP^T = V dO^T (keys
+//    as M), P^T / dS^T in registers feed dV += P^T dO and dK += dS^T Q as register A operands;
+//    dS^T is stored transposed with stmatrix for dQ_w = dS_w K_w; the two warpgroups' dQ partials
+//    are summed through shared memory and added to the f32 accumulator with 16-byte vector atomics
+//    in a permuted, fully coalesced layout (undone by the tiled convert kernel).
+//  3 is variant 1 with, for D = 64, the backward kernel in its one-warpgroup configuration
+//    (BwdWg1Cfg: 64 keys per block, 3 blocks per SM so that one block's tensor-core work overlaps
+//    another's elementwise work; dV, dK, dQ in one commit group, no dQ exchange). For D = 128
+//    variants 1 and 3 are the same.
 //  0 mma.sync m16n8k16 (any sm_80+ GPU; the fallback), FlashAttention-2 style: tiles in shared
 //    memory with rows padded to D + 8 elements (conflict-free ldmatrix), fragments by
 //    ldmatrix(.trans).
@@ -251,9 +253,9 @@ __device__ __forceinline__ void seg_ids2(int (&sid)[2], const int* seg_row, bool
 // cp.async of a backward step's lse2, delta (rows padded to S_pad, holding +inf / 0 past S, so no
 // bound is needed; `stat` is row q0 of the query head) and query segment ids into stage buf.
 // kOneRowPerThread (BM <= NT): thread tid < BM loads row tid; otherwise rows tid, tid + NT, ...
-// (The same rows, but the two forms compile differently and each kernel keeps the one it was
-// measured with: nvcc 13.0 does not fold the strided loop when NT >= BM, which costs the kernels
-// that use it 200-290 SASS instructions, run once per step.)
+// (The same rows, but the two forms compile differently and each kernel or configuration keeps
+// the one it was measured with: nvcc 13.0 does not fold the strided loop when NT >= BM, which
+// costs the kernels that use it 200-290 SASS instructions, run once per step.)
 template <int BM, int NT, bool kOneRowPerThread>
 __device__ __forceinline__ void load_step_stats(float* sLse2, float* sDelta, int* sSegQ, int buf, const float* lse2,
                                                 const float* delta, int64_t stat, const int* seg_row, bool use_seg,
@@ -1179,9 +1181,10 @@ __global__ void __launch_bounds__(NWG * 128, kMinBlocks)
 }
 
 // ------------------------------------------------------------------------------------------------
-// Pieces of the two wgmma backward kernels. A warpgroup owns 64 keys; per step of BM = 64 queries
-// its S^T / dP^T accumulators are [64 keys][BM queries] in the mma.sync C layout: element 4j + e of
-// thread (warp, g, t) of the warpgroup is key 16 warp + g + 8 (e >> 1), query 8j + 2t + (e & 1).
+// Pieces of the wgmma backward kernel (both configurations). A warpgroup owns 64 keys; per step of
+// BM = 64 queries its S^T / dP^T accumulators are [64 keys][BM queries] in the mma.sync C layout:
+// element 4j + e of thread (warp, g, t) of the warpgroup is key 16 warp + g + 8 (e >> 1), query
+// 8j + 2t + (e & 1).
 
 // cp.async of the step at query head h, rows q0.. into stage buf: Q and dO (wg_off<BM> tiles, rows
 // past S zero-filled), lse2, delta and the query segment ids.
@@ -1328,36 +1331,90 @@ __device__ __forceinline__ void wg_store_dkdv(bf16* dk, bf16* dv, const float (&
   }
 }
 
-// Backward (wgmma): 2 warpgroups, BN = 128 keys per block (warpgroup w owns keys 64w .. 64w + 63,
-// whose dK, dV accumulate in registers over every step), BM = 64 queries per step. Per step, in
-// each warpgroup:
+// Backward (wgmma): one kernel template for both configurations, BwdWgCfg<D, NWG, kMinBlocks>.
+// A block is NWG warpgroups owning BN = 64 NWG keys (warpgroup w: keys 64w .. 64w + 63, whose dK,
+// dV accumulate in registers over every step); BM = 64 queries per step. Per step, in each
+// warpgroup:
 //   S^T = K_w Q^T, dP^T = V_w dO^T   (wgmma SS, M = the 64 keys, N = the 64 queries, K-major)
 //   P^T = 2^(S^T sl - lse2), dS^T = P^T (dP^T - delta) in the accumulators (masked where needed);
 //   dS^T stored transposed (stmatrix.trans) as dS_w [64 queries][64 keys], a K-major tile;
 //   dV += P^T dO, dK += dS^T Q      (wgmma RS: P^T, dS^T as register A operands, dO / Q MN-major)
-//   dQ_w = dS_w K_w                  (wgmma SS, K MN-major): the warpgroup's partial over its keys.
-// The two partials are summed through shared memory (each warpgroup hands over the half of its
-// accumulator registers that the other one owns), then each warpgroup adds its half into the f32
-// dQ accumulator with 16-byte vector atomics in the permuted layout of dq_acc_tile.
-template <int D>
+//   dQ_w = dS_w K_w                  (wgmma SS, K MN-major): the warpgroup's partial over its keys,
+//   added into the f32 dQ accumulator with 16-byte vector atomics in the permuted layout of
+//   dq_acc_tile.
+// NWG = 2 (BwdWg2Cfg<D>: D = 64 or 128, 1 block per SM; variant 1, and variant 3 for D = 128): dV
+// and dK are two commit groups, dQ_w a third once the warpgroup's dS tile is complete. The two
+// partials are summed through shared memory (wg_bwd_dq_exchange_add), then each warpgroup adds its
+// half. Grid (key blocks, Hkv, B).
+// NWG = 1 (BwdWg1Cfg: D = 64 only, 3 blocks per SM; variant 3). The 2-warpgroup configuration runs
+// 1 block per SM in lock step (two __syncthreads per step), so for D = 64, where a step's math is
+// small next to its elementwise work and synchronisation, the tensor cores idle while both
+// warpgroups compute P / dS, exchange dQ and issue atomics. With one warpgroup per block several
+// blocks share an SM (at most 168 registers), so one block's tensor-core work overlaps another's
+// elementwise work, the way the D = 64 forward does. dV, dK and dQ_p = dS K are one commit group,
+// no dQ exchange. Blocks are ordered heaviest key block first over the whole grid (grid
+// (Hkv, B, key blocks)). Versus 2 warpgroups the dQ atomics and the Q / dO tile loads per FLOP
+// double (64 keys per block instead of 128).
+// Under causal, key block 0 (the heaviest) comes first in both grids.
+template <int D_, int NWG_, int kMinBlocks_>
 struct BwdWgCfg {
-  static constexpr int NT = 256;
-  static constexpr int BN = 128;
-  static constexpr int BM = 64;
-  static constexpr int SD = BM / 2;  // S^T / dP^T accumulators per thread
-  static constexpr int OD = D / 2;   // dK / dV / dQ accumulators per thread
-  static constexpr int XH = OD / 2;  // dQ registers handed to the other warpgroup
+  static constexpr int D = D_;
+  static constexpr int NWG = NWG_;                // warpgroups per block
+  static constexpr int kMinBlocks = kMinBlocks_;  // blocks per SM (launch bounds)
+  static constexpr int NT = NWG * 128;
+  static constexpr int BN = NWG * 64;  // keys per block
+  static constexpr int BM = 64;        // queries per step
+  static constexpr int SD = BM / 2;    // S^T / dP^T accumulators per thread
+  static constexpr int OD = D / 2;     // dK / dV / dQ accumulators per thread
+  static constexpr int XH = OD / 2;    // dQ registers handed to the other warpgroup (NWG = 2)
   static constexpr int kKV = BN * D;
   static constexpr int kQ = BM * D;
-  static constexpr int kDS = 64 * 64;
+  static constexpr int kDS = 64 * 64;                     // one warpgroup's dS tile
+  static constexpr int kX = NWG == 2 ? 2 * XH * 128 : 0;  // the dQ exchange (f32)
+  // Key blocks on grid z (slowest: heaviest blocks first over the whole grid), else on grid x.
+  static constexpr bool kKeyBlocksOnZ = NWG == 1;
+  // The step statistics' load form each configuration was measured with (see load_step_stats).
+  static constexpr bool kOneRowStats = NWG == 1;
   // K, V, two Q and two dO stages, dS per warpgroup (bf16); the dQ exchange (f32); lse2, delta,
   // query segment ids (two stages each); + slack for the 1024-byte alignment.
-  static constexpr int kSmemBytes = (2 * kKV + 4 * kQ + 2 * kDS) * 2 + 2 * XH * 128 * 4 + 3 * 2 * BM * 4 + 1024;
+  static constexpr int kSmemBytes = (2 * kKV + 4 * kQ + NWG * kDS) * 2 + kX * 4 + 3 * 2 * BM * 4 + 1024;
   static_assert(D == 64 || D == 128, "head dim");
+  static_assert(NWG == 2 || (NWG == 1 && D == 64), "2 warpgroups (D = 64, 128) or 1 warpgroup (D = 64)");
 };
-
 template <int D>
-__global__ void __launch_bounds__(256, 1)
+using BwdWg2Cfg = BwdWgCfg<D, 2, 1>;
+using BwdWg1Cfg = BwdWgCfg<64, 1, 3>;
+
+// NWG = 2: sums the two warpgroups' dQ partials [64 queries][D] and adds warpgroup wg's half into
+// the tile. Warpgroup w owns registers [w * XH, (w + 1) * XH) and hands the other half to the other
+// warpgroup through sX ([2 warpgroups][XH][128] f32). Register indices stay compile-time constants:
+// one branch per warpgroup. Contains a __syncthreads.
+template <int XH>
+__device__ __forceinline__ void wg_bwd_dq_exchange_add(float* tile, float* sX, const float (&dq)[2 * XH], int wg,
+                                                       int wt) {
+  auto exchange = [&](auto own_tag) {
+    constexpr int kOwn = decltype(own_tag)::value, kOther = 1 - kOwn;
+    float* give = sX + kOwn * XH * 128;
+#pragma unroll
+    for (int i = 0; i < XH; ++i) give[i * 128 + wt] = dq[kOther * XH + i];
+    __syncthreads();
+    const float* take = sX + kOther * XH * 128;
+#pragma unroll
+    for (int i = 0; i < XH; i += 4) {
+      constexpr int kBase = kOwn * XH;
+      const int r = kBase + i;  // = 4 j: n8 tile j of the accumulator
+      dq_tile_add(tile, r / 4, wt, dq[r] + take[i * 128 + wt], dq[r + 1] + take[(i + 1) * 128 + wt],
+                  dq[r + 2] + take[(i + 2) * 128 + wt], dq[r + 3] + take[(i + 3) * 128 + wt]);
+    }
+  };
+  if (wg == 0)
+    exchange(std::integral_constant<int, 0>());
+  else
+    exchange(std::integral_constant<int, 1>());
+}
+
+template <typename Cfg>
+__global__ void __launch_bounds__(Cfg::NT, Cfg::kMinBlocks)
     attn_train_bwd_wg_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
                              const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                              const bf16* __restrict__ dout, const float* __restrict__ lse2,
@@ -1365,33 +1422,35 @@ __global__ void __launch_bounds__(256, 1)
                              const int4* __restrict__ seg_ranges, int Hq, int Hkv, int S, int S_pad, int n_gran,
                              int causal, float sl, float scale) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = BwdWgCfg<D>;
+  constexpr int D = Cfg::D;
+  constexpr int NWG = Cfg::NWG;
   constexpr int NT = Cfg::NT;
   constexpr int BN = Cfg::BN;
   constexpr int BM = Cfg::BM;
   constexpr int SD = Cfg::SD;
   constexpr int OD = Cfg::OD;
-  constexpr int XH = Cfg::XH;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem_base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   bf16* sK = reinterpret_cast<bf16*>(smem_base);  // wg_off<BN> tile
   bf16* sV = sK + Cfg::kKV;                        // wg_off<BN> tile
   bf16* sQ = sV + Cfg::kKV;                        // [2] wg_off<BM> tiles
   bf16* sdO = sQ + 2 * Cfg::kQ;                    // [2] wg_off<BM> tiles
-  bf16* sdS = sdO + 2 * Cfg::kQ;                   // [2 warpgroups] wg_off<64> tiles [64 queries][64 keys]
-  float* sX = reinterpret_cast<float*>(sdS + 2 * Cfg::kDS);  // [2 warpgroups][XH][128]
-  float* sLse2 = sX + 2 * XH * 128;                          // [2][BM]
-  float* sDelta = sLse2 + 2 * BM;                            // [2][BM]
-  int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * BM);      // [2][BM]
+  bf16* sdS = sdO + 2 * Cfg::kQ;                   // [NWG] wg_off<64> tiles [64 queries][64 keys]
+  float* sX = reinterpret_cast<float*>(sdS + NWG * Cfg::kDS);  // [2 warpgroups][XH][128] (NWG = 2; else empty)
+  float* sLse2 = sX + Cfg::kX;                                 // [2][BM]
+  float* sDelta = sLse2 + 2 * BM;                              // [2][BM]
+  int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * BM);        // [2][BM]
 
-  const int kb0 = static_cast<int>(blockIdx.x) * BN;  // key block 0 (heaviest under causal) first
-  const int kvh = blockIdx.y;
-  const int b = blockIdx.z;
+  // Grid (Hkv, B, key blocks) or (key blocks, Hkv, B); key block 0 (heaviest under causal) first.
+  const int kvh = Cfg::kKeyBlocksOnZ ? blockIdx.x : blockIdx.y;
+  const int b = Cfg::kKeyBlocksOnZ ? blockIdx.y : blockIdx.z;
+  const int kb0 = static_cast<int>(Cfg::kKeyBlocksOnZ ? blockIdx.z : blockIdx.x) * BN;
   const int G = Hq / Hkv;
   const int tid = threadIdx.x;
-  const int wg = tid >> 7;
-  const int wt = tid & 127;  // thread within the warpgroup
-  const int warp = (tid >> 5) & 3;
+  // The warpgroup, the thread within it and the warp within it (NWG = 1: the block).
+  const int wg = NWG == 1 ? 0 : tid >> 7;
+  const int wt = NWG == 1 ? tid : tid & 127;
+  const int warp = NWG == 1 ? tid >> 5 : (tid >> 5) & 3;
   const int lane = tid & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
@@ -1407,8 +1466,8 @@ __global__ void __launch_bounds__(256, 1)
 
   const BwdSchedule<BN, BM> sched(use_seg, rng_row, kb0, S, G, causal);
   auto load_q = [&](int hi, int qb, int buf) {
-    wg_bwd_load_step<D, BM, NT, false>(sQ, sdO, sLse2, sDelta, sSegQ, buf, q, dout, lse2, delta, seg_row, use_seg, b,
-                                       kvh * G + hi, Hq, S, S_pad, qb * BM, tid);
+    wg_bwd_load_step<D, BM, NT, Cfg::kOneRowStats>(sQ, sdO, sLse2, sDelta, sSegQ, buf, q, dout, lse2, delta, seg_row,
+                                                   use_seg, b, kvh * G + hi, Hq, S, S_pad, qb * BM, tid);
   };
 
   int hi, qb;
@@ -1452,8 +1511,8 @@ __global__ void __launch_bounds__(256, 1)
     wg_mma_keys_queries<D, BN, BM>(dpt, v_rows, do_addr);
     wgmma_commit();
     wgmma_wait<0>();
-    fence_regs(dpt);
     fence_regs(st);
+    fence_regs(dpt);
 
     // P^T and dS^T = P^T (dP^T - delta) in the accumulators, as A fragments; dS^T -> dS_w.
     bool seg_mask, need_mask;
@@ -1465,223 +1524,56 @@ __global__ void __launch_bounds__(256, 1)
     pack_a_frags(da, dpt);
     wg_store_dsT<BM>(ds_addr, da, warp, lane);
 
-    // dV += P^T dO, dK += dS^T Q.
-    wgmma_fence();
-    wg_mma_rs_queries<D, BM>(dv_acc, pa, do_addr);
-    wgmma_commit();
-    wgmma_fence();
-    wg_mma_rs_queries<D, BM>(dk_acc, da, q_addr);
-    wgmma_commit();
-    fence_proxy_async();    // the stmatrix writes, visible to the dQ wgmma
-    warpgroup_barrier(wg);  // the warpgroup's dS tile is complete
-    wgmma_wait<0>();
-    fence_regs(dv_acc);
-    fence_regs(dk_acc);
-    fence_regs(pa);
-    fence_regs(da);
-
-    // dQ_w = dS_w K_w.
     float dq[OD];
-#pragma unroll
-    for (int i = 0; i < OD; ++i) dq[i] = 0.0f;
-    wgmma_fence();
-    wg_mma_dq<D, BN>(dq, ds_addr, k_rows);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dq);
+    if constexpr (NWG == 1) {
+      fence_proxy_async();  // the stmatrix writes, visible to the dQ wgmma
+      __syncthreads();      // the dS tile is complete (the block is one warpgroup)
 
-    // Sum the two partials: warpgroup w owns registers [w * XH, (w + 1) * XH). (Register indices
-    // stay compile-time constants: one branch per warpgroup.)
-    {
+      // dV += P^T dO, dK += dS^T Q, dQ_p = dS K: one commit group.
+#pragma unroll
+      for (int i = 0; i < OD; ++i) dq[i] = 0.0f;
+      wgmma_fence();
+      wg_mma_rs_queries<D, BM>(dv_acc, pa, do_addr);
+      wg_mma_rs_queries<D, BM>(dk_acc, da, q_addr);
+      wg_mma_dq<D, BN>(dq, ds_addr, k_rows);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(dv_acc);
+      fence_regs(dk_acc);
+      fence_regs(pa);
+      fence_regs(da);
+      fence_regs(dq);
+
       float* tile = dq_acc_tile<D>(dq_acc, b, h, Hq, S_pad, q0);
-      auto exchange = [&](auto own_tag) {
-        constexpr int kOwn = decltype(own_tag)::value, kOther = 1 - kOwn;
-        float* give = sX + kOwn * XH * 128;
 #pragma unroll
-        for (int i = 0; i < XH; ++i) give[i * 128 + wt] = dq[kOther * XH + i];
-        __syncthreads();
-        const float* take = sX + kOther * XH * 128;
+      for (int j = 0; j < OD / 4; ++j) dq_tile_add(tile, j, wt, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    } else {
+      // dV += P^T dO, dK += dS^T Q.
+      wgmma_fence();
+      wg_mma_rs_queries<D, BM>(dv_acc, pa, do_addr);
+      wgmma_commit();
+      wgmma_fence();
+      wg_mma_rs_queries<D, BM>(dk_acc, da, q_addr);
+      wgmma_commit();
+      fence_proxy_async();    // the stmatrix writes, visible to the dQ wgmma
+      warpgroup_barrier(wg);  // the warpgroup's dS tile is complete
+      wgmma_wait<0>();
+      fence_regs(dv_acc);
+      fence_regs(dk_acc);
+      fence_regs(pa);
+      fence_regs(da);
+
+      // dQ_w = dS_w K_w.
 #pragma unroll
-        for (int i = 0; i < XH; i += 4) {
-          constexpr int kBase = kOwn * XH;
-          const int r = kBase + i;  // = 4 j: n8 tile j of the accumulator
-          dq_tile_add(tile, r / 4, wt, dq[r] + take[i * 128 + wt], dq[r + 1] + take[(i + 1) * 128 + wt],
-                      dq[r + 2] + take[(i + 2) * 128 + wt], dq[r + 3] + take[(i + 3) * 128 + wt]);
-        }
-      };
-      if (wg == 0)
-        exchange(std::integral_constant<int, 0>());
-      else
-        exchange(std::integral_constant<int, 1>());
+      for (int i = 0; i < OD; ++i) dq[i] = 0.0f;
+      wgmma_fence();
+      wg_mma_dq<D, BN>(dq, ds_addr, k_rows);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(dq);
+
+      wg_bwd_dq_exchange_add<Cfg::XH>(dq_acc_tile<D>(dq_acc, b, h, Hq, S_pad, q0), sX, dq, wg, wt);
     }
-    hi = nhi;
-    qb = nqb;
-    buf ^= 1;
-  }
-  cp_async_wait<0>();
-  wg_store_dkdv<D>(dk, dv, dk_acc, dv_acc, kv_off, kb0 + kw0, S, t, scale);
-#else
-  __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
-#endif
-}
-
-// Backward (wgmma), one warpgroup per block, D = 64 only (variant 3). The 2-warpgroup kernel above
-// runs 1 block per SM in lock step (two __syncthreads per step), so for D = 64, where a step's math
-// is small next to its elementwise work and synchronisation, the tensor cores idle while both
-// warpgroups compute P / dS, exchange dQ and issue atomics. Here a block is a single warpgroup
-// owning BN = 64 keys (dK, dV in registers), BM = 64 queries per step, and several blocks share an
-// SM (kMinBlocks = 3: at most 168 registers), so one block's tensor-core work overlaps another's
-// elementwise work, the way the D = 64 forward does. Per step:
-//   S^T = K Q^T, dP^T = V dO^T            (wgmma SS, M = the 64 keys, N = the 64 queries)
-//   P^T, dS^T in the accumulators (masked where needed); dS^T stored transposed (stmatrix)
-//   one commit group: dV += P^T dO, dK += dS^T Q (RS), dQ_p = dS K (SS, K MN-major)
-//   dQ_p added into the f32 accumulator with 16-byte vector atomics, in the permuted layout of
-//   dq_acc_tile, no dQ exchange.
-// Blocks are ordered heaviest key block first over the whole grid (grid (Hkv, B, key blocks)).
-// Versus the 2-warpgroup kernel the dQ atomics and the Q / dO tile loads per FLOP double (64 keys
-// per block instead of 128).
-struct BwdWg1Cfg {
-  static constexpr int D = 64;
-  static constexpr int NT = 128;
-  static constexpr int BN = 64;
-  static constexpr int BM = 64;
-  static constexpr int kMinBlocks = 3;
-  static constexpr int SD = BM / 2;  // S^T / dP^T accumulators per thread
-  static constexpr int OD = D / 2;   // dK / dV / dQ accumulators per thread
-  static constexpr int kKV = BN * D;
-  static constexpr int kQ = BM * D;
-  static constexpr int kDS = BM * BN;
-  // K, V, two Q and two dO stages, dS (bf16); lse2, delta, query segment ids (two stages each);
-  // + slack for the 1024-byte alignment.
-  static constexpr int kSmemBytes = (2 * kKV + 4 * kQ + kDS) * 2 + 3 * 2 * BM * 4 + 1024;
-};
-
-__global__ void __launch_bounds__(BwdWg1Cfg::NT, BwdWg1Cfg::kMinBlocks)
-    attn_train_bwd_wg1_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
-                              const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
-                              const bf16* __restrict__ dout, const float* __restrict__ lse2,
-                              const float* __restrict__ delta, const int* __restrict__ seg,
-                              const int4* __restrict__ seg_ranges, int Hq, int Hkv, int S, int S_pad, int n_gran,
-                              int causal, float sl, float scale) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = BwdWg1Cfg;
-  constexpr int D = Cfg::D;
-  constexpr int NT = Cfg::NT;
-  constexpr int BN = Cfg::BN;
-  constexpr int BM = Cfg::BM;
-  constexpr int SD = Cfg::SD;
-  constexpr int OD = Cfg::OD;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* smem_base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  bf16* sK = reinterpret_cast<bf16*>(smem_base);  // wg_off<BN> tile
-  bf16* sV = sK + Cfg::kKV;                        // wg_off<BN> tile
-  bf16* sQ = sV + Cfg::kKV;                        // [2] wg_off<BM> tiles
-  bf16* sdO = sQ + 2 * Cfg::kQ;                    // [2] wg_off<BM> tiles
-  bf16* sdS = sdO + 2 * Cfg::kQ;                   // wg_off<BM> tile [64 queries][64 keys]
-  float* sLse2 = reinterpret_cast<float*>(sdS + Cfg::kDS);  // [2][BM]
-  float* sDelta = sLse2 + 2 * BM;                           // [2][BM]
-  int* sSegQ = reinterpret_cast<int*>(sDelta + 2 * BM);     // [2][BM]
-
-  const int kvh = blockIdx.x;
-  const int b = blockIdx.y;
-  const int kb0 = static_cast<int>(blockIdx.z) * BN;  // key block 0 (heaviest under causal) first
-  const int G = Hq / Hkv;
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  const int kw0 = warp * 16 + g;  // this thread's key rows in the block: kw0, kw0 + 8
-
-  const int64_t kv_off = static_cast<int64_t>(b * Hkv + kvh) * S * D;
-  const bool use_seg = seg != nullptr;
-  const int* seg_row = use_seg ? seg + static_cast<int64_t>(b) * S : nullptr;
-  const int4* rng_row = use_seg ? seg_ranges + static_cast<int64_t>(b) * n_gran : nullptr;
-
-  wg_load_rows<D, BN, NT>(sK, k + kv_off, D, kb0, S, tid);
-  wg_load_rows<D, BN, NT>(sV, v + kv_off, D, kb0, S, tid);
-
-  const BwdSchedule<BN, BM> sched(use_seg, rng_row, kb0, S, G, causal);
-  auto load_q = [&](int hi, int qb, int buf) {
-    wg_bwd_load_step<D, BM, NT, true>(sQ, sdO, sLse2, sDelta, sSegQ, buf, q, dout, lse2, delta, seg_row, use_seg, b,
-                                      kvh * G + hi, Hq, S, S_pad, qb * BM, tid);
-  };
-
-  int hi, qb;
-  sched.first(hi, qb);
-  if (hi < G) load_q(hi, qb, 0);
-  cp_async_commit();
-
-  int sk[2];
-  seg_ids2(sk, seg_row, use_seg, kb0 + kw0, S);
-  float dk_acc[OD], dv_acc[OD];
-#pragma unroll
-  for (int i = 0; i < OD; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
-  const uint32_t k_rows = smem_u32(sK);
-  const uint32_t v_rows = smem_u32(sV);
-  const uint32_t ds_addr = smem_u32(sdS);
-
-  int buf = 0;
-  while (hi < G) {
-    int nhi = hi, nqb = qb;
-    sched.advance(nhi, nqb);
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // this step's tiles landed; the previous step is done with the other stage and dS
-    if (nhi < G) load_q(nhi, nqb, buf ^ 1);
-    cp_async_commit();
-
-    const int h = kvh * G + hi;
-    const int q0 = qb * BM;
-    const uint32_t q_addr = smem_u32(sQ + buf * Cfg::kQ);
-    const uint32_t do_addr = smem_u32(sdO + buf * Cfg::kQ);
-    const float* cL = sLse2 + buf * BM;
-    const float* cDl = sDelta + buf * BM;
-    const int* cSq = sSegQ + buf * BM;
-
-    // S^T = K Q^T and dP^T = V dO^T.
-    float st[SD], dpt[SD];
-#pragma unroll
-    for (int i = 0; i < SD; ++i) st[i] = dpt[i] = 0.0f;
-    wgmma_fence();
-    wg_mma_keys_queries<D, BN, BM>(st, k_rows, q_addr);
-    wg_mma_keys_queries<D, BN, BM>(dpt, v_rows, do_addr);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(st);
-    fence_regs(dpt);
-
-    // P^T and dS^T = P^T (dP^T - delta) in the accumulators, as A fragments; dS^T -> dS.
-    bool seg_mask, need_mask;
-    sched.masks(q0, seg_mask, need_mask);
-    wg_bwd_probs<BM>(st, cL, sl, need_mask, seg_mask, kb0 + kw0, q0, S, causal, sk, cSq, t);
-    uint32_t pa[BM / 16][4], da[BM / 16][4];
-    pack_a_frags(pa, st);
-    wg_bwd_dsT<BM>(dpt, st, cDl, t);
-    pack_a_frags(da, dpt);
-    wg_store_dsT<BM>(ds_addr, da, warp, lane);
-    fence_proxy_async();  // the stmatrix writes, visible to the dQ wgmma
-    __syncthreads();      // the dS tile is complete (the block is one warpgroup)
-
-    // dV += P^T dO, dK += dS^T Q, dQ_p = dS K: one commit group.
-    float dq[OD];
-#pragma unroll
-    for (int i = 0; i < OD; ++i) dq[i] = 0.0f;
-    wgmma_fence();
-    wg_mma_rs_queries<D, BM>(dv_acc, pa, do_addr);
-    wg_mma_rs_queries<D, BM>(dk_acc, da, q_addr);
-    wg_mma_dq<D, BN>(dq, ds_addr, k_rows);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dv_acc);
-    fence_regs(dk_acc);
-    fence_regs(pa);
-    fence_regs(da);
-    fence_regs(dq);
-
-    float* tile = dq_acc_tile<D>(dq_acc, b, h, Hq, S_pad, q0);
-#pragma unroll
-    for (int j = 0; j < OD / 4; ++j) dq_tile_add(tile, j, tid, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     hi = nhi;
     qb = nqb;
     buf ^= 1;
@@ -2031,28 +1923,17 @@ void launch_fwd_wg(CudaBackend& be, const Geometry& g, Tensor out, Tensor lse, T
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
+// The wgmma backward kernel in configuration Cfg (BwdWg2Cfg<D> or BwdWg1Cfg).
+template <typename Cfg>
 void launch_bwd_wg(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, float* dq_acc, Tensor q, Tensor k,
                    Tensor v, Tensor dout, const float* lse2, const float* delta, const int* seg, const int4* ranges,
                    int n_gran, int S_pad, bool causal, float sl, float scale) {
-  using Cfg = BwdWgCfg<D>;
-  auto kernel = attn_train_bwd_wg_kernel<D>;
-  allow_smem(be, kernel, Cfg::kSmemBytes);
-  dim3 grid((g.S + Cfg::BN - 1) / Cfg::BN, g.Hkv, g.B);
-  kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
-      dk.ptr<bf16>(), dv.ptr<bf16>(), dq_acc, q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(),
-      dout.ptr<const bf16>(), lse2, delta, seg, ranges, g.Hq, g.Hkv, g.S, S_pad, n_gran, causal ? 1 : 0, sl, scale);
-  KILN_CUDA_CHECK_LAUNCH();
-}
-
-void launch_bwd_wg1(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, float* dq_acc, Tensor q, Tensor k,
-                    Tensor v, Tensor dout, const float* lse2, const float* delta, const int* seg, const int4* ranges,
-                    int n_gran, int S_pad, bool causal, float sl, float scale) {
-  using Cfg = BwdWg1Cfg;
   static_assert(Cfg::kSmemBytes * Cfg::kMinBlocks <= 228 * 1024, "shared memory per SM");
-  auto kernel = attn_train_bwd_wg1_kernel;
+  auto kernel = attn_train_bwd_wg_kernel<Cfg>;
   allow_smem(be, kernel, Cfg::kSmemBytes);
-  dim3 grid(g.Hkv, g.B, (g.S + Cfg::BN - 1) / Cfg::BN);  // key block slowest: heaviest blocks first
+  const int n_kb = (g.S + Cfg::BN - 1) / Cfg::BN;
+  // Key blocks slowest (grid z: heaviest blocks first over the whole grid) or fastest (grid x).
+  const dim3 grid = Cfg::kKeyBlocksOnZ ? dim3(g.Hkv, g.B, n_kb) : dim3(n_kb, g.Hkv, g.B);
   kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
       dk.ptr<bf16>(), dv.ptr<bf16>(), dq_acc, q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(),
       dout.ptr<const bf16>(), lse2, delta, seg, ranges, g.Hq, g.Hkv, g.S, S_pad, n_gran, causal ? 1 : 0, sl, scale);
@@ -2189,15 +2070,15 @@ void attention_train_backward(CudaBackend& be, Tensor dq, Tensor dk, Tensor dv, 
     // Variant 3: the one-warpgroup kernel for D = 64 (key blocks on grid z, at most 65535).
     const bool wg1 = variant == 3 && g.D == 64 && (g.S + BwdWg1Cfg::BN - 1) / BwdWg1Cfg::BN <= 65535;
     if (wg1) {
-      launch_bwd_wg1(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad, causal, sl,
-                     scale);
+      launch_bwd_wg<BwdWg1Cfg>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad,
+                               causal, sl, scale);
     } else if (wg) {
       if (g.D == 64)
-        launch_bwd_wg<64>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad, causal,
-                          sl, scale);
+        launch_bwd_wg<BwdWg2Cfg<64>>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
+                                     S_pad, causal, sl, scale);
       else
-        launch_bwd_wg<128>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran, S_pad, causal,
-                           sl, scale);
+        launch_bwd_wg<BwdWg2Cfg<128>>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
+                                      S_pad, causal, sl, scale);
     } else {
       if (g.D == 64)
         launch_bwd<64, 64, 8, true>(be, g, dk, dv, acc.ptr<float>(), q, k, v, dout, lse2, delta, seg, rng, n_gran,
