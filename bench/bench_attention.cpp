@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
 
   std::printf("{\n  \"hq\": %d, \"hkv\": %d, \"head_dim\": %d, \"dtype\": \"bf16\", \"sms\": %d, \"page_size\": %d,\n",
               hq, hkv, d, be.multiprocessor_count(), page_size);
-  std::printf("  \"default_prefill_variant\": %d,\n  \"variants\": [", cuda::prefill_variant_for_head_dim(be, d));
+  std::printf("  \"prefill_variant_override\": %d,\n  \"variants\": [", cuda::prefill_variant_override(be));
   for (size_t i = 0; i < variants.size(); ++i)
     std::printf("%s\n    {\"variant\": %d, \"name\": \"%s\"}", i ? "," : "", variants[i],
                 cuda::prefill_variant_name(variants[i]));
@@ -221,7 +221,8 @@ int main(int argc, char** argv) {
     double ref_norm = 0;
     for (float x : ref) ref_norm += static_cast<double>(x) * x;
     ref_norm = std::sqrt(ref_norm);
-    std::printf("%s\n    {\"q_len\": %d, \"kv_len\": %d, \"results\": [", ci ? "," : "", c.q_len, c.kv_len);
+    std::printf("%s\n    {\"q_len\": %d, \"kv_len\": %d, \"default_variant\": %d, \"results\": [", ci ? "," : "", c.q_len,
+                c.kv_len, cuda::prefill_default_variant(be, d, ps, c.q_len, hq, 1));
     int best_v = -1;
     double best_ms = 0;
     for (size_t vi = 0; vi < variants.size(); ++vi) {

@@ -3,7 +3,9 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|engine|decode|train|profile|profile-decode|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|train|profile|profile-decode|all]
+#   attention: the attention GPU tests and bench_attention per prefill variant (D 64 and 128,
+#           16-row pages and one contiguous page), a table of ms and TFLOP/s per case.
 #   decode: the decode path's GPU tests, bench_decode_step (a step with and without programmatic
 #           launch), with DECODE_ENGINE=1 bench_engine's single-request and B <= 8 decode with
 #           KILN_PDL=1 and =0, on the astrai-1b and llama-1b shapes.
@@ -68,6 +70,31 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
       --out "$OUT/hf_bench.json" > "$OUT/hf_bench.log" 2>&1 || status=1
     cat "$OUT/hf_bench.json"
   fi
+fi
+if [ "$WHAT" = attention ]; then
+  # Prefill attention: the attention GPU tests (every variant against the CPU twin), then
+  # bench_attention per variant (causal bf16, paged 16-row pages and one contiguous page).
+  timeout ${ATTN_TEST_TIMEOUT:-300} "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${ATTN_FILTER:-*Attention*}" \
+    > "$OUT/gpu_attention_tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error" "$OUT/gpu_attention_tests.log" | head -40
+  for ps in ${ATTN_PAGE_SIZES:-16 0}; do
+    "$BUILD/bin/bench_attention" --page-size $ps --decode 1024 --prefill ${ATTN_D64_LENS:-1024 8192 16384 30000} \
+      --chunked 8192 30000 > "$OUT/attn_d64_p$ps.json" 2>&1 || status=1
+    "$BUILD/bin/bench_attention" --page-size $ps --head-dim 128 --hq 32 --hkv 8 --decode 1024 \
+      --prefill ${ATTN_D128_LENS:-1024 8192 16384} --chunked 2048 8192 > "$OUT/attn_d128_p$ps.json" 2>&1 || status=1
+  done
+  python3 - "$OUT"/attn_d*_p*.json <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    try:
+        r = json.load(open(f))
+    except Exception as e:
+        print(f, "unreadable:", e); continue
+    print(f.split("/")[-1], "D", r["head_dim"], "page", r["page_size"])
+    for c in r["prefill"]:
+        cells = ["v%d %.3f ms %.0f TF%s" % (x["variant"], x["ms"], x["tflop_per_s"], "" if x["valid"] else " INVALID(%.2g)" % x["rel_l2_err"]) for x in c["results"]]
+        print("  %5d/%5d (default v%d): %s" % (c["q_len"], c["kv_len"], c["default_variant"], " | ".join(cells)))
+PY
 fi
 if [ "$WHAT" = engine ]; then
   CFG=bench/configs/astrai-1b-shape.config.json

@@ -54,15 +54,22 @@
 //     operands from shared-memory descriptors, O += P V with P from registers and V as an
 //     MN-major descriptor, K/V double buffered. Variant 1: 1 warpgroup (BM=64), 128-key tiles for
 //     D=64 (64 for D=128); variant 2: 2 warpgroups sharing the K/V tiles (BM=128), 64-key tiles.
-//     Paging (every variant, TileRows): the pool rows of each K/V tile's keys are put in shared
+//     Paging (variants 0-2, TileRows): the pool rows of each K/V tile's keys are put in shared
 //     memory ahead of its copies, one page-table read per key (thread r of the block for key r of
 //     the tile, its latency hidden behind a tile of compute); the cp.async copies read their row
 //     there, so a tile costs the same for every page size and for keys scattered over any pages.
-//     Defaults from the H200 measurements (causal bf16, ms per call; figures in
-//     kernels/cuda/attention_internal.h): D=64 -> 1 (fastest at every length: L=30000 6.99 ms vs
-//     9.18 for 0), D=128 -> 2 (L=8192 1.17 ms vs 1.36 for 1 and 2.10 for 0). The environment
-//     variable KILN_ATTN_PREFILL_VARIANT=N (read once per backend) overrides the default for both
-//     head sizes; tests/benchmarks: CudaBackend::set_attention_prefill_variant.
+//     Variant 3 (2c in attention_wgmma.cu) is warp-specialised like FlashAttention-3: a producer
+//     warpgroup (registers lowered) loads Q by TMA and K/V by TMA boxes of up to 128 pool rows of
+//     one page (pages of >= 64 rows, or one contiguous page; the request's last tile copied with
+//     zeros past its keys) or, for smaller pages, by cp.async with TileRows, into a ring of
+//     stages tracked by mbarriers; consumer warpgroups (registers raised; D=64: 3 with BM=192,
+//     D=128: 2 with BM=128; BN=128) keep the next tile's S wgmma and the previous tile's PV wgmma
+//     in flight while they run the softmax, and take turns at the tensor cores (ping-pong, named
+//     barriers). Defaults per call (prefill_default_variant; figures in
+//     kernels/cuda/attention_internal.h): D=64 -> 3 when its grid fills two waves of the SMs,
+//     else 1 (short prefills); D=128 -> 3 when the page size takes TMA boxes, else 2. The
+//     environment variable KILN_ATTN_PREFILL_VARIANT=N (read once per backend) overrides the
+//     default for every call; tests/benchmarks: CudaBackend::set_attention_prefill_variant.
 //  3. Generic (any even D <= 256, f32/bf16/f16, or unaligned pointers): one warp per (query row,
 //     head), online softmax over keys one at a time, walking the request's pages (one page-table
 //     read per page). Slow; for correctness on other shapes.
@@ -227,16 +234,8 @@ PageDivisor page_divisor(int32_t size) {
   return PageDivisor{static_cast<uint32_t>(magic), l};
 }
 
-// Prefill variants (see kernels/cuda/attention_internal.h; figures there). Defaults from the H200
-// measurements: D=64 -> 1 (1 warpgroup, 128-key tiles; fastest at every length, L=30000 causal
-// 6.99 ms vs 9.18 ms for 0), D=128 -> 2 (2 warpgroups, 64-key tiles; L=8192 causal 1.17 ms vs
-// 1.36 ms for 1 and 2.10 ms for 0).
-// D=128 without an explicit choice (environment / test override) uses kDefaultPrefillVariantD128.
-constexpr int kDefaultPrefillVariant = 1;
-constexpr int kDefaultPrefillVariantD128 = 2;
-static_assert(kDefaultPrefillVariant >= 0 && kDefaultPrefillVariant < kPrefillVariantCount);
-static_assert(kDefaultPrefillVariantD128 >= 0 && kDefaultPrefillVariantD128 < kPrefillVariantCount);
-
+// Prefill variants (see kernels/cuda/attention_internal.h; figures there): the default per call is
+// prefill_default_variant(), from the H200 measurements.
 template <typename T>
 void launch_generic(CudaBackend& be, const Args& a) {
   const int64_t rows = static_cast<int64_t>(a.B) * a.max_q_len * a.Hq;
@@ -262,7 +261,8 @@ void launch_fast(CudaBackend& be, const Args& a) {
     launch_decode<T>(be, a);
     return;
   }
-  launch_prefill_variant<T>(be, a, prefill_variant_for_head_dim(be, a.D));
+  const int v = prefill_variant_override(be);
+  launch_prefill_variant<T>(be, a, v >= 0 ? v : prefill_default_variant(be, a.D, a.kv.size, a.max_q_len, a.Hq, a.B));
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -284,15 +284,20 @@ void attention_allow_smem(CudaBackend& be, const void* kernel, int bytes) {
   limit = bytes;
 }
 
-int prefill_variant_for_head_dim(CudaBackend& be, int head_dim) {
+int prefill_variant_override(CudaBackend& be) {
   const int v = be.attention_prefill_variant();
   if (v >= 0) {
     KILN_ASSERT(v < kPrefillVariantCount);
     return v;
   }
-  const int e = state_of(be).env_prefill_variant;
-  if (e >= 0) return e;
-  return head_dim == 128 ? kDefaultPrefillVariantD128 : kDefaultPrefillVariant;
+  return state_of(be).env_prefill_variant;
+}
+
+int prefill_default_variant(CudaBackend& be, int head_dim, int page_size, int max_q_len, int Hq, int B) {
+  if (!state_of(be).has_wgmma) return 0;
+  if (head_dim == 128) return ws_box_rows(page_size) > 0 ? 3 : 2;
+  const int64_t blocks = static_cast<int64_t>((max_q_len + 191) / 192) * Hq * B;  // variant 3's grid
+  return blocks >= 2 * static_cast<int64_t>(be.multiprocessor_count()) ? 3 : 1;
 }
 
 const char* prefill_variant_name(int v) {
@@ -300,6 +305,7 @@ const char* prefill_variant_name(int v) {
       "mma.sync 4 warps, BN64, Q regs (fallback off sm_90; D=64 32 rows/warp, D=128 16)",
       "wgmma 1 WG BM64, BN128 (D=128: BN64)",
       "wgmma 2 WG BM128, BN64",
+      "warp-specialised: producer WG (TMA / cp.async), ping-pong consumer WGs (D=64: 3, BM192; D=128: 2, BM128), BN128",
   };
   return v >= 0 && v < kPrefillVariantCount ? kNames[v] : "?";
 }
@@ -346,6 +352,8 @@ void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Te
   a.D = static_cast<int>(D);
   a.max_q_len = bounds.max_q_len;
   a.max_kv_len = bounds.max_kv_len;
+  a.q_rows = q.size(0);
+  a.kv_rows = k_cache.size(0);
   a.sl = scale * kLog2e;
 
   const bool fast = (q.dtype == DType::bf16 || q.dtype == DType::f16) && (D == 64 || D == 128) && aligned16(a.out) &&

@@ -140,7 +140,8 @@ struct Args {
   const int* q_indptr;
   PagedArgs kv;
   int B, Hq, Hkv, G, D, max_q_len, max_kv_len;
-  float sl;  // scale * log2(e)
+  int64_t q_rows, kv_rows;  // rows of q [T, Hq, D] and of the pools k, v [S, Hkv, D]
+  float sl;                 // scale * log2(e)
 };
 
 constexpr int kDecodeMaxRowTiles = 4;  // decode path while max_q_len * G <= 64
@@ -177,12 +178,19 @@ const void* kernel_key(Kernel* kernel) {
 }
 
 // The kernel families' launchers. Decode: D 64 or 128 (attention_decode.cu). Prefill on mma.sync,
-// variant 0 (attention_prefill.cu). Prefill on wgmma, variants 1 and 2 (attention_wgmma.cu).
+// variant 0 (attention_prefill.cu). Prefill on wgmma, variants 1, 2 and 3 (attention_wgmma.cu,
+// attention_ws.cu).
 template <typename T>
 void launch_decode(CudaBackend& be, const Args& a);
 template <typename T>
 void launch_prefill_mma(CudaBackend& be, const Args& a);
 template <typename T>
 void launch_prefill_wgmma(CudaBackend& be, const Args& a, int variant);
+template <typename T>
+void launch_prefill_ws(CudaBackend& be, const Args& a);  // variant 3 (attention_ws.cu)
+// Rows per TMA box of the warp-specialised prefill kernel's K/V loads for a page size: the largest
+// power of two <= 128 (its key tile) dividing it when at least 64, else 0 (its producer then copies
+// with cp.async).
+int ws_box_rows(int page_size);
 
 }  // namespace kiln::cuda::attn

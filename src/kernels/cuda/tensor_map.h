@@ -10,9 +10,10 @@
 
 namespace kiln::cuda {
 
-// A map of `base` [rows, cols] (bf16, row-major) read in boxes of box_rows x box_cols elements;
-// out-of-bounds elements read as zeros.
+// A map of `base` [rows, cols] (16-bit elements, row-major, consecutive rows `row_stride`
+// elements apart; -1: cols) read in boxes of box_rows x box_cols elements; out-of-bounds elements
+// read as zeros. The element type only names the 2-byte width here (f16 data is copied alike).
 CUtensorMap bf16_tile_map(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols,
-                          CUtensorMapSwizzle swizzle);
+                          CUtensorMapSwizzle swizzle, int64_t row_stride = -1);
 
 }  // namespace kiln::cuda
