@@ -48,9 +48,9 @@ struct WsCfg {
   static_assert(BN / 8 * CB <= 32, "one producer lane per box");
 };
 
-// The producer's K/V loads by cp.async, for pages of fewer than 64 rows (TMA boxes of a page
-// each were measured slower there: D=128, L=16384, 16-row pages 4.94 ms against 3.57 with one
-// contiguous page). The 128 producer threads copy 16-byte chunks (thread tid: chunk tid % (D/8)
+// The producer's K/V loads by cp.async, for pages of fewer than 64 rows, any page size (TMA boxes
+// of one 16-row page each measured the same: D=128, L=16384, 4.94 ms against these copies' 4.98,
+// both slow against 3.46 with K/V by TMA from one contiguous page). The 128 producer threads copy 16-byte chunks (thread tid: chunk tid % (D/8)
 // of rows tid / (D/8) + i * RS), rows past n_keys zero-filled; the pool rows of a tile are put in
 // shared memory a tile ahead (TileRows: thread tid looks up key tid). Per tile j: issue K_j; once
 // V_{j-1}'s copies have landed (wait_group 1), fence them to the async proxy and arrive on
@@ -72,7 +72,7 @@ __device__ __forceinline__ void produce_by_copies(T* sK, T* sV, TileRows<BN>& ti
   auto copy_tile = [&](T* dst, const T* base, int j) {
     const uint32_t d0 = smem_u32(dst) + off0;
     const int* rows = tile_rows.rows + (j & 1) * BN + r0;
-#pragma unroll 4  // (fully unrolled, the copies spill the producer's 32-40 registers)
+#pragma unroll 4
     for (int i = 0; i < BN / RS; ++i) {
       const bool ok = j * BN + r0 + i * RS < n_keys;
       cp_async16(d0 + i * RS * 128, base + row_offset(ok ? rows[i * RS] : 0, stride), ok);
