@@ -5,6 +5,12 @@
 namespace kiln::cuda::attn {
 namespace {
 
+// One arrival on `bar`, triggered once every cp.async this thread issued before has completed (the
+// barrier's expected count includes it: .noinc).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
 // 2c. Warp-specialised kernel (bf16/f16, D = 64 or 128; FlashAttention-3's structure). Block of
 // NC + 1 warpgroups: warpgroup 0 is the producer (its register budget lowered; one warp issues
 // every load), warpgroups 1..NC the consumers, 64 query rows each (BM = 64 * NC), register budget
@@ -49,13 +55,14 @@ struct WsCfg {
 };
 
 // The producer's K/V loads by cp.async, for pages of fewer than 64 rows, any page size (TMA boxes
-// of one 16-row page each measured the same: D=128, L=16384, 4.94 ms against these copies' 4.98,
-// both slow against 3.46 with K/V by TMA from one contiguous page). The 128 producer threads copy 16-byte chunks (thread tid: chunk tid % (D/8)
-// of rows tid / (D/8) + i * RS), rows past n_keys zero-filled; the pool rows of a tile are put in
-// shared memory a tile ahead (TileRows: thread tid looks up key tid). Per tile j: issue K_j; once
-// V_{j-1}'s copies have landed (wait_group 1), fence them to the async proxy and arrive on
-// v_full; once K_j's have (wait_group 0), arrive on k_full; then issue V_j, which has a whole
-// consumer iteration to land.
+// of one 16-row page each: D=128, L=16384, 4.94 ms against these copies' 4.50, both slow against
+// 3.46 with K/V by TMA from one contiguous page). The 128 producer threads copy 16-byte chunks
+// (thread tid: chunk tid % (D/8) of rows tid / (D/8) + i * RS), rows past n_keys zero-filled; the
+// pool rows of a tile are put in shared memory a tile ahead (TileRows: thread tid looks up key
+// tid). Each thread's arrival on a stage's k_full / v_full is triggered by the completion of its
+// copies (cp.async.mbarrier.arrive), so the producer never waits for its own loads (waiting cost
+// 4.98 ms there); the consumers fence the generic-proxy writes to the async proxy after their
+// barrier wait, before the wgmma reads.
 template <typename T, int D, int BN, int ST>
 __device__ __forceinline__ void produce_by_copies(T* sK, T* sV, TileRows<BN>& tile_rows, uint64_t* k_full,
                                                   uint64_t* v_full, uint64_t* k_empty, uint64_t* v_empty,
@@ -77,34 +84,25 @@ __device__ __forceinline__ void produce_by_copies(T* sK, T* sV, TileRows<BN>& ti
       const bool ok = j * BN + r0 + i * RS < n_keys;
       cp_async16(d0 + i * RS * 128, base + row_offset(ok ? rows[i * RS] : 0, stride), ok);
     }
-    cp_async_commit();
   };
   tile_rows.fetch(keys, 0, n_keys, tid);
   tile_rows.store(keys, 0, tid);
   named_sync(15, 128);
-  for (int j = 0; j <= n_tiles; ++j) {
+  for (int j = 0; j < n_tiles; ++j) {
     if (j + 1 < n_tiles) tile_rows.fetch(keys, j + 1, n_keys, tid);
-    const int st = j % ST, pst = (j + ST - 1) % ST;
-    if (j < n_tiles) {
-      if (j >= ST) mbar_wait(&k_empty[st], ((j / ST) - 1) & 1);
-      copy_tile(sK + st * BN * D, k_base, j);
-    }
-    if (j > 0) {  // V_{j-1} landed
-      if (j < n_tiles) cp_async_wait<1>();
-      else cp_async_wait<0>();
-      fence_proxy_async();
-      mbar_arrive(&v_full[pst]);
-    }
-    if (j == n_tiles) break;
-    cp_async_wait<0>();  // K_j landed
-    fence_proxy_async();
-    mbar_arrive(&k_full[st]);
+    const int st = j % ST;
+    if (j >= ST) mbar_wait(&k_empty[st], ((j / ST) - 1) & 1);
+    copy_tile(sK + st * BN * D, k_base, j);
+    cp_async_arrive(&k_full[st]);
     if (j >= ST) mbar_wait(&v_empty[st], ((j / ST) - 1) & 1);
     copy_tile(sV + st * BN * D, v_base, j);
+    cp_async_arrive(&v_full[st]);
     // Rows of tile j + 1 into the slot that tile j - 1's copies (all issued) read.
     if (j + 1 < n_tiles) tile_rows.store(keys, j + 1, tid);
     named_sync(15, 128);
   }
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
 template <typename T, int D, int NC, int BN, int ST>
@@ -244,8 +242,14 @@ __global__ void __launch_bounds__(WsCfg<D, NC, BN, ST>::NT, 1)
   uint32_t pa[BN / 16][4];
   float alpha[2];
 
+  // Tiles written by the producer's cp.async copies are generic-proxy writes: fenced to the async
+  // proxy (the wgmma reads) by each consumer thread after the barrier wait.
+  auto copied_fence = [&] {
+    if (!use_tma) fence_proxy_async();
+  };
   mbar_wait(q_full, 0);
   mbar_wait(&k_full[0], 0);
+  copied_fence();
   turn_wait();
   wgmma_fence();
   wg_issue_s<T, D, C::BM, BN>(s, q_addr, k_addr);
@@ -260,11 +264,13 @@ __global__ void __launch_bounds__(WsCfg<D, NC, BN, ST>::NT, 1)
   for (int j = 1; j < n_tiles; ++j) {
     const int st = j % ST, pst = (j - 1) % ST;
     mbar_wait(&k_full[st], (j / ST) & 1);
+    copied_fence();
     turn_wait();
     wgmma_fence();
     wg_issue_s<T, D, C::BM, BN>(s, q_addr, k_addr + st * kTileBytes);
     wgmma_commit();
     mbar_wait(&v_full[pst], ((j - 1) / ST) & 1);
+    copied_fence();
     wg_issue_pv<T, D, BN>(o, pa, v_addr + pst * kTileBytes);
     wgmma_commit();
     turn_pass();
@@ -280,6 +286,7 @@ __global__ void __launch_bounds__(WsCfg<D, NC, BN, ST>::NT, 1)
   }
   const int lst = (n_tiles - 1) % ST;
   mbar_wait(&v_full[lst], ((n_tiles - 1) / ST) & 1);
+  copied_fence();
   turn_wait();
   wgmma_fence();
   wg_issue_pv<T, D, BN>(o, pa, v_addr + lst * kTileBytes);
