@@ -58,7 +58,7 @@
 //     memory ahead of its copies, one page-table read per key (thread r of the block for key r of
 //     the tile, its latency hidden behind a tile of compute); the cp.async copies read their row
 //     there, so a tile costs the same for every page size and for keys scattered over any pages.
-//     Variant 3 (2c in attention_wgmma.cu) is warp-specialised like FlashAttention-3: a producer
+//     Variant 3 (attention_ws.cu) is warp-specialised like FlashAttention-3: a producer
 //     warpgroup (registers lowered) loads Q by TMA and K/V by TMA boxes of up to 128 pool rows of
 //     one page (pages of >= 64 rows, or one contiguous page; the request's last tile copied with
 //     zeros past its keys) or, for smaller pages, by cp.async with TileRows, into a ring of
@@ -296,7 +296,8 @@ int prefill_variant_override(CudaBackend& be) {
 int prefill_default_variant(CudaBackend& be, int head_dim, int page_size, int max_q_len, int Hq, int B) {
   if (!state_of(be).has_wgmma) return 0;
   if (head_dim == 128) return ws_box_rows(page_size) > 0 ? 3 : 2;
-  const int64_t blocks = static_cast<int64_t>((max_q_len + 191) / 192) * Hq * B;  // variant 3's grid
+  const int bm = ws_block_rows(head_dim);
+  const int64_t blocks = static_cast<int64_t>((max_q_len + bm - 1) / bm) * Hq * B;  // variant 3's grid
   return blocks >= 2 * static_cast<int64_t>(be.multiprocessor_count()) ? 3 : 1;
 }
 

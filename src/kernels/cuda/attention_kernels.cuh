@@ -192,5 +192,7 @@ void launch_prefill_ws(CudaBackend& be, const Args& a);  // variant 3 (attention
 // power of two <= 128 (its key tile) dividing it when at least 64, else 0 (its producer then copies
 // with cp.async).
 int ws_box_rows(int page_size);
+// Query rows per block of the warp-specialised prefill kernel for a head dimension (64 or 128).
+int ws_block_rows(int head_dim);
 
 }  // namespace kiln::cuda::attn

@@ -13,7 +13,7 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 
 // 2c. Warp-specialised kernel (bf16/f16, D = 64 or 128; FlashAttention-3's structure). Block of
 // NC + 1 warpgroups: warpgroup 0 is the producer (its register budget lowered; one warp issues
-// every load), warpgroups 1..NC the consumers, 64 query rows each (BM = 64 * NC), register budget
+// the TMA loads, all four copy when the pages are too small for TMA), warpgroups 1..NC the consumers, 64 query rows each (BM = 64 * NC), register budget
 // raised. Tiles in shared memory as the other wgmma kernels lay them out (D / 64 column blocks of
 // 128-byte rows, 128-byte swizzle), written by TMA:
 //   Q: once, boxes of 64 rows x 64 dims from q viewed as [T, Hq * D] (rows past the tensor read
@@ -35,8 +35,9 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 // on the next one's, so warpgroup w's softmax runs while w + 1's GEMMs hold the tensor cores.
 // Every consumer warpgroup walks the block's n_tiles (the key range of its last row), so the
 // barrier pairs match; rows that see no key of a tile get P = 0 there.
-template <int D, int NC, int BN, int ST>
+template <int D_, int NC_, int BN_, int ST_>
 struct WsCfg {
+  static constexpr int D = D_, NC = NC_, BN = BN_, ST = ST_;
   static constexpr int BM = 64 * NC;
   static constexpr int NT = 128 * (NC + 1);
   static constexpr int CB = D / 64;  // 64-dim column blocks
@@ -51,7 +52,7 @@ struct WsCfg {
   static constexpr int kProducerRegs = NC == 2 ? 56 : 32;
   static constexpr int kConsumerRegs = NC == 2 ? 224 : 160;
   static_assert(128 * (kProducerRegs + NC * kConsumerRegs) <= 65536, "register budget");
-  static_assert(BN / 8 * CB <= 32, "one producer lane per box");
+  static_assert(BN / 64 * CB <= 32, "one producer lane per TMA box (boxes of >= 64 rows)");
 };
 
 // The producer's K/V loads by cp.async, for pages of fewer than 64 rows, any page size (TMA boxes
@@ -300,19 +301,25 @@ __global__ void __launch_bounds__(WsCfg<D, NC, BN, ST>::NT, 1)
 #endif
 }
 
-template <typename T, int D, int NC, int BN, int ST>
+// The configuration per head dimension. D=64: 3 consumer warpgroups (BM=192), 3 stages; measured
+// against 2 (BM=128, 4 stages) at L=30000: 6.23 ms against 7.53. D=128: 2 consumer warpgroups,
+// 2 stages (shared memory).
+using WsD64 = WsCfg<64, 3, 128, 3>;
+using WsD128 = WsCfg<128, 2, 128, 2>;
+
+template <typename T, typename C>
 void launch_ws(CudaBackend& be, const Args& a, int box_rows) {
-  using C = WsCfg<D, NC, BN, ST>;
-  auto kernel = attn_prefill_ws_kernel<T, D, NC, BN, ST>;
+  constexpr int D = C::D;
+  auto kernel = attn_prefill_ws_kernel<T, C::D, C::NC, C::BN, C::ST>;
   static_assert(C::kSmemBytes + 1024 <= 228 * 1024, "shared memory per SM (1 KiB reserved per block)");
   attention_allow_smem(be, kernel_key(kernel), C::kSmemBytes);
   const CUtensorMap q_map = bf16_tile_map(a.q, a.q_rows, static_cast<int64_t>(a.Hq) * D, 64, 64,
                                           CU_TENSOR_MAP_SWIZZLE_128B);
-  const int kv_box = std::max(box_rows, 64);  // (unused maps when the producer copies)
-  const CUtensorMap k_map = bf16_tile_map(a.k, a.kv_rows, static_cast<int64_t>(a.Hkv) * D, kv_box, 64,
-                                          CU_TENSOR_MAP_SWIZZLE_128B);
-  const CUtensorMap v_map = bf16_tile_map(a.v, a.kv_rows, static_cast<int64_t>(a.Hkv) * D, kv_box, 64,
-                                          CU_TENSOR_MAP_SWIZZLE_128B);
+  CUtensorMap k_map{}, v_map{};  // unused (not encoded) when the producer copies
+  if (box_rows > 0) {
+    k_map = bf16_tile_map(a.k, a.kv_rows, static_cast<int64_t>(a.Hkv) * D, box_rows, 64, CU_TENSOR_MAP_SWIZZLE_128B);
+    v_map = bf16_tile_map(a.v, a.kv_rows, static_cast<int64_t>(a.Hkv) * D, box_rows, 64, CU_TENSOR_MAP_SWIZZLE_128B);
+  }
   const int num_qtiles = (a.max_q_len + C::BM - 1) / C::BM;
   dim3 grid(num_qtiles, a.Hq, a.B);
   kernel<<<grid, C::NT, C::kSmemBytes, be.stream()>>>(static_cast<T*>(a.out), q_map, k_map, v_map,
@@ -324,19 +331,19 @@ void launch_ws(CudaBackend& be, const Args& a, int box_rows) {
 }  // namespace
 
 int ws_box_rows(int page_size) {
-  constexpr int kBN = 128;  // every configuration's key tile
-  int r = kBN;
+  static_assert(WsD64::BN == WsD128::BN, "one key tile for both head dimensions");
+  int r = WsD64::BN;
   while (r >= 64 && page_size % r != 0) r /= 2;
   return r >= 64 ? r : 0;
 }
 
+int ws_block_rows(int head_dim) { return head_dim == 64 ? WsD64::BM : WsD128::BM; }
+
 template <typename T>
 void launch_prefill_ws(CudaBackend& be, const Args& a) {
-  // D=64: 3 consumer warpgroups (BM=192), 3 stages; measured against 2 (BM=128, 4 stages) at
-  // L=30000: 6.23 ms against 7.53. D=128: 2 consumer warpgroups, 2 stages (shared memory).
   const int box_rows = ws_box_rows(a.kv.size);
-  if (a.D == 64) return launch_ws<T, 64, 3, 128, 3>(be, a, box_rows);
-  launch_ws<T, 128, 2, 128, 2>(be, a, box_rows);
+  if (a.D == 64) return launch_ws<T, WsD64>(be, a, box_rows);
+  launch_ws<T, WsD128>(be, a, box_rows);
 }
 
 template void launch_prefill_ws<__nv_bfloat16>(CudaBackend&, const Args&);
