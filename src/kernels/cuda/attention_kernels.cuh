@@ -188,6 +188,23 @@ template <typename T>
 void launch_prefill_wgmma(CudaBackend& be, const Args& a, int variant);
 template <typename T>
 void launch_prefill_ws(CudaBackend& be, const Args& a);  // variant 3 (attention_ws.cu)
+// The dense training layout on the warp-specialised kernel (attention_ws.cu; bf16, D = 64 or 128,
+// 16-byte aligned tensors): q [B, Hq, S, D], k, v [B, Hkv, S, D], out [B, S, Hq, D], lse [B, Hq, S]
+// (natural log); segment ids [B, S] and their summaries (attention_segments.cuh) or null; causal
+// or not. The forward of attention_train_forward on Hopper.
+struct DenseArgs {
+  void* out;
+  float* lse;
+  const void* q;
+  const void* k;
+  const void* v;
+  const int* seg;
+  const int4* seg_ranges;
+  int B, Hq, Hkv, S, D, n_gran;
+  bool causal;
+  float sl;  // scale * log2(e)
+};
+void launch_dense_ws(CudaBackend& be, const DenseArgs& a);
 // Rows per TMA box of the warp-specialised prefill kernel's K/V loads for a page size: the largest
 // power of two <= 128 (its key tile) dividing it when at least 64, else 0 (its producer then copies
 // with cp.async).

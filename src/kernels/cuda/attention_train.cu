@@ -18,11 +18,10 @@
 //
 // Fast path (bf16, D = 64 or 128, 16-byte aligned tensors), tensor-core variants (3 is the default
 // on sm_90a Hopper, 0 elsewhere; KILN_ATTN_TRAIN_VARIANT=0, 1 or 3, read on every call, selects one):
-//  1 wgmma, FlashAttention-3-like tiling without warp specialisation:
-//  * Forward: the inference prefill design of kernels/cuda/attention.cu (measured fastest there):
-//    D=64: 1 warpgroup, BM = 64 query rows, 128-key tiles, 3 blocks per SM; D=128: 2 warpgroups,
-//    BM = 128, 64-key tiles, 2 blocks per SM. Q/K/V tiles in 128-byte-swizzled shared memory
-//    (cp.async, K/V double buffered); S = Q K^T and O += P V on wgmma (P from registers).
+//  1 wgmma:
+//  * Forward: the inference prefill's warp-specialised kernel (attention_ws.cu, variant 3 of
+//    attention.cu) in its dense layout: Q and K/V tiles by TMA from q, k, v viewed as
+//    [B * H * S, D], the segment mask and tile skipping beside the causal one, lse out.
 //  * Backward main kernel: one template, attn_train_bwd_wg_kernel<BwdWgCfg<D, NWG, kMinBlocks>>,
 //    here in its 2-warpgroup configuration (BwdWg2Cfg<D>, 1 block per SM): 128 keys per block (64
 //    per warpgroup: dK, dV in registers), 64 queries per step: S^T = K Q^T and dP^T = V dO^T (keys
@@ -86,6 +85,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/attention_internal.h"
+#include "kernels/cuda/attention_segments.cuh"
 #include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/cuda_train_ops.h"
 #include "kernels/cuda/hopper_util.cuh"
@@ -99,7 +99,6 @@ using bf16 = __nv_bfloat16;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kSegGranule = 32;  // tokens per segment-range summary; every tile size is a multiple
 constexpr int kSeqPad = 128;     // S_pad: the lse2 / delta / dQ scratch rows, a multiple of every BM
 
 // ------------------------------------------------------------------------------------------------
@@ -173,24 +172,6 @@ __global__ void seg_ranges_kernel(int4* __restrict__ ranges, const int* __restri
     }
   }
   ranges[idx] = make_int4(lo, hi, pad, 0);
-}
-
-// Summary of tokens [begin, end) (begin a multiple of the granule, end > begin) of one row.
-__device__ __forceinline__ int4 seg_union(const int4* __restrict__ row_ranges, int begin, int end) {
-  int4 r = make_int4(INT_MAX, -1, 0, 0);
-  for (int gi = begin / kSegGranule; gi * kSegGranule < end; ++gi) {
-    const int4 x = row_ranges[gi];
-    r.x = min(r.x, x.x);
-    r.y = max(r.y, x.y);
-    r.z |= x.z;
-  }
-  return r;
-}
-// Can some token of a see some token of b (a common non-padding id is possible)?
-__device__ __forceinline__ bool seg_meet(int4 a, int4 b) { return a.x <= b.y && b.x <= a.y; }
-// Do all tokens of a and b carry one and the same id (no segment mask needed)?
-__device__ __forceinline__ bool seg_same(int4 a, int4 b) {
-  return !a.z && !b.z && a.x == a.y && b.x == b.y && a.x == b.x;
 }
 
 // Step schedule of a backward block of BN keys from kb0, shared by the backward kernels: the steps
@@ -909,220 +890,6 @@ __device__ __forceinline__ void wg_load_rows(bf16* tile, const bf16* base, int64
     const bool ok = row0 + r0 + i * RS < limit;
     cp_async16(d0 + i * RS * 128, ok ? src + i * RS * stride : base, ok);
   }
-}
-
-// Forward (wgmma): NWG warpgroups, each owning 64 query rows (BM = 64 * NWG), BN keys per K/V tile,
-// K/V double buffered and shared by the warpgroups. Per key tile: wait for the tile's cp.async
-// group, fence.proxy.async, barrier, prefetch the next (non-skipped) tile into the other stage,
-// S = Q K^T (wgmma, both operands K-major) -> wait -> masked online softmax -> O += P V (P from
-// registers, V MN-major) -> wait.
-template <int D, int BN, int NWG>
-struct FwdWgCfg {
-  static constexpr int NT = NWG * 128;
-  static constexpr int BM = NWG * 64;
-  static constexpr int SD = BN / 2;  // S accumulators per thread
-  static constexpr int OD = D / 2;   // O accumulators per thread
-  static constexpr int kTile = BN * D;
-  // Q, two K and two V stages, two stages of key segment ids, + slack for the 1024-byte alignment.
-  static constexpr int kSmemBytes = (BM * D + 4 * kTile) * 2 + 2 * BN * 4 + 1024;
-  static_assert(D == 64 || D == 128, "head dim");
-  static_assert(BN == 64 || BN == 128, "key tile");
-};
-
-template <int D, int BN, int NWG, int kMinBlocks>
-__global__ void __launch_bounds__(NWG * 128, kMinBlocks)
-    attn_train_fwd_wg_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ q,
-                             const bf16* __restrict__ k, const bf16* __restrict__ v, const int* __restrict__ seg,
-                             const int4* __restrict__ seg_ranges, int Hq, int Hkv, int S, int n_gran,
-                             int num_qtiles, int causal, float sl) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Cfg = FwdWgCfg<D, BN, NWG>;
-  constexpr int NT = Cfg::NT;
-  constexpr int BM = Cfg::BM;
-  constexpr int SD = Cfg::SD;
-  constexpr int OD = Cfg::OD;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  unsigned char* smem_base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  bf16* sQ = reinterpret_cast<bf16*>(smem_base);            // wg_off<BM> tile
-  bf16* sK = sQ + BM * D;                                   // [2] wg_off<BN> tiles
-  bf16* sV = sK + 2 * Cfg::kTile;                           // [2] wg_off<BN> tiles
-  int* sSegK = reinterpret_cast<int*>(sV + 2 * Cfg::kTile);  // [2][BN]
-
-  const int b = blockIdx.z;
-  const int h = blockIdx.y;
-  const int qt = num_qtiles - 1 - static_cast<int>(blockIdx.x);  // heaviest tiles first
-  const int row0 = qt * BM;
-  const int kvh = h / (Hq / Hkv);
-  const int tid = threadIdx.x;
-  const int wg = tid >> 7;
-  const int warp = (tid >> 5) & 3;
-  const int lane = tid & 31;
-  const int t = lane & 3;
-  const int wrow0 = row0 + wg * 64 + warp * 16 + (lane >> 2);  // this thread's rows: wrow0, wrow0 + 8
-
-  const bf16* q_base = q + static_cast<int64_t>(b * Hq + h) * S * D;
-  const bf16* k_base = k + static_cast<int64_t>(b * Hkv + kvh) * S * D;
-  const bf16* v_base = v + static_cast<int64_t>(b * Hkv + kvh) * S * D;
-  const bool use_seg = seg != nullptr;
-  const int* seg_row = use_seg ? seg + static_cast<int64_t>(b) * S : nullptr;
-  const int4* rng_row = use_seg ? seg_ranges + static_cast<int64_t>(b) * n_gran : nullptr;
-
-  const int row_end = min(S, row0 + BM);
-  const int kt_end = causal ? (row_end + BN - 1) / BN : (S + BN - 1) / BN;
-  const int4 q_rng = use_seg ? seg_union(rng_row, row0, row_end) : make_int4(0, 0, 0, 0);
-  auto tile_ok = [&](int kt) { return !use_seg || seg_meet(q_rng, seg_union(rng_row, kt * BN, min(S, kt * BN + BN))); };
-  auto next_tile = [&](int kt) {
-    while (kt < kt_end && !tile_ok(kt)) ++kt;
-    return kt;
-  };
-  auto load_kv = [&](int kt, int buf) {
-    wg_load_rows<D, BN, NT>(sK + buf * Cfg::kTile, k_base, D, kt * BN, S, tid);
-    wg_load_rows<D, BN, NT>(sV + buf * Cfg::kTile, v_base, D, kt * BN, S, tid);
-    if (use_seg) {
-      for (int i = tid; i < BN; i += NT) {
-        const int key = kt * BN + i;
-        cp_async4(smem_u32(sSegK + buf * BN + i), seg_row + (key < S ? key : 0), key < S);
-      }
-    }
-  };
-
-  wg_load_rows<D, BM, NT>(sQ, q_base, D, row0, S, tid);
-  int kt = next_tile(0);
-  if (kt < kt_end) load_kv(kt, 0);
-  cp_async_commit();
-
-  int sq[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int row = wrow0 + 8 * hf;
-    sq[hf] = (use_seg && row < S) ? seg_row[row] : -1;
-  }
-  float o[OD], s[SD];
-#pragma unroll
-  for (int i = 0; i < OD; ++i) o[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < SD; ++i) s[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const uint32_t q_addr = smem_u32(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows (per column block)
-
-  int buf = 0;
-  while (kt < kt_end) {
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // tile kt landed; every warpgroup is done with the other stage
-    const int kt_next = next_tile(kt + 1);
-    if (kt_next < kt_end) load_kv(kt_next, buf ^ 1);
-    cp_async_commit();
-
-    // S = Q K^T
-    const uint32_t k_addr = smem_u32(sK + buf * Cfg::kTile);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint64_t da = wgmma_desc(q_addr + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
-      const uint64_t db = wgmma_desc(k_addr + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
-      if constexpr (BN == 128)
-        WgmmaBf16::ss128(s, da, db, kk);
-      else
-        WgmmaBf16::ss64(s, da, db, kk);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(s);
-
-    // Mask (tiles that cross the diagonal, the end of the keys or a segment edge), online softmax.
-    const int key0 = kt * BN;
-    const int* cSeg = sSegK + buf * BN;
-    const bool seg_mask = use_seg && !seg_same(q_rng, seg_union(rng_row, key0, min(S, key0 + BN)));
-    if (key0 + BN > S || (causal && key0 + BN - 1 > row0) || seg_mask) {
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = wrow0 + (e >> 1) * 8;
-          const int kl = j * 8 + 2 * t + (e & 1);
-          const int key = key0 + kl;
-          const int sr = sq[e >> 1];
-          if (key >= S || (causal && key > row) || (seg_mask && (sr < 0 || cSeg[kl] != sr))) s[4 * j + e] = -INFINITY;
-        }
-    }
-    float alpha[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[hf], mx * sl);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[hf] = fast_exp2(m[hf] - m_use);
-      m[hf] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = fast_exp2(fmaf(s[4 * j + 2 * hf + e], sl, -m_use));
-          s[4 * j + 2 * hf + e] = p;
-          sum += p;
-        }
-      l[hf] = l[hf] * alpha[hf] + sum;
-    }
-    uint32_t pa[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-#pragma unroll
-    for (int j = 0; j < OD / 4; ++j) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
-
-    // O += P V
-    const uint32_t v_addr = smem_u32(sV + buf * Cfg::kTile);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint64_t dv = wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024);
-      if constexpr (D == 128)
-        WgmmaBf16::rs128_mn(o, pa[kk], dv);
-      else
-        WgmmaBf16::rs64_mn(o, pa[kk], dv);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(pa);
-    kt = kt_next;
-    buf ^= 1;
-  }
-  cp_async_wait<0>();
-
-  // Epilogue: normalise, store out rows < S and their lse.
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float lsum = l[hf];
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    const int row = wrow0 + hf * 8;
-    if (row >= S) continue;
-    bf16* dst = out + (static_cast<int64_t>(b) * S + row) * Hq * D + static_cast<int64_t>(h) * D + 2 * t;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
-    if (t == 0) lse[static_cast<int64_t>(b * Hq + h) * S + row] = lsum > 0.0f ? (m[hf] + log2f(lsum)) * kLn2 : -INFINITY;
-  }
-#else
-  __trap();  // wgmma needs sm_90a; the host never selects this kernel elsewhere
-#endif
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1853,21 +1620,6 @@ void launch_fwd(CudaBackend& be, const Geometry& g, Tensor out, Tensor lse, Tens
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, int BN, int NWG, int kMinBlocks>
-void launch_fwd_wg(CudaBackend& be, const Geometry& g, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                   const int* seg, const int4* ranges, int n_gran, bool causal, float sl) {
-  using Cfg = FwdWgCfg<D, BN, NWG>;
-  static_assert(Cfg::kSmemBytes * kMinBlocks <= 228 * 1024, "shared memory per SM");
-  auto kernel = attn_train_fwd_wg_kernel<D, BN, NWG, kMinBlocks>;
-  allow_smem(be, kernel, Cfg::kSmemBytes);
-  const int num_qtiles = (g.S + Cfg::BM - 1) / Cfg::BM;
-  dim3 grid(num_qtiles, g.Hq, g.B);
-  kernel<<<grid, Cfg::NT, Cfg::kSmemBytes, detail::stream_of(be)>>>(
-      out.ptr<bf16>(), lse.ptr<float>(), q.ptr<const bf16>(), k.ptr<const bf16>(), v.ptr<const bf16>(), seg, ranges,
-      g.Hq, g.Hkv, g.S, n_gran, num_qtiles, causal ? 1 : 0, sl);
-  KILN_CUDA_CHECK_LAUNCH();
-}
-
 // The wgmma backward kernel in configuration Cfg (BwdWg2Cfg<D> or BwdWg1Cfg).
 template <typename Cfg>
 void launch_bwd_wg(CudaBackend& be, const Geometry& g, Tensor dk, Tensor dv, float* dq_acc, Tensor q, Tensor k,
@@ -1957,18 +1709,16 @@ void attention_train_forward(CudaBackend& be, Tensor out, Tensor lse, Tensor q, 
   const float sl = scale * kLog2e;
 
   if (fast_path(g, q.dtype, {out.data, q.data, k.data, v.data})) {
-    const bool wg = train_variant(be) >= 1;
-    if (g.D == 64) {
-      if (wg)
-        launch_fwd_wg<64, 128, 1, 3>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
-      else
-        launch_fwd<64, 2, 64, 4>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
-    } else {
-      if (wg)
-        launch_fwd_wg<128, 64, 2, 2>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
-      else
-        launch_fwd<128, 1, 64, 4>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
+    if (train_variant(be) >= 1) {
+      KILN_ASSERT(static_cast<int64_t>(g.B) * g.Hq * g.S < (int64_t{1} << 31));  // TMA row coordinates
+      const attn::DenseArgs a{out.data, lse.ptr<float>(), q.data, k.data, v.data, seg, rng,
+                              g.B, g.Hq, g.Hkv, g.S, g.D, n_gran, causal, sl};
+      return attn::launch_dense_ws(be, a);
     }
+    if (g.D == 64)
+      launch_fwd<64, 2, 64, 4>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
+    else
+      launch_fwd<128, 1, 64, 4>(be, g, out, lse, q, k, v, seg, rng, n_gran, causal, sl);
     return;
   }
   switch (q.dtype) {
