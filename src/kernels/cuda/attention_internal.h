@@ -43,7 +43,7 @@
 // Per-backend state: the attention kernels keep what they learn about a device (wgmma support,
 // raised shared-memory limits, occupancy, the environment's variant) in
 // CudaBackend::attention_state(), never in function-local statics, so a backend on another GPU
-// gets its own. The training kernels (attention_train.cu) share the two helpers below.
+// gets its own. The training kernels (attention_train*.cu) share the two helpers below.
 #pragma once
 
 #include "backend/cuda_backend.h"

@@ -149,7 +149,7 @@ constexpr int kDecodeMaxRowTiles = 4;  // decode path while max_q_len * G <= 64
 // Per-backend state (CudaBackend::attention_state()), created on the first call on that backend:
 // facts of its device and what was done to the kernels there. Kernel attributes and occupancy are
 // per device, so none of this lives in function-local statics (which would tie it to whichever
-// GPU ran first). attention_train.cu shares it (kernels/cuda/attention_internal.h).
+// GPU ran first). The attention_train*.cu files share it (kernels/cuda/attention_internal.h).
 struct AttentionState {
   int device = 0;
   bool has_wgmma = false;                    // sm_90: the wgmma kernels are built for sm_90a only

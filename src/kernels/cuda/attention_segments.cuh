@@ -1,5 +1,5 @@
 // Segment-id summaries of the dense training attention (attention_train.cu computes them; the
-// training kernels there and the warp-specialised forward in attention_ws.cu read them): per
+// backward in attention_train_bwd.cu and the warp-specialised forward in attention_ws.cu read them): per
 // (b, granule of kSegGranule tokens) an int4 {min id, max id, has padding, 0} over the granule's
 // non-padding tokens (min = INT_MAX, max = -1 when there are none). A tile pair whose id ranges do
 // not intersect cannot see each other (skipped); one where both sides carry a single id and no

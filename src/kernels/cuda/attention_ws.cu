@@ -147,14 +147,14 @@ struct SegmentMask {
 // ranges cannot meet the block's are skipped by producer and consumers alike; a tile that needs
 // the mask brings its key ids into a ring slot beside K, released only after the softmax read
 // them), out [B, S, Hq, D] and lse [B, Hq, S].
-template <typename T, int D, int NC, int BN, int ST, int kLayout>
-__global__ void __launch_bounds__(WsCfg<D, NC, BN, ST>::NT, 1)
+template <typename T, typename C, int kLayout>
+__global__ void __launch_bounds__(C::NT, 1)
     attn_ws_kernel(T* __restrict__ out, const __grid_constant__ CUtensorMap q_map,
                    const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                    const T* __restrict__ k_cache, const T* __restrict__ v_cache, const int* __restrict__ q_indptr,
                    PagedArgs kv, DenseKernelArgs dn, int Hq, int Hkv, int G, int box_rows, int num_qtiles, float sl) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = WsCfg<D, NC, BN, ST>;
+  constexpr int D = C::D, NC = C::NC, BN = C::BN, ST = C::ST;
   constexpr bool kDense = kLayout != kPaged;
   constexpr bool use_seg = kLayout == kDenseSegments;
   extern __shared__ unsigned char smem_ws[];
@@ -446,7 +446,7 @@ template <typename T, typename C, int kLayout>
 void launch_ws(CudaBackend& be, const CUtensorMap& q_map, const CUtensorMap& k_map, const CUtensorMap& v_map,
                void* out, const void* k, const void* v, const int* q_indptr, PagedArgs kv, const DenseKernelArgs& dn,
                int B, int Hq, int Hkv, int box_rows, int max_q_len, float sl) {
-  auto kernel = attn_ws_kernel<T, C::D, C::NC, C::BN, C::ST, kLayout>;
+  auto kernel = attn_ws_kernel<T, C, kLayout>;
   static_assert(C::kSmemBytes + 1024 <= 228 * 1024, "shared memory per SM (1 KiB reserved per block)");
   attention_allow_smem(be, kernel_key(kernel), C::kSmemBytes);
   const int num_qtiles = (max_q_len + C::BM - 1) / C::BM;
