@@ -10,6 +10,7 @@
 #           launch), with DECODE_ENGINE=1 bench_engine's single-request and B <= 8 decode with
 #           KILN_PDL=1 and =0, on the astrai-1b and llama-1b shapes.
 #   profile-decode: Nsight Compute per-kernel time and DRAM bandwidth of B=1 decode steps.
+#   profile-prefill: Nsight Compute per-kernel time of single-request prefills (8K, 30K).
 #   peers: llama.cpp (bench/peers/llama_cpp.sh model + bench) beside kiln's bench_engine single-request runs.
 #   engine: the engine, sampler and attention GPU tests, then bench_engine (decode B sweep, online run,
 #           shared-prefix TTFT, single-request latency) beside hf_bench.py's batched decode.
@@ -260,6 +261,17 @@ if [ "$WHAT" = profile-engine ]; then
     --skip single,online,prefix --batches $B --decode-tokens 60 --no-graphs > /tmp/ncu_engine.csv 2> /tmp/ncu_engine.err \
     || { tail -5 /tmp/ncu_engine.err; status=1; }
   python3 scripts/ncu_summary.py /tmp/ncu_engine.csv --steps ${PROFILE_STEPS:-5} --top 30 | tee "$OUT/ncu_engine_B$B.txt"
+fi
+if [ "$WHAT" = profile-prefill ]; then
+  # Per-kernel time of single-request prefills (Nsight Compute, durations only, eager steps): the
+  # astrai-1b shape at each of PROFILE_CONTEXTS (two runs each, the first warms up; per prefill).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  for n in ${PROFILE_CONTEXTS:-8192 30000}; do
+    "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv "$BUILD/bin/bench_engine" \
+      --config bench/configs/astrai-1b-shape.config.json --skip decode,online,prefix --single-contexts $n \
+      --decode-tokens 2 --no-graphs > /tmp/ncu_prefill_$n.csv 2> /tmp/ncu_prefill_$n.err || { tail -5 /tmp/ncu_prefill_$n.err; status=1; }
+    python3 scripts/ncu_summary.py /tmp/ncu_prefill_$n.csv --steps 2 --top 25 | tee "$OUT/ncu_prefill_$n.txt"
+  done
 fi
 if [ "$WHAT" = profile-decode ]; then
   # Per-kernel time and DRAM bandwidth of single-request decode steps (Nsight Compute, eager steps, each
