@@ -17,17 +17,16 @@
 // Defaults (prefill_default_variant), from the H200 measurements (bench_attention, causal bf16,
 // 2026-12-02, one call, ms per call; docs/perf-notes.md):
 //   D=64 (Hq=24, Hkv=4), 16-row pages   v0      v1      v2      v3
-//     L=1024                         .035    .023    .030    .028
-//     L=8192                         .815    .640    .670    .565
-//     L=30000                        9.292   7.377   7.552   6.120
-//     q8192 / kv30000                4.487   3.585   3.668   2.859
+//     L=8192                         .809    .620    .633    .527
+//     L=30000                        9.273   7.460   7.079   5.843
+//     q8192 / kv30000                4.494   3.530   3.439   2.749
 //   D=128 (Hq=32, Hkv=8), 16-row pages
-//     L=1024                         .058    .046    .042    .045
-//     L=8192                         2.087   1.569   1.195   1.257
-//     L=16384                        7.853   5.729   4.269   4.502
-//   D=128, one contiguous page (K/V by TMA; previous call)
-//     L=8192                         2.089   1.567   1.194   .954
-//     L=16384                        7.852   5.757   4.293   3.457
+//     L=8192                         2.070   1.503   1.139   1.237
+//     L=16384                        7.804   5.666   4.076   4.491
+//   D=128, one contiguous page (K/V by TMA)
+//     L=16384                        7.811   5.543   4.066   3.387
+//     q2048 / kv8192                 .945    .680    .508    .406
+//   (short prefills, an earlier call: D=64 L=1024 .035 / .023 / .030 / .028)
 // so D=64 takes 3 when its grid fills two waves of the SMs (1 below), D=128 takes 3 when the page
 // size takes TMA boxes (2 otherwise: with 16-row pages variant 3 copies K/V with cp.async and is
 // slower). The environment variable KILN_ATTN_PREFILL_VARIANT=N (read once per backend, on its
