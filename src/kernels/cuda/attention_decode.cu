@@ -360,6 +360,18 @@ __global__ void __launch_bounds__(kThreads)
   const int q_start = q_indptr[b];
   if (i >= q_indptr[b + 1] - q_start) return;  // uniform over the block
   const int64_t base = p * num_splits;
+  // The partial outputs of this warp's first kPrefetch splits are loaded before their weights are
+  // known (they do not depend on them), so that their latency overlaps the lse loads and reductions
+  // (same sums in the same order; measured in one call, B=1 at 1K: astrai-1b 1.025 -> 1.007 ms per
+  // step, llama-1b 0.941 -> 0.930; B=8 at 30K 0.5% slower).
+  constexpr int kPrefetch = 8;
+  using Part = std::conditional_t<PER == 2, float2, float4>;
+  Part pre[kPrefetch];
+#pragma unroll
+  for (int k = 0; k < kPrefetch; ++k) {
+    const int s = warp + k * kWarps;
+    pre[k] = s < num_splits ? *reinterpret_cast<const Part*>(part_o + (base + s) * D + lane * PER) : Part{};
+  }
 
   float mx = -INFINITY;
   for (int s = tid; s < num_splits; s += kThreads) {
@@ -390,22 +402,25 @@ __global__ void __launch_bounds__(kThreads)
   float o[PER];
 #pragma unroll
   for (int d = 0; d < PER; ++d) o[d] = 0.0f;
-#pragma unroll(PER == 2 ? 8 : 4)
-  for (int s = warp; s < num_splits; s += kWarps) {
-    const float w = sm_w[s];  // empty splits hold zeros in part_o, so no branch is needed
-    const float* src = part_o + (base + s) * D + lane * PER;
+  auto accumulate = [&](float w, const Part& v) {  // empty splits hold zeros in part_o: no branch
     if constexpr (PER == 2) {
-      const float2 v = *reinterpret_cast<const float2*>(src);
       o[0] = fmaf(w, v.x, o[0]);
       o[1] = fmaf(w, v.y, o[1]);
     } else {
-      const float4 v = *reinterpret_cast<const float4*>(src);
       o[0] = fmaf(w, v.x, o[0]);
       o[1] = fmaf(w, v.y, o[1]);
       o[2] = fmaf(w, v.z, o[2]);
       o[3] = fmaf(w, v.w, o[3]);
     }
+  };
+#pragma unroll
+  for (int k = 0; k < kPrefetch; ++k) {
+    const int s = warp + k * kWarps;
+    if (s < num_splits) accumulate(sm_w[s], pre[k]);
   }
+#pragma unroll(PER == 2 ? 8 : 4)
+  for (int s = warp + kPrefetch * kWarps; s < num_splits; s += kWarps)
+    accumulate(sm_w[s], *reinterpret_cast<const Part*>(part_o + (base + s) * D + lane * PER));
 #pragma unroll
   for (int d = 0; d < PER; ++d) sm_o[warp][lane * PER + d] = o[d];
   __syncthreads();
