@@ -145,22 +145,22 @@ struct Wgmma<__half> {
   }
 };
 
-// Masked online-softmax step, in place, on a wgmma S accumulator (64 x BN; this thread: rows
-// wrow0 and wrow0 + 8, n8 tile j in s[4j..4j+3]): s becomes P (f32, relative to the new running
-// max), m and l are updated and alpha gets the rescale factors of the two rows for O. The row max
-// and sum run as four independent chains (a single chain of BN / 4 dependent adds is latency the
-// few warps of a warp-specialised block cannot hide). (2^x of element pairs by ex2.approx.f16x2,
-// halving the SFU work, was measured slower: D=64, L=30000 7.39 ms against 6.23.)
-// Masks: key > delta + row (causal with an offset; delta >= kv_len: none) and key >= kv_len, plus
-// the tile's `extra` mask when extra.on (NoExtraMask; the segment ids of the dense training layout:
-// attention_ws.cu's SegmentMask).
+// wg_softmax's extra mask beside the causal and length ones: none (the segment ids of the dense
+// training layout are attention_ws.cu's SegmentMask).
 struct NoExtraMask {
   static constexpr bool on = false;
   __device__ __forceinline__ bool masked(int /*half*/, int /*key_in_tile*/) const { return false; }
 };
 
-// kRowSum = false: l is left alone (the kernel gets the row sums from the PV wgmma instead:
-// wg_issue_pv_rowsum).
+// Masked online-softmax step, in place, on a wgmma S accumulator (64 x BN; this thread: rows
+// wrow0 and wrow0 + 8, n8 tile j in s[4j..4j+3]): s becomes P (f32, relative to the new running
+// max), m and l are updated and alpha gets the rescale factors of the two rows for O. The row max
+// and sum run as four independent chains (a single chain of BN / 4 dependent adds is latency the
+// few warps of a warp-specialised block cannot hide). (2^x of element pairs by ex2.approx.f16x2,
+// halving the SFU work, was measured slower: D=64, L=30000 7.39 ms against 6.23.) Masks: key >
+// delta + row (causal with an offset; delta >= kv_len: none), key >= kv_len, and the tile's `extra`
+// mask when extra.on. kRowSum = false: l is left alone (the kernel gets the row sums from the PV
+// wgmma instead: wg_issue_pv_rowsum).
 template <int BN, bool kRowSum = true, typename Extra = NoExtraMask>
 __device__ __forceinline__ void wg_softmax(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                            int key0, int first_masked, int wrow0, int delta, int kv_len, int lane,
@@ -238,9 +238,6 @@ __device__ __forceinline__ int wg_off(int r, int c) {
   return (c >> 3) * (ROWS * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3);
 }
 
-// S = Q_wg K^T for a warpgroup's 64 query rows (D / 16 k steps; K-major descriptors advance 32
-// bytes per step inside a 64-dim column block, then jump to the next block). q_addr: the
-// warpgroup's first row in a Q tile of BM rows; k_addr: a K tile of BN rows.
 // A wgmma descriptor advanced by `offset` bytes (a multiple of 16): the start-address field (bits
 // 0-13: the shared-memory address >> 4) of a tile below 256 KiB never carries, so the advance is one
 // 32-bit add to the low word (instead of a descriptor built from the address at every k step).
@@ -249,6 +246,9 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t offset)
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+// S = Q_wg K^T for a warpgroup's 64 query rows (D / 16 k steps; K-major descriptors advance 32
+// bytes per step inside a 64-dim column block, then jump to the next block). q_addr: the
+// warpgroup's first row in a Q tile of BM rows; k_addr: a K tile of BN rows.
 template <typename T, int D, int BM, int BN>
 __device__ __forceinline__ void wg_issue_s(float (&s)[BN / 2], uint32_t q_addr, uint32_t k_addr) {
   const uint64_t dq = wgmma_desc(q_addr, 16, 1024), dk = wgmma_desc(k_addr, 16, 1024);
@@ -277,9 +277,6 @@ __device__ __forceinline__ void wg_issue_pv(float (&o)[D / 2], const uint32_t (&
   }
 }
 
-// O / l of this thread's rows wrow0, wrow0 + 8 (those < q_len) to out [.., Hq, D] at token row
-// q_start + row, head h; with lse_row, also the row's log-sum-exp (natural log: (m + log2 l) ln 2,
-// -inf for a row that saw no key) at lse_row[row].
 // O += P [V | 1] for D = 64: the PV product with eight more columns read from a block of ones, so
 // that O's last n8 tile (o[32..35]) accumulates the rows' sums of the bf16 P (the softmax then skips
 // its sums: one add per score). The ones block (BN rows of 64 bf16 ones, 1024-byte aligned; being
@@ -293,6 +290,9 @@ __device__ __forceinline__ void wg_issue_pv_rowsum(float (&o)[36], const uint32_
   for (int kk = 0; kk < BN / 16; ++kk) Wgmma<T>::rs72_mn(o, pa[kk], desc_advance(dv0, kk * 16 * 128));
 }
 
+// O / l of this thread's rows wrow0, wrow0 + 8 (those < q_len) to out [.., Hq, D] at token row
+// q_start + row, head h; with lse_row, also the row's log-sum-exp (natural log: (m + log2 l) ln 2,
+// -inf for a row that saw no key) at lse_row[row].
 // With N = D / 2 + 4 accumulators the last n8 tile holds the rows' sums (wg_issue_pv_rowsum) and l
 // is not read.
 template <typename T, int D, int N = D / 2>
