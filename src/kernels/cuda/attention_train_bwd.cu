@@ -170,25 +170,7 @@ __device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, 
 }
 
 using attn::wg_off;  // the tile layout of the wgmma kernels (attention_wgmma.cuh)
-
-// cp.async of `rows` rows (row0 + r < limit, else zero-filled) of a [.., D] row-major global matrix
-// (row stride `stride` elements) into a wg_off<ROWS> tile. Thread tid copies chunk tid % (D / 8) of
-// rows tid / (D / 8) + i * RS (RS = NT / (D / 8), a multiple of 8: one swizzle pattern per thread).
-template <int D, int ROWS, int NT>
-__device__ __forceinline__ void wg_load_rows(bf16* tile, const bf16* base, int64_t stride, int row0, int limit,
-                                             int tid) {
-  constexpr int NC = D / 8;
-  constexpr int RS = NT / NC;
-  static_assert(RS % 8 == 0 && ROWS % RS == 0, "load mapping");
-  const int r0 = tid / NC, c = tid % NC;
-  const uint32_t d0 = smem_u32(tile + wg_off<ROWS>(r0, c));
-  const bf16* src = base + static_cast<int64_t>(row0 + r0) * stride + c * 8;
-#pragma unroll
-  for (int i = 0; i < ROWS / RS; ++i) {
-    const bool ok = row0 + r0 + i * RS < limit;
-    cp_async16(d0 + i * RS * 128, ok ? src + i * RS * stride : base, ok);
-  }
-}
+using attn::wg_load_rows;
 
 // ------------------------------------------------------------------------------------------------
 // Pieces of the wgmma backward kernel (both configurations). A warpgroup owns 64 keys; per step of
@@ -203,8 +185,8 @@ __device__ __forceinline__ void wg_bwd_load_step(bf16* sQ, bf16* sdO, float* sLs
                                                  const bf16* q, const bf16* dout, const float* lse2,
                                                  const float* delta, const int* seg_row, bool use_seg, int b, int h,
                                                  int Hq, int S, int S_pad, int q0, int tid) {
-  wg_load_rows<D, BM, NT>(sQ + buf * (BM * D), q + static_cast<int64_t>(b * Hq + h) * S * D, D, q0, S, tid);
-  wg_load_rows<D, BM, NT>(sdO + buf * (BM * D), dout + static_cast<int64_t>(b) * S * Hq * D + static_cast<int64_t>(h) * D,
+  wg_load_rows<bf16, D, BM, NT>(sQ + buf * (BM * D), q + static_cast<int64_t>(b * Hq + h) * S * D, D, q0, S, tid);
+  wg_load_rows<bf16, D, BM, NT>(sdO + buf * (BM * D), dout + static_cast<int64_t>(b) * S * Hq * D + static_cast<int64_t>(h) * D,
                           static_cast<int64_t>(Hq) * D, q0, S, tid);
   load_step_stats<BM, NT, kOneRowPerThread>(sLse2, sDelta, sSegQ, buf, lse2, delta,
                                             static_cast<int64_t>(b * Hq + h) * S_pad + q0, seg_row, use_seg, q0, S,
@@ -471,8 +453,8 @@ __global__ void __launch_bounds__(Cfg::NT, Cfg::kMinBlocks)
   const int* seg_row = use_seg ? seg + static_cast<int64_t>(b) * S : nullptr;
   const int4* rng_row = use_seg ? seg_ranges + static_cast<int64_t>(b) * n_gran : nullptr;
 
-  wg_load_rows<D, BN, NT>(sK, k + kv_off, D, kb0, S, tid);
-  wg_load_rows<D, BN, NT>(sV, v + kv_off, D, kb0, S, tid);
+  wg_load_rows<bf16, D, BN, NT>(sK, k + kv_off, D, kb0, S, tid);
+  wg_load_rows<bf16, D, BN, NT>(sV, v + kv_off, D, kb0, S, tid);
 
   const BwdSchedule<BN, BM> sched(use_seg, rng_row, kb0, S, G, causal);
   auto load_q = [&](int hi, int qb, int buf) {

@@ -12,6 +12,7 @@
 
 #include "backend/cuda_backend.h"
 #include "core/tensor.h"
+#include "kernels/cuda/attention_kernels.cuh"
 
 namespace kiln::cuda::attn_train {
 
@@ -29,23 +30,10 @@ struct Geometry {
   int B = 0, Hq = 0, Hkv = 0, S = 0, D = 0;
 };
 
-// Pairs of elements as float2 (backward prep, dQ conversion, generic kernels).
-__device__ __forceinline__ float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ float2 load2(const bf16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
-__device__ __forceinline__ float2 load2(const __half* p) {
-  return __half22float2(*reinterpret_cast<const __half2*>(p));
-}
-__device__ __forceinline__ void store2(float* p, float a, float b) {
-  *reinterpret_cast<float2*>(p) = make_float2(a, b);
-}
-__device__ __forceinline__ void store2(bf16* p, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-}
-__device__ __forceinline__ void store2(__half* p, float a, float b) {
-  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
-}
+// Pairs of elements as float2 (backward prep, dQ conversion, generic kernels): the inference
+// attention kernels' helpers.
+using attn::load2;
+using attn::store2;
 
 // attention_train_bwd.cu: the wgmma backward main kernel (bf16, D = 64 or 128, a device with wgmma)
 // for tensor-core variant 1 or 3: dk, dv, and dQ added into the zeroed f32 accumulator dq_acc

@@ -40,16 +40,7 @@ struct WgTile {
   static constexpr int RS = NT / NC;
   static_assert(RS % 8 == 0 && BN % RS == 0 && BM % RS == 0, "load mapping");
 
-  __device__ __forceinline__ void load_q() const {
-    const int r0 = tid / NC, c = tid % NC;
-    const uint32_t d0 = smem_u32(sQ + wg_off<BM>(r0, c));
-    const T* src = q_base + static_cast<int64_t>(row0 + r0) * q_stride + c * 8;
-#pragma unroll
-    for (int i = 0; i < BM / RS; ++i) {
-      const bool ok = row0 + r0 + i * RS < q_len;
-      cp_async16(d0 + i * RS * 128, ok ? src + i * RS * q_stride : q_base, ok);
-    }
-  }
+  __device__ __forceinline__ void load_q() const { wg_load_rows<T, D, BM, NT>(sQ, q_base, q_stride, row0, q_len, tid); }
   // K and V tile `tile` into stage buf (rows past n_keys zero-filled), from the pool rows in
   // `rows`: per copied row one shared-memory load and one widening multiply-add per address
   // (k_base and v_base already include this thread's chunk).

@@ -238,6 +238,25 @@ __device__ __forceinline__ int wg_off(int r, int c) {
   return (c >> 3) * (ROWS * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3);
 }
 
+// cp.async of `rows` rows (row0 + r < limit, else zero-filled) of a [.., D] row-major global matrix
+// (row stride `stride` elements) into a wg_off<ROWS> tile. Thread tid copies chunk tid % (D / 8) of
+// rows tid / (D / 8) + i * RS (RS = NT / (D / 8), a multiple of 8: one swizzle pattern per thread;
+// the prefill's Q tile, the training backward's Q, dO, K and V tiles).
+template <typename T, int D, int ROWS, int NT>
+__device__ __forceinline__ void wg_load_rows(T* tile, const T* base, int64_t stride, int row0, int limit, int tid) {
+  constexpr int NC = D / 8;
+  constexpr int RS = NT / NC;
+  static_assert(RS % 8 == 0 && ROWS % RS == 0, "load mapping");
+  const int r0 = tid / NC, c = tid % NC;
+  const uint32_t d0 = smem_u32(tile + wg_off<ROWS>(r0, c));
+  const T* src = base + static_cast<int64_t>(row0 + r0) * stride + c * 8;
+#pragma unroll
+  for (int i = 0; i < ROWS / RS; ++i) {
+    const bool ok = row0 + r0 + i * RS < limit;
+    cp_async16(d0 + i * RS * 128, ok ? src + i * RS * stride : base, ok);
+  }
+}
+
 // A wgmma descriptor advanced by `offset` bytes (a multiple of 16): the start-address field (bits
 // 0-13: the shared-memory address >> 4) of a tile below 256 KiB never carries, so the advance is one
 // 32-bit add to the low word (instead of a descriptor built from the address at every k step).
