@@ -387,9 +387,12 @@ Result<RlSummary> Run::run() {
       }
       for (Group& g : groups) KILN_RETURN_IF_ERROR(collect(g));
     } else {
-      // Async: keep the engine busy up to AReaL's bound, then take the oldest groups.
-      const int64_t version = static_cast<int64_t>(trainer_->policy_version());
-      while (submitted_samples_ + o_.group_size <= (o_.max_staleness + version + 1) * batch_samples) {
+      // Async: keep the engine busy up to AReaL's bound, then take the oldest groups. The bound
+      // counts RL steps (batches): a step advances the version by its optimizer steps (GRPO's
+      // minibatches), so max_staleness versions allow max_staleness / versions_per_step steps of lag.
+      const int64_t versions_per_step = o_.algorithm == "grpo" ? o_.minibatches : 1;
+      const int64_t lag_steps = o_.max_staleness / versions_per_step;
+      while (submitted_samples_ + o_.group_size <= (lag_steps + step_ + 1) * batch_samples) {
         KILN_ASSIGN_OR_RETURN(Group g, submit_group(next_serial_++));
         in_flight_.push_back(std::move(g));
       }

@@ -18,9 +18,11 @@
 //          On the CPU a sync run is bitwise reproducible from its seed, and identical with the
 //          prefix cache on and off.
 //   async  the engine keeps generating while the trainer steps (its own copy of the weights, updated
-//          with update_mode); admission is throttled so that at most (max_staleness + version + 1)
-//          * batch samples are ever submitted (AReaL's rule), and a sample whose oldest token is
-//          more than max_staleness versions behind the trainer is dropped before training.
+//          with update_mode); admission is throttled so that at most (max_staleness / m + step + 1)
+//          * batch samples are ever submitted by RL step `step` (AReaL's rule in steps; a step
+//          advances the version by m, its optimizer steps: GRPO's minibatches, else 1), so no
+//          sample is ever more than max_staleness versions behind the trainer; one that were would
+//          be dropped before training (dropped_stale in the metrics).
 // Checkpoints (trainer checkpoints, train/run_checkpoint.h) are named by policy version:
 // OUTPUT/checkpoint-<version>/, holding the RL step as the data position; resume restores the
 // trainer, the engine's version and the prompt order.

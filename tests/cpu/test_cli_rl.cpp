@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -148,11 +149,38 @@ TEST(CliRl, AsyncRunNeverTrainsOnStaleSamples) {
     for (const nlohmann::json& m : metrics) {
       for (const auto& [lag, count] : m["staleness"].items()) EXPECT_LE(std::stoll(lag), 1) << m.dump();
       EXPECT_EQ(m["cross_version_hits"].get<int64_t>(), 0);
+      // The admission throttle keeps every sample within the bound: none is generated only to be dropped.
+      EXPECT_EQ(m["dropped_stale"].get<int64_t>(), 0) << m.dump();
     }
     // Generation ran ahead of training: some step trained on samples of an older version.
     int64_t stale = 0;
     for (const nlohmann::json& m : metrics) stale += m["staleness"].value("1", int64_t{0});
     EXPECT_GT(stale, 0) << update;
+  }
+}
+
+// With two minibatches a step advances the version by 2: --max-staleness 2 lets generation run one
+// step ahead (samples two versions old, none older, none dropped); --max-staleness 1 allows no step
+// of lag (every sample of the current version).
+TEST(CliRl, AsyncStalenessCountsVersionsWithMinibatches) {
+  TempDir tmp;
+  write_inputs(tmp);
+  for (int max_staleness : {2, 1}) {
+    const std::string out = "async_mb_" + std::to_string(max_staleness);
+    RunResult r = run_kiln(rl_args(tmp, out, "--mode async --update-mode keep --minibatches 2 --max-staleness " +
+                                                  std::to_string(max_staleness), 5));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<nlohmann::json> metrics = read_jsonl(tmp.sub(out + "/metrics.jsonl"));
+    ASSERT_EQ(metrics.size(), 5u);
+    std::map<int64_t, int64_t> lags;
+    for (const nlohmann::json& m : metrics) {
+      EXPECT_EQ(m["dropped_stale"].get<int64_t>(), 0) << m.dump();
+      for (const auto& [lag, count] : m["staleness"].items()) lags[std::stoll(lag)] += count.get<int64_t>();
+    }
+    EXPECT_EQ(metrics.back()["policy_version"].get<int64_t>(), 10);  // two optimizer steps per RL step
+    for (const auto& [lag, count] : lags) EXPECT_TRUE(lag == 0 || lag == 2) << lag;  // whole steps behind
+    if (max_staleness == 2) EXPECT_GT(lags[2], 0);
+    else EXPECT_EQ(lags.size(), 1u);
   }
 }
 
