@@ -132,9 +132,18 @@ TEST(CliRl, ResumeContinuesExactly) {
   EXPECT_NE(rest.output.find("resumed from"), std::string::npos) << rest.output;
   EXPECT_EQ(read_file(tmp.sub("full/checkpoint-4/model.safetensors")),
             read_file(tmp.sub("part/checkpoint-4/model.safetensors")));
-  EXPECT_EQ(read_jsonl(tmp.sub("part/metrics.jsonl")).size(), 4u);
-  EXPECT_EQ(read_jsonl(tmp.sub("full/metrics.jsonl")).back()["reward_mean"],
-            read_jsonl(tmp.sub("part/metrics.jsonl")).back()["reward_mean"]);
+  const std::vector<nlohmann::json> full = read_jsonl(tmp.sub("full/metrics.jsonl")),
+                                    part = read_jsonl(tmp.sub("part/metrics.jsonl"));
+  ASSERT_EQ(part.size(), 4u);
+  ASSERT_EQ(full.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    for (const char* key : {"step", "policy_version", "oldest_version", "newest_version", "reward_mean", "loss"})
+      EXPECT_EQ(full[i][key], part[i][key]) << key << " at step " << i + 1;
+  // The resumed engine starts at the checkpoint's version: the rollouts after the resume (tokens,
+  // behaviour log-probabilities, per-token versions) are the uninterrupted run's, record for record.
+  const std::string rollouts = read_file(tmp.sub("full.rollouts.jsonl"));
+  ASSERT_FALSE(rollouts.empty());
+  EXPECT_EQ(rollouts, read_file(tmp.sub("part.rollouts.jsonl")));
 }
 
 TEST(CliRl, AsyncRunNeverTrainsOnStaleSamples) {
