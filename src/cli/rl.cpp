@@ -74,15 +74,21 @@ int run_rl_command(RlFlags& f) {
   ev.step = [&](const rl::RlStepReport& r) {
     if (!bar) bar = std::make_unique<ProgressBar>("rl", static_cast<double>(r.steps), 1.0, "steps", r.step - 1.0);
     bar->clear();
-    std::printf("step %lld/%lld policy_version %llu reward %.4f", static_cast<long long>(r.step),
-                static_cast<long long>(r.steps), static_cast<unsigned long long>(r.version), r.reward_mean);
+    std::printf("step %lld/%lld policy_version %llu reward %.4f std %.4f", static_cast<long long>(r.step),
+                static_cast<long long>(r.steps), static_cast<unsigned long long>(r.version), r.reward_mean,
+                r.reward_std);
     if (r.accuracy >= 0) std::printf(" accuracy %.3f", r.accuracy);
     if (r.dpo_accuracy >= 0) std::printf(" pref_accuracy %.3f margin %.4f", r.dpo_accuracy, r.dpo_margin);
-    std::printf(" loss %.5f kl %.5f entropy %.4f clip %.3f len %.1f versions %llu..%llu stale_dropped %lld "
-                "time gen %.2fs train %.2fs update %.4fs\n",
+    std::string staleness;  // samples per lag (trainer version - oldest token version)
+    for (const auto& [lag, count] : r.staleness)
+      staleness += (staleness.empty() ? "" : ",") + std::to_string(lag) + ":" + std::to_string(count);
+    std::printf(" loss %.5f kl %.5f entropy %.4f clip %.3f len %.1f versions %llu..%llu staleness {%s} stale_dropped %lld "
+                "time gen %.2fs train %.2fs update %.4fs tok/s rollout %.0f train %.0f\n",
                 r.loss, r.kl, r.entropy, r.clip_fraction, r.response_length,
                 static_cast<unsigned long long>(r.oldest_version), static_cast<unsigned long long>(r.newest_version),
-                static_cast<long long>(r.dropped_stale), r.generate_seconds, r.train_seconds, r.update_seconds);
+                staleness.c_str(), static_cast<long long>(r.dropped_stale), r.generate_seconds, r.train_seconds,
+                r.update_seconds, r.generate_seconds > 0 ? r.tokens_generated / r.generate_seconds : 0.0,
+                r.train_seconds > 0 ? r.tokens_trained / r.train_seconds : 0.0);
     std::fflush(stdout);
     char note[64];
     std::snprintf(note, sizeof(note), "reward %.3f", r.reward_mean);

@@ -83,6 +83,10 @@ TEST(CliRl, SyncRunIsReproducibleAndCacheInvariant) {
   RunResult c = run_kiln(rl_args(tmp, "c", "--prefix-cache false"));
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_NE(a.output.find("cross-version prefix hits: 0"), std::string::npos) << a.output;
+  // The progress line: the step's 8 samples all of the trainer's version, and the throughputs.
+  EXPECT_NE(a.output.find("step 1/4 policy_version 1 reward"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("staleness {0:8}"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("tok/s rollout"), std::string::npos) << a.output;
 
   const std::string ra = read_file(tmp.sub("a.rollouts.jsonl"));
   ASSERT_FALSE(ra.empty());
