@@ -116,6 +116,7 @@ void drain(Record& r) {
 struct Tally {
   int64_t operations = 0, requests = 0, tokens_checked = 0, mixed_requests = 0, unchecked_requests = 0;
   int64_t updates = 0, refused = 0, aborted = 0;
+  int64_t preemptions = 0, prefix_hit_tokens = 0;  // the engine's, over the runs
 };
 
 // One run of `operations` random operations; `modes` are the update modes drawn from.
@@ -202,6 +203,8 @@ void run_interleaving(uint64_t seed, int64_t operations, const std::vector<Weigh
   const EngineStats st = engine.stats();
   EXPECT_EQ(st.cross_version_hits, 0);
   EXPECT_EQ(st.policy_version, version);
+  tally.preemptions += st.preemptions;
+  tally.prefix_hit_tokens += st.prefix_hit_tokens;
 
   for (Record& r : records) {
     ++tally.requests;
@@ -334,6 +337,10 @@ TEST(Attribution, RandomInterleavingsAttributeEveryToken) {
   EXPECT_GT(tally.aborted, 0);
   EXPECT_GT(tally.mixed_requests, 10);  // keep updates landed mid-request
   EXPECT_LT(tally.unchecked_requests * 20, tally.requests);
+  EXPECT_GT(tally.preemptions, 0);        // the small pool preempted requests
+  EXPECT_GT(tally.prefix_hit_tokens, 0);  // shared prompts were served from the cache
+  std::printf("%lld preemptions, %lld prefix-cache hit tokens\n", static_cast<long long>(tally.preemptions),
+              static_cast<long long>(tally.prefix_hit_tokens));
   std::printf("attribution: %lld operations, %lld requests, %lld tokens checked, %lld updates (%lld refused), "
               "%lld requests aborted, %lld mixed-version requests (%lld preempted after the update, versions only)\n",
               static_cast<long long>(tally.operations), static_cast<long long>(tally.requests),
