@@ -197,6 +197,32 @@ TEST(CliRl, AsyncStalenessCountsVersionsWithMinibatches) {
   }
 }
 
+// GRPO end to end with a KL term and two minibatches: two versions per step; the second minibatch
+// runs a policy that moved, so the KL to the frozen reference is positive, and with tight clip
+// bounds some ratios clip (rewards differ within groups); without --kl-coef no reference is loaded
+// and the KL is not measured.
+TEST(CliRl, KlAndMinibatchesEndToEnd) {
+  TempDir tmp;
+  write_inputs(tmp);
+  // Rewards that differ within a group (the first completion token's id), so advantages are not zero.
+  tmp.file("reward.sh", "awk '{ match($0, /\"completion_ids\":\\[[0-9]+/); print substr($0, RSTART + 18, RLENGTH - 18) }'\n");
+  RunResult r = run_kiln(rl_args(tmp, "kl", "--kl-coef 0.1 --minibatches 2 --clip-low 0.001 --clip-high 0.001", 3,
+                                 12, 4, "3e-3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> m = read_jsonl(tmp.sub("kl/metrics.jsonl"));
+  ASSERT_EQ(m.size(), 3u);
+  double clipped = 0;
+  for (size_t i = 0; i < m.size(); ++i) {
+    EXPECT_EQ(m[i]["policy_version"].get<int64_t>(), 2 * static_cast<int64_t>(i + 1));
+    EXPECT_GT(m[i]["kl"].get<double>(), 0.0) << m[i].dump();
+    clipped += m[i]["clip_fraction"].get<double>();
+  }
+  EXPECT_GT(clipped, 0.0);
+  RunResult plain = run_kiln(rl_args(tmp, "plain", "--minibatches 2", 1));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(read_jsonl(tmp.sub("plain/metrics.jsonl")).front()["kl"].get<double>(), 0.0);
+}
+
 TEST(CliRl, OfflineDpoLearnsThePreferences) {
   TempDir tmp;
   std::string lines;
