@@ -145,6 +145,104 @@ class ServeSdkTest(unittest.TestCase):
             final = s.get_final_message()
         self.assertEqual(final.stop_sequence, "you")
 
+    # ---------------------------------------------------------------- sampling parameters
+    def test_sampling_cuts_to_one_token_are_greedy(self):
+        # At temperature 2 tiny-tools' first token is "Hello" with p ~ 0.9 (logits 20, 14, 14 and 0 for the
+        # rest, halved) and every later token has p ~ 0.987, so 16 seeded samples of 10 tokens stray from
+        # the greedy reply. top_k=1, min_p=1 (keep p >= max p), min_p=0.5 and top_p=0.5 (the top token
+        # alone holds >= 0.5 at every step) each keep only the most likely token: the greedy reply,
+        # whatever the seed.
+        kw = dict(model=self.model, messages=openai_messages(CASES["chat"]), temperature=2.0, max_tokens=10, n=16, seed=7)
+        free = [c.message.content for c in self.oai.chat.completions.create(**kw).choices]
+        self.assertTrue(any(t != GREETING for t in free), "the precondition: unrestricted samples differ from greedy")
+        for cut in ({"extra_body": {"top_k": 1}}, {"extra_body": {"min_p": 1.0}}, {"extra_body": {"min_p": 0.5}},
+                    {"top_p": 0.5}, {"top_p": 0.5, "extra_body": {"top_k": 3, "min_p": 0.2}}):
+            for seed in (7, 12345):
+                r = self.oai.chat.completions.create(**{**kw, "seed": seed}, **cut)
+                self.assertEqual([c.message.content for c in r.choices], [GREETING] * 16, cut)
+                self.assertEqual({c.finish_reason for c in r.choices}, {"stop"}, cut)
+        # top_k -1 (vLLM's "off") and 0, and top_p 1, cut nothing: the same seeded samples as without them.
+        for off in ({"extra_body": {"top_k": -1}}, {"extra_body": {"top_k": 0}}, {"top_p": 1.0}, {"extra_body": {"min_p": 0.0}}):
+            r = self.oai.chat.completions.create(**kw, **off)
+            self.assertEqual([c.message.content for c in r.choices], free, off)
+        # Anthropic's top_k and top_p (in the body) too.
+        m = self.ant.messages.create(model=self.model, max_tokens=50, messages=[{"role": "user", "content": "Hi!"}],
+                                     extra_body={"temperature": 1.0, "top_k": 1, "top_p": 0.5})
+        self.assertEqual(m.content[0].text, GREETING)
+
+    def test_penalties(self):
+        # "Once upon a time" with EOS ignored: the story, then <|im_end|> (258) again and again, each chosen
+        # with logit 20 against exactly 0 for every other token (tests/reference/make_tool_model.py: the
+        # hidden state is 8 on the current token's dimension, lm_head holds 10 / 4 for its successor and
+        # zero in the rest of that column). The penalties as OpenAI and vLLM define them
+        # (repetition first: positive logits of tokens in prompt or output divided by r; then
+        # frequency * output count + presence when the count > 0 subtracted) end the repetition after
+        # a number of 258s worked out from those logits; the tokens after it tie at 0, and the greedy
+        # pick takes the lowest id among them (kernels/sampling.h), so 0, 1, 2, ...
+        story = CASES["completion"]["completion_ids"][:-1]
+        eos = GOLDEN["eos_token_id"]
+
+        def ids(**kw):
+            return self.oai.completions.create(model=self.model, prompt=CASES["completion"]["prompt"], temperature=0,
+                                               max_tokens=24, extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                                          **kw.pop("extra", {})}, **kw).choices[0].token_ids
+
+        self.assertEqual(ids(), story + [eos] * 18)
+        # presence alone is at most 2: 20 - 2 > 0, no change.
+        self.assertEqual(ids(presence_penalty=2.0), story + [eos] * 18)
+        # 258 after k earlier 258s: 20 - 1.5 k, positive up to k = 13 (0.5), negative at k = 14 (-1).
+        self.assertEqual(ids(frequency_penalty=1.5), story + [eos] * 14 + [0, 1, 2, 3])
+        # 20 - 1.5 k - 1.25: positive up to k = 12 (0.75), negative at k = 13 (-0.75).
+        self.assertEqual(ids(frequency_penalty=1.5, presence_penalty=1.25), story + [eos] * 13 + [0, 1, 2, 3, 4])
+        # 20 / 10 - 1.5 k: positive at k = 1 (0.5), negative at k = 2 (-1). " a" of the story is also a
+        # prompt token: 20 / 10 = 2 still beats 0. The ids then climb to "\n" (10), which owns a chain:
+        # after it the greeting's "Hello" scores 20, and the greeting runs on.
+        greeting = CASES["chat"]["completion_ids"]
+        self.assertEqual(ids(frequency_penalty=1.5, extra={"repetition_penalty": 10.0}),
+                         story + [eos] * 2 + list(range(11)) + greeting[:5])
+        # A repetition penalty alone divides a positive logit and never takes it below 0: no change.
+        self.assertEqual(ids(extra={"repetition_penalty": 100.0}), story + [eos] * 18)
+
+    def test_sampling_parameter_errors(self):
+        chat = {"model": self.model, "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 2}
+        auth = {"Authorization": "Bearer " + KEY}
+
+        def refused(body, field, path="/v1/chat/completions"):
+            status, err = self.server.post(path, body, auth)
+            self.assertEqual(status, 400, (body, err))
+            self.assertEqual(set(err), {"error"}, err)  # OpenAI's shape
+            self.assertEqual(set(err["error"]), {"message", "type", "param", "code"}, err)
+            self.assertEqual(err["error"]["type"], "invalid_request_error", err)
+            self.assertIn(field, err["error"]["message"])
+
+        for field, values in (("top_p", [0, -0.5, 1.01, 2]), ("top_k", [-2, -100, 1.5, "3", True]),
+                              ("min_p", [-0.01, 1.01, "0.1"]), ("presence_penalty", [2.01, -2.01, 10]),
+                              ("frequency_penalty", [2.5, -3]), ("repetition_penalty", [0, -1, 101]),
+                              ("temperature", [-0.1, 2.01])):
+            for v in values:
+                refused({**chat, field: v}, field)
+                refused({"model": self.model, "prompt": "Hi", field: v}, field, "/v1/completions")
+        # JSON has no NaN or infinity: Python writes them as bare words, which are not JSON; nor is a number
+        # too large for a double (nlohmann refuses 1e999).
+        for field in ("top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature"):
+            for raw in (b"NaN", b"Infinity", b"-Infinity", b"1e999"):
+                body = json.dumps(chat)[:-1].encode() + b', "' + field.encode() + b'": ' + raw + b"}"
+                status, err = self.server.post("/v1/chat/completions", body, auth)
+                self.assertEqual((status, err["error"]["type"]), (400, "invalid_request_error"), (field, raw, err))
+                self.assertIn("JSON", err["error"]["message"])
+        # The SDK sees a BadRequestError.
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.oai.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "x"}], top_p=0)
+        self.assertIn("top_p", e.exception.body["message"])
+        # Anthropic: top_p in (0, 1], top_k >= 0, in its own shape; OpenAI's other fields are unknown there.
+        msg = {"model": self.model, "max_tokens": 5, "messages": [{"role": "user", "content": "Hi!"}]}
+        for field, v in (("top_p", 0), ("top_p", 1.5), ("top_k", -1), ("top_k", 0.5), ("temperature", 1.5),
+                         ("min_p", 0.5), ("frequency_penalty", 1)):
+            status, err = self.server.post("/v1/messages", {**msg, field: v}, {"x-api-key": KEY})
+            self.assertEqual(status, 400, (field, v, err))
+            self.assertEqual((err["type"], err["error"]["type"]), ("error", "invalid_request_error"), err)
+            self.assertIn(field, err["error"]["message"])
+
     # ---------------------------------------------------------------- completions
     def test_completions(self):
         c = CASES["completion"]
