@@ -332,6 +332,113 @@ class ServeSdkTest(unittest.TestCase):
         self.assertEqual(result.usage.input_tokens + (result.usage.cache_read_input_tokens or 0),
                          CASES["tool_result"]["prompt_tokens"])
 
+    def test_tool_choice_anthropic(self):
+        # tool_choice end to end, beside the OpenAI route's none / required / named on the same tools.
+        # tiny-tools calls the tool whenever tools are in the prompt, unless a tool result is in the
+        # context (then it reports the weather): forcing is seen on the tool-result conversation.
+        question = [{"role": "user", "content": "What is the weather in Paris?"}]
+        result = question + [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                          "content": CASES["tool_result"]["messages"][2]["content"]}]}]
+        oai_result = openai_messages(CASES["tool_result"])
+
+        def ant(messages, choice=None, tools=(ANTHROPIC_TOOL,)):
+            kw = {"tool_choice": choice} if choice else {}
+            return self.ant.messages.create(model=self.model, max_tokens=100, extra_body=T0, tools=list(tools),
+                                            messages=messages, **kw)
+
+        def oai(messages, choice):
+            return self.oai.chat.completions.create(model=self.model, messages=messages, temperature=0,
+                                                    tools=[WEATHER_TOOL], tool_choice=choice)
+
+        def prompt_tokens(m):
+            return m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+
+        def called(m):
+            self.assertEqual(m.stop_reason, "tool_use")
+            self.assertEqual([(b.type, b.name, b.input) for b in m.content], [("tool_use", "get_weather", {"city": "Paris"})])
+            self.assertTrue(m.content[0].id.startswith("toolu_"))
+
+        def called_oai(r):
+            self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+            c = r.choices[0].message.tool_calls
+            self.assertEqual([(x.function.name, json.loads(x.function.arguments)) for x in c], [("get_weather", {"city": "Paris"})])
+
+        # auto: as without tool_choice.
+        for choice in (None, {"type": "auto"}):
+            m = ant(question, choice)
+            called(m)
+            self.assertEqual(prompt_tokens(m), CASES["tools"]["prompt_tokens"])
+            m = ant(result, choice)
+            self.assertEqual(([b.type for b in m.content], m.content[0].text, m.stop_reason), (["text"], WEATHER, "end_turn"))
+            self.assertEqual(prompt_tokens(m), CASES["tool_result"]["prompt_tokens"])
+        # any (OpenAI "required"): the reply opens with <tool_call> (one token of tiny-tools), so a call
+        # comes even after a tool result.
+        m = ant(result, {"type": "any"})
+        called(m)
+        self.assertEqual(prompt_tokens(m), CASES["tool_result"]["prompt_tokens"] + 1)
+        r = oai(oai_result, "required")
+        called_oai(r)
+        self.assertEqual(r.usage.prompt_tokens, CASES["tool_result"]["prompt_tokens"] + 1)
+        called(ant(result, {"type": "any", "disable_parallel_tool_use": True}))
+        # tool (OpenAI named): the call's opening up to "arguments": is the prompt's (transformers' count
+        # of that prompt is golden's forced_call_name).
+        m = ant(question, {"type": "tool", "name": "get_weather"})
+        called(m)
+        self.assertEqual(prompt_tokens(m), CASES["forced_call_name"]["prompt_tokens"])
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        forced_extra = CASES["forced_call_name"]["prompt_tokens"] - CASES["tools"]["prompt_tokens"]
+        m = ant(result, {"type": "tool", "name": "get_weather"})
+        called(m)
+        self.assertEqual(prompt_tokens(m), CASES["tool_result"]["prompt_tokens"] + forced_extra)
+        r = oai(oai_result, named)
+        called_oai(r)
+        self.assertEqual(r.usage.prompt_tokens, CASES["tool_result"]["prompt_tokens"] + forced_extra)
+        # none: the tools stay out of the prompt, as on the OpenAI route.
+        m = ant(question, {"type": "none"})
+        self.assertEqual((m.content[0].text, m.stop_reason), (GREETING, "end_turn"))
+        self.assertEqual(prompt_tokens(m), oai(openai_messages(CASES["tools"]), "none").usage.prompt_tokens)
+        self.assertEqual(prompt_tokens(m), prompt_tokens(ant(question, tools=())))
+        m = ant(result, {"type": "none"})
+        self.assertEqual((m.content[0].text, m.stop_reason), (WEATHER, "end_turn"))
+        self.assertEqual(prompt_tokens(m), CASES["tool_result_no_tools"]["prompt_tokens"])
+        self.assertEqual(oai(oai_result, "none").usage.prompt_tokens, CASES["tool_result_no_tools"]["prompt_tokens"])
+        # Refused, in Anthropic's error shape.
+        for choice, tools in (({"type": "tool", "name": "nope"}, [ANTHROPIC_TOOL]), ({"type": "any"}, []),
+                              ({"type": "tool", "name": "get_weather"}, []), ({"type": "sometimes"}, [ANTHROPIC_TOOL]),
+                              ({"type": "tool"}, [ANTHROPIC_TOOL]), ("auto", [ANTHROPIC_TOOL])):
+            status, err = self.server.post("/v1/messages", {"model": self.model, "max_tokens": 5, "messages": question,
+                                                            "tools": tools, "tool_choice": choice}, {"x-api-key": KEY})
+            self.assertEqual((status, err["type"], err["error"]["type"]), (400, "error", "invalid_request_error"), (choice, err))
+            self.assertIn("tool_choice", err["error"]["message"])
+
+    def test_tool_use_anthropic_stream(self):
+        # The input_json_delta pieces of a streamed tool_use block add up to the JSON of its input.
+        question = [{"role": "user", "content": "What is the weather in Paris?"}]
+        for choice in (None, {"type": "tool", "name": "get_weather"}, {"type": "any"}):
+            kw = {"tool_choice": choice} if choice else {}
+            events = list(self.ant.messages.create(model=self.model, max_tokens=100, extra_body=T0, tools=[ANTHROPIC_TOOL],
+                                                   messages=question, stream=True, **kw))
+            types = [e.type for e in events]
+            self.assertEqual(types[0], "message_start")
+            self.assertEqual(types[-2:], ["message_delta", "message_stop"])
+            starts = [e for e in events if e.type == "content_block_start"]
+            self.assertEqual(len(starts), 1, choice)
+            block = starts[0].content_block
+            self.assertEqual((block.type, block.name, block.input), ("tool_use", "get_weather", {}))
+            self.assertTrue(block.id.startswith("toolu_"))
+            deltas = [e.delta for e in events if e.type == "content_block_delta"]
+            self.assertEqual({d.type for d in deltas}, {"input_json_delta"}, choice)
+            self.assertGreater(len(deltas), 1)  # incremental
+            self.assertEqual(json.loads("".join(d.partial_json for d in deltas)), {"city": "Paris"})
+            self.assertEqual({e.index for e in events if e.type.startswith("content_block")}, {0})
+            self.assertEqual([e.delta.stop_reason for e in events if e.type == "message_delta"], ["tool_use"])
+            # The same input as the response without streaming.
+            m = self.ant.messages.create(model=self.model, max_tokens=100, extra_body=T0, tools=[ANTHROPIC_TOOL],
+                                         messages=question, **kw)
+            self.assertEqual(m.content[0].input, json.loads("".join(d.partial_json for d in deltas)))
+
     # ---------------------------------------------------------------- Anthropic messages
     def test_messages(self):
         c = CASES["chat_system"]
