@@ -97,7 +97,9 @@ def finish_reason(events):
             if isinstance(ev, dict) and ev.get("choices") and ev["choices"][0].get("finish_reason")][-1]
 
 
-class WeightUpdateTest(unittest.TestCase):
+class UpdateServer(unittest.TestCase):
+    """A server on tiny-tools with the variant checkpoint beside it (each subclass starts its own, at version 0)."""
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="kiln-ops-")
@@ -120,12 +122,39 @@ class WeightUpdateTest(unittest.TestCase):
         c = body["choices"][0]
         return c["message"]["content"], c["policy_versions"]
 
+    def anthropic_reply(self):
+        """(text, policy_versions) of /v1/messages, without and with streaming (the extension field of the
+        message, and of the stream's message_delta)."""
+        body = {"model": "tiny-tools", "max_tokens": 50, "temperature": 0, "messages": [{"role": "user", "content": "Hi!"}]}
+        status, m = self.server.post("/v1/messages", body, AUTH)
+        self.assertEqual(status, 200, m)
+        u = urllib.parse.urlparse(self.server.url)
+        code, _, events = asyncio.run(stream_post(u.hostname, u.port, "/v1/messages", {**body, "stream": True}, AUTH))
+        self.assertEqual(code, 200)
+        text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+        (delta,) = [e for e in events if e["type"] == "message_delta"]
+        self.assertEqual((text, delta["policy_versions"]), (m["content"][0]["text"], m["policy_versions"]))
+        return m["content"][0]["text"], m["policy_versions"]
+
+    def stream_reply(self):
+        """(text, the set of its chunks' policy_version) of a streamed chat."""
+        u = urllib.parse.urlparse(self.server.url)
+        code, _, events = asyncio.run(stream_post(u.hostname, u.port, "/v1/chat/completions", chat_body(stream=True), AUTH))
+        self.assertEqual(code, 200)
+        self.assertEqual(events[-1], "[DONE]")
+        text = "".join(ev["choices"][0]["delta"].get("content") or "" for ev in events[:-1] if ev.get("choices"))
+        return text, set(chunk_versions(events))
+
+
+class WeightUpdateTest(UpdateServer):
     def test_updates_in_every_mode(self):
         self.assertEqual(self.reply(), (GREETING, [[0, 0]]))
+        self.assertEqual(self.anthropic_reply(), (GREETING, [[0, 0]]))
         # Between requests (sync): acknowledged with the new version, which every later token carries.
         status, ack = self.update(self.variant, 1, "sync")
         self.assertEqual((status, ack["version"]), (200, 1), ack)
         self.assertEqual(self.reply(), (WEATHER, [[0, 1]]))
+        self.assertEqual(self.anthropic_reply(), (WEATHER, [[0, 1]]))
         self.assertEqual(json.loads(self.server.get("/v1/models", AUTH))["data"][0]["policy_version"], 1)
         self.assertEqual(self.server.metrics(AUTH)["kiln_policy_version"], 1)
 
@@ -177,6 +206,21 @@ class WeightUpdateTest(unittest.TestCase):
         status, body = self.server.post("/v1/admin/update_weights", {"checkpoint_dir": self.variant, "version": 5})
         self.assertEqual(status, 401, body)
         self.assertEqual(self.reply(), (GREETING, [[0, 4]]))
+
+
+class WeightUpdateBetweenStreamsTest(UpdateServer):
+    def test_abort_and_keep_between_streams(self):
+        # Posted while nothing runs, abort and keep abort and keep nothing; every token after the
+        # acknowledgement is from the new weights and carries the new version, in both protocols.
+        self.assertEqual(self.stream_reply(), (GREETING, {0}))
+        for version, (ckpt, reply), mode in ((1, (self.variant, WEATHER), "abort"), (2, (MODEL, GREETING), "keep"),
+                                             (3, (self.variant, WEATHER), "keep"), (4, (MODEL, GREETING), "abort")):
+            status, ack = self.update(ckpt, version, mode)
+            self.assertEqual((status, ack["version"], ack["mode"], ack["aborted"], ack["kept"]), (200, version, mode, 0, 0), ack)
+            self.assertEqual(self.stream_reply(), (reply, {version}), mode)
+            self.assertEqual(self.reply(), (reply, [[0, version]]), mode)
+            self.assertEqual(self.anthropic_reply(), (reply, [[0, version]]), mode)
+            self.assertEqual(json.loads(self.server.get("/v1/models", AUTH))["data"][0]["policy_version"], version)
 
 
 class ConnectionTest(unittest.TestCase):
