@@ -20,7 +20,8 @@ void ServeFlags::add(CLI::App* c) {
   c->add_option("--tool-call-parser", options.tool_call_format,
                 "how the model writes tool calls: auto (from the chat template), hermes, llama3_json, mistral, none")
       ->capture_default_str();
-  c->add_option("--max-tokens-limit", options.max_tokens_cap, "the most tokens one completion may generate (0: the context)")
+  c->add_option("--max-tokens-limit", options.max_tokens_cap, "the most tokens a request may ask for per completion (more is refused; also the default "
+                "when it asks none; 0: the context)")
       ->capture_default_str();
   c->add_option("--max-n", options.max_n, "choices per request at most")->capture_default_str();
 }

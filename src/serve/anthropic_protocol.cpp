@@ -106,7 +106,9 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
   KILN_ASSIGN_OR_RETURN(ChatPrompt prompt, render_chat_prompt(*ctx.text, ctx.template_name, conv.messages, tools,
                                                               conv.prefill + job.tools.forced_prefix));
   const int64_t room = ctx.context_length - static_cast<int64_t>(prompt.ids.size());
-  if (ctx.max_tokens_cap > 0) max_tokens = std::min(max_tokens, ctx.max_tokens_cap);
+  if (ctx.max_tokens_cap > 0 && max_tokens > ctx.max_tokens_cap)
+    return invalid_argument("max_tokens: " + std::to_string(max_tokens) + " > " + std::to_string(ctx.max_tokens_cap) +
+                            ", the most this server allows (--max-tokens-limit)");
   if (static_cast<int64_t>(max_tokens) > room)
     return invalid_argument("prompt is too long: " + std::to_string(prompt.ids.size()) + " tokens + max_tokens " +
                             std::to_string(max_tokens) + " > " + std::to_string(ctx.context_length) + " maximum");

@@ -94,8 +94,13 @@ Status fit_max_tokens(const ServeContext& ctx, CompletionJob* job, int32_t asked
                             " tokens. Please reduce the length of the prompt.");
   }
   int64_t asked = asked_tokens;
-  if (asked < 0) asked = default_max > 0 ? std::min<int64_t>(default_max, room) : room;
-  if (ctx.max_tokens_cap > 0) asked = std::min<int64_t>(asked, ctx.max_tokens_cap);
+  if (asked < 0) {  // not given: the default, what the context leaves, the server's cap
+    asked = default_max > 0 ? std::min<int64_t>(default_max, room) : room;
+    if (ctx.max_tokens_cap > 0) asked = std::min<int64_t>(asked, ctx.max_tokens_cap);
+  } else if (ctx.max_tokens_cap > 0 && asked > ctx.max_tokens_cap) {
+    return invalid_argument("max_tokens is too large: " + std::to_string(asked) + ". This server allows at most " +
+                            std::to_string(ctx.max_tokens_cap) + " completion tokens (--max-tokens-limit).");
+  }
   if (asked > room) {
     return invalid_argument("This model's maximum context length is " + std::to_string(ctx.context_length) +
                             " tokens. However, you requested " + std::to_string(longest + asked) + " tokens (" +

@@ -96,6 +96,38 @@ TEST_F(ServeProtocol, OpenAIChatJob) {
   EXPECT_EQ(job->request.max_tokens + static_cast<int64_t>(job->prompts[0].size()), 4096);
 }
 
+TEST_F(ServeProtocol, MaxTokensLimit) {
+  // --max-tokens-limit 5: the default of a request that asks none is 5 at most; asking more is refused,
+  // in both protocols (as OpenAI and Anthropic refuse max_tokens above a model's output limit).
+  ServeContext c = ctx();
+  c.max_tokens_cap = 5;
+  const std::string msgs = R"("messages": [{"role": "user", "content": "Hi!"}])";
+  auto chat = [&](const std::string& extra) {
+    return parse_openai_chat(Json::parse(R"({"model": "tiny-tools", )" + msgs + extra + "}"), c);
+  };
+  for (const char* ok : {"", R"(, "max_tokens": 5)", R"(, "max_completion_tokens": 3)"}) {
+    Result<CompletionJob> job = chat(ok);
+    ASSERT_TRUE(job.ok()) << ok << ": " << job.status().message();
+    EXPECT_EQ(job->request.max_tokens, std::string(ok).find('3') != std::string::npos ? 3 : 5) << ok;
+  }
+  for (const char* bad : {R"(, "max_tokens": 6)", R"(, "max_completion_tokens": 4096)"}) {
+    Result<CompletionJob> job = chat(bad);
+    ASSERT_FALSE(job.ok()) << bad;
+    EXPECT_EQ(api_error_from(job.status()).status, 400);
+    EXPECT_NE(job.status().message().find("--max-tokens-limit"), std::string::npos) << job.status().message();
+  }
+  Result<CompletionJob> job = parse_openai_completion(Json::parse(R"({"model": "tiny-tools", "prompt": "Hi"})"), c);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->request.max_tokens, 5);  // OpenAI's default of 16, capped
+  EXPECT_FALSE(parse_openai_completion(Json::parse(R"({"model": "tiny-tools", "prompt": "Hi", "max_tokens": 16})"), c).ok());
+  job = parse_anthropic_messages(Json::parse(R"({"model": "tiny-tools", "max_tokens": 5, )" + msgs + "}"), c);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->request.max_tokens, 5);
+  job = parse_anthropic_messages(Json::parse(R"({"model": "tiny-tools", "max_tokens": 6, )" + msgs + "}"), c);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(api_error_from(job.status()).status, 400);
+}
+
 TEST_F(ServeProtocol, RefusesWhatItDoesNotSupport) {
   auto chat = [&](const char* extra) {
     return parse_openai_chat(Json::parse(std::string(R"({"model": "tiny-tools", "messages": [{"role": "user", "content": "x"}])") +
