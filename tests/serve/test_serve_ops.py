@@ -7,17 +7,21 @@ which checkpoint produced it, and its policy versions say which version did.
 Run: KILN=build/bin/kiln python -m unittest tests/serve/test_serve_ops.py   (stdlib only)
 """
 import asyncio
+import ipaddress
 import json
 import os
 import resource
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import unittest
+import urllib.error
 import urllib.parse
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 from kiln_server import KilnServer  # noqa: E402
@@ -318,6 +322,202 @@ class ConnectionTest(unittest.TestCase):
         self.assertEqual(code, 200)
         self.assertIn(finish_reason(events), ("abort", "length"))
         self.assertEqual(events[-1], "[DONE]")
+
+
+def non_loopback_address():
+    """An IPv4 address of this machine other than loopback (hostname -I), or None."""
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        out = []
+    for a in out:
+        try:
+            if isinstance(ipaddress.ip_address(a), ipaddress.IPv4Address) and not ipaddress.ip_address(a).is_loopback:
+                return a
+        except ValueError:
+            pass
+    return None
+
+
+def request(url, path, body=None, headers=None):
+    """(status, parsed JSON body) of a GET (body None) or POST to url + path; errors are returned."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method="GET" if body is None else "POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def url_at(server, host):
+    return f"http://{host}:{urllib.parse.urlparse(server.url).port}"
+
+
+MESSAGE = {"model": "tiny-tools", "max_tokens": 20, "temperature": 0, "messages": [{"role": "user", "content": "Hi!"}]}
+
+
+class ServerOptionsTest(unittest.TestCase):
+    def assert_openai_error(self, got, status, type_, code=None):
+        self.assertEqual(got[0], status, got)
+        self.assertEqual(set(got[1]), {"error"}, got)
+        self.assertEqual((got[1]["error"]["type"], got[1]["error"]["code"]), (type_, code), got)
+
+    def assert_anthropic_error(self, got, status, type_):
+        self.assertEqual(got[0], status, got)
+        self.assertEqual((got[1]["type"], got[1]["error"]["type"]), ("error", type_), got)
+
+    def test_without_a_key_only_loopback(self):
+        # Without an API key kiln listens on 127.0.0.1 only: another host cannot even connect. Binding
+        # another address takes an explicit --host (the issue: "without a key only loopback is allowed
+        # unless --host is given explicitly"), and then kiln warns that anyone who reaches it may use it.
+        # (The server also answers 403 to a non-loopback peer when no key and no --host were given; a
+        # loopback bind never sees one, so that line is a second guard no client can reach.)
+        addr = non_loopback_address()
+        if addr is None:
+            self.skipTest("this machine has no non-loopback IPv4 address (hostname -I) to connect through")
+        server = KilnServer(KILN, MODEL)
+        try:
+            self.assertIn("no API key", server.read_log())
+            self.assertEqual(request(server.url, "/v1/models")[0], 200)
+            with self.assertRaises(urllib.error.URLError) as e:
+                request(url_at(server, addr), "/v1/models")
+            self.assertIsInstance(e.exception.reason, ConnectionRefusedError)
+            # Admin routes need a key even on loopback.
+            self.assert_openai_error(request(server.url, "/v1/admin/flush_cache", {}), 403, "permission_error")
+        finally:
+            self.assertEqual(server.stop(), 0)
+        server = KilnServer(KILN, MODEL, "--host", "0.0.0.0")
+        try:
+            self.assertIn("warning: no API key", server.read_log())
+            status, body = request(url_at(server, addr), "/v1/chat/completions", chat_body())
+            self.assertEqual((status, body["choices"][0]["message"]["content"]), (200, GREETING))
+            self.assertIn(f'"remote":"{addr}:', server.read_log())  # it was served as the other address
+            self.assert_openai_error(request(url_at(server, addr), "/v1/admin/flush_cache", {}), 403, "permission_error")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_api_key_from_environment(self):
+        # KILN_API_KEY is enforced as --api-key is, on every address, for both protocols and /metrics;
+        # --api-key wins over it.
+        addr = non_loopback_address()
+        server = KilnServer(KILN, MODEL, "--host", "0.0.0.0", env={"KILN_API_KEY": "sk-env"})
+        try:
+            self.assertNotIn("no API key", server.read_log())
+            for base in [url_at(server, "127.0.0.1")] + ([url_at(server, addr)] if addr else []):
+                for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"x-api-key": "sk-wrong"}, {"Authorization": "sk-env"}):
+                    self.assert_openai_error(request(base, "/v1/models", None, headers), 401, "authentication_error")
+                    self.assert_openai_error(request(base, "/v1/chat/completions", chat_body(), headers), 401, "authentication_error")
+                    self.assert_anthropic_error(request(base, "/v1/messages", MESSAGE, headers), 401, "authentication_error")
+                    self.assertEqual(request(base, "/v1/admin/flush_cache", {}, headers)[0], 401)
+                    with self.assertRaises(urllib.error.HTTPError) as e:
+                        urllib.request.urlopen(urllib.request.Request(base + "/metrics", headers=headers), timeout=30)
+                    self.assertEqual(e.exception.code, 401)
+                self.assertEqual(request(base, "/v1/models", None, {"Authorization": "Bearer sk-env"})[0], 200)
+                status, body = request(base, "/v1/chat/completions", chat_body(), {"Authorization": "Bearer sk-env"})
+                self.assertEqual((status, body["choices"][0]["message"]["content"]), (200, GREETING))
+                status, body = request(base, "/v1/messages", MESSAGE, {"x-api-key": "sk-env"})
+                self.assertEqual((status, body["content"][0]["text"]), (200, GREETING))
+                self.assertEqual(request(base, "/v1/admin/flush_cache", {}, {"x-api-key": "sk-env"}), (200, {"flushed": True}))
+        finally:
+            self.assertEqual(server.stop(), 0)
+        server = KilnServer(KILN, MODEL, "--api-key", "sk-flag", env={"KILN_API_KEY": "sk-env"})
+        try:
+            self.assertEqual(request(server.url, "/v1/models", None, {"Authorization": "Bearer sk-env"})[0], 401)
+            self.assertEqual(request(server.url, "/v1/models", None, {"Authorization": "Bearer sk-flag"})[0], 200)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_served_model_name(self):
+        server = KilnServer(KILN, MODEL, "--served-model-name", "acme/kiln-7")
+        try:
+            self.assertIn("kiln: serving acme/kiln-7 on", server.read_log())
+            status, models = request(server.url, "/v1/models")
+            self.assertEqual([m["id"] for m in models["data"]], ["acme/kiln-7"])
+            self.assertEqual(request(server.url, "/v1/models/acme/kiln-7")[1]["id"], "acme/kiln-7")
+            self.assertEqual(request(server.url, "/v1/models/tiny-tools")[0], 404)
+            name = {"model": "acme/kiln-7"}
+            status, body = request(server.url, "/v1/chat/completions", chat_body(**name))
+            self.assertEqual((status, body["model"], body["choices"][0]["message"]["content"]), (200, "acme/kiln-7", GREETING))
+            status, body = request(server.url, "/v1/completions", {**name, "prompt": "Once upon a time", "temperature": 0})
+            self.assertEqual((status, body["model"], body["choices"][0]["text"]), (200, "acme/kiln-7", GOLDEN["replies"]["story"]))
+            status, body = request(server.url, "/v1/messages", {**MESSAGE, **name})
+            self.assertEqual((status, body["model"], body["content"][0]["text"]), (200, "acme/kiln-7", GREETING))
+            u = urllib.parse.urlparse(server.url)
+            code, _, events = asyncio.run(stream_post(u.hostname, u.port, "/v1/chat/completions", chat_body(stream=True, **name)))
+            self.assertEqual({ev["model"] for ev in events[:-1]}, {"acme/kiln-7"})
+            code, _, events = asyncio.run(stream_post(u.hostname, u.port, "/v1/messages", {**MESSAGE, **name, "stream": True}))
+            self.assertEqual(events[0]["message"]["model"], "acme/kiln-7")
+            # The folder's name, or any other, is refused in each protocol's shape.
+            for other in ("tiny-tools", "acme/kiln-8", ""):
+                self.assert_openai_error(request(server.url, "/v1/chat/completions", chat_body(model=other)),
+                                         404, "invalid_request_error", "model_not_found")
+                self.assert_openai_error(request(server.url, "/v1/completions", {"model": other, "prompt": "x"}),
+                                         404, "invalid_request_error", "model_not_found")
+                self.assert_anthropic_error(request(server.url, "/v1/messages", {**MESSAGE, "model": other}), 404, "not_found_error")
+                self.assert_anthropic_error(request(server.url, "/v1/messages/count_tokens", {**MESSAGE, "model": other}),
+                                            404, "not_found_error")
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_token_and_context_limits(self):
+        # --kv-tokens 128 makes a KV pool of 128 tokens, and so the context (prompt + completion) 128;
+        # --max-tokens-limit 5 caps what a request may ask for and what it gets by default.
+        server = KilnServer(KILN, MODEL, "--kv-tokens", "128", "--max-tokens-limit", "5", "--max-n", "2")
+        try:
+            self.assertIn("(context 128 tokens", server.read_log())
+            short = GREETING.split(" can")[0] + " can I"  # "Hello! How can I": five tokens
+            # The cap: the default is the cap, asking for it is fine, asking for more is refused.
+            for kw in ({}, {"max_tokens": 5}, {"max_completion_tokens": 5}):
+                status, body = server.post("/v1/chat/completions", chat_body(**kw))
+                self.assertEqual((status, body["choices"][0]["message"]["content"], body["choices"][0]["finish_reason"],
+                                  body["usage"]["completion_tokens"]), (200, short, "length", 5), kw)
+            status, body = server.post("/v1/completions", {"model": "tiny-tools", "prompt": "Once upon a time", "temperature": 0})
+            self.assertEqual((status, body["choices"][0]["text"]), (200, " there was a little dragon"))  # 5 of 16 by default
+            for kw in ({"max_tokens": 6}, {"max_completion_tokens": 100}):
+                got = server.post("/v1/chat/completions", chat_body(**kw))
+                self.assert_openai_error(got, 400, "invalid_request_error")
+                self.assertIn("--max-tokens-limit", got[1]["error"]["message"])
+            status, body = server.post("/v1/messages", {**MESSAGE, "max_tokens": 5})
+            self.assertEqual((status, body["content"][0]["text"], body["stop_reason"]), (200, short, "max_tokens"))
+            got = server.post("/v1/messages", {**MESSAGE, "max_tokens": 6})
+            self.assert_anthropic_error(got, 400, "invalid_request_error")
+            self.assertIn("--max-tokens-limit", got[1]["error"]["message"])
+            # The context: "Hi!" renders to 92 tokens (golden), three of them the message's bytes; a message
+            # of n x's (one byte token each) renders to 89 + n. 89 + 34 + 5 = 128 fits, 89 + 35 + 5 does not.
+            prompt_tokens = next(c["prompt_tokens"] for c in GOLDEN["cases"] if c["name"] == "chat")
+
+            def xs(n):
+                return [{"role": "user", "content": "x" * n}]
+            status, body = server.post("/v1/chat/completions", chat_body(messages=xs(34), max_tokens=5))
+            self.assertEqual((status, body["usage"]["prompt_tokens"]), (200, prompt_tokens - 3 + 34))
+            got = server.post("/v1/chat/completions", chat_body(messages=xs(35), max_tokens=5))
+            self.assert_openai_error(got, 400, "invalid_request_error", "context_length_exceeded")
+            self.assertIn("128", got[1]["error"]["message"])
+            # Without max_tokens the completion gets what the context leaves (here 3 < 5).
+            status, body = server.post("/v1/chat/completions", chat_body(messages=xs(36)))
+            self.assertEqual((status, body["choices"][0]["message"]["content"], body["usage"]["completion_tokens"]),
+                             (200, "Hello! How", 3))
+            self.assert_openai_error(server.post("/v1/chat/completions", chat_body(messages=xs(39))),
+                                     400, "invalid_request_error", "context_length_exceeded")
+            self.assertEqual(server.post("/v1/messages", {**MESSAGE, "max_tokens": 5, "messages": xs(34)})[0], 200)
+            got = server.post("/v1/messages", {**MESSAGE, "max_tokens": 5, "messages": xs(35)})
+            self.assert_anthropic_error(got, 400, "invalid_request_error")
+            self.assertIn("prompt is too long", got[1]["error"]["message"])
+            # Token-id prompts of completions: 123 + 5 fits, 124 + 5 does not, 128 leaves no room at all.
+            self.assertEqual(server.post("/v1/completions", {"model": "tiny-tools", "prompt": [120] * 123, "max_tokens": 5})[0], 200)
+            for n, kw in ((124, {"max_tokens": 5}), (128, {})):
+                self.assert_openai_error(server.post("/v1/completions", {"model": "tiny-tools", "prompt": [120] * n, **kw}),
+                                         400, "invalid_request_error", "context_length_exceeded")
+            # --max-n.
+            status, body = server.post("/v1/chat/completions", chat_body(n=2, max_tokens=1))
+            self.assertEqual((status, len(body["choices"])), (200, 2))
+            got = server.post("/v1/chat/completions", chat_body(n=3, max_tokens=1))
+            self.assert_openai_error(got, 400, "invalid_request_error")
+            self.assertIn("'n'", got[1]["error"]["message"])
+        finally:
+            self.assertEqual(server.stop(), 0)
 
 
 class LoadTest(unittest.TestCase):
