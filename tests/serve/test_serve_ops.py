@@ -522,6 +522,7 @@ class ServerOptionsTest(unittest.TestCase):
 
 class LoadTest(unittest.TestCase):
     N = 1000
+    WARM_CHATS = 8
 
     def test_concurrent_streams(self):
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -534,8 +535,16 @@ class LoadTest(unittest.TestCase):
                         "stream": True, "stream_options": {"include_usage": True}}
                 return await stream_post(u.hostname, u.port, "/v1/chat/completions", body)
 
-            async def wave():
-                return await asyncio.gather(*(one(i) for i in range(self.N)))
+            async def long_prompt(i):  # 4,000 byte tokens, each prompt from its own first token; 8 generated
+                body = {"model": "tiny-tools", "prompt": [(i + j) % 250 for j in range(4000)], "temperature": 0,
+                        "max_tokens": 8, "ignore_eos": True, "stream": True}
+                return await stream_post(u.hostname, u.port, "/v1/completions", body)
+
+            async def wave(n):
+                return await asyncio.gather(*(one(i) for i in range(n)))
+
+            async def warm_up():
+                return await asyncio.gather(*(long_prompt(i) for i in range(4)), wave(self.WARM_CHATS))
 
             def check(results):
                 for code, _, events in results:
@@ -545,19 +554,40 @@ class LoadTest(unittest.TestCase):
                     self.assertEqual(text, GREETING)
                     self.assertEqual(events[-2]["usage"]["completion_tokens"], 10)
 
+            # Warm-up, so that what the server allocates at start but touches only when used counts in the
+            # baseline: four 4,000-token prompts at once fill the KV pool (four full-length sequences on
+            # the CPU) and run full 8,192-token steps; a few chats go through the HTTP and chat path.
+            *longs, chats = asyncio.run(warm_up())
+            for code, _, events in longs:
+                self.assertEqual((code, events[-1]), (200, "[DONE]"))
+            check(chats)
+            self.assertGreater(server.metrics()["kiln_kv_usage_ratio"], 0.95)
+            before = server.rss_kib()
             t0 = time.time()
-            check(asyncio.run(wave()))
+            check(asyncio.run(wave(self.N)))
             first = time.time() - t0
-            baseline = server.rss_kib()
-            check(asyncio.run(wave()))
+            after_first = server.rss_kib()
+            check(asyncio.run(wave(self.N)))
             after = server.rss_kib()
             m = server.metrics()
             self.assertEqual(m["kiln_requests_running"] + m["kiln_requests_waiting"] + m["kiln_completions_open"], 0)
             self.assertEqual(m["kiln_http_connections"], 1)  # the metrics request itself
-            self.assertEqual(m['kiln_requests_total{route="/v1/chat/completions",status="200"}'], 2 * self.N)
+            self.assertEqual(m['kiln_requests_total{route="/v1/chat/completions",status="200"}'], 2 * self.N + self.WARM_CHATS)
+            msg = f"RSS {before} KiB before the load, {after_first} KiB after the first wave, {after} KiB after the second"
             # Memory: a second wave of the same load leaves the server where the first one did.
-            self.assertLess(after - baseline, 16 * 1024, f"RSS {baseline} KiB -> {after} KiB")
-            print(f"\n{self.N} concurrent streams: {first:.2f} s; RSS {baseline} -> {after} KiB", file=sys.stderr)
+            self.assertLess(after - after_first, 16 * 1024, msg)
+            # And near where it was before the load. Not at it: the process's peak RSS (VmHWM) is reached with
+            # the 1,000 streams open and stays, because glibc keeps what they freed in its arenas (a
+            # thread's arena returns memory only from its top) for the next load; the live heap itself
+            # comes back within a megabyte (the prefix cache's index of the prompts; malloc_stats read
+            # through gdb). What stays is the footprint of the open streams: the read buffer Beast
+            # holds to watch for a disconnect (4 KiB), the session, the request's JSON, its prompt and
+            # engine request, the SSE chunks waiting to be written: measured 11 to 13 KiB per concurrent
+            # stream for 250 to 2,000 streams (Debian 12, glibc 2.36), and bounded here by 16 KiB per
+            # stream. It grows with the streams open at once, not with the requests served: a leak of
+            # 3 KiB per request over the 2,000 would cross the bound.
+            self.assertLess(after - before, 16 * self.N, msg)
+            print(f"\n{self.N} concurrent streams: {first:.2f} s; {msg}", file=sys.stderr)
         finally:
             self.assertEqual(server.stop(), 0)
 
