@@ -1,13 +1,16 @@
-// Exact resume on the CPU: a run stopped by SIGTERM at a random step, or killed with SIGKILL at a
-// random moment, and continued with --resume auto ends bitwise equal to the run that was never
-// interrupted — the final weights byte for byte, and every step's loss, grad norm and learning rate
-// and every validation loss in metrics.jsonl — for each optimizer and LR schedule. A damaged or
-// partial checkpoint, another model, a changed flag, or an old run in --output are clear errors.
+// Exact resume on the CPU: a run stopped by SIGTERM or SIGINT (Ctrl-C) at a random step, or killed
+// with SIGKILL at a random moment, and continued with --resume auto ends bitwise equal to the run
+// that was never interrupted — the final weights byte for byte, and every step's loss, grad norm and
+// learning rate and every validation loss in metrics.jsonl — for each optimizer and LR schedule. A
+// damaged or partial checkpoint, another model, a changed flag, or an old run in --output are clear
+// errors.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -73,9 +76,25 @@ void expect_same_run(const std::string& want, const std::string& got, const std:
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << what << ": metrics line " << i;
 }
 
-TEST(Resume, SigtermAtARandomStepThenResumeIsBitwiseEqual) {
+// The steps of the checkpoint-<step>/ folders in a run folder, ascending.
+std::vector<int> checkpoint_steps(const std::string& run_dir) {
+  std::vector<int> out;
+  for (const auto& e : fs::directory_iterator(run_dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("checkpoint-", 0) == 0) out.push_back(std::stoi(name.substr(11)));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// SIGTERM (what schedulers send) and SIGINT (Ctrl-C) both stop a run between steps: one checkpoint
+// of the step reached, no final model, exit 0.
+class ResumeAfterSignal : public testing::TestWithParam<int> {};
+
+TEST_P(ResumeAfterSignal, StopAtARandomStepThenResumeIsBitwiseEqual) {
+  const int sig = GetParam();
   Fixture fx;
-  std::mt19937 rng(20261201);
+  std::mt19937 rng(sig == SIGTERM ? 20261201 : 20261202);
   const std::vector<std::string> optimizers = {"adamw --weight-decay 0.1 --clip-norm 1", "sgd --weight-decay 0.01",
                                                "muon --weight-decay 0.1 --muon-adjust-lr match_rms_adamw"};
   const std::vector<std::string> schedules = {"constant", "linear --warmup-steps 3", "cosine --warmup-steps 2 --min-lr-ratio 0.1",
@@ -88,10 +107,14 @@ TEST(Resume, SigtermAtARandomStepThenResumeIsBitwiseEqual) {
       RunResult r = run_kiln(fx.args(ref, extra));
       ASSERT_EQ(r.exit_code, 0) << r.output;
       const int stop_at = 1 + static_cast<int>(rng() % 10);
-      const std::string what = extra + ", SIGTERM after step " + std::to_string(stop_at);
-      const int status = run_kiln_and_signal(fx.args(cut, extra), stop_at, SIGTERM, 0);
+      const std::string what = extra + ", " + strsignal(sig) + " after step " + std::to_string(stop_at);
+      const int status = run_kiln_and_signal(fx.args(cut, extra), stop_at, sig, 0);
       ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << what << ": status " << status;
       EXPECT_FALSE(fs::exists(cut + "/model.safetensors")) << what << ": a stopped run writes only its checkpoint";
+      const std::vector<int> saved = checkpoint_steps(cut);
+      ASSERT_EQ(saved.size(), 1u) << what;
+      EXPECT_GE(saved[0], stop_at) << what;  // the signal came after that step's line
+      EXPECT_LT(saved[0], 12) << what;
       RunResult resumed = run_kiln(fx.args(cut, extra + " --resume auto"));
       ASSERT_EQ(resumed.exit_code, 0) << what << "\n" << resumed.output;
       EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
@@ -99,6 +122,9 @@ TEST(Resume, SigtermAtARandomStepThenResumeIsBitwiseEqual) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Resume, ResumeAfterSignal, testing::Values(SIGTERM, SIGINT),
+                         [](const testing::TestParamInfo<int>& info) { return info.param == SIGTERM ? "Sigterm" : "Sigint"; });
 
 TEST(Resume, KillNineAtARandomMomentThenResumeIsBitwiseEqual) {
   Fixture fx;
