@@ -131,7 +131,8 @@ TEST(Resume, KillNineAtARandomMomentThenResumeIsBitwiseEqual) {
   std::mt19937 rng(77);
   for (const std::string extra : {"--optimizer adamw --lr-schedule cosine --warmup-steps 2 --save-every 2 --keep-last 2",
                                    "--optimizer sgd --lr-schedule wsd --warmup-steps 1 --decay-steps 5 --save-every 3",
-                                   "--optimizer muon --muon-momentum 0.9 --lr-schedule linear --save-every 2"}) {
+                                   "--optimizer muon --muon-momentum 0.9 --lr-schedule linear --save-every 2",
+                                   "--optimizer adamw --clip-norm 1 --lr-schedule constant --warmup-steps 3 --save-every 3"}) {
     const std::string tag = std::to_string(rng() % 100000);
     const std::string ref = fx.tmp.sub("ref" + tag), cut = fx.tmp.sub("cut" + tag);
     RunResult r = run_kiln(fx.args(ref, extra));
