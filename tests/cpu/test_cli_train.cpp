@@ -2,11 +2,19 @@
 // loss well below its start and save a checkpoint that kiln loads and that scores the training data
 // better than the original; the saved checkpoint keeps Hugging Face names, converts to
 // --save-dtype and copies the tokenizer files; every kind of bad input fails with a clear message,
-// a non-zero exit and no checkpoint written.
+// a non-zero exit and no checkpoint written; stderr on a terminal shows a progress bar with ETA,
+// elsewhere only the plain lines.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <pty.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -247,6 +255,97 @@ TEST(CliTrain, NonFiniteStopsWithoutCheckpoint) {
   expect_clean_failure(r, "not finite");
   EXPECT_NE(r.output.find("step 2"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(tmp.sub("out") + "/model.safetensors"));
+}
+
+// Runs `kiln <args>` with stderr on a pseudo-terminal, stdout into `stdout_file` and stdin from
+// /dev/null; returns everything the terminal received (its line discipline turns "\n" into "\r\n")
+// and sets *exit_code (-1 when kiln did not exit normally).
+std::string run_kiln_on_terminal(const std::string& args, const std::string& stdout_file, int* exit_code) {
+  *exit_code = -1;
+  int master = -1, slave = -1;
+  if (::openpty(&master, &slave, nullptr, nullptr, nullptr) != 0) {
+    ADD_FAILURE() << "openpty: " << std::strerror(errno);
+    return "";
+  }
+  const std::string cmd = "exec " + kiln_binary() + " " + args + " >" + stdout_file + " </dev/null";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(slave, STDERR_FILENO);
+    ::close(slave);
+    ::close(master);
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(slave);
+  std::string terminal;
+  char buf[4096];
+  for (;;) {  // until the last holder of the terminal's other side (kiln) is gone: EIO
+    pollfd p{master, POLLIN, 0};
+    if (::poll(&p, 1, 60000) <= 0) break;
+    const ssize_t n = ::read(master, buf, sizeof buf);
+    if (n <= 0) break;
+    terminal.append(buf, static_cast<size_t>(n));
+  }
+  ::close(master);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) *exit_code = WEXITSTATUS(status);
+  return terminal;
+}
+
+// On a terminal, stderr carries a bar redrawn in place after every step ("\r\033[K" then
+// "train [###.....] 2.0/6.0 steps  33% ETA 1s loss 5.1234"), erased before other messages; the step
+// lines still go to stdout. Without a terminal, stderr has no bar, no ETA and no control characters.
+TEST(CliTrain, ProgressBarWithEtaOnATerminalPlainLinesOtherwise) {
+  TempDir tmp;
+  std::string data;
+  for (const auto& s : synthetic_sequences(6, 12)) data += "{\"input_ids\": " + ids_json(s) + "}\n";
+  const std::string args = "train --model " + tiny_llama() + " --data " + tmp.file("d.jsonl", data) + " --steps 6 --output ";
+  constexpr int kSteps = 6, kWidth = 28;
+
+  int exit_code = -1;
+  const std::string terminal = run_kiln_on_terminal(args + tmp.sub("tty"), tmp.sub("tty.out"), &exit_code);
+  ASSERT_EQ(exit_code, 0) << terminal;
+  std::vector<double> losses;
+  std::ifstream metrics(tmp.sub("tty") + "/metrics.jsonl");
+  for (std::string row; std::getline(metrics, row);) losses.push_back(nlohmann::json::parse(row).at("loss").get<double>());
+  ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
+  std::ifstream out_file(tmp.sub("tty.out"));
+  const std::string out((std::istreambuf_iterator<char>(out_file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(losses_of(out).size(), static_cast<size_t>(kSteps)) << "the step lines on stdout:\n" << out;
+
+  std::regex bar(R"(\r\x1b\[Ktrain \[([#.]+)\] (\d+\.\d)/(\d+\.\d) steps +(\d+)% ETA (\S+) loss (\S+))");
+  std::vector<std::smatch> bars;
+  for (std::sregex_iterator it(terminal.begin(), terminal.end(), bar), end; it != end; ++it) bars.push_back(*it);
+  ASSERT_EQ(bars.size(), static_cast<size_t>(kSteps)) << "one redraw per step expected; the terminal got:\n" << terminal;
+  for (int done = 1; done <= kSteps; ++done) {
+    const std::smatch& m = bars[static_cast<size_t>(done - 1)];
+    const std::string shown = m.str().substr(4);  // without "\r\033[K"
+    char want[32];
+    std::snprintf(want, sizeof want, "%d.0", done);
+    EXPECT_EQ(m[2].str(), want) << shown;
+    EXPECT_EQ(m[3].str(), std::to_string(kSteps) + ".0") << shown;
+    const int filled = done * kWidth / kSteps;
+    EXPECT_EQ(m[1].str(), std::string(filled, '#') + std::string(kWidth - filled, '.')) << shown;
+    EXPECT_EQ(std::stoi(m[4]), static_cast<int>(std::lround(100.0 * done / kSteps))) << shown;
+    // The time left: a duration once a step has set the rate ("?" before), none after the last step.
+    EXPECT_TRUE(std::regex_match(m[5].str(), std::regex(R"(\d+s|\d+m\d\ds|\d+h\d\dm)"))) << shown;
+    if (done == kSteps) EXPECT_EQ(m[5].str(), "0s") << shown;
+    std::snprintf(want, sizeof want, "%.4f", losses[static_cast<size_t>(done - 1)]);
+    EXPECT_EQ(m[6].str(), want) << shown;
+  }
+  // The bar is erased before the closing message, which therefore starts its own clean line.
+  EXPECT_NE(terminal.find("\r\x1b[Kkiln: saved the trained model"), std::string::npos) << terminal;
+
+  // The same run with stderr in a file: only plain lines, the step lines on stdout.
+  RunResult plain = run_kiln(args + tmp.sub("plain"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(losses_of(plain.stdout_only).size(), static_cast<size_t>(kSteps)) << plain.stdout_only;
+  const std::string err = plain.output.substr(plain.stdout_only.size());
+  EXPECT_NE(err.find("kiln: saved the trained model"), std::string::npos) << err;
+  EXPECT_EQ(err.find("ETA"), std::string::npos) << err;
+  EXPECT_EQ(err.find("train ["), std::string::npos) << err;
+  EXPECT_EQ(err.find_first_of("\r\x1b"), std::string::npos) << err;
 }
 
 }  // namespace
