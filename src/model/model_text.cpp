@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace kiln {
@@ -24,11 +25,23 @@ Result<nlohmann::ordered_json> read_json(const fs::path& p) {
   return j;
 }
 
-// A special token in tokenizer_config.json: a string, or an AddedToken object {"content": ...}.
-std::string token_string(const nlohmann::ordered_json& v) {
+// A special token of tokenizer_config.json (`key`): a string, an AddedToken object {"content": ...},
+// or null (none).
+Result<std::string> token_string(const nlohmann::ordered_json& cfg, const char* key, const fs::path& path) {
+  const nlohmann::ordered_json& v = cfg[key];
   if (v.is_string()) return v.get<std::string>();
   if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  return "";
+  if (v.is_null()) return std::string();
+  return invalid_argument(path.string() + ": " + key + " must be a string, null or an object with a string \"content\"; it is " +
+                          v.dump());
+}
+
+// A boolean flag of tokenizer_config.json (`key`): true, false or null (absent).
+Result<std::optional<bool>> config_flag(const nlohmann::ordered_json& cfg, const char* key, const fs::path& path) {
+  const nlohmann::ordered_json& v = cfg[key];
+  if (v.is_boolean()) return std::optional<bool>(v.get<bool>());
+  if (v.is_null()) return std::optional<bool>();
+  return invalid_argument(path.string() + ": " + key + " must be true, false or null; it is " + v.dump());
 }
 
 Status add_template(std::map<std::string, std::shared_ptr<const ChatTemplate>>& out, const std::string& name,
@@ -62,12 +75,17 @@ Result<ModelText> ModelText::load(const std::string& model_dir) {
   if (fs::exists(cfg_path)) {
     KILN_ASSIGN_OR_RETURN(nlohmann::ordered_json cfg, read_json(cfg_path));
     if (!cfg.is_object()) return invalid_argument(cfg_path.string() + " must hold a JSON object");
-    if (cfg.contains("bos_token")) m.special_.bos = token_string(cfg["bos_token"]);
-    if (cfg.contains("eos_token")) m.special_.eos = token_string(cfg["eos_token"]);
-    if (cfg.contains("pad_token")) m.special_.pad = token_string(cfg["pad_token"]);
-    if (cfg.contains("unk_token")) m.special_.unk = token_string(cfg["unk_token"]);
-    if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) m.special_.add_bos = cfg["add_bos_token"].get<bool>();
-    if (cfg.contains("add_eos_token") && cfg["add_eos_token"].is_boolean()) m.special_.add_eos = cfg["add_eos_token"].get<bool>();
+    for (auto [key, out] : {std::pair{"bos_token", &m.special_.bos}, std::pair{"eos_token", &m.special_.eos},
+                            std::pair{"pad_token", &m.special_.pad}, std::pair{"unk_token", &m.special_.unk}}) {
+      if (cfg.contains(key)) {
+        KILN_ASSIGN_OR_RETURN(*out, token_string(cfg, key, cfg_path));
+      }
+    }
+    for (auto [key, out] : {std::pair{"add_bos_token", &m.special_.add_bos}, std::pair{"add_eos_token", &m.special_.add_eos}}) {
+      if (cfg.contains(key)) {
+        KILN_ASSIGN_OR_RETURN(*out, config_flag(cfg, key, cfg_path));
+      }
+    }
     if (cfg.contains("chat_template")) {
       const auto& ct = cfg["chat_template"];
       const std::string where = cfg_path.string() + ": chat_template";

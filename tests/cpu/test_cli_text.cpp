@@ -270,4 +270,32 @@ TEST(CliTextErrors, BadInputsFailCleanly) {
   expect_failure(run_kiln("tokenize --model " + testdata_dir() + "/tiny-llama --text hi"), "tokenizer.json");
 }
 
+// tokenizer_config.json's special tokens and add_*_token flags of the wrong type are errors naming the
+// file, the key and what it holds (null stays allowed: no token, no flag); the command exits 1.
+TEST(CliText, TokenizerConfigWrongTypesAreErrors) {
+  ChatModel m;
+  const std::string cfg_path = m.dir() + "/tokenizer_config.json";
+  const nlohmann::ordered_json original = read_json_file(cfg_path);
+  const std::string messages = m.file("m.json", R"([{"role": "user", "content": "Hi"}])");
+  auto render = [&](const nlohmann::ordered_json& cfg) {
+    std::ofstream(cfg_path) << cfg.dump();
+    return run_kiln("chat-template --model " + m.dir() + " --messages " + messages);
+  };
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::ordered_json>>{
+           {"eos_token", 5}, {"bos_token", {{"content", 7}}}, {"pad_token", true}, {"unk_token", {1, 2}},
+           {"add_bos_token", "yes"}, {"add_eos_token", 1}}) {
+    nlohmann::ordered_json cfg = original;
+    cfg[key] = value;
+    RunResult r = render(cfg);
+    EXPECT_EQ(r.exit_code, 1) << key << ": " << r.output;
+    EXPECT_NE(r.output.find("tokenizer_config.json: " + key + " must be"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(value.dump()), std::string::npos) << r.output;
+  }
+  nlohmann::ordered_json cfg = original;
+  cfg["pad_token"] = nullptr;
+  cfg["add_bos_token"] = nullptr;
+  RunResult ok = render(cfg);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
 }  // namespace kiln::test
