@@ -37,6 +37,8 @@ struct Flags {
 };
 
 int run_serve(const Flags& f, const CLI::App& cmd) {
+  if (!(f.shutdown_grace >= 0 && f.shutdown_grace <= 86400))
+    return fail(invalid_argument("--shutdown-grace must be a number of seconds within [0, 86400]"));
   serve::ServerOptions o = f.serve.options;
   o.host_given = cmd.count("--host") > 0;
   if (o.api_key.empty())

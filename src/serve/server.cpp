@@ -110,6 +110,10 @@ Result<std::unique_ptr<Server>> Server::start(const ServedModel& model, const Se
   if (options.threads < 1 || options.threads > 256) return invalid_argument("--threads must be within [1, 256]");
   if (options.max_body_bytes < 1024) return invalid_argument("--max-body-bytes must be at least 1024");
   if (options.max_queued < 1) return invalid_argument("--max-queued must be at least 1");
+  if (!(options.idle_timeout_seconds > 0 && options.idle_timeout_seconds <= 86400))
+    return invalid_argument("--idle-timeout must be a number of seconds within (0, 86400]");
+  if (options.max_n < 1 || options.max_n > 1024) return invalid_argument("--max-n must be within [1, 1024]");
+  if (options.max_tokens_cap < 0) return invalid_argument("--max-tokens-limit must not be negative (0: the context)");
   auto impl = std::make_unique<Impl>();
   ServerCore& core = impl->core;
   core.model = model;

@@ -240,6 +240,12 @@ TEST(CliErrors, BadOrConflictingFlags) {
   // Sizes that cannot be allocated: an out-of-memory status naming the flag to change.
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens 2000000000"), "--max-step-tokens");
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --kv-tokens 2000000000"), "--kv-tokens");
+  // kiln serve's numbers: refused before anything listens.
+  const std::string serve = "serve --model " + testdata_dir() + "/tiny-llama --port 0 ";
+  for (const char* t : {"nan", "-1", "0", "1e300"}) expect_clean_failure(run_kiln(serve + "--idle-timeout " + t), "--idle-timeout");
+  for (const char* t : {"nan", "-1", "inf"}) expect_clean_failure(run_kiln(serve + "--shutdown-grace " + t), "--shutdown-grace");
+  for (const char* n : {"0", "-4", "100000"}) expect_clean_failure(run_kiln(serve + "--max-n " + n), "--max-n");
+  expect_clean_failure(run_kiln(serve + "--max-tokens-limit -1"), "--max-tokens-limit");
 }
 
 TEST(CliErrors, TruncatedSafetensorsHeader) {
