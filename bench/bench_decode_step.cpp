@@ -14,7 +14,9 @@
 #include <string>
 
 #include "backend/backend.h"
+#ifdef KILN_WITH_CUDA
 #include "backend/cuda_backend.h"
+#endif
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/transformer.h"
@@ -22,6 +24,7 @@
 namespace kiln {
 namespace {
 
+#ifdef KILN_WITH_CUDA
 std::vector<int32_t> parse_list(const std::string& s) {
   std::vector<int32_t> out;
   std::stringstream ss(s);
@@ -78,6 +81,7 @@ Result<double> time_graph(Backend& be, Transformer& model, const ForwardBatch& b
   KILN_RETURN_IF_ERROR(be.synchronize());
   return static_cast<double>(stop->elapsed_ms(*start)) / iters;
 }
+#endif
 
 int run(int argc, char** argv) {
   CLI::App app{"bench_decode_step: one graph-replayed decode step, with and without programmatic launch"};
@@ -88,7 +92,9 @@ int run(int argc, char** argv) {
   app.add_option("--contexts", contexts, "context lengths, comma separated");
   app.add_option("--iters", iters, "graph replays timed per run");
   CLI11_PARSE(app, argc, argv);
-
+#ifndef KILN_WITH_CUDA
+  return std::fprintf(stderr, "bench_decode_step: kiln was built without CUDA\n"), 1;
+#else
   Result<ModelConfig> config = load_model_config_file(config_path);
   if (!config.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", config.status().message().c_str()), 1;
   Result<std::unique_ptr<Backend>> be = make_backend(Device::cuda(0));
@@ -136,6 +142,7 @@ int run(int argc, char** argv) {
     }
   std::printf("%s\n", out.dump(1).c_str());
   return 0;
+#endif
 }
 
 }  // namespace
