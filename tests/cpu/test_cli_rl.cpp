@@ -58,6 +58,10 @@ const char* kRewardScript =
     "  if (!match($0, /\"completion_ids\":\\[[^]]*\\]/)) exit 4;\n"
     "  s = substr($0, RSTART, RLENGTH); print gsub(/,/, \",\", s) + 1 }'\n";
 
+// A reward of the first completion token's id: rewards that differ within a group.
+const char* kFirstTokenReward =
+    "awk '{ match($0, /\"completion_ids\":\\[[0-9]+/); print substr($0, RSTART + 18, RLENGTH - 18) }'\n";
+
 std::string rl_args(const TempDir& tmp, const std::string& out, const std::string& extra, int steps = 4,
                     int max_tokens = 12, int group_size = 4, const char* lr = "1e-3") {
   return "rl --model " + testdata_dir() + "/tiny-chat --prompts " + tmp.sub("prompts.jsonl") + " --output " +
@@ -204,8 +208,8 @@ TEST(CliRl, AsyncStalenessCountsVersionsWithMinibatches) {
 TEST(CliRl, KlAndMinibatchesEndToEnd) {
   TempDir tmp;
   write_inputs(tmp);
-  // Rewards that differ within a group (the first completion token's id), so advantages are not zero.
-  tmp.file("reward.sh", "awk '{ match($0, /\"completion_ids\":\\[[0-9]+/); print substr($0, RSTART + 18, RLENGTH - 18) }'\n");
+  // Rewards that differ within a group, so advantages are not zero.
+  tmp.file("reward.sh", kFirstTokenReward);
   RunResult r = run_kiln(rl_args(tmp, "kl", "--kl-coef 0.1 --minibatches 2 --clip-low 0.001 --clip-high 0.001", 3,
                                  12, 4, "3e-3"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -249,7 +253,7 @@ TEST(CliRl, OfflineDpoLearnsThePreferences) {
 TEST(CliRl, OnlineDpoPairsGroupsByReward) {
   TempDir tmp;
   write_inputs(tmp);
-  tmp.file("reward.sh", "awk '{ match($0, /\"completion_ids\":\\[[0-9]+/); print substr($0, RSTART + 18, RLENGTH - 18) }'\n");
+  tmp.file("reward.sh", kFirstTokenReward);
   RunResult r = run_kiln(rl_args(tmp, "odpo", "--algorithm online-dpo --beta 0.5", 12, 1, 8, "1e-2"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<nlohmann::json> m = read_jsonl(tmp.sub("odpo/metrics.jsonl"));
