@@ -17,6 +17,20 @@
 #endif
 
 namespace kiln {
+
+int64_t host_memory_limit() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  int64_t limit = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
+  std::string v;
+  if (cgroup >> v && v != "max") {
+    int64_t c = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), c);
+    if (ec == std::errc() && c > 0) limit = limit > 0 ? std::min(limit, c) : c;
+  }
+  return limit;
+}
+
 namespace {
 
 class CpuEvent final : public Event {
@@ -31,20 +45,6 @@ class CpuEvent final : public Event {
  private:
   std::chrono::steady_clock::time_point at_ = std::chrono::steady_clock::now();
 };
-
-// The memory this process may use: physical memory, or its cgroup's limit when lower (0: unknown).
-int64_t host_memory_limit() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  int64_t limit = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
-  std::string v;
-  if (cgroup >> v && v != "max") {
-    int64_t c = 0;
-    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), c);
-    if (ec == std::errc() && c > 0) limit = limit > 0 ? std::min(limit, c) : c;
-  }
-  return limit;
-}
 
 class CpuBackend final : public Backend {
  public:

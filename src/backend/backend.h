@@ -154,6 +154,11 @@ Result<TensorBuffer> pinned_host_empty(Backend& backend, Shape shape, DType dtyp
 TensorBuffer to_host(Backend& backend, Tensor src);
 Result<TensorBuffer> to_device(Backend& backend, Tensor src);
 
+// The memory this process may use on the host: physical memory, or its cgroup's limit when lower
+// (0: unknown). The CPU backend refuses allocations beyond it; callers check sizes against it before
+// building large std::vectors, which overcommitted memory would otherwise grant and the kernel kill.
+int64_t host_memory_limit();
+
 // The CPU backend (process-wide allocations through aligned new/delete); see batch_invariant().
 std::unique_ptr<Backend> make_cpu_backend(bool batch_invariant = false);
 // Number of usable CUDA devices; 0 when built without CUDA or no GPU/driver is present.

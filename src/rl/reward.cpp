@@ -48,7 +48,8 @@ class Pattern {
     int err = 0;
     PCRE2_SIZE off = 0;
     pcre2_code* code =
-        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF, &err, &off, nullptr);
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                      PCRE2_UTF | PCRE2_NEVER_BACKSLASH_C, &err, &off, nullptr);  // \C: one byte
     if (!code)
       return invalid_argument(std::string(option) + " " + quote(pattern) + " does not compile at offset " +
                               std::to_string(off) + ": " + error_text(err));

@@ -22,6 +22,7 @@ class ShardData final : public TrainingData {
   bool has_target_mask() const override { return format_ == "chat"; }
   const std::string& fingerprint() const override { return fingerprint_; }
   int64_t tokens() const override { return tokens_; }
+  int64_t longest_row() const override { return seq_len_; }
 
   TrainExample example(int64_t row, bool every_token) const override {
     const size_t s = static_cast<size_t>(std::upper_bound(row_starts_.begin(), row_starts_.end(), row) -
@@ -65,6 +66,7 @@ class ShardData final : public TrainingData {
         return invalid_argument(where + " is not meta.json version 1 of kiln preprocess");
       data->format_ = meta.at("data_format").get<std::string>();
       const int64_t seq_len = meta.at("seq_len").get<int64_t>();
+      data->seq_len_ = seq_len;
       if (seq_len > config.max_position_embeddings)
         return invalid_argument("'" + dir + "' was packed into rows of " + std::to_string(seq_len) +
                                 " tokens; the model takes at most " + std::to_string(config.max_position_embeddings) +
@@ -102,7 +104,7 @@ class ShardData final : public TrainingData {
   std::string format_, fingerprint_;
   std::vector<Shard> shards_;
   std::vector<int64_t> row_starts_;  // [shards + 1] first global row of each shard
-  int64_t tokens_ = 0;
+  int64_t tokens_ = 0, seq_len_ = 0;
 };
 
 class JsonlData final : public TrainingData {
@@ -112,6 +114,7 @@ class JsonlData final : public TrainingData {
   bool has_target_mask() const override { return has_labels_; }
   const std::string& fingerprint() const override { return fingerprint_; }
   int64_t tokens() const override { return tokens_; }
+  int64_t longest_row() const override { return longest_; }
 
   TrainExample example(int64_t row, bool every_token) const override {
     TrainExample ex = examples_[static_cast<size_t>(row)];
@@ -126,6 +129,7 @@ class JsonlData final : public TrainingData {
     for (const TrainExample& ex : data->examples_) {
       data->has_labels_ = data->has_labels_ || !ex.labels.empty();
       data->tokens_ += static_cast<int64_t>(ex.input_ids.size());
+      data->longest_ = std::max(data->longest_, static_cast<int64_t>(ex.input_ids.size()));
     }
     return std::unique_ptr<TrainingData>(std::move(data));
   }
@@ -134,7 +138,7 @@ class JsonlData final : public TrainingData {
   std::vector<TrainExample> examples_;
   std::string format_ = "jsonl", fingerprint_;
   bool has_labels_ = false;
-  int64_t tokens_ = 0;
+  int64_t tokens_ = 0, longest_ = 0;
 };
 
 }  // namespace

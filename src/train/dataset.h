@@ -44,6 +44,8 @@ class TrainingData {
   // Identifies the content, for resume checks (the sha256 of meta.json or of the JSONL file).
   virtual const std::string& fingerprint() const = 0;
   virtual int64_t tokens() const = 0;
+  // Tokens of the longest row, or a bound on it (a preprocessed split's packed row length).
+  virtual int64_t longest_row() const = 0;
 };
 
 }  // namespace kiln

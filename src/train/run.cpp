@@ -2,6 +2,7 @@
 #include "train/run.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -44,6 +45,27 @@ Status check_resumable(const nlohmann::json& saved, const nlohmann::json& now, c
                               " and is now " + value.dump() + " (resume with the run's settings, or start a new run " +
                               "with --model " + checkpoint + ")");
   }
+  return Status::Ok();
+}
+
+// A micro-batch is --batch-size rows padded to the data's longest: its tokens must fit the kernels'
+// int32 token indexes, and its host copies (the examples and the padded batch: at most 28 bytes a
+// token) this machine's memory. Checked before the first batch is built: an oversized std::vector is
+// granted by overcommitted memory and the process killed when it touches the pages.
+Status check_micro_batch(int32_t batch_size, const TrainingData& data, const std::string& which) {
+  const int64_t longest = std::max<int64_t>(data.longest_row(), 1);
+  const int64_t tokens = static_cast<int64_t>(batch_size) * longest;
+  const std::string what = "--batch-size " + std::to_string(batch_size) + " rows padded to the " + which +
+                           " data's longest row (" + std::to_string(longest) + " tokens) make " + std::to_string(tokens) +
+                           " tokens per micro-batch";
+  if (tokens > INT32_MAX)
+    return invalid_argument(what + ", beyond the 2147483647 a step can index; lower --batch-size (raising "
+                            "--grad-accum keeps the step's examples)");
+  const int64_t limit = host_memory_limit(), bytes = tokens * 28;
+  if (limit > 0 && bytes > limit)
+    return out_of_memory(what + ": their host copies alone (" + std::to_string(bytes) + " bytes) exceed this " +
+                         "machine's " + std::to_string(limit) + " bytes of memory; lower --batch-size (raising "
+                         "--grad-accum keeps the step's examples)");
   return Status::Ok();
 }
 
@@ -118,6 +140,8 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
   }
   if (o.eval_every > 0 && !val)
     return invalid_argument("--eval-every needs validation data: preprocess with --val-fraction, or pass --val-data");
+  KILN_RETURN_IF_ERROR(check_micro_batch(o.batch_size, *data, "training"));
+  if (val) KILN_RETURN_IF_ERROR(check_micro_batch(o.batch_size, *val, "validation"));
 
   const int64_t per_step = static_cast<int64_t>(o.batch_size) * o.grad_accum;
   const int64_t steps = o.steps > 0 ? o.steps : (data->rows() + per_step - 1) / per_step;

@@ -12,6 +12,27 @@
 namespace kiln {
 namespace {
 
+// Runs `call` over `batch`; memory running out, thrown by an op's temporary buffer (core/status.h)
+// or returned by an allocation, becomes a status naming the batch and what to lower (`advice`).
+template <typename T, typename F>
+Result<T> naming_batch_on_oom(const char* doing, const DeviceBatch& batch, const char* advice, F&& call) {
+  auto oom = [&](const std::string& what) {
+    return out_of_memory(what + " " + doing + " " + std::to_string(batch.batch) + " x " +
+                         std::to_string(batch.seq_len) + " tokens; " + advice);
+  };
+  try {
+    Result<T> r = call();
+    if (!r.ok() && r.status().code() == StatusCode::out_of_memory) return oom(r.status().message());
+    return r;
+  } catch (const OutOfMemory& e) {
+    return oom(e.what());
+  }
+}
+
+// What to lower when RL scoring or a token loss runs out of memory: their callers choose the
+// micro-batches.
+constexpr const char* kSmallerMicroBatches = "use smaller micro-batches";
+
 constexpr int32_t kIgnore = -100;
 
 // Rows of logits alive at once in the fused head: about 1 GiB of the compute dtype on CUDA
@@ -331,13 +352,10 @@ Status TrainModel::backward(const DeviceBatch& batch, Activations& act) {
 }
 
 Result<double> TrainModel::forward_backward(const DeviceBatch& batch, float grad_scale) {
-  try {
-    return forward_backward_unchecked(batch, grad_scale);
-  } catch (const OutOfMemory& e) {  // an op's temporary buffer (core/status.h)
-    return out_of_memory(std::string(e.what()) + " in a training step of " + std::to_string(batch.batch) + " x " +
-                         std::to_string(batch.seq_len) + " tokens; lower --batch-size (raising --grad-accum keeps "
-                         "the step's examples) or the sequence length");
-  }
+  return naming_batch_on_oom<double>("in a training step of", batch,
+                                     "lower --batch-size (raising --grad-accum keeps the step's examples) or the "
+                                     "sequence length",
+                                     [&] { return forward_backward_unchecked(batch, grad_scale); });
 }
 
 Result<double> TrainModel::forward_backward_unchecked(const DeviceBatch& batch, float grad_scale) {
@@ -366,24 +384,13 @@ Result<double> TrainModel::forward_backward_unchecked(const DeviceBatch& batch, 
   return loss_sum;
 }
 
-namespace {
-
-// The status of an op running out of memory in a call over `batch` (RL scoring and token losses,
-// whose micro-batches the caller chooses).
-Status out_of_memory_in(const OutOfMemory& e, const char* doing, const DeviceBatch& batch) {
-  return out_of_memory(std::string(e.what()) + " " + doing + " " + std::to_string(batch.batch) + " x " +
-                       std::to_string(batch.seq_len) + " tokens; use smaller micro-batches");
-}
-
-}  // namespace
-
 Result<std::vector<float>> TrainModel::target_logprobs(const DeviceBatch& batch) {
   KILN_ASSIGN_OR_RETURN(TokenScores scores, target_scores(batch, TokenScoreOptions{}));
   return std::move(scores.logprobs);
 }
 
 Result<TokenScores> TrainModel::target_scores(const DeviceBatch& batch, const TokenScoreOptions& options) {
-  try {
+  return naming_batch_on_oom<TokenScores>("scoring", batch, kSmallerMicroBatches, [&]() -> Result<TokenScores> {
     Activations act;
     KILN_RETURN_IF_ERROR(forward(batch, act, /*keep_layers=*/false));  // nothing is read back
     HeadPass pass;
@@ -393,18 +400,14 @@ Result<TokenScores> TrainModel::target_scores(const DeviceBatch& batch, const To
     KILN_ASSIGN_OR_RETURN(double unused, head_loss(batch, act, pass, &scores));
     (void)unused;
     return scores;
-  } catch (const OutOfMemory& e) {
-    return out_of_memory_in(e, "scoring", batch);
-  }
+  });
 }
 
 Result<double> TrainModel::forward_backward_token_loss(const DeviceBatch& batch, const TokenLoss& loss,
                                                        const TokenScoreOptions& options, TokenScores* scores) {
-  try {
+  return naming_batch_on_oom<double>("in a training step of", batch, kSmallerMicroBatches, [&] {
     return forward_backward_token_loss_unchecked(batch, loss, options, scores);
-  } catch (const OutOfMemory& e) {
-    return out_of_memory_in(e, "in a training step of", batch);
-  }
+  });
 }
 
 Result<double> TrainModel::forward_backward_token_loss_unchecked(const DeviceBatch& batch, const TokenLoss& loss,

@@ -103,6 +103,27 @@ TEST(CliText, ChatTemplateMatchesTransformers) {
   EXPECT_GT(raised, 0);
 }
 
+// Nesting as deep as the reports (30,000 levels in --messages, 100,000 in --tools; transformers
+// raises RecursionError on both) is a clear error with exit 1, not a stack overflow.
+TEST(CliText, DeeplyNestedMessagesAndToolsAreErrors) {
+  TempDir tmp;
+  const std::string model = testdata_dir() + "/tiny-chat";
+  auto nested = [](int depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  const std::string deep_messages = "[{\"role\": \"user\", \"content\": " + nested(30000) + "}]";
+  RunResult m = run_kiln("chat-template --model " + model + " --messages " + tmp.file("m.json", deep_messages));
+  EXPECT_EQ(m.exit_code, 1) << m.output;
+  EXPECT_FALSE(m.crashed) << m.output;
+  EXPECT_NE(m.output.find("nest deeper than"), std::string::npos) << m.output;
+  const std::string ok_messages = "[{\"role\": \"user\", \"content\": \"hi\"}]";
+  RunResult t = run_kiln("chat-template --model " + model + " --messages " + tmp.file("ok.json", ok_messages) +
+                         " --tools " + tmp.file("t.json", nested(100000)));
+  EXPECT_EQ(t.exit_code, 1) << t.output;
+  EXPECT_FALSE(t.crashed) << t.output;
+  EXPECT_NE(t.output.find("nest deeper than"), std::string::npos) << t.output;
+  RunResult fine = run_kiln("chat-template --model " + model + " --messages " + tmp.file("ok2.json", ok_messages));
+  EXPECT_EQ(fine.exit_code, 0) << fine.output;
+}
+
 TEST(CliText, GeneratePromptStreamsTheDecodedReply) {
   ChatModel m;
   const std::string base = "generate --model " + m.dir() + " --random-weights --weight-seed 7 --max-tokens 24 --ignore-eos " +

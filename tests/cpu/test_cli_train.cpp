@@ -177,6 +177,12 @@ TEST(CliTrain, BadInputFailsCleanly) {
   expect_clean_failure(train(good, " --lr-schedule cosine --min-lr-ratio 2"), "--min-lr-ratio");
   expect_clean_failure(train(good, " --warmup-steps -3"), "--warmup-steps");
   for (const char* v : {"-1", "18446744073709551616"}) expect_clean_failure(train(good, std::string(" --seed ") + v), "--seed");
+  // Micro-batches too large to index or to hold: errors naming --batch-size before anything is built
+  // (100M rows of 199 tokens overflow int32 token indexes; 10M rows need 56 GB of host copies, or,
+  // on a machine that holds them, 510 GB of f32 activations: an out-of-memory status of the step).
+  const std::string long_row = "{\"input_ids\": " + ids_json(std::vector<int32_t>(199, 5)) + "}\n";
+  expect_clean_failure(train(long_row, " --steps 1 --batch-size 100000000"), "--batch-size");
+  expect_clean_failure(train(long_row, " --steps 1 --batch-size 10000000"), "--batch-size");
   expect_clean_failure(run_kiln("train" + model + " --data " + tmp.sub("missing.jsonl") + out), "missing.jsonl");
   // An output path under a regular file cannot be created.
   const std::string blocker = tmp.file("blocker", "x");

@@ -87,7 +87,8 @@ Result<std::unique_ptr<Regex>> Regex::compile(const std::string& pattern) {
   if (!ctx) return out_of_memory("out of memory compiling regex '" + pattern + "'");
   pcre2_set_newline(ctx, PCRE2_NEWLINE_LF);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &err, &off, ctx);
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | PCRE2_NEVER_BACKSLASH_C, &err, &off, ctx);
+  // (\C matches one byte: a match could end inside a UTF-8 character, so it is refused.)
   pcre2_compile_context_free(ctx);
   if (!code) {
     PCRE2_UCHAR buf[256];
