@@ -67,6 +67,21 @@ Result<std::unique_ptr<Transformer>> Transformer::load(Backend& backend, const s
 
 Result<std::unique_ptr<Transformer>> Transformer::random(Backend& backend, const ModelConfig& config, uint64_t seed) {
   std::unique_ptr<Transformer> m(new Transformer(backend, config));
+  // Without a checkpoint there are no tensors to check config.json's sizes against: its parameters
+  // are checked against the memory there is, before anything is allocated.
+  int64_t bytes = 0;
+  for (const auto& [name, shape] : m->layout_.fused) bytes += shape.numel() * dtype_size(m->dtype_);
+  int64_t available = 0;
+  if (backend.device().is_cpu()) {
+    available = host_memory_limit();
+  } else if (Result<std::pair<int64_t, int64_t>> mem = backend.memory_info(); mem.ok()) {
+    available = mem->first;
+  }
+  if (available > 0 && bytes > available)
+    return out_of_memory("--random-weights: the model config.json describes needs " + std::to_string(bytes) +
+                         " bytes of weights, and " + backend.device().str() + " has " + std::to_string(available) +
+                         " bytes free; use a smaller config (num_hidden_layers, hidden_size, intermediate_size, "
+                         "vocab_size)");
   KILN_RETURN_IF_ERROR(m->allocate_weights());
   randomize_weights(backend, m->layout_, m->weights_, seed);
   KILN_RETURN_IF_ERROR(m->bind_weights());

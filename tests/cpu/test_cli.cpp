@@ -195,6 +195,18 @@ TEST(CliErrors, ConfigSizesAreBoundedAndCheckedAgainstTheCheckpoint) {
   c["num_hidden_layers"] = 500;
   m.write_config(c);
   expect_clean_failure(run_kiln("generate --model " + m.dir() + " --prompt-ids 1,2"), "model.layers.2.");
+
+  // Every size within kiln's bounds, but 3.3 trillion parameters: with --random-weights (no tensors
+  // to check against) refused against the memory there is, before any weight is allocated.
+  c = original;
+  c["num_hidden_layers"] = 1024;
+  c["hidden_size"] = 16384;
+  c["intermediate_size"] = 65536;
+  c["num_attention_heads"] = 128;
+  c["num_key_value_heads"] = 8;
+  c["head_dim"] = 128;
+  m.write_config(c);
+  expect_clean_failure(run_kiln("generate --model " + m.dir() + " --random-weights --prompt-ids 1,2"), "--random-weights");
 }
 
 // A sliding window smaller than max_position_embeddings bounds the context kiln runs exactly
