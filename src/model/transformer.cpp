@@ -80,7 +80,7 @@ Result<std::unique_ptr<Transformer>> Transformer::random(Backend& backend, const
   if (available > 0 && bytes > available)
     return out_of_memory("--random-weights: the model config.json describes needs " + std::to_string(bytes) +
                          " bytes of weights, and " + backend.device().str() + " has " + std::to_string(available) +
-                         " bytes free; use a smaller config (num_hidden_layers, hidden_size, intermediate_size, "
+                         " bytes available; use a smaller config (num_hidden_layers, hidden_size, intermediate_size, "
                          "vocab_size)");
   KILN_RETURN_IF_ERROR(m->allocate_weights());
   randomize_weights(backend, m->layout_, m->weights_, seed);
