@@ -97,7 +97,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Transformer
 
 Status Engine::init() {
   const EngineOptions& o = options_;
-  if (o.max_running < 1) return invalid_argument("--max-running must be at least 1");
+  // At most 65535: a step's requests index a CUDA grid dimension in the attention kernels.
+  if (o.max_running < 1 || o.max_running > 65535) return invalid_argument("--max-running must be within [1, 65535]");
   if (o.max_step_tokens < o.max_running)
     return invalid_argument("--max-step-tokens (" + std::to_string(o.max_step_tokens) +
                             ") must be at least --max-running (" + std::to_string(o.max_running) +

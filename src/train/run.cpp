@@ -140,6 +140,8 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
   }
   if (o.eval_every > 0 && !val)
     return invalid_argument("--eval-every needs validation data: preprocess with --val-fraction, or pass --val-data");
+  if (be.device().is_cuda() && o.batch_size > 65535)  // rows index a grid dimension of the attention kernels
+    return invalid_argument("--batch-size must be at most 65535 on CUDA; raise --grad-accum for more rows per step");
   KILN_RETURN_IF_ERROR(check_micro_batch(o.batch_size, *data, "training"));
   if (val) KILN_RETURN_IF_ERROR(check_micro_batch(o.batch_size, *val, "validation"));
 
