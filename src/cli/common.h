@@ -67,6 +67,9 @@ struct LoadedModel {
 };
 Result<LoadedModel> load_model(const ModelFlags& f);
 
+// "kiln 0.1.0 (git <commit>, CUDA on: sm_90a)": what kiln --version prints.
+std::string version_text();
+
 // Each subcommand registers its flags and returns the function that runs it once parsed.
 using Runner = std::function<int()>;
 Runner add_generate(CLI::App& app);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "golden.h"
@@ -82,6 +83,51 @@ void rewrite_weights(const ModelCopy& m, const std::string& name, TensorBuffer* 
 }
 
 }  // namespace
+
+// The command line itself: help lists every command, --version names the build, typos and
+// misplaced flags are usage errors (exit 2) that say what to do.
+TEST(Cli, HelpVersionAndUnknownCommands) {
+  const std::vector<std::string> commands = {"generate", "score",   "tokenize", "detokenize", "chat-template",
+                                             "chat",     "preprocess", "train", "rl",         "demo",
+                                             "serve",    "run-batch", "plot"};
+  for (const std::string how : {"--help", "help"}) {
+    RunResult h = run_kiln(how);
+    ASSERT_EQ(h.exit_code, 0) << h.output;
+    for (const std::string& c : commands) EXPECT_NE(h.stdout_only.find("  " + c + " "), std::string::npos) << how << ": " << c;
+    EXPECT_NE(h.stdout_only.find("kiln help COMMAND"), std::string::npos) << h.stdout_only;
+  }
+  RunResult none = run_kiln("");
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.output.find("  generate "), std::string::npos) << none.output;
+  for (const std::string& c : commands) {
+    RunResult h = run_kiln("help " + c);
+    ASSERT_EQ(h.exit_code, 0) << h.output;
+    EXPECT_NE(h.stdout_only.find("Usage: kiln " + c + " [OPTIONS]"), std::string::npos) << h.stdout_only;
+    EXPECT_EQ(h.stdout_only, run_kiln(c + " --help").stdout_only) << c;
+  }
+  RunResult v = run_kiln("--version");
+  ASSERT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_TRUE(std::regex_match(v.stdout_only, std::regex(R"(kiln \d+\.\d+\.\d+ \(git ([0-9a-f]{12}(-dirty)?|unknown), )"
+                                                         R"(CUDA (on: sm_\w+( sm_\w+)*|off)\)\n)")))
+      << v.stdout_only;
+  struct Typo { const char* typed; const char* suggested; };
+  for (const Typo& t : {Typo{"genrate", "generate"}, Typo{"trian", "train"}, Typo{"serv", "serve"},
+                        Typo{"chat-templat", "chat-template"}, Typo{"bogus", nullptr}}) {
+    for (const std::string how : {"", "help "}) {
+      RunResult r = run_kiln(how + t.typed + " --model x");
+      EXPECT_EQ(r.exit_code, 2) << r.output;
+      EXPECT_NE(r.output.find(std::string("'") + t.typed + "' is not a kiln command"), std::string::npos) << r.output;
+      if (t.suggested) {
+        EXPECT_NE(r.output.find(std::string("did you mean '") + t.suggested + "'?"), std::string::npos) << r.output;
+      } else {
+        EXPECT_EQ(r.output.find("did you mean"), std::string::npos) << r.output;
+      }
+    }
+  }
+  RunResult flag = run_kiln("--model x generate");
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_NE(flag.output.find("flags follow the command"), std::string::npos) << flag.output;
+}
 
 TEST(Cli, GenerateGreedyMatchesGolden) {
   std::vector<int32_t> prompt = golden_ints("tiny-llama", "seq_b.input_ids");
