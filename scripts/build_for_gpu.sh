@@ -12,5 +12,5 @@ rm -f .carry/gpu-inc.tar.xz  # a full build replaces any incremental one
 cp ../shared/reference/hf_bench.py .carry/ 2>/dev/null || true
 # The binaries share most of their bytes (CUDA kernels, static OpenBLAS): one xz archive with a 64 MiB window holds each shared part once.
 tar -cf - build-gpu/bin/kiln $(for b in $BINS; do echo build-gpu/bin/$b; done) \
-    build-gpu/tests/kiln_tests build-gpu/tests/kiln_gpu_tests | xz -9 -T2 > .carry/gpu-build.tar.xz
+    build-gpu/share build-gpu/tests/kiln_tests build-gpu/tests/kiln_gpu_tests | xz -9 -T2 > .carry/gpu-build.tar.xz
 ls -la .carry

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <climits>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -48,6 +49,13 @@ Result<std::string> read_text(const std::string& path) {
   if (!in) return not_found("cannot read " + path);
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::string bundled_model_dir() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  return (exe.parent_path().parent_path() / "share" / "kiln" / "tiny-llama").lexically_normal().string();
 }
 
 void ModelFlags::add(CLI::App* cmd, const std::string& default_model) {

@@ -25,6 +25,11 @@ Result<uint64_t> parse_u64(const std::string& text, const char* flag);
 // Reads a whole file, or stdin for "-".
 Result<std::string> read_text(const std::string& path);
 
+// The tiny model shipped beside the binary (<prefix>/share/kiln/tiny-llama, put there by the build
+// and by cmake --install): the default of the commands that can run without a model named, found
+// relative to the binary wherever it is installed. Empty when the binary's path is unknown.
+std::string bundled_model_dir();
+
 struct ModelFlags {
   std::string model_dir;
   std::string device = "cpu";

@@ -13,9 +13,6 @@
 namespace kiln::cli {
 namespace {
 
-#ifndef KILN_DEFAULT_MODEL
-#define KILN_DEFAULT_MODEL "testdata/tiny-llama"
-#endif
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -135,7 +132,7 @@ int run_score(const ScoreFlags& f) {
 Runner add_generate(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   CLI::App* g = app.add_subcommand("generate", "generate a continuation of a prompt (ids as JSON, or streamed text)");
-  f->model.add(g, KILN_DEFAULT_MODEL);
+  f->model.add(g, bundled_model_dir());
   CLI::Option* ids = g->add_option("--prompt-ids", f->prompt_ids, "prompt token ids, comma separated")->capture_default_str();
   CLI::Option* text =
       g->add_option("--prompt", f->prompt_text, "prompt text: encoded with the folder's tokenizer, the reply streams as text");
@@ -162,7 +159,7 @@ Runner add_generate(CLI::App& app) {
 Runner add_score(CLI::App& app) {
   auto f = std::make_shared<ScoreFlags>();
   CLI::App* s = app.add_subcommand("score", "log-probability of every token given its prefix; prints JSON");
-  f->model.add(s, KILN_DEFAULT_MODEL);
+  f->model.add(s, bundled_model_dir());
   s->add_option("--ids", f->ids, "token ids, comma separated")->required();
   s->add_option("--top-logprobs", f->top_logprobs, "also list the K most likely tokens per position");
   return [f] { return run_score(*f); };

@@ -141,10 +141,14 @@ TEST(Cli, GenerateGreedyMatchesGolden) {
 }
 
 TEST(Cli, GenerateDefaultRuns) {
+  // The default model is the tiny one shipped beside the binary (<bin>/../share/kiln/tiny-llama, as
+  // the build and cmake --install lay it out), not a path of the machine that built kiln.
   RunResult r = run_kiln("generate");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   nlohmann::json j = nlohmann::json::parse(r.stdout_only);
   EXPECT_FALSE(j["ids"].empty());
+  const std::string model = j["model"];
+  EXPECT_EQ(model, (fs::path(kiln_binary()).parent_path().parent_path() / "share/kiln/tiny-llama").lexically_normal().string());
 }
 
 TEST(Cli, SamplingIsSeeded) {
