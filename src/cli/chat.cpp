@@ -1,6 +1,7 @@
 // kiln chat: an interactive conversation with a model through its chat template, the reply
-// streaming as it is generated. One user message per input line; /reset clears the conversation,
-// /exit (or end of input) quits. Each turn renders the whole conversation and submits it to the
+// streaming as it is generated. One user message per input line (empty lines are skipped; a line
+// starting "//" sends the text after the first "/"); /reset clears the conversation, /help lists the
+// commands, /exit (or end of input) quits; unknown /commands are reported, never sent. Each turn renders the whole conversation and submits it to the
 // engine, whose radix cache holds the earlier turns' KV: only the new text is prefilled.
 #include <unistd.h>
 
@@ -48,14 +49,30 @@ Runner add_chat(CLI::App& app) {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (!f->system.empty()) messages.push_back({{"role", "system"}, {"content", f->system}});
     const bool interactive = isatty(STDIN_FILENO);
+    // The seed on stderr (stdout holds only replies): --seed repeats a conversation exactly.
+    std::fprintf(stderr, "kiln chat: seed %llu; /help lists the commands\n", static_cast<unsigned long long>(base.seed));
     std::string line;
-    for (uint64_t turn = 0;; ++turn) {
+    for (uint64_t turn = 0;;) {
       if (interactive) std::fprintf(stderr, "> "), std::fflush(stderr);
       if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // nothing to send
       if (line == "/reset") {
         messages.erase(messages.begin() + (f->system.empty() ? 0 : 1), messages.end());
+        std::fprintf(stderr, "kiln chat: conversation cleared\n");
         continue;
       }
+      if (line == "/help") {
+        std::fprintf(stderr, "kiln chat commands: /reset clears the conversation, /exit or /quit (or end of input) "
+                             "quits, /help prints this; start a message with // to send one beginning with /\n");
+        continue;
+      }
+      if (line.rfind("//", 0) == 0) {
+        line.erase(0, 1);
+      } else if (line[0] == '/') {
+        std::fprintf(stderr, "kiln chat: unknown command '%s' (not sent); /help lists the commands\n", line.c_str());
+        continue;
+      }
+      ++turn;
       messages.push_back({{"role", "user"}, {"content", line}});
       Result<std::string> prompt = s.text->render_chat(messages, nullptr, true, f->template_name);
       if (!prompt.ok()) return fail(prompt.status());
@@ -63,7 +80,7 @@ Runner add_chat(CLI::App& app) {
       if (!ids.ok()) return fail(ids.status());
       GenerationRequest r = base;
       r.prompt = std::move(ids).value();
-      r.seed = base.seed + turn;  // a fresh draw sequence per turn, still reproducible from --seed
+      r.seed = base.seed + turn - 1;  // a fresh draw sequence per turn, still reproducible from --seed
       Result<std::shared_ptr<RequestStream>> stream = s.engine->submit(std::move(r));
       if (!stream.ok()) return fail(stream.status());
       std::vector<int32_t> reply_ids;

@@ -172,6 +172,34 @@ TEST(CliText, ChatKeepsTheConversation) {
   EXPECT_EQ(s.stdout_only, turns[0]["reply"].get<std::string>() + "\n" + turns[1]["reply"].get<std::string>() + "\n");
 }
 
+// Lines that are not messages never reach the model: empty lines are skipped, /help answers on
+// stderr, an unknown /command is reported; the turns (and their seeds) are those of the plain input.
+// A line starting "//" sends its text from the second "/". The seed is printed.
+TEST(CliText, ChatCommandsAndEmptyLinesAreNotSent) {
+  ChatModel m;
+  const std::string args = "chat --model " + m.dir() + " --random-weights --weight-seed 3 --max-tokens 8 --seed 5 --json";
+  RunResult plain = run_kiln(args, "Hi there\nAnd again\n");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  RunResult noisy = run_kiln(args, "\nHi there\n   \n/help\n/bogus\n\nAnd again\n");
+  ASSERT_EQ(noisy.exit_code, 0) << noisy.output;
+  EXPECT_EQ(noisy.stdout_only, plain.stdout_only);
+  EXPECT_NE(noisy.output.find("unknown command '/bogus'"), std::string::npos) << noisy.output;
+  EXPECT_NE(noisy.output.find("/reset clears the conversation"), std::string::npos) << noisy.output;
+  EXPECT_NE(plain.output.find("seed 5"), std::string::npos) << plain.output;
+  RunResult slash = run_kiln(args, "//slash text\n");
+  ASSERT_EQ(slash.exit_code, 0) << slash.output;
+  const nlohmann::json turn = nlohmann::json::parse(slash.stdout_only);
+  TempDir tmp;
+  RunResult ct = run_kiln("chat-template --model " + m.dir() + " --add-generation-prompt --messages " +
+                          tmp.file("m.json", R"([{"role": "user", "content": "/slash text"}])"));
+  ASSERT_EQ(ct.exit_code, 0) << ct.output;
+  EXPECT_EQ(turn["prompt"], nlohmann::json::parse(ct.stdout_only)["prompt"]);
+  // Without --seed a random one is drawn and printed, so that the conversation can be repeated.
+  RunResult drawn = run_kiln("chat --model " + m.dir() + " --random-weights --max-tokens 2", "");
+  ASSERT_EQ(drawn.exit_code, 0) << drawn.output;
+  EXPECT_NE(drawn.output.find("kiln chat: seed "), std::string::npos) << drawn.output;
+}
+
 // kiln generate --requests: every line through the engine at once, results in input order; a
 // malformed line gets an error naming it and the others still run.
 std::vector<nlohmann::json> json_lines(const std::string& text) {
