@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -141,6 +143,86 @@ TEST(CliText, GeneratePromptStreamsTheDecodedReply) {
   RunResult s = run_kiln(base);
   ASSERT_EQ(s.exit_code, 0) << s.output;
   EXPECT_EQ(s.stdout_only, out["text"].get<std::string>() + "\n");
+}
+
+// kiln score on text: --text, --file and --file - (stdin) score the tokenizer's encoding with special
+// tokens (the ids tokenize --add-special gives), name each token by its tokenizer.json vocabulary
+// entry, and total the log-probabilities: sum, mean and perplexity exp(-mean).
+TEST(CliText, ScoreTextNamesTokensAndTotals) {
+  ChatModel m;
+  TempDir tmp;
+  const std::string text = "Hello, world: scoring text\nover two lines";
+  const std::string base = "score --model " + m.dir() + " --random-weights --weight-seed 9 ";
+  RunResult r = run_kiln(base + "--text " + shell_quote(text));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.stdout_only);
+  RunResult t = run_kiln("tokenize --model " + m.dir() + " --add-special --text " + shell_quote(text));
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  const std::vector<int32_t> ids = nlohmann::json::parse(t.stdout_only)["ids"];
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), ids);
+  // token strings from the tokenizer file itself
+  const nlohmann::json tok = read_json_file(m.dir() + "/tokenizer.json");
+  std::map<int32_t, std::string> vocab;
+  for (const auto& [piece, id] : tok["model"]["vocab"].items()) vocab[id.get<int32_t>()] = piece;
+  for (const auto& a : tok["added_tokens"]) vocab[a["id"].get<int32_t>()] = a["content"];
+  ASSERT_EQ(j["tokens"].size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(j["tokens"][i], vocab.at(ids[i])) << i;
+  // the totals over the scored positions
+  const std::vector<double> lp = j["logprobs"];
+  ASSERT_EQ(lp.size(), ids.size() - 1);
+  double sum = 0;
+  for (double x : lp) sum += x;
+  EXPECT_NEAR(j["sum_logprob"].get<double>(), sum, 1e-9 * std::fabs(sum));
+  EXPECT_NEAR(j["mean_logprob"].get<double>(), sum / lp.size(), 1e-9 * std::fabs(sum));
+  EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(-sum / lp.size()), 1e-9 * std::exp(-sum / lp.size()));
+  // the same from a file and from stdin; ids from stdin as from --ids
+  RunResult f = run_kiln(base + "--file " + tmp.file("t.txt", text));
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  EXPECT_EQ(f.stdout_only, r.stdout_only);
+  RunResult in = run_kiln(base + "--file -", text);
+  ASSERT_EQ(in.exit_code, 0) << in.output;
+  EXPECT_EQ(in.stdout_only, r.stdout_only);
+  RunResult by_ids = run_kiln(base + "--ids " + join_ids(ids));
+  RunResult ids_in = run_kiln(base + "--ids -", join_ids(ids) + "\n");
+  ASSERT_EQ(by_ids.exit_code, 0) << by_ids.output;
+  EXPECT_EQ(ids_in.stdout_only, by_ids.stdout_only);
+  EXPECT_EQ(nlohmann::json::parse(by_ids.stdout_only)["logprobs"], j["logprobs"]);
+  // what to score: exactly one source, at least two tokens
+  for (const std::string bad : {"", "--ids 1,2 --text x", "--text x --file y", "--ids 5"}) {
+    RunResult e = run_kiln(base + bad);
+    EXPECT_NE(e.exit_code, 0) << bad;
+    EXPECT_FALSE(e.crashed) << bad;
+  }
+}
+
+// generate --prompt-file (a file or - for stdin) is --prompt with the file's text; --prompt-ids -
+// reads the ids from stdin.
+TEST(CliText, GeneratePromptFromFileOrStdin) {
+  ChatModel m;
+  TempDir tmp;
+  const std::string base = "generate --model " + m.dir() + " --random-weights --weight-seed 7 --max-tokens 6 --seed 3 --json ";
+  const std::string text = "A prompt\nwith two lines";
+  RunResult direct = run_kiln(base + "--prompt " + shell_quote(text));
+  ASSERT_EQ(direct.exit_code, 0) << direct.output;
+  auto same_tokens = [&](const RunResult& r) {
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const nlohmann::json a = nlohmann::json::parse(r.stdout_only), b = nlohmann::json::parse(direct.stdout_only);
+    EXPECT_EQ(a["prompt_ids"], b["prompt_ids"]);
+    EXPECT_EQ(a["ids"], b["ids"]);
+  };
+  same_tokens(run_kiln(base + "--prompt-file " + tmp.file("p.txt", text)));
+  same_tokens(run_kiln(base + "--prompt-file -", text));
+  const std::string ids = join_ids(nlohmann::json::parse(direct.stdout_only)["prompt_ids"].get<std::vector<int32_t>>());
+  RunResult listed = run_kiln("generate --model " + m.dir() + " --random-weights --weight-seed 7 --max-tokens 6 --seed 3 --prompt-ids " + ids);
+  RunResult piped = run_kiln("generate --model " + m.dir() + " --random-weights --weight-seed 7 --max-tokens 6 --seed 3 --prompt-ids -", ids + "\n");
+  ASSERT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_EQ(nlohmann::json::parse(piped.stdout_only)["ids"], nlohmann::json::parse(listed.stdout_only)["ids"]);
+  RunResult missing = run_kiln(base + "--prompt-file " + tmp.sub("none.txt"));
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_NE(missing.output.find("none.txt"), std::string::npos) << missing.output;
+  RunResult both = run_kiln(base + "--prompt x --prompt-file " + tmp.file("q.txt", "y"));
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_FALSE(both.crashed);
 }
 
 TEST(CliText, ChatKeepsTheConversation) {
