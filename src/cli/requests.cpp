@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/plural.h"
 #include "cli/engine_flags.h"
 #include "cli/requests.h"
 
@@ -224,10 +225,12 @@ int run_requests(const ModelFlags& model_flags, const EngineFlags& engine_flags,
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const EngineStats st = s.engine->stats();
   if (progress) std::fputc('\n', stderr);
-  std::fprintf(stderr, "kiln: %zu requests, %lld generated tokens in %.2f s (%.1f tokens/s), %lld prefix-cached prompt tokens, %lld preemptions\n",
-               outcomes.size(), static_cast<long long>(st.generated_tokens), secs,
+  std::fprintf(stderr, "kiln: %s, %s in %.2f s (%.1f tokens/s), %s, %s\n",
+               count_of(static_cast<int64_t>(outcomes.size()), "request").c_str(),
+               count_of(st.generated_tokens, "generated token").c_str(), secs,
                secs > 0 ? static_cast<double>(st.generated_tokens) / secs : 0.0,
-               static_cast<long long>(st.prefix_hit_tokens), static_cast<long long>(st.preemptions));
+               count_of(st.prefix_hit_tokens, "prefix-cached prompt token").c_str(),
+               count_of(st.preemptions, "preemption").c_str());
   return failures > 0 ? 1 : 0;
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "core/plural.h"
 #include "cli/common.h"
 #include "cli/optimizer_flags.h"
 #include "cli/progress.h"
@@ -102,10 +103,10 @@ int run_rl_command(RlFlags& f) {
   if (bar) bar->clear();
   if (!s.ok()) return fail(s.status());
   std::fprintf(stderr,
-               "kiln: %s after %lld steps at policy version %llu; %lld completion tokens trained, each attributed to "
+               "kiln: %s after %s at policy version %llu; %s trained, each attributed to "
                "its version; cross-version prefix hits: %lld; checkpoint %s\n",
-               s->stopped ? "stopped" : "done", static_cast<long long>(s->steps_done),
-               static_cast<unsigned long long>(s->version), static_cast<long long>(s->tokens_attributed),
+               s->stopped ? "stopped" : "done", count_of(s->steps_done, "step").c_str(),
+               static_cast<unsigned long long>(s->version), count_of(s->tokens_attributed, "completion token").c_str(),
                static_cast<long long>(s->cross_version_hits), s->last_checkpoint.c_str());
   return 0;
 }

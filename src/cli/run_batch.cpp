@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "core/plural.h"
 #include "cli/common.h"
 #include "cli/engine_flags.h"
 #include "cli/serve_flags.h"
@@ -59,8 +60,8 @@ Runner add_run_batch(CLI::App& app) {
     if (tty) std::fputc('\n', stderr);
     if (!sum.ok()) return fail(sum.status());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "kiln: %lld requests (%lld succeeded, %lld failed), %lld prompt + %lld completion tokens in %.2f s\n",
-                 static_cast<long long>(sum->requests), static_cast<long long>(sum->succeeded),
+    std::fprintf(stderr, "kiln: %s (%lld succeeded, %lld failed), %lld prompt + %lld completion tokens in %.2f s\n",
+                 count_of(sum->requests, "request").c_str(), static_cast<long long>(sum->succeeded),
                  static_cast<long long>(sum->failed), static_cast<long long>(sum->prompt_tokens),
                  static_cast<long long>(sum->completion_tokens), secs);
     return sum->failed > 0 ? 1 : 0;

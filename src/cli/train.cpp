@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/plural.h"
 #include "cli/common.h"
 #include "cli/optimizer_flags.h"
 #include "cli/progress.h"
@@ -118,12 +119,11 @@ int run_train(const TrainFlags& f) {
   ro.tensorboard = f.tensorboard;
   ro.config = resolved_config(f);
 
-  std::fprintf(stderr, "kiln: training %s (%lld parameters, %s): %d x %d sequences per step, %s lr %g (%s schedule), "
-               "%zu tensors without weight decay\n",
-               f.model_dir.c_str(), static_cast<long long>(m.params().parameter_count()), f.device.c_str(),
-               f.grad_accum, f.batch_size, f.optim.optimizer.c_str(), static_cast<double>(f.optim.lr),
-               f.optim.lr_schedule.c_str(),
-               m.params().no_decay_names().size());
+  std::fprintf(stderr, "kiln: training %s (%s, %s): %d x %s per step, %s lr %g (%s schedule), %s without weight decay\n",
+               f.model_dir.c_str(), count_of(m.params().parameter_count(), "parameter").c_str(), f.device.c_str(),
+               f.grad_accum, count_of(f.batch_size, "sequence").c_str(), f.optim.optimizer.c_str(),
+               static_cast<double>(f.optim.lr), f.optim.lr_schedule.c_str(),
+               count_of(static_cast<int64_t>(m.params().no_decay_names().size()), "tensor").c_str());
   std::unique_ptr<ProgressBar> bar;
   RunEvents ev;
   ev.info = [&](const std::string& msg) {

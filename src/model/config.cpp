@@ -1,4 +1,5 @@
 // config.json parsing and validation, and the RoPE inverse-frequency table. See config.h.
+#include "core/plural.h"
 #include "model/config.h"
 
 #include <cmath>
@@ -34,7 +35,7 @@ constexpr const char* kSupportedArchitectures =
 std::string describe(const json& v) {
   std::string text = v.dump();
   if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return std::string("a ") + v.type_name() + " (" + text + ")";
+  return with_article(v.type_name()) + " (" + text + ")";
 }
 
 // The value of `key` in `obj`, or nullptr when the key is absent or null (transformers writes

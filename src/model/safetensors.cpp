@@ -1,4 +1,5 @@
 // Safetensors reading (mmap) and writing. See safetensors.h.
+#include "core/plural.h"
 #include "model/safetensors.h"
 
 #include <fcntl.h>
@@ -160,12 +161,12 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     return invalid_argument(path + ": the header is not valid JSON (" + e.what() + ")" + corrupt);
   }
   if (!header.is_object())
-    return invalid_argument(path + ": the header must be a JSON object, but it is a " + header.type_name() + corrupt);
+    return invalid_argument(path + ": the header must be a JSON object, but it is " + with_article(header.type_name()) + corrupt);
 
   for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
       if (!v.is_object())
-        return invalid_argument(path + ": '__metadata__' must be an object of strings, but it is a " + v.type_name());
+        return invalid_argument(path + ": '__metadata__' must be an object of strings, but it is " + with_article(v.type_name()));
       for (const auto& [k, mv] : v.items())
         if (mv.is_string()) f.metadata_[k] = mv.get<std::string>();
       continue;
@@ -287,8 +288,8 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& mod
   std::map<std::string, size_t> shard_index;  // shard file name -> index into files_
   for (const auto& [name, v] : j["weight_map"].items()) {
     if (!v.is_string())
-      return invalid_argument(index + ": weight_map entry for tensor '" + name + "' must be a shard file name, but it is a " +
-                              v.type_name());
+      return invalid_argument(index + ": weight_map entry for tensor '" + name + "' must be a shard file name, but it is " +
+                              with_article(v.type_name()));
     const std::string shard = v.get<std::string>();
     auto it = shard_index.find(shard);
     if (it == shard_index.end()) {

@@ -1,4 +1,5 @@
 // Preprocessing (see preprocess.h).
+#include "core/plural.h"
 #include "train/preprocess.h"
 
 #include <algorithm>
@@ -41,7 +42,7 @@ std::vector<LineResult> make_documents(const std::vector<Line>& lines, const Doc
         continue;
       }
       if (!j.is_object()) {
-        out[i].doc = invalid_argument("expected a JSON object, found " + std::string(j.type_name()));
+        out[i].doc = invalid_argument("expected a JSON object, found " + with_article(j.type_name()));
         continue;
       }
       try {

@@ -11,6 +11,7 @@
 #include <regex>
 #include <string>
 
+#include "core/plural.h"
 #include "golden.h"
 #include "model/safetensors.h"
 #include "test_util.h"
@@ -127,6 +128,24 @@ TEST(Cli, HelpVersionAndUnknownCommands) {
   RunResult flag = run_kiln("--model x generate");
   EXPECT_EQ(flag.exit_code, 2);
   EXPECT_NE(flag.output.find("flags follow the command"), std::string::npos) << flag.output;
+}
+
+// Messages count and name things in plain English: "1 step", "2 steps", "an array".
+TEST(Cli, MessagesUseSingularsAndArticles) {
+  EXPECT_EQ(count_of(1, "step"), "1 step");
+  EXPECT_EQ(count_of(0, "step"), "0 steps");
+  EXPECT_EQ(count_of(2, "query", "queries"), "2 queries");
+  EXPECT_EQ(with_article("array"), "an array");
+  EXPECT_EQ(with_article("object"), "an object");
+  EXPECT_EQ(with_article("string"), "a string");
+  ModelCopy m("tiny-llama");
+  nlohmann::json c = m.config();
+  c["hidden_size"] = nlohmann::json::array({64});
+  m.write_config(c);
+  RunResult r = run_kiln("generate --model " + m.dir());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("an array"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("a array"), std::string::npos) << r.output;
 }
 
 TEST(Cli, GenerateGreedyMatchesGolden) {
