@@ -17,4 +17,4 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:allocator_m
 # The CLI tests run the kiln binary of this build (KILN_BINARY is compiled into the suite).
 "$out/tests/kiln_tests" --gtest_brief=1 ${1:+--gtest_filter="$1"}
 # With a filter only the selected tests run (and the script still exits 0 when they pass).
-if [ -z "${1:-}" ]; then KILN="$out/bin/kiln" python3 -m unittest tests/serve/test_serve_ops.py; fi
+if [ -z "${1:-}" ]; then KILN_SANITIZED=1 KILN="$out/bin/kiln" python3 -m unittest tests/serve/test_serve_ops.py; fi

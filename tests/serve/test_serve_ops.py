@@ -30,6 +30,10 @@ from sse_client import stream_post  # noqa: E402
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODEL = os.path.join(ROOT, "testdata", "tiny-tools")
 KILN = os.environ.get("KILN", os.path.join(ROOT, "build", "bin", "kiln"))
+# Set by scripts/sanitize.sh: the binary runs under AddressSanitizer, whose allocator keeps freed
+# memory in a quarantine (256 MB by default) and never hands it back, so the process's RSS says
+# nothing about leaks there; LeakSanitizer checks them instead when the server exits.
+SANITIZED = os.environ.get("KILN_SANITIZED") == "1"
 KEY = "sk-ops"
 AUTH = {"Authorization": "Bearer " + KEY}
 with open(os.path.join(MODEL, "golden.json")) as f:
@@ -574,6 +578,9 @@ class LoadTest(unittest.TestCase):
             self.assertEqual(m["kiln_http_connections"], 1)  # the metrics request itself
             self.assertEqual(m['kiln_requests_total{route="/v1/chat/completions",status="200"}'], 2 * self.N + self.WARM_CHATS)
             msg = f"RSS {before} KiB before the load, {after_first} KiB after the first wave, {after} KiB after the second"
+            if SANITIZED:  # see SANITIZED: the bounds below hold for glibc's allocator only
+                print(f"\n{self.N} concurrent streams: {first:.2f} s; {msg} (sanitized: RSS not bounded)", file=sys.stderr)
+                return
             # Memory: a second wave of the same load leaves the server where the first one did.
             self.assertLess(after - after_first, 16 * 1024, msg)
             # And near where it was before the load. Not at it: the process's peak RSS (VmHWM) is reached with
