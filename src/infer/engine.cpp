@@ -126,6 +126,7 @@ Status Engine::init() {
   ec.max_step_tokens = o.max_step_tokens;
   ec.use_graphs = o.use_graphs;
   ec.kv_memory_fraction = o.kv_memory_fraction;
+  ec.max_score_rows = o.max_score_rows;
   const int64_t per_page = Executor::kv_bytes_per_token(*model_) * o.page_size;
   int64_t pages = 0;
   if (o.kv_tokens > 0)
@@ -146,6 +147,7 @@ Status Engine::init() {
   sc.max_running = o.max_running;
   sc.max_step_tokens = o.max_step_tokens;
   sc.prefix_cache = o.prefix_cache;
+  sc.max_score_rows = o.max_score_rows;
   scheduler_ = std::make_unique<Scheduler>(sc);
   scheduler_->set_policy_version(o.policy_version);
   stats_.policy_version = o.policy_version;
@@ -177,6 +179,12 @@ Status Engine::validate(const GenerationRequest& r) const {
       return invalid_argument("prompt token id " + std::to_string(r.prompt[i]) + " at index " + std::to_string(i) +
                               " is outside the model's vocabulary [0, " + std::to_string(vocab) + ")");
   if (r.max_tokens < 0) return invalid_argument("max_tokens must not be negative");
+  if (r.prompt_logprobs_from < 0 || (r.prompt_logprobs_from > 0 && r.prompt_logprobs_from >= static_cast<int64_t>(r.prompt.size())))
+    return invalid_argument("prompt_logprobs_from " + std::to_string(r.prompt_logprobs_from) +
+                            " must be 0 (off) or a prompt index within [1, " + std::to_string(r.prompt.size() - 1) +
+                            "]: the first token has no prediction");
+  if (r.prompt_logprobs_from > 0 && options_.max_score_rows <= 0)
+    return invalid_argument("prompt log-probabilities need an engine created with max_score_rows > 0");
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
   if (total > max_sequence_tokens_) {
     const bool by_pool = scheduler_->capacity_tokens() < model_seq_limit_;
@@ -283,11 +291,11 @@ void Engine::drain_inbox() {
     cancels.swap(cancels_);
   }
   for (auto& [id, live] : arrivals) {
-    if (live->request.max_tokens == 0) {
+    if (live->request.max_tokens == 0 && live->request.prompt_logprobs_from == 0) {
       finish(*live, "length");
       continue;
     }
-    scheduler_->add(id, live->request.prompt);
+    scheduler_->add(id, live->request.prompt, live->request.prompt_logprobs_from);
     prompt_total_ += static_cast<int64_t>(live->request.prompt.size());
     live_.emplace(id, std::move(live));
   }
@@ -302,21 +310,38 @@ void Engine::drain_inbox() {
 }
 
 void Engine::commit_step(const StepPlan& plan, const std::vector<Live*>& sampled,
-                         const std::vector<SampledToken>& out, uint64_t version) {
+                         const std::vector<SampledToken>& out, const std::vector<float>& prompt_logprobs,
+                         uint64_t version) {
   scheduler_->commit(plan);
+  // Prompt log-probabilities first: they go out before the request's first generated token.
+  size_t at = 0;
+  for (const StepEntry& e : plan.entries) {
+    if (e.score_rows == 0) continue;
+    Live& live = *live_.at(e.seq->id);
+    PendingToken p{&live, std::nullopt, nullptr, {}};
+    p.prompt_logprobs.assign(prompt_logprobs.begin() + at, prompt_logprobs.begin() + at + e.score_rows);
+    at += e.score_rows;
+    pending_.push_back(std::move(p));
+  }
+  KILN_ASSERT(at == prompt_logprobs.size());
   for (size_t i = 0; i < sampled.size(); ++i) {
     Live& live = *sampled[i];
     if (live.done) continue;  // a stop string ended it while this step ran: its token is dropped
     const GenerationRequest& r = live.request;
+    if (r.max_tokens == 0) {  // a scoring request that generates nothing: its prompt is done
+      retire(live);
+      pending_.push_back(PendingToken{&live, std::nullopt, "length", {}});
+      continue;
+    }
     const SampledToken& s = out[i];
     scheduler_->append(scheduler_->find(live.id), s.token);
     ++generated_total_;
     ++live.generated;
-    PendingToken p{&live, GeneratedToken{}, nullptr};
-    p.token.id = s.token;
-    p.token.logprob = s.logprob;
-    p.token.top = s.top;
-    p.token.policy_version = version;
+    PendingToken p{&live, GeneratedToken{}, nullptr, {}};
+    p.token->id = s.token;
+    p.token->logprob = s.logprob;
+    p.token->top = s.top;
+    p.token->policy_version = version;
     const bool stop = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), s.token) != r.stop_token_ids.end() ||
                       (!r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), s.token) != eos_ids_.end());
     if (stop || live.generated >= r.max_tokens) {
@@ -337,8 +362,20 @@ void Engine::deliver_pending() {
   for (PendingToken& p : pending_) {
     Live& live = *p.live;
     if (live.done) continue;
+    if (!p.token) {
+      if (!p.prompt_logprobs.empty()) {
+        EngineEvent e;
+        e.prompt_logprobs = std::move(p.prompt_logprobs);
+        live.stream->push(std::move(e));
+      }
+      if (!p.finish_reason) continue;
+      finish(live, p.finish_reason);
+      retire(live);
+      live_.erase(live.id);
+      continue;
+    }
     EngineEvent e;
-    e.tokens.push_back(std::move(p.token));
+    e.tokens.push_back(std::move(*p.token));
     bool by_string = false;
     // With special tokens in the text, the EOS that ends the request still shows nothing.
     const bool silent_eos = !live.request.skip_special_tokens && p.finish_reason && !live.request.ignore_eos &&
@@ -416,7 +453,7 @@ void Engine::step() {
   Result<std::vector<SampledToken>> out = executor_->wait();
   ++steps_;
   if (!out.ok()) return fail_all(out.status().message());
-  commit_step(plan, sampled, *out, version);
+  commit_step(plan, sampled, *out, executor_->prompt_logprobs(), version);
 }
 
 int32_t Engine::abort_admitted() {

@@ -73,6 +73,12 @@ struct GenerationRequest {
   // Event text drops special tokens (as decode(skip_special_tokens=True)); false keeps them, e.g. for
   // tool-call markers that are special tokens, but never the text of the EOS token that ends it.
   bool skip_special_tokens = true;
+  // Prompt scoring: > 0 asks for log p(prompt[t] | prompt[0..t)) of every prompt token t from this
+  // index on (1 .. prompt size - 1), under the raw model distribution, delivered in events'
+  // prompt_logprobs before any generated token; the positions that give them are computed, never
+  // served by the prefix cache. With max_tokens 0 the request ends ("length") once they are out.
+  // Needs an engine created with max_score_rows > 0.
+  int32_t prompt_logprobs_from = 0;
 };
 
 enum class WeightUpdateMode { sync, abort, keep };
@@ -126,6 +132,7 @@ struct Usage {
 // and at the end a final event.
 struct EngineEvent {
   std::vector<GeneratedToken> tokens;
+  std::vector<float> prompt_logprobs;  // the next scored prompt tokens' log-probabilities, in order
   std::string text;                // text of the new tokens; text that may begin a stop string waits
   bool finished = false;
   std::string finish_reason;       // final event: "stop", "length" or "abort"
@@ -172,6 +179,7 @@ struct EngineOptions {
   bool prefix_cache = true;
   bool use_graphs = true;
   uint64_t policy_version = 0;     // the version of the weights the engine starts with (resume)
+  int32_t max_score_rows = 0;      // prompt-scoring positions per step (logit rows); 0: no scoring
 };
 
 struct EngineStats {
@@ -233,7 +241,7 @@ class Engine {
   // stop token or max_tokens (out of the scheduler before the next step is planned), and queues
   // the tokens' events; drops requests a stop string ended while the step ran.
   void commit_step(const StepPlan& plan, const std::vector<Live*>& sampled, const std::vector<SampledToken>& out,
-                   uint64_t version);
+                   const std::vector<float>& prompt_logprobs, uint64_t version);
   // Pushes the queued events (detokenizing, matching stop strings) while the next step runs on
   // the device; a stop string ends its request, which leaves the scheduler after that step.
   void deliver_pending();
@@ -279,8 +287,9 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Live>> live_;
   struct PendingToken {
     Live* live;
-    GeneratedToken token;
+    std::optional<GeneratedToken> token;  // none: prompt log-probabilities only (or a bare finish)
     const char* finish_reason;  // "stop" / "length" when this token ends the request, else nullptr
+    std::vector<float> prompt_logprobs;
   };
   std::vector<PendingToken> pending_;  // events of the last step, delivered during the next one
   std::vector<Live*> ended_by_stop_string_;  // still scheduled: retired after the step in flight

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/train_ops.h"
+
 namespace kiln {
 namespace {
 
@@ -35,7 +37,7 @@ int64_t Executor::kv_bytes_per_token(const Transformer& model) {
 
 Result<std::unique_ptr<Executor>> Executor::create(const Transformer& model, const ExecutorConfig& config) {
   if (config.num_pages < 0 || config.page_size <= 0 || config.max_running <= 0 || config.max_seq_len <= 0 ||
-      config.max_step_tokens < config.max_running)
+      config.max_step_tokens < config.max_running || config.max_score_rows < 0)
     return invalid_argument("executor: page size, running limit and sequence length must be positive, and the "
                             "step token budget at least the running limit");
   std::unique_ptr<Executor> e(new Executor(model, config));
@@ -47,13 +49,17 @@ Status Executor::init() {
   const ModelConfig& c = model_.config();
   vocab_ = c.vocab_size;
   const int64_t Bm = config_.max_running, Tm = padded_tokens(config_.max_step_tokens);
+  const int64_t SR = config_.max_score_rows;
+  max_logit_rows_ = static_cast<int32_t>(Bm + SR);
   max_pages_per_step_ = static_cast<int32_t>(
       std::min<int64_t>(Bm * ceil_div(config_.max_seq_len, config_.page_size), int64_t(1) << 30));
-  Result<ForwardWorkspace> ws = model_.make_workspace(Tm, Bm);
+  Result<ForwardWorkspace> ws = model_.make_workspace(Tm, max_logit_rows_);
   if (!ws.ok())
     return out_of_memory("the step workspace for " + std::to_string(config_.max_step_tokens) + " tokens and " +
-                         std::to_string(Bm) + " requests does not fit: " + ws.status().message() +
-                         "; lower --max-step-tokens or --max-running");
+                         std::to_string(Bm) + " requests" +
+                         (SR > 0 ? " (and " + std::to_string(SR) + " prompt-scoring rows)" : std::string()) +
+                         " does not fit: " + ws.status().message() + "; lower --max-step-tokens or --max-running" +
+                         (SR > 0 ? " or --max-score-rows" : ""));
   ws_ = std::move(ws).value();
 
   int64_t at = 0;
@@ -65,8 +71,9 @@ Status Executor::init() {
   section(off_page_indptr_, Bm + 1);
   section(off_last_page_, Bm);
   section(off_last_rows_, Bm + 1);
-  section(off_logit_rows_, Bm);
+  section(off_logit_rows_, max_logit_rows_);
   section(off_params_, Bm * ops::kSamplingRowWords);
+  section(off_targets_, std::max<int64_t>(SR, 1));
   section(off_ids_, Tm);
   section(off_positions_, Tm);
   section(off_slots_, Tm);
@@ -91,6 +98,11 @@ Status Executor::init() {
   KILN_ASSIGN_OR_RETURN(logprobs_host_, pinned_host_empty(be(), {Bm}, DType::f32));
   KILN_ASSIGN_OR_RETURN(top_ids_host_, pinned_host_empty(be(), {Bm, N}, DType::i32));
   KILN_ASSIGN_OR_RETURN(top_logprobs_host_, pinned_host_empty(be(), {Bm, N}, DType::f32));
+  if (SR > 0) {
+    KILN_ASSIGN_OR_RETURN(score_logprobs_dev_, empty(be(), {SR}, DType::f32));
+    KILN_ASSIGN_OR_RETURN(score_logprobs_host_, pinned_host_empty(be(), {SR}, DType::f32));
+    score_rows_scratch_.resize(static_cast<size_t>(SR));
+  }
   for (int32_t r = static_cast<int32_t>(Bm) - 1; r >= 0; --r) free_counts_rows_.push_back(r);
   done_ = be().create_event();
   graph_start_ = be().create_event();
@@ -147,7 +159,14 @@ Status Executor::warm_up() {
       seq.tokens.assign(static_cast<size_t>(shape.kv_len), 0);
       seq.pages.assign(static_cast<size_t>(n_pages), 0);
       seq.computed = shape.kv_len - shape.q_len;
-      plan.entries.push_back({&seq, seq.computed, shape.q_len, true});
+      StepEntry e{&seq, seq.computed, shape.q_len, true};
+      if (shape.q_len > 1) {  // the most prompt-scoring rows a step may have, too
+        seq.prompt_len = shape.kv_len;
+        e.score_rows = std::min(config_.max_score_rows, shape.q_len - 1);
+        e.score_begin = seq.computed;
+        plan.score_rows = e.score_rows;
+      }
+      plan.entries.push_back(e);
     }
     const std::vector<ops::SamplingRow> rows(seqs.size());
     const Packed p = pack(plan, rows, shape.q_len == 1 ? bucket_for(shape.requests) : 0);
@@ -182,11 +201,17 @@ Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::Sam
   int32_t* positions = h + off_positions_;
   int32_t* slots = h + off_slots_;
   int32_t* pages = h + off_pages_;
+  int32_t* targets = h + off_targets_;
   const int32_t ps = config_.page_size;
   Packed p;
   q_indptr[0] = page_indptr[0] = last_rows[0] = 0;
   for (const StepEntry& e : plan.entries) {
     const Sequence& s = *e.seq;
+    KILN_ASSERT(p.score_rows + e.score_rows <= config_.max_score_rows);
+    for (int32_t j = e.score_begin; j < e.score_begin + e.score_rows; ++j) {
+      score_rows_scratch_[p.score_rows] = p.tokens + (j - e.start);  // the row of position j
+      targets[p.score_rows++] = s.tokens[j + 1];
+    }
     for (int32_t j = e.start; j < e.start + e.count; ++j) {
       ids[p.tokens] = s.tokens[j];
       positions[p.tokens] = j;
@@ -208,6 +233,22 @@ Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::Sam
   }
   KILN_ASSERT(static_cast<int32_t>(rows.size()) == p.logit_rows);
   std::memcpy(h + off_params_, rows.data(), rows.size() * sizeof(ops::SamplingRow));
+  p.sampled_rows = p.logit_rows;
+  if (p.score_rows > 0) {
+    // Score rows after the sampled ones; one logit row per request no longer holds: no trimming.
+    KILN_ASSERT(bucket == 0);
+    std::memcpy(logit_rows + p.logit_rows, score_rows_scratch_.data(), static_cast<size_t>(p.score_rows) * 4);
+    p.logit_rows += p.score_rows;
+    int32_t padded = 1;
+    while (padded < p.logit_rows) padded *= 2;
+    padded = std::min(padded, max_logit_rows_);
+    for (int32_t r = p.logit_rows; r < padded; ++r) logit_rows[r] = 0;
+    p.logit_rows = padded;
+    p.trim = false;
+    for (int32_t t = p.tokens, end = padded_tokens(p.tokens); t < end; ++t) ids[t] = 0, positions[t] = 0, slots[t] = -1;
+    p.tokens = padded_tokens(p.tokens);
+    return p;
+  }
   if (bucket > 0) {
     // Pad a decode step: rows that write no KV, requests with no queries and no pages.
     const ops::SamplingRow greedy;
@@ -249,7 +290,7 @@ void Executor::upload(const Packed& p) {
   auto copy_ints = [&](int64_t off, int64_t n) {
     if (n > 0) be().copy_async(staging_dev_.view().rows(off, off + n), staging_host_.view().rows(off, off + n));
   };
-  copy_ints(0, off_ids_);  // the small per-request sections and the sampling parameters
+  copy_ints(0, off_ids_);  // the small per-request sections, the sampling parameters and targets
   copy_ints(off_ids_, p.tokens);
   copy_ints(off_positions_, p.tokens);
   copy_ints(off_slots_, p.tokens);
@@ -289,7 +330,12 @@ ops::SamplingBatch Executor::sampling_view(int32_t rows, bool full) const {
 
 void Executor::forward_and_sample(const Packed& p, bool full) {
   last_logits_ = model_.forward(batch_view(p), cache_, ws_);
-  ops::sample(be(), sampling_view(p.logit_rows, full));
+  if (p.score_rows == 0) return ops::sample(be(), sampling_view(p.logit_rows, full));
+  if (p.sampled_rows > 0) ops::sample(be(), sampling_view(p.sampled_rows, full));
+  const int32_t s0 = p.sampled_rows, s1 = p.sampled_rows + p.score_rows;
+  const Tensor targets = staging_dev_.view().rows(off_targets_, off_targets_ + p.score_rows);
+  ops::cross_entropy_forward_backward(be(), last_logits_.rows(s0, s1), Tensor{},
+                                      score_logprobs_dev_.view().rows(0, p.score_rows), targets, {});
 }
 
 Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows) {
@@ -339,6 +385,9 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   } else {
     forward_and_sample(p, full);
   }
+  if (p.score_rows > 0)
+    be().copy_async(score_logprobs_host_.view().rows(0, p.score_rows), score_logprobs_dev_.view().rows(0, p.score_rows));
+  in_flight_score_rows_ = p.score_rows;
   if (real_rows > 0) {
     be().copy_async(tokens_host_.view().rows(0, real_rows), tokens_dev_.view().rows(0, real_rows));
     if (any_logprobs) be().copy_async(logprobs_host_.view().rows(0, real_rows), logprobs_dev_.view().rows(0, real_rows));
@@ -368,6 +417,8 @@ Result<std::vector<SampledToken>> Executor::wait() {
   if (in_flight_timed_graph_) graph_device_seconds_ += graph_end_->elapsed_ms(*graph_start_) * 1e-3;
   wait_seconds_ += std::chrono::duration<double>(t2 - t1).count();
   run_seconds_ += std::chrono::duration<double>(t2 - t1).count();
+  const float* scored = in_flight_score_rows_ > 0 ? score_logprobs_host_.ptr<float>() : nullptr;
+  prompt_logprobs_.assign(scored, scored + in_flight_score_rows_);
   std::vector<SampledToken> out(static_cast<size_t>(real_rows));
   for (int32_t i = 0; i < real_rows; ++i) {
     SampledToken& t = out[i];

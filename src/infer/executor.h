@@ -5,7 +5,9 @@
 //
 // A step (a StepPlan of the scheduler) becomes one packed forward: the planned tokens of every
 // entry concatenated, their positions and KV slots, q/page indptr arrays, the entries' page lists
-// and last-page lengths, the rows whose logits are wanted. Inputs move to the device with one set of
+// and last-page lengths, the rows whose logits are wanted (the sampled rows first, then the prompt
+// score rows, whose log-probabilities of their next prompt token come from the cross-entropy op
+// on the same logits: log_softmax of the raw model output). Inputs move to the device with one set of
 // asynchronous copies from pinned memory; the sampled tokens (and log-probs when asked) come back the
 // same way, waited for with an event. Pure decode steps are padded to a batch-size bucket (1, 2, 4,
 // ... up to max_running) with rows that write no KV and requests with no queries (the padding rule
@@ -36,6 +38,7 @@ struct ExecutorConfig {
   int32_t max_step_tokens = 8192;
   int32_t max_seq_len = 0;  // longest sequence (prompt + generated) a request may reach
   bool use_graphs = true;
+  int32_t max_score_rows = 0;  // prompt-scoring rows per step (the scheduler's budget)
 };
 
 // The result of sampling one entry.
@@ -63,6 +66,9 @@ class Executor {
   void launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows);
   Result<std::vector<SampledToken>> wait();
   bool in_flight() const { return in_flight_; }
+  // After wait(): the log-probabilities of the step's score rows, in plan order (entry by entry,
+  // position by position): log p(tokens[j + 1] | tokens[0..j]) for each scored position j.
+  const std::vector<float>& prompt_logprobs() const { return prompt_logprobs_; }
 
   // Rows of the token-count table, one per running request with penalties.
   int32_t acquire_counts_row();
@@ -98,6 +104,8 @@ class Executor {
   // Fills the host staging buffer for `plan`, padding a pure decode step to `bucket` rows when > 0.
   struct Packed {
     int32_t tokens = 0, requests = 0, logit_rows = 0, pages = 0, max_q = 0, max_kv = 0;
+    int32_t sampled_rows = 0, score_rows = 0;  // with score rows: logit rows [0, sampled) sample,
+                                               // [sampled, sampled + score) score the prompt
     bool trim = false;
   };
   Packed pack(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
@@ -120,11 +128,16 @@ class Executor {
   // The packed step inputs: host staging (pinned) and device buffer, same layout (offsets below).
   TensorBuffer staging_host_, staging_dev_;
   int64_t off_q_indptr_ = 0, off_page_indptr_ = 0, off_last_page_ = 0, off_last_rows_ = 0, off_logit_rows_ = 0,
-          off_params_ = 0, off_ids_ = 0, off_positions_ = 0, off_slots_ = 0, off_pages_ = 0, staging_ints_ = 0;
+          off_params_ = 0, off_targets_ = 0, off_ids_ = 0, off_positions_ = 0, off_slots_ = 0, off_pages_ = 0,
+          staging_ints_ = 0;
+  int32_t max_logit_rows_ = 0;  // max_running + max_score_rows
   // Sampler buffers.
   TensorBuffer tokens_dev_, logprobs_dev_, top_ids_dev_, top_logprobs_dev_, sampler_ws_, counts_;
   TensorBuffer tokens_host_, logprobs_host_, top_ids_host_, top_logprobs_host_;
   TensorBuffer counts_upload_;  // [max_seq_len] i32 device: ids for reset_counts
+  TensorBuffer score_logprobs_dev_, score_logprobs_host_;  // [max_score_rows] f32
+  std::vector<int32_t> score_rows_scratch_;  // [max_score_rows]: pack's score rows before they move
+  std::vector<float> prompt_logprobs_;
   std::vector<int32_t> free_counts_rows_;
   std::unique_ptr<Event> done_;
   Tensor last_logits_;
@@ -142,6 +155,7 @@ class Executor {
   double graph_launch_seconds_ = 0, graph_device_seconds_ = 0;
   std::unique_ptr<Event> graph_start_, graph_end_;
   bool in_flight_ = false, in_flight_timed_graph_ = false;
+  int32_t in_flight_score_rows_ = 0;
   const std::vector<ops::SamplingRow>* in_flight_rows_ = nullptr;  // the caller's rows of the launched step
 };
 

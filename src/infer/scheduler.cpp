@@ -1,6 +1,8 @@
 #include "infer/scheduler.h"
 
 #include <algorithm>
+#include <tuple>
+#include <utility>
 
 #include "core/status.h"
 
@@ -16,11 +18,14 @@ Scheduler::~Scheduler() {
   for (auto& [id, seq] : sequences_) release_pages(seq.get());
 }
 
-Sequence* Scheduler::add(uint64_t id, std::vector<int32_t> prompt) {
+Sequence* Scheduler::add(uint64_t id, std::vector<int32_t> prompt, int32_t score_from) {
   KILN_ASSERT(!prompt.empty() && !sequences_.count(id));
+  KILN_ASSERT(score_from == 0 || (score_from > 0 && score_from < static_cast<int32_t>(prompt.size()) &&
+                                  config_.max_score_rows > 0));
   auto seq = std::make_unique<Sequence>();
   seq->id = id;
   seq->prompt_len = static_cast<int32_t>(prompt.size());
+  seq->score_from = seq->next_scored = score_from;
   seq->tokens = std::move(prompt);
   seq->arrival = ++arrivals_;
   Sequence* s = seq.get();
@@ -110,11 +115,18 @@ bool Scheduler::reserve(Sequence* seq, int32_t tokens, StepPlan& plan, bool may_
   return true;
 }
 
+int32_t Scheduler::max_cached_pages(const Sequence& seq) const {
+  const int32_t ps = config_.page_size;
+  int32_t pages = (static_cast<int32_t>(seq.tokens.size()) - 1) / ps;
+  if (seq.score_from > 0 && seq.next_scored < seq.prompt_len) pages = std::min(pages, (seq.next_scored - 1) / ps);
+  return pages;
+}
+
 bool Scheduler::awaits_shared_prefix(const Sequence* seq) const {
   const int32_t ps = config_.page_size;
   const int32_t n = static_cast<int32_t>(seq->tokens.size());
   const int32_t matched = static_cast<int32_t>(seq->pages.size());
-  const int32_t max_pages = (n - 1) / ps;
+  const int32_t max_pages = max_cached_pages(*seq);
   if (matched >= max_pages) return false;
   for (const Sequence* r : running_) {
     // Full pages both share beyond what the cache gave, that r has not offered to the cache yet.
@@ -127,6 +139,25 @@ bool Scheduler::awaits_shared_prefix(const Sequence* seq) const {
   return false;
 }
 
+namespace {
+
+// The first position of a chunk starting at `start` whose logits score a prompt token, and how
+// many positions from there on do (up to the prompt's second-to-last position).
+std::pair<int32_t, int32_t> scored_positions(const Sequence& s, int32_t start, int32_t count) {
+  if (s.score_from == 0 || s.next_scored >= s.prompt_len) return {start, 0};
+  const int32_t begin = std::max(start, s.next_scored - 1);
+  const int32_t end = std::min(start + count, s.prompt_len - 1);
+  return {begin, std::max(0, end - begin)};
+}
+
+}  // namespace
+
+int32_t Scheduler::fit_chunk(const Sequence& seq, int32_t chunk, int32_t score_budget) const {
+  const auto [begin, rows] = scored_positions(seq, seq.computed, chunk);
+  if (rows <= score_budget) return chunk;
+  return begin - seq.computed + score_budget;  // cut where the step's score rows run out (maybe 0)
+}
+
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int32_t budget = config_.max_step_tokens;
@@ -136,8 +167,10 @@ StepPlan Scheduler::schedule() {
     e.start = seq->computed;
     e.count = count;
     e.wants_logits = seq->computed + count == static_cast<int32_t>(seq->tokens.size());
+    std::tie(e.score_begin, e.score_rows) = scored_positions(*seq, e.start, count);
     plan.entries.push_back(e);
     plan.tokens += count;
+    plan.score_rows += e.score_rows;
     budget -= count;
   };
 
@@ -157,7 +190,8 @@ StepPlan Scheduler::schedule() {
     Sequence* seq = running_[i];
     const int32_t left = static_cast<int32_t>(seq->tokens.size()) - seq->computed;
     if (left <= 1) continue;
-    const int32_t chunk = std::min(left, budget);
+    const int32_t chunk = fit_chunk(*seq, std::min(left, budget), config_.max_score_rows - plan.score_rows);
+    if (chunk == 0) continue;  // its next positions score the prompt and this step has no rows left
     if (!reserve(seq, seq->computed + chunk, plan, true)) {
       preempt(seq, plan);
       break;
@@ -175,8 +209,7 @@ StepPlan Scheduler::schedule() {
     const int32_t n = static_cast<int32_t>(seq->tokens.size());
     KILN_ASSERT(seq->pages.empty() && seq->computed == 0);
     if (config_.prefix_cache) {
-      // At most (n - 1) / ps pages: the last token is always computed, for its logits.
-      seq->pages = radix_.match(seq->tokens.data(), n, version_, (n - 1) / config_.page_size);
+      seq->pages = radix_.match(seq->tokens.data(), n, version_, max_cached_pages(*seq));
       for (int32_t p : seq->pages) cross_version_hits_ += pool_.version(p) != version_ ? 1 : 0;
       seq->computed = static_cast<int32_t>(seq->pages.size()) * config_.page_size;
       seq->offered_pages = static_cast<int32_t>(seq->pages.size());
@@ -186,7 +219,11 @@ StepPlan Scheduler::schedule() {
         continue;
       }
     }
-    const int32_t chunk = std::min(n - seq->computed, budget);
+    const int32_t chunk = fit_chunk(*seq, std::min(n - seq->computed, budget), config_.max_score_rows - plan.score_rows);
+    if (chunk == 0) {  // no score rows left in this step: it is admitted next step (FCFS)
+      release_pages(seq);
+      break;
+    }
     if (!reserve(seq, seq->computed + chunk, plan, false)) {
       release_pages(seq);
       break;
@@ -207,6 +244,7 @@ void Scheduler::commit(const StepPlan& plan) {
   for (const StepEntry& e : plan.entries) {
     KILN_ASSERT(e.seq->computed == e.start);
     e.seq->computed += e.count;
+    if (e.score_rows > 0) e.seq->next_scored = e.score_begin + e.score_rows + 1;
     offer_full_pages(e.seq);
   }
 }

@@ -16,6 +16,12 @@
 //      those pages instead of computing them again: 64 requests arriving together with one 2K-token
 //      system prompt prefill it once. Later arrivals are still admitted past it.
 // An entry whose chunk reaches the end of the sequence's tokens asks for logits (a new token).
+// Prompt scoring: a sequence with score_from > 0 wants log p(tokens[t] | tokens[<t]) for every prompt
+// token t >= score_from, i.e. the logits of positions score_from - 1 .. prompt_len - 2 ("score
+// rows"). At most max_score_rows of them are planned per step (chunks are cut there; a sequence
+// with none left to give waits for the next step); the radix cache serves at most the pages before
+// position score_from - 1, since cached positions have no logits; a recompute after preemption
+// scores only what was not delivered yet (next_scored).
 // When pages run out, unreferenced cached pages are evicted (LRU); if that is not enough, the
 // newest running sequence is preempted: its full pages are offered to the radix cache, its pages
 // released, and it waits again (ahead of later arrivals) to be recomputed from its tokens so far.
@@ -48,6 +54,7 @@ struct SchedulerConfig {
   int32_t max_running = 256;       // sequences in flight at once
   int32_t max_step_tokens = 8192;  // tokens packed in one step (>= max_running)
   bool prefix_cache = true;
+  int32_t max_score_rows = 0;      // prompt-scoring logit rows per step (0: no sequence may score)
 };
 
 struct Sequence {
@@ -64,6 +71,8 @@ struct Sequence {
   uint64_t first_admission_version = 0;  // the policy version at its first admission
   bool running = false;
   int32_t preemptions = 0;
+  int32_t score_from = 0;       // > 0: the first prompt token whose log-probability is wanted
+  int32_t next_scored = 0;      // the next prompt token to score (score_from .. prompt_len)
 };
 
 // One request's part of a step: tokens[start .. start + count) are computed.
@@ -71,12 +80,16 @@ struct StepEntry {
   Sequence* seq = nullptr;
   int32_t start = 0, count = 0;
   bool wants_logits = false;  // start + count == tokens.size(): the step yields a new token
+  // Prompt scoring: positions score_begin .. score_begin + score_rows - 1 (within the chunk) give
+  // the log-probabilities of tokens score_begin + 1 .. score_begin + score_rows.
+  int32_t score_begin = 0, score_rows = 0;
 };
 
 struct StepPlan {
   std::vector<StepEntry> entries;  // decodes first, then prefill chunks, in the order above
   std::vector<uint64_t> preempted; // sequences preempted while planning this step
   int32_t tokens = 0;
+  int32_t score_rows = 0;          // over all entries (<= max_score_rows)
   bool empty() const { return entries.empty(); }
 };
 
@@ -89,8 +102,10 @@ class Scheduler {
   // Tokens a sequence may ever hold (the pool's capacity).
   int64_t capacity_tokens() const { return static_cast<int64_t>(config_.num_pages) * config_.page_size; }
 
-  // Queues a new sequence (prompt ids, at least one); the id must be new.
-  Sequence* add(uint64_t id, std::vector<int32_t> prompt);
+  // Queues a new sequence (prompt ids, at least one); the id must be new. score_from: 0, or the
+  // first prompt token (1 .. prompt size - 1) whose log-probability the sequence wants (needs
+  // max_score_rows > 0).
+  Sequence* add(uint64_t id, std::vector<int32_t> prompt, int32_t score_from = 0);
   // Removes a sequence, running or waiting, and releases its pages (full computed pages are offered
   // to the radix cache first). Returns false for an unknown id.
   bool remove(uint64_t id);
@@ -136,6 +151,11 @@ class Scheduler {
   // Whether a running sequence is computing full pages of `seq`'s prefix beyond its radix match
   // (seq->pages), which the cache will hold once they are committed.
   bool awaits_shared_prefix(const Sequence* seq) const;
+  // Full pages the radix cache may serve `seq`: never its last token (computed for its logits)
+  // nor a position whose logits score its prompt.
+  int32_t max_cached_pages(const Sequence& seq) const;
+  // `chunk` cut so that its score rows fit in `score_budget` (0 when its first position needs one).
+  int32_t fit_chunk(const Sequence& seq, int32_t chunk, int32_t score_budget) const;
 
   SchedulerConfig config_;
   PagePool pool_;

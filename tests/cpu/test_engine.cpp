@@ -18,6 +18,7 @@ namespace kiln::test {
 namespace {
 
 struct Outcome {
+  std::vector<float> prompt_logprobs;
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> top;
@@ -29,6 +30,8 @@ struct Outcome {
 Outcome drain(RequestStream& s) {
   Outcome o;
   while (std::optional<EngineEvent> e = s.next()) {
+    EXPECT_TRUE(e->prompt_logprobs.empty() || o.ids.empty()) << "prompt log-probabilities after a generated token";
+    o.prompt_logprobs.insert(o.prompt_logprobs.end(), e->prompt_logprobs.begin(), e->prompt_logprobs.end());
     for (const GeneratedToken& t : e->tokens) {
       o.ids.push_back(t.id);
       o.logprobs.push_back(t.logprob);
@@ -222,6 +225,98 @@ TEST_F(EngineTest, GreedyContinuationEqualsTransformers) {
     EXPECT_EQ(got.ids, expected) << m;
     EXPECT_EQ(got.finish_reason, "length");
   }
+}
+
+// log p(ids[t] | ids[<t]) from transformers' logits of the fixture sequence.
+std::vector<double> reference_prompt_logprobs(const std::string& model, const std::vector<int32_t>& ids) {
+  const std::vector<float> logits = golden_floats(model, "seq_a.logits");
+  const int64_t vocab = static_cast<int64_t>(logits.size() / ids.size());
+  std::vector<double> out;
+  for (size_t t = 1; t < ids.size(); ++t) {
+    const float* row = logits.data() + (t - 1) * vocab;
+    double mx = row[0], sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) mx = std::max<double>(mx, row[v]);
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - mx);
+    out.push_back(row[ids[t]] - mx - std::log(sum));
+  }
+  return out;
+}
+
+TEST_F(EngineTest, PromptLogprobsEqualTransformersUnderEveryBudgetCacheAndPreemption) {
+  // The fixture sequence scored from several first tokens, concurrently with generating requests
+  // that share its prefix, under row budgets that cut chunks, pages of 2 and a pool that preempts.
+  for (const char* m : {"tiny-llama", "tiny-qwen2"}) {
+    load(m);
+    const std::vector<int32_t> ids = golden_ints(m, "seq_a.input_ids");
+    const std::vector<double> ref = reference_prompt_logprobs(m, ids);
+    const int32_t n = static_cast<int32_t>(ids.size());
+    for (const auto& [rows, kv_tokens] : {std::pair{3, 4096}, std::pair{64, 4096}, std::pair{5, n + 8}}) {
+      EngineOptions o;
+      o.max_score_rows = rows;
+      o.max_step_tokens = 16;
+      o.max_running = 8;
+      o.page_size = 2;
+      o.kv_tokens = kv_tokens;
+      std::unique_ptr<Engine> e = engine(o);
+      ASSERT_TRUE(e);
+      std::vector<std::pair<int32_t, std::shared_ptr<RequestStream>>> scored;
+      std::vector<std::shared_ptr<RequestStream>> others;
+      for (int32_t from : {1, n / 2, n - 1, 1, 5}) {
+        GenerationRequest r;
+        r.prompt = ids;
+        r.prompt_logprobs_from = from;
+        r.max_tokens = from == 5 ? 4 : 0;  // one also generates after its prompt
+        r.ignore_eos = true;
+        Result<std::shared_ptr<RequestStream>> s = e->submit(r);
+        ASSERT_TRUE(s.ok()) << s.status().message();
+        scored.emplace_back(from, *s);
+        GenerationRequest g;  // a generating request sharing the prefix
+        g.prompt.assign(ids.begin(), ids.begin() + from + 1);
+        g.max_tokens = 6;
+        g.ignore_eos = true;
+        others.push_back(*e->submit(g));
+      }
+      for (auto& [from, s] : scored) {
+        Outcome got = drain(*s);
+        ASSERT_EQ(static_cast<int32_t>(got.prompt_logprobs.size()), n - from) << m << " from " << from;
+        for (int32_t t = from; t < n; ++t)
+          EXPECT_NEAR(got.prompt_logprobs[t - from], ref[t - 1], 1e-4 * std::max(1.0, std::fabs(ref[t - 1])))
+              << m << " rows " << rows << " from " << from << " token " << t;
+        EXPECT_EQ(got.finish_reason, "length");
+        EXPECT_EQ(got.ids.size(), from == 5 ? 4u : 0u);
+        EXPECT_EQ(got.usage.completion_tokens, from == 5 ? 4 : 0);
+      }
+      for (auto& s : others) EXPECT_EQ(drain(*s).ids.size(), 6u);
+      if (kv_tokens < 4096) EXPECT_GT(e->stats().preemptions, 0) << m;
+      if (rows == 64) EXPECT_GT(e->stats().prefix_hit_tokens, 0) << m;
+    }
+  }
+}
+
+TEST_F(EngineTest, PromptLogprobRequestsAreCheckedAtSubmit) {
+  load("tiny-llama");
+  EngineOptions o;
+  o.kv_tokens = 1024;
+  std::unique_ptr<Engine> off = engine(o);
+  GenerationRequest r;
+  r.prompt = {5, 6, 7};
+  r.prompt_logprobs_from = 1;
+  Result<std::shared_ptr<RequestStream>> s = off->submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("max_score_rows"), std::string::npos) << s.status().message();
+  o.max_score_rows = 16;
+  std::unique_ptr<Engine> on = engine(o);
+  for (int32_t bad : {-1, 3, 100}) {
+    r.prompt_logprobs_from = bad;
+    s = on->submit(r);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_NE(s.status().message().find("prompt_logprobs_from"), std::string::npos) << s.status().message();
+  }
+  r.prompt_logprobs_from = 2;
+  r.max_tokens = 0;
+  s = on->submit(r);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(drain(**s).prompt_logprobs.size(), 1u);
 }
 
 TEST_F(EngineTest, CancelFreesTheRequestAndOthersGoOn) {

@@ -338,5 +338,107 @@ TEST(Scheduler, VersionChangeStopsReuse) {
   EXPECT_EQ(s.pool().version(p.entries[0].seq->pages[0]), 1u);
 }
 
+TEST(Scheduler, PromptScoringRowsAreBudgetedAndNeverServedFromTheCache) {
+  // Page size 4, 8 score rows per step, budget 64 tokens.
+  SchedulerConfig cfg = small_config(64, 4, 8, 64);
+  cfg.max_score_rows = 8;
+  Scheduler s(cfg);
+  const std::vector<int32_t> prompt = iota_tokens(20);
+  s.add(1, prompt);  // unscored: fills the cache with 4 full pages
+  finish_step(s, s.schedule());
+  EXPECT_TRUE(s.remove(1));
+  // Tokens 10..19 scored: positions 9..18 give their logits, so only the first 2 pages (positions
+  // 0..7) may come from the cache, and 10 rows over an 8-row budget split the prompt in two chunks.
+  s.add(2, prompt, 10);
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 1u);
+  StepEntry e = p.entries[0];
+  EXPECT_EQ(e.start, 8);
+  EXPECT_EQ(e.seq->cached_prompt_tokens, 8);
+  EXPECT_EQ(e.count, 9);  // positions 8 .. 16: 8 of them (9 .. 16) score tokens 10 .. 17
+  EXPECT_EQ(e.score_begin, 9);
+  EXPECT_EQ(e.score_rows, 8);
+  EXPECT_EQ(p.score_rows, 8);
+  EXPECT_FALSE(e.wants_logits);
+  finish_step(s, p);
+  EXPECT_EQ(s.find(2)->next_scored, 18);
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 1u);
+  e = p.entries[0];
+  EXPECT_EQ(e.start, 17);
+  EXPECT_EQ(e.count, 3);  // positions 17, 18 score tokens 18, 19; position 19 samples a new token
+  EXPECT_EQ(e.score_begin, 17);
+  EXPECT_EQ(e.score_rows, 2);
+  EXPECT_TRUE(e.wants_logits);
+  finish_step(s, p);
+  EXPECT_EQ(s.find(2)->next_scored, 20);
+  p = s.schedule();  // decoding: no more score rows
+  ASSERT_EQ(p.entries.size(), 1u);
+  EXPECT_EQ(p.entries[0].score_rows, 0);
+  EXPECT_EQ(p.entries[0].count, 1);
+}
+
+TEST(Scheduler, ScoringRequestsShareTheStepsRowBudgetInArrivalOrder) {
+  SchedulerConfig cfg = small_config(64, 4, 8, 64);
+  cfg.max_score_rows = 6;
+  Scheduler s(cfg);
+  s.add(1, iota_tokens(5), 1);        // scores tokens 1..4: 4 rows
+  s.add(2, iota_tokens(6, 300), 2);   // scores tokens 2..5: 4 rows, 2 fit; cut after position 2
+  s.add(3, iota_tokens(6, 200), 1);   // no rows left: waits (FCFS)
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[0].score_rows, 4);
+  EXPECT_EQ(p.entries[1].start, 0);
+  EXPECT_EQ(p.entries[1].count, 3);
+  EXPECT_EQ(p.entries[1].score_begin, 1);
+  EXPECT_EQ(p.entries[1].score_rows, 2);
+  EXPECT_EQ(p.score_rows, 6);
+  EXPECT_EQ(s.waiting_count(), 1);
+  finish_step(s, p);
+  p = s.schedule();  // 1 decodes; 2 scores tokens 4, 5 and samples; 3 is admitted with 4 rows
+  ASSERT_EQ(p.entries.size(), 3u);
+  EXPECT_EQ(p.entries[1].seq->id, 2u);
+  EXPECT_EQ(p.entries[1].start, 3);
+  EXPECT_EQ(p.entries[1].score_rows, 2);
+  EXPECT_EQ(p.entries[2].seq->id, 3u);
+  EXPECT_EQ(p.entries[2].score_rows, 4);
+  EXPECT_EQ(p.entries[2].count, 4);  // positions 0..3 score tokens 1..4: cut at the row budget
+  EXPECT_FALSE(p.entries[2].wants_logits);
+}
+
+TEST(Scheduler, PreemptedScoringSequenceScoresOnlyWhatWasNotDelivered) {
+  // Five pages of 4 tokens, 4 score rows per step.
+  SchedulerConfig cfg = small_config(5, 4, 8, 64);
+  cfg.max_score_rows = 4;
+  Scheduler s(cfg);
+  s.add(1, iota_tokens(8, 500));
+  finish_step(s, s.schedule());
+  s.add(2, iota_tokens(12), 1);
+  StepPlan p = s.schedule();  // 1 decodes; 2 scores tokens 1..4 at positions 0..3
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[1].count, 4);
+  EXPECT_EQ(p.entries[1].score_rows, 4);
+  finish_step(s, p);
+  p = s.schedule();  // positions 4..7 score tokens 5..8
+  EXPECT_EQ(p.entries[1].score_begin, 4);
+  EXPECT_EQ(p.entries[1].score_rows, 4);
+  finish_step(s, p);
+  EXPECT_EQ(s.find(2)->next_scored, 9);
+  p = s.schedule();  // 2 needs a third page: none is left, and it is the newest: preempted
+  ASSERT_EQ(p.preempted, std::vector<uint64_t>{2});
+  finish_step(s, p);
+  EXPECT_TRUE(s.remove(1));
+  p = s.schedule();  // back: positions 0..7 from the cache, 8..10 score tokens 9..11, 11 samples
+  ASSERT_EQ(p.entries.size(), 1u);
+  const StepEntry& e = p.entries[0];
+  EXPECT_EQ(e.seq->id, 2u);
+  EXPECT_EQ(e.start, 8);
+  EXPECT_EQ(e.count, 4);
+  EXPECT_EQ(e.score_begin, 8);
+  EXPECT_EQ(e.score_rows, 3);
+  EXPECT_TRUE(e.wants_logits);
+  EXPECT_EQ(e.seq->preemptions, 1);
+}
+
 }  // namespace
 }  // namespace kiln
