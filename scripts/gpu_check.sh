@@ -25,6 +25,9 @@
 #          tests that need no pip packages (weight updates, disconnects, 429, SIGTERM, 1,000 streams),
 #          and bench_serve on the astrai-1b shape (the online workload direct on the engine and
 #          through HTTP in one run).
+#   eval: the eval references (tests/reference/make_eval_reference.py -> $OUT/eval_reference.json),
+#          kiln eval on CUDA against them (tiny-chat, bf16), the engine GPU tests, and
+#          bench/bench_eval.py (kiln eval --task choice on the llama-1b shape beside transformers).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -231,6 +234,31 @@ if [ "$WHAT" = serve ]; then
   timeout 500 "$BUILD/bin/bench_serve" --config bench/configs/astrai-1b-shape.config.json --device cuda \
     ${SERVE_BENCH_ARGS:-} > "$OUT/bench_serve.json" 2> "$LOGS/bench_serve.err" || { status=1; tail -5 "$LOGS/bench_serve.err"; }
   cat "$OUT/bench_serve.json"
+fi
+if [ "$WHAT" = eval ]; then
+  LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"
+  python3 tests/reference/make_eval_reference.py "$OUT/eval_reference.json" > "$LOGS/eval_ref.log" 2>&1 \
+    || { status=1; tail -20 "$LOGS/eval_ref.log"; }
+  for task in choice perplexity; do
+    "$BUILD/bin/kiln" eval --task $task --model testdata/tiny-chat --device cuda --data testdata/eval/$task.jsonl \
+      --details "$LOGS/cuda_$task.jsonl" > "$LOGS/cuda_$task.json" 2> "$LOGS/cuda_$task.err" || { status=1; tail -3 "$LOGS/cuda_$task.err"; }
+  done
+  python3 - "$OUT/eval_reference.json" "$LOGS" <<'PY' | tee "$OUT/eval_cuda_vs_reference.txt"
+import json, sys
+ref = json.load(open(sys.argv[1]))["models"]["tiny-chat"]
+got = [json.loads(l) for l in open(sys.argv[2] + "/cuda_choice.jsonl")]
+worst = max(abs(a - b) / max(1.0, abs(b)) for g, r in zip(got, ref["choice"]["questions"])
+            for a, b in zip(g["loglikelihoods"], r["loglikelihoods"]))
+print("cuda bf16 choice: worst log-likelihood error %.3g relative (reference fp32 transformers)" % worst)
+ppl = json.load(open(sys.argv[2] + "/cuda_perplexity.json"))["results"]["perplexity"]
+print("cuda bf16 perplexity %.6g against %.6g" % (ppl, ref["perplexity"][0]["perplexity"]))
+PY
+  timeout 200 "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${EVAL_FILTER:-*Engine*:*Golden*:*CrossEntropy*}" \
+    > "$OUT/gpu_eval_tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure" "$OUT/gpu_eval_tests.log" | head -20
+  timeout 400 python3 bench/bench_eval.py --kiln "$BUILD/bin/kiln" > "$OUT/bench_eval.json" 2> "$LOGS/bench_eval.err" \
+    || { status=1; tail -10 "$LOGS/bench_eval.err"; }
+  cat "$OUT/bench_eval.json"
 fi
 if [ "$WHAT" = rl ]; then
   LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"

@@ -70,7 +70,8 @@ void SamplingFlags::add(CLI::App* cmd) {
   cmd->add_option("--temperature", temperature, "sampling temperature; 0 is greedy")->capture_default_str();
   cmd->add_option("--top-k", top_k, "keep the k most likely tokens (0: all)")->capture_default_str();
   cmd->add_option("--top-p", top_p, "nucleus sampling mass")->capture_default_str();
-  cmd->add_option("--seed", seed, "sampling seed (default: random)");
+  CLI::Option* opt = cmd->add_option("--seed", seed, seed.empty() ? "sampling seed (default: random)" : "sampling seed");
+  if (!seed.empty()) opt->capture_default_str();
 }
 
 Status SamplingFlags::apply(GenerationRequest* r) const {

@@ -43,7 +43,7 @@ struct SamplingFlags {
   float temperature;
   int32_t top_k = 0;
   float top_p;
-  std::string seed;  // as given: parsed (range-checked) by apply(); empty: random
+  std::string seed;  // as given: parsed (range-checked) by apply(); empty: random (set before add() for a default)
   SamplingFlags(float default_temperature, float default_top_p)
       : temperature(default_temperature), top_p(default_top_p) {}
   void add(CLI::App* cmd);
@@ -90,5 +90,7 @@ Runner add_serve(CLI::App& app);
 Runner add_run_batch(CLI::App& app);
 Runner add_preprocess(CLI::App& app);
 Runner add_plot(CLI::App& app);
+Runner add_eval(CLI::App& app);
+Runner add_info(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -65,6 +65,8 @@ int main(int argc, char** argv) {
   };
   add(kiln::cli::add_generate);
   add(kiln::cli::add_score);
+  add(kiln::cli::add_eval);
+  add(kiln::cli::add_info);
   add(kiln::cli::add_tokenize);
   add(kiln::cli::add_detokenize);
   add(kiln::cli::add_chat_template);

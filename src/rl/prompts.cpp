@@ -30,7 +30,8 @@ Result<std::vector<int32_t>> completion_of(const nlohmann::json& line, const std
 
 }  // namespace
 
-Result<std::vector<Prompt>> load_prompts(const std::string& path, const ModelText* text, bool preferences) {
+Result<std::vector<Prompt>> load_prompts(const std::string& path, const ModelText* text, bool preferences,
+                                         bool prompt_as_chat) {
   std::ifstream in(path);
   if (!in) return not_found("cannot open the prompts file " + path);
   std::vector<Prompt> out;
@@ -43,9 +44,11 @@ Result<std::vector<Prompt>> load_prompts(const std::string& path, const ModelTex
     Prompt p;
     if (j.contains("prompt_ids")) {
       KILN_ASSIGN_OR_RETURN(p.ids, ids_of(j["prompt_ids"], where + ": \"prompt_ids\""));
-    } else if (j.contains("messages")) {
+    } else if (j.contains("messages") || (prompt_as_chat && j.contains("prompt") && j["prompt"].is_string())) {
       if (!text) return invalid_argument(where + ": \"messages\" need the model's tokenizer and chat template");
-      const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(j["messages"].dump());
+      const nlohmann::ordered_json messages =
+          j.contains("messages") ? nlohmann::ordered_json::parse(j["messages"].dump())
+                                 : nlohmann::ordered_json::array({{{"role", "user"}, {"content", j["prompt"]}}});
       const nlohmann::ordered_json tools =
           j.contains("tools") ? nlohmann::ordered_json::parse(j["tools"].dump()) : nlohmann::ordered_json();
       Result<std::string> rendered = text->render_chat(messages, tools, /*add_generation_prompt=*/true);

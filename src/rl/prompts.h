@@ -26,7 +26,9 @@ struct Prompt {
 };
 
 // `text` may be null when every line gives ids. `preferences`: every line must have a chosen and a
-// rejected completion.
-Result<std::vector<Prompt>> load_prompts(const std::string& path, const ModelText* text, bool preferences);
+// rejected completion. `prompt_as_chat`: a "prompt" text becomes one user message rendered with
+// the chat template (as "messages" are) instead of being tokenized as it is.
+Result<std::vector<Prompt>> load_prompts(const std::string& path, const ModelText* text, bool preferences,
+                                         bool prompt_as_chat = false);
 
 }  // namespace kiln::rl
