@@ -122,6 +122,12 @@ int run_eval(EvalFlags& f) {
   j["data"] = {{"path", f.data}, {"sha256", *sha}};
   j["settings"] = settings;
   j["results"] = out->results;
+  const EngineStats st = s.engine->stats();
+  j["engine"] = {{"prompt_tokens", st.prompt_tokens},
+                 {"cached_prompt_tokens", st.prefix_hit_tokens},
+                 {"generated_tokens", st.generated_tokens},
+                 {"steps", st.steps},
+                 {"preemptions", st.preemptions}};
   j["items"] = out->items;
   j["seconds"] = seconds;
   j["items_per_second"] = seconds > 0 ? static_cast<double>(out->items) / seconds : 0.0;

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/plural.h"
 #include "rl/reward.h"
 #include "rl/reward_text.h"
 
@@ -324,9 +325,9 @@ class CommandReward final : public Reward {
       out[i].reward = *v;
     }
     if (lines.size() != rollouts.size())
-      return invalid_argument(who + " printed " + std::to_string(lines.size()) + " lines for " +
-                              std::to_string(rollouts.size()) +
-                              " rollouts: it should print one number per line, one line per rollout, in input order" +
+      return invalid_argument(who + " printed " + count_of(static_cast<int64_t>(lines.size()), "line") + " for " +
+                              count_of(static_cast<int64_t>(rollouts.size()), "rollout") +
+                              ": it should print one number per line, one line per rollout, in input order" +
                               (lines.size() < rollouts.size()
                                    ? " (the first without a reward: " + sample_name(lines.size(), rollouts[lines.size()]) + ")"
                                    : std::string()) +

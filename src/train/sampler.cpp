@@ -3,6 +3,7 @@
 
 #include <numeric>
 
+#include "core/plural.h"
 #include "train/shuffle.h"
 
 namespace kiln {
@@ -43,8 +44,8 @@ Status Sampler::restore(const nlohmann::json& s) {
     const uint64_t seed = s.at("seed").get<uint64_t>();
     const int64_t epoch = s.at("epoch").get<int64_t>(), cursor = s.at("cursor").get<int64_t>();
     if (rows != rows_)
-      return invalid_argument("the checkpoint's data has " + std::to_string(rows) + " rows, this data " +
-                              std::to_string(rows_) + ": resume with the data the run started with");
+      return invalid_argument("the checkpoint's data has " + count_of(rows, "row") + ", this data " +
+                              count_of(rows_, "row") + ": resume with the data the run started with");
     if (shuffle != shuffle_ || seed != seed_)
       return invalid_argument("the checkpoint was made with --shuffle " + std::string(shuffle ? "on" : "off") +
                               " and --seed " + std::to_string(seed) + "; resume with the same");

@@ -83,6 +83,9 @@ TEST_F(EvalReference, ChoiceLogLikelihoodsAndAccuraciesEqualTransformers) {
     EXPECT_EQ(out["results"]["acc"].get<double>(), want["acc"].get<double>()) << name;
     EXPECT_EQ(out["results"]["acc_norm"].get<double>(), want["acc_norm"].get<double>()) << name;
     EXPECT_EQ(out["results"]["questions"], 10);
+    // The choices of a question share their context's pages (the cache serves full pages before the
+    // first scored position).
+    EXPECT_GT(out["engine"]["cached_prompt_tokens"].get<int64_t>(), 0) << name;
   }
 }
 
@@ -117,6 +120,28 @@ TEST_F(EvalReference, PerplexityEqualsTransformersSlidingWindows) {
       }
     }
   }
+}
+
+TEST(CliEval, PerplexityOfPreprocessedShardsEqualsTheTextItCameFrom) {
+  // The same documents tokenized by kiln preprocess (no EOS added) and read back from the shards:
+  // the same tokens and targets, so the same totals (documents in another order).
+  TempDir tmp;
+  const std::string model = testdata_dir() + "/tiny-chat", data = testdata_dir() + "/eval/perplexity.jsonl";
+  RunResult p = run_kiln("preprocess --model " + model + " --input " + data + " --output " + tmp.sub("pre") +
+                         " --seq-len 256 --no-eos");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  RunResult shards = run_kiln("eval --task perplexity --model " + model + " --data " + tmp.sub("pre") + " --split train");
+  RunResult text = run_kiln("eval --task perplexity --model " + model + " --data " + data);
+  ASSERT_EQ(shards.exit_code, 0) << shards.output;
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  const json a = json::parse(shards.stdout_only)["results"], b = json::parse(text.stdout_only)["results"];
+  EXPECT_EQ(a["tokens"], b["tokens"]);
+  EXPECT_EQ(a["documents"], b["documents"]);
+  expect_rel(a["nll"].get<double>(), b["nll"].get<double>(), 1e-5, "nll");
+  EXPECT_TRUE(a["bits_per_byte"].is_null());  // pre-tokenized: the text's bytes are unknown
+  RunResult val = run_kiln("eval --task perplexity --model " + model + " --data " + tmp.sub("pre"));
+  EXPECT_EQ(val.exit_code, 1);
+  EXPECT_NE(val.output.find("has no \"val\" split"), std::string::npos) << val.output;
 }
 
 TEST(CliEval, PerplexityEqualsScoreTokenByToken) {

@@ -353,7 +353,7 @@ TEST(RewardCommand, BadOutputIsAnErrorNamingTheLine) {
   e = run("cat >/dev/null; printf '%0300d\\n' 0 | tr 0 x; echo 1; echo 1");
   EXPECT_HAS(e, "(300 bytes)");  // the quote is cut
   e = run("cat >/dev/null; echo 1");
-  EXPECT_HAS(e, "printed 1 lines for 3 rollouts");
+  EXPECT_HAS(e, "printed 1 line for 3 rollouts");
   EXPECT_HAS(e, "sample 1 (group 0)");
   e = run("cat >/dev/null; echo 1; echo 2; echo 3; echo 4");
   EXPECT_HAS(e, "printed 4 lines for 3 rollouts");
@@ -394,7 +394,7 @@ TEST(RewardCommand, LargeBatchDoesNotDeadlock) {
   auto early = make(command("echo 1"));
   ASSERT_TRUE(early);
   const std::string e = score_error(*early, rs);
-  EXPECT_HAS(e, "printed 1 lines for 5000 rollouts");
+  EXPECT_HAS(e, "printed 1 line for 5000 rollouts");
   EXPECT_HAS(e, "stopped reading its input");
 }
 
