@@ -59,10 +59,12 @@ Result<DocumentMaker> chat_maker(const ModelText& text, const PreprocessFlags& f
   return DocumentMaker([t, name](const nlohmann::ordered_json& line) -> Result<TokenDocument> {
     auto messages = line.find("messages");
     if (messages == line.end()) return invalid_argument("no \"messages\" key");
-    nlohmann::ordered_json tools = line.value("tools", nlohmann::ordered_json());
+    const nlohmann::ordered_json no_tools;
+    auto tools_it = line.find("tools");
+    const nlohmann::ordered_json& tools = tools_it == line.end() ? no_tools : *tools_it;  // not copied: it may nest deep
     KILN_ASSIGN_OR_RETURN(const ChatTemplate* tmpl, t->chat_template(name, !tools.is_null()));
-    KILN_ASSIGN_OR_RETURN(ChatTokens chat, tokenize_chat_for_training(t->tokenizer(), *tmpl,
-                                                                      t->chat_inputs(*messages, tools, false)));
+    KILN_ASSIGN_OR_RETURN(ChatTemplateInputs inputs, t->chat_inputs(*messages, tools, false));
+    KILN_ASSIGN_OR_RETURN(ChatTokens chat, tokenize_chat_for_training(t->tokenizer(), *tmpl, inputs));
     return TokenDocument{std::move(chat.ids), std::move(chat.assistant_mask)};
   });
 }

@@ -160,8 +160,11 @@ Result<const ChatTemplate*> ModelText::chat_template(const std::string& name, bo
   return invalid_argument(source_ + " has several chat templates and none named 'default'; pick one by name");
 }
 
-ChatTemplateInputs ModelText::chat_inputs(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                                          bool add_generation_prompt) const {
+Result<ChatTemplateInputs> ModelText::chat_inputs(const nlohmann::ordered_json& messages,
+                                                  const nlohmann::ordered_json& tools, bool add_generation_prompt) const {
+  const int64_t limit = TemplateLimits{}.max_context_depth - 1;
+  if (json_depth(messages) > limit || json_depth(tools) > limit)
+    return invalid_argument("the messages / tools nest deeper than " + std::to_string(limit) + " levels");
   ChatTemplateInputs in;
   in.messages = messages;
   in.tools = tools;
@@ -176,7 +179,8 @@ ChatTemplateInputs ModelText::chat_inputs(const nlohmann::ordered_json& messages
 Result<std::string> ModelText::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                            bool add_generation_prompt, const std::string& template_name) const {
   KILN_ASSIGN_OR_RETURN(const ChatTemplate* tmpl, chat_template(template_name, !tools.is_null()));
-  return apply_chat_template(*tmpl, chat_inputs(messages, tools, add_generation_prompt));
+  KILN_ASSIGN_OR_RETURN(ChatTemplateInputs in, chat_inputs(messages, tools, add_generation_prompt));
+  return apply_chat_template(*tmpl, in);
 }
 
 }  // namespace kiln

@@ -46,8 +46,9 @@ class ModelText {
   // has one; else "default" (or the only template). not_found when the folder has no template.
   Result<const ChatTemplate*> chat_template(const std::string& name, bool with_tools) const;
   // What render_chat passes to the template: the messages and tools, bos/eos, pad/unk in `extra`.
-  ChatTemplateInputs chat_inputs(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                                 bool add_generation_prompt) const;
+  // An error, before anything is copied, when they nest deeper than the template limits allow.
+  Result<ChatTemplateInputs> chat_inputs(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                         bool add_generation_prompt) const;
   // apply_chat_template(messages, tools, add_generation_prompt, tokenize=False).
   Result<std::string> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                   bool add_generation_prompt, const std::string& template_name = "") const;

@@ -2,6 +2,8 @@
 
 #include <fstream>
 
+#include "model/chat_template.h"
+
 namespace kiln::rl {
 namespace {
 
@@ -46,6 +48,8 @@ Result<std::vector<Prompt>> load_prompts(const std::string& path, const ModelTex
       KILN_ASSIGN_OR_RETURN(p.ids, ids_of(j["prompt_ids"], where + ": \"prompt_ids\""));
     } else if (j.contains("messages") || (prompt_as_chat && j.contains("prompt") && j["prompt"].is_string())) {
       if (!text) return invalid_argument(where + ": \"messages\" need the model's tokenizer and chat template");
+      const int64_t limit = TemplateLimits{}.max_context_depth - 1;  // before the copies below recurse
+      if (json_depth(j) > limit) return invalid_argument(where + ": the line nests deeper than " + std::to_string(limit) + " levels");
       const nlohmann::ordered_json messages =
           j.contains("messages") ? nlohmann::ordered_json::parse(j["messages"].dump())
                                  : nlohmann::ordered_json::array({{{"role", "user"}, {"content", j["prompt"]}}});

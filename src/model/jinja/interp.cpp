@@ -491,24 +491,6 @@ Result<ChatTemplate> ChatTemplate::parse(const std::string& source, const std::s
 const std::string& ChatTemplate::name() const { return program_->name; }
 const std::string& ChatTemplate::source() const { return program_->source; }
 
-namespace {
-
-// Nesting depth of a JSON value, without recursion (the value may come from anyone).
-int64_t json_depth(const nlohmann::ordered_json& root) {
-  int64_t deepest = 0;
-  std::vector<std::pair<const nlohmann::ordered_json*, int64_t>> stack = {{&root, 1}};
-  while (!stack.empty()) {
-    auto [j, d] = stack.back();
-    stack.pop_back();
-    deepest = std::max(deepest, d);
-    if (j->is_array() || j->is_object())
-      for (const auto& e : *j) stack.emplace_back(&e, d + 1);
-  }
-  return deepest;
-}
-
-}  // namespace
-
 Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& context, const TemplateLimits& limits) const {
   return render_impl(context, limits, nullptr);
 }
