@@ -4,7 +4,7 @@
 # `device` tool (carry: [".carry"], as .carry/gpu-build.tar.xz); scripts/gpu_check.sh runs it there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_STATIC_BLAS=ON >/dev/null
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_STATIC_BLAS=ON -DKILN_MPI=OFF >/dev/null
 BINS="bench_engine bench_decode_step bench_attention bench_ops bench_linear bench_train bench_attention_train bench_rl bench_serve"
 ninja -C build-gpu kiln kiln_tests kiln_gpu_tests $BINS
 mkdir -p .carry

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-PACKAGES="cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libopenblas-dev libgtest-dev libpcre2-dev libutf8proc-dev libtomlplusplus-dev zlib1g-dev libboost-dev"
+PACKAGES="cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libopenblas-dev libgtest-dev libpcre2-dev libutf8proc-dev libtomlplusplus-dev zlib1g-dev libboost-dev libopenmpi-dev openmpi-bin"
 bash scripts/install_packages.sh $PACKAGES
 # nvcc lives outside PATH on a default CUDA install.
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi

@@ -11,11 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/plural.h"
+#include "backend/collectives.h"
 #include "cli/common.h"
 #include "cli/optimizer_flags.h"
 #include "cli/progress.h"
 #include "cli/stop_signal.h"
+#include "core/plural.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/metrics.h"
@@ -43,6 +44,7 @@ struct TrainFlags {
   int32_t keep_last = 0;
   double peak_tflops = 989.0;  // H100 / H200 dense bf16
   bool recompute = false;
+  double collective_timeout = 600.0;
 };
 
 Result<DType> parse_save_dtype(const std::string& name, DType source) {
@@ -72,7 +74,27 @@ nlohmann::json resolved_config(const TrainFlags& f) {
   return c;
 }
 
+int train_ranks(const TrainFlags& f, Collectives& coll, const WorldInfo& world);
+
+// Data parallel when a launcher started several processes (mpirun -np N): every rank trains on its
+// part of each batch (train/run.h), on the GPU of its local rank with --device cuda.
 int run_train(const TrainFlags& f) {
+  Result<WorldInfo> world = world_from_environment();
+  if (!world.ok()) return fail(world.status());
+  if (!(f.collective_timeout > 0.0)) return fail(invalid_argument("--collective-timeout must be > 0 seconds"));
+  Result<std::unique_ptr<Collectives>> coll = make_collectives(*world, f.collective_timeout);
+  if (!coll.ok()) return fail(coll.status());
+  const int code = train_ranks(f, **coll, *world);
+  if (code != 0 && world->size > 1) (*coll)->abort_all(code);  // the others would wait for this rank
+  return code;
+}
+
+int train_ranks(const TrainFlags& f, Collectives& coll, const WorldInfo& world) {
+  const bool writer = world.rank == 0;
+  // Errors name the rank in a run of several.
+  auto fail = [&](const Status& s) {
+    return cli::fail(world.size > 1 ? Status(s.code(), "rank " + std::to_string(world.rank) + ": " + s.message()) : s);
+  };
   Result<uint64_t> seed = parse_u64(f.seed, "--seed");
   if (!seed.ok()) return fail(seed.status());
   if (!(f.label_smoothing >= 0.0f && f.label_smoothing <= 1.0f))
@@ -82,6 +104,7 @@ int run_train(const TrainFlags& f) {
   if (!trainer.ok()) return fail(trainer.status());
   Result<Device> device = parse_device(f.device);
   if (!device.ok()) return fail(device.status());
+  if (world.size > 1 && device->is_cuda() && f.device == "cuda") device->index = world.local_rank;  // one GPU per rank
   Result<std::unique_ptr<Backend>> backend = make_backend(*device);
   if (!backend.ok()) return fail(backend.status());
   Backend& be = **backend;
@@ -109,6 +132,7 @@ int run_train(const TrainFlags& f) {
   ro.objective = f.objective;
   ro.objective_kwargs = f.objective_kwargs;
   ro.trainer = *trainer;
+  ro.trainer.collectives = &coll;
   ro.eval_every = f.eval_every;
   ro.eval_rows = f.eval_rows;
   ro.save_every = f.save_every;
@@ -119,11 +143,13 @@ int run_train(const TrainFlags& f) {
   ro.tensorboard = f.tensorboard;
   ro.config = resolved_config(f);
 
-  std::fprintf(stderr, "kiln: training %s (%s, %s): %d x %s per step, %s lr %g (%s schedule), %s without weight decay\n",
-               f.model_dir.c_str(), count_of(m.params().parameter_count(), "parameter").c_str(), f.device.c_str(),
-               f.grad_accum, count_of(f.batch_size, "sequence").c_str(), f.optim.optimizer.c_str(),
-               static_cast<double>(f.optim.lr), f.optim.lr_schedule.c_str(),
-               count_of(static_cast<int64_t>(m.params().no_decay_names().size()), "tensor").c_str());
+  if (writer)
+    std::fprintf(stderr, "kiln: training %s (%s, %s%s): %d x %s per step, %s lr %g (%s schedule), %s without weight decay\n",
+                 f.model_dir.c_str(), count_of(m.params().parameter_count(), "parameter").c_str(), f.device.c_str(),
+                 world.size > 1 ? (", data parallel over " + count_of(world.size, "rank") + " (" + coll.transport() + ")").c_str() : "",
+                 f.grad_accum, count_of(f.batch_size, "sequence").c_str(), f.optim.optimizer.c_str(),
+                 static_cast<double>(f.optim.lr), f.optim.lr_schedule.c_str(),
+                 count_of(static_cast<int64_t>(m.params().no_decay_names().size()), "tensor").c_str());
   std::unique_ptr<ProgressBar> bar;
   RunEvents ev;
   ev.info = [&](const std::string& msg) {
@@ -158,6 +184,7 @@ int run_train(const TrainFlags& f) {
   }();
   if (bar) bar->clear();
   if (!r.ok()) return fail(r.status());
+  if (!writer) return 0;
   if (r->stopped) {
     std::fprintf(stderr, "kiln: stopped at step %lld; continue with --resume auto (checkpoint %s)\n",
                  static_cast<long long>(r->steps_done), r->last_checkpoint.c_str());
@@ -194,7 +221,10 @@ Runner add_train(CLI::App& app) {
   t->add_option("--tensorboard", f->tensorboard, "also write TensorBoard event files into this folder");
   t->add_option("--peak-tflops", f->peak_tflops, "the device's peak TFLOP/s, for the MFU figure (CUDA)")
       ->capture_default_str();
-  t->add_option("--device", f->device, "cpu or cuda[:N]")->capture_default_str();
+  t->add_option("--device", f->device, "cpu or cuda[:N] (under mpirun, cuda is each rank's local GPU)")->capture_default_str();
+  t->add_option("--collective-timeout", f->collective_timeout,
+                "under mpirun: seconds a collective may wait for the other ranks before the run stops with an error")
+      ->capture_default_str();
   t->add_option("--steps", f->steps, "optimizer steps (default: one pass over the data)");
   t->add_option("--batch-size", f->batch_size, "sequences per micro-batch")->capture_default_str();
   t->add_option("--grad-accum", f->grad_accum, "micro-batches per optimizer step")->capture_default_str();

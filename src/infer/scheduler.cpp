@@ -124,7 +124,6 @@ int32_t Scheduler::max_cached_pages(const Sequence& seq) const {
 
 bool Scheduler::awaits_shared_prefix(const Sequence* seq) const {
   const int32_t ps = config_.page_size;
-  const int32_t n = static_cast<int32_t>(seq->tokens.size());
   const int32_t matched = static_cast<int32_t>(seq->pages.size());
   const int32_t max_pages = max_cached_pages(*seq);
   if (matched >= max_pages) return false;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "train/data.h"
 #include "train/dataset.h"
@@ -78,13 +79,15 @@ HostBatch batch_of(const TrainingData& data, const std::vector<int64_t>& rows, c
   return make_host_batch(ptrs);
 }
 
-// Mean negative log-likelihood over (at most `max_rows` of) the data's rows.
+// Mean negative log-likelihood over (at most `max_rows` of) the data's rows; with several ranks each
+// takes every size-th batch and the sums are added.
 Result<std::pair<double, int64_t>> evaluate(TrainModel& model, const TrainingData& data, const Objective& objective,
-                                            int32_t batch_size, int64_t max_rows) {
+                                            int32_t batch_size, int64_t max_rows, Collectives* collectives) {
   const int64_t rows = max_rows > 0 ? std::min(max_rows, data.rows()) : data.rows();
+  const int32_t rank = collectives ? collectives->rank() : 0, ranks = collectives ? collectives->size() : 1;
   double nll = 0.0;
   int64_t count = 0;
-  for (int64_t begin = 0; begin < rows; begin += batch_size) {
+  for (int64_t begin = static_cast<int64_t>(rank) * batch_size; begin < rows; begin += static_cast<int64_t>(ranks) * batch_size) {
     std::vector<int64_t> batch;
     for (int64_t r = begin; r < std::min(rows, begin + batch_size); ++r) batch.push_back(r);
     const HostBatch hb = batch_of(data, batch, objective);
@@ -93,6 +96,12 @@ Result<std::pair<double, int64_t>> evaluate(TrainModel& model, const TrainingDat
     KILN_ASSIGN_OR_RETURN(std::vector<float> lp, model.target_logprobs(db));
     for (float v : lp) nll -= static_cast<double>(v);
     count += static_cast<int64_t>(lp.size());
+  }
+  if (ranks > 1) {
+    double sums[2] = {nll, static_cast<double>(count)};
+    KILN_RETURN_IF_ERROR(collectives->sum(sums, 2));
+    nll = sums[0];
+    count = static_cast<int64_t>(sums[1]);
   }
   if (count == 0) return invalid_argument("the validation data has no target tokens");
   return std::make_pair(nll / static_cast<double>(count), count);
@@ -120,7 +129,11 @@ double training_flops(const ModelConfig& c, const std::vector<HostBatch>& micro)
   return 6.0 * linear * tokens + 6.0 * 2.0 * q * attention_pairs * static_cast<double>(c.num_hidden_layers);
 }
 
-Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions& o, const RunEvents& ev) {
+Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions& o, const RunEvents& ev_in) {
+  Collectives* const coll = o.trainer.collectives;
+  const int32_t rank = coll ? coll->rank() : 0, ranks = coll ? coll->size() : 1;
+  const bool writer = rank == 0;  // the rank that writes files and reports
+  const RunEvents ev = writer ? ev_in : RunEvents{{}, {}, {}, ev_in.stop};
   auto info = [&](const std::string& m) {
     if (ev.info) ev.info(m);
   };
@@ -142,6 +155,9 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
     return invalid_argument("--eval-every needs validation data: preprocess with --val-fraction, or pass --val-data");
   if (be.device().is_cuda() && o.batch_size > 65535)  // rows index a grid dimension of the attention kernels
     return invalid_argument("--batch-size must be at most 65535 on CUDA; raise --grad-accum for more rows per step");
+  if (o.batch_size % ranks != 0)
+    return invalid_argument("--batch-size (" + std::to_string(o.batch_size) + ") is the global batch and must be a " +
+                            "multiple of the " + std::to_string(ranks) + " ranks, so that each reads an equal part");
   KILN_RETURN_IF_ERROR(check_micro_batch(o.batch_size, *data, "training"));
   if (val) KILN_RETURN_IF_ERROR(check_micro_batch(o.batch_size, *val, "validation"));
 
@@ -150,10 +166,19 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
   TrainerOptions topt = o.trainer;
   topt.schedule.total_steps = steps;
   KILN_ASSIGN_OR_RETURN(Trainer trainer, Trainer::create(be, model, topt));
-  KILN_RETURN_IF_ERROR(prepare_output_dir(o.output));
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(o.output, ec))  // leftovers of a crash mid-save
-    if (e.path().filename().string().rfind(".checkpoint-", 0) == 0) fs::remove_all(e.path(), ec);
+  Status prepared = Status::Ok();
+  if (writer) {
+    prepared = prepare_output_dir(o.output);
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(o.output, ec))  // leftovers of a crash mid-save
+      if (e.path().filename().string().rfind(".checkpoint-", 0) == 0) fs::remove_all(e.path(), ec);
+  }
+  if (ranks > 1) {  // every rank learns whether rank 0 could prepare the output, after it did
+    double failed = prepared.ok() ? 0.0 : 1.0;
+    KILN_RETURN_IF_ERROR(coll->sum(&failed, 1));
+    if (failed > 0 && prepared.ok()) return invalid_argument("rank 0 could not prepare the output directory " + o.output);
+  }
+  KILN_RETURN_IF_ERROR(prepared);
 
   nlohmann::json config = o.config;  // what checkpoints record: the flags and the data's content hash
   config["data_fingerprint"] = data->fingerprint();
@@ -182,14 +207,19 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
          std::to_string(st.policy_version));
   }
   const int64_t result_start_step = step;
-  KILN_ASSIGN_OR_RETURN(MetricsLog metrics, MetricsLog::open(o.output, from.empty() ? -1 : step));
+  std::optional<MetricsLog> metrics;
+  if (writer) {
+    KILN_ASSIGN_OR_RETURN(MetricsLog m, MetricsLog::open(o.output, from.empty() ? -1 : step));
+    metrics.emplace(std::move(m));
+  }
   std::unique_ptr<TensorBoardWriter> tb;
-  if (!o.tensorboard.empty()) {
+  if (writer && !o.tensorboard.empty()) {
     KILN_ASSIGN_OR_RETURN(TensorBoardWriter w, TensorBoardWriter::open(o.tensorboard));
     tb = std::make_unique<TensorBoardWriter>(std::move(w));
   }
 
   auto save = [&]() -> Status {
+    if (!writer) return Status::Ok();
     TrainingState st;
     st.step = step;
     st.policy_version = trainer.policy_version();
@@ -204,22 +234,34 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
   };
   int64_t evaluated_at = -1;
   auto run_eval = [&]() -> Status {
-    KILN_ASSIGN_OR_RETURN(auto loss, evaluate(model, *val, objective, o.batch_size, o.eval_rows));
+    KILN_ASSIGN_OR_RETURN(auto loss, evaluate(model, *val, objective, o.batch_size, o.eval_rows, coll));
     evaluated_at = step;
     if (ev.eval) ev.eval(step, loss.first, loss.second);
     if (tb) {
       KILN_RETURN_IF_ERROR(tb->add_scalar("val_loss", step, loss.first, TensorBoardWriter::now()));
       KILN_RETURN_IF_ERROR(tb->flush());
     }
-    return metrics.write_eval(step, trainer.policy_version(), loss.first, loss.second);
+    return metrics ? metrics->write_eval(step, trainer.policy_version(), loss.first, loss.second) : Status::Ok();
   };
-  auto stop_requested = [&] { return ev.stop && ev.stop->load(); };
+  // A stop request on any rank stops every rank before the same step.
+  auto stop_requested = [&]() -> Result<bool> {
+    double stop = ev.stop && ev.stop->load() ? 1.0 : 0.0;
+    if (ranks > 1) KILN_RETURN_IF_ERROR(coll->sum(&stop, 1));
+    return stop > 0;
+  };
 
   if (val && step == 0 && o.eval_every > 0) KILN_RETURN_IF_ERROR(run_eval());
   while (step < steps) {
-    if (stop_requested()) break;
+    KILN_ASSIGN_OR_RETURN(bool stop, stop_requested());
+    if (stop) break;
     std::vector<HostBatch> micro;
-    for (int32_t k = 0; k < o.grad_accum; ++k) micro.push_back(batch_of(*data, sampler.next(o.batch_size), objective));
+    for (int32_t k = 0; k < o.grad_accum; ++k) {
+      std::vector<int64_t> rows = sampler.next(o.batch_size);  // the global micro-batch: this rank's part
+      const int32_t share = o.batch_size / ranks;
+      rows = std::vector<int64_t>(rows.begin() + static_cast<int64_t>(rank) * share,
+                                  rows.begin() + static_cast<int64_t>(rank + 1) * share);
+      micro.push_back(batch_of(*data, rows, objective));
+    }
     Result<StepReport> r = trainer.step(micro);
     if (!r.ok()) return invalid_argument(r.status().message() + "; stopping (the last checkpoint is kept)");
     ++step;
@@ -229,7 +271,7 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
       if (o.peak_flops > 0 && r->seconds > 0) r->mfu = training_flops(model.config(), micro) / r->seconds / o.peak_flops;
       r->memory_gib = static_cast<double>(be.allocator_bytes().second) / (1024.0 * 1024.0 * 1024.0);
       if (ev.step) ev.step(step, steps, *r);
-      KILN_RETURN_IF_ERROR(metrics.write(step, *r));
+      if (metrics) KILN_RETURN_IF_ERROR(metrics->write(step, *r));
       if (tb) KILN_RETURN_IF_ERROR(tb->add_step(step, *r, TensorBoardWriter::now()));
     }
     if (val && o.eval_every > 0 && step % o.eval_every == 0) KILN_RETURN_IF_ERROR(run_eval());
@@ -248,7 +290,8 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
     if (val && evaluated_at != step) KILN_RETURN_IF_ERROR(run_eval());
     if (o.save_every > 0) KILN_RETURN_IF_ERROR(save());
   }
-  KILN_RETURN_IF_ERROR(save_hf_checkpoint(be, model.params(), o.model_dir, o.output, o.save_dtype));
+  if (writer) KILN_RETURN_IF_ERROR(save_hf_checkpoint(be, model.params(), o.model_dir, o.output, o.save_dtype));
+  if (ranks > 1) KILN_RETURN_IF_ERROR(coll->barrier());  // the run ends when its files are complete
   return result;
 }
 

@@ -12,6 +12,14 @@
 // run ends bitwise equal to one that was never interrupted: the weights, the optimizer state, the
 // policy version and the sampler position are restored exactly, and nothing else is random.
 //
+// Data parallel (options.trainer.collectives with more than one rank): every rank runs this with the
+// same options and data. The sampler's rows of each micro-batch are split between the ranks in rank
+// order (--batch-size stays the global batch and must be a multiple of the ranks), so the sampler,
+// and with it the checkpointed data position, is the same on every rank and a run's result does
+// not depend on the rank count; validation batches are shared out and their sums added. Only rank
+// 0 prepares the output, writes metrics, TensorBoard, checkpoints and the model, and reports
+// events; a stop request on any rank stops all of them at the same step.
+//
 // Ownership: borrows the backend and the model for the call. Thread safety: one thread; `stop` may
 // be set from a signal handler.
 #pragma once

@@ -17,27 +17,41 @@ double Trainer::next_lr() const {
   return static_cast<double>(options_.optimizer.lr) * options_.schedule.multiplier(static_cast<int64_t>(version_));
 }
 
-StepReport Trainer::begin_step(const std::vector<HostBatch>& micro) const {
+Result<StepReport> Trainer::begin_step(const std::vector<HostBatch>& micro) const {
   StepReport r;
   r.policy_version = version_;
   for (const HostBatch& hb : micro) {
     r.labelled += hb.labelled();
     r.tokens += hb.tokens();
   }
+  if (data_parallel()) {  // counts below 2^53 are exact in doubles
+    double counts[2] = {static_cast<double>(r.labelled), static_cast<double>(r.tokens)};
+    KILN_RETURN_IF_ERROR(options_.collectives->sum(counts, 2));
+    r.labelled = static_cast<int64_t>(counts[0]);
+    r.tokens = static_cast<int64_t>(counts[1]);
+  }
   r.skipped = r.labelled == 0;
   return r;
 }
 
+Status Trainer::reduce(double* loss) {
+  if (!data_parallel()) return Status::Ok();
+  KILN_RETURN_IF_ERROR(options_.collectives->sum(loss, 1));
+  return options_.collectives->all_reduce_sum(model_->backend(), model_->params().grads());
+}
+
 Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
   const auto start = std::chrono::steady_clock::now();
-  StepReport r = begin_step(micro);
+  KILN_ASSIGN_OR_RETURN(StepReport r, begin_step(micro));
   if (r.skipped) return r;
   double loss_sum = 0.0;
   for (const HostBatch& hb : micro) {
+    if (hb.batch == 0) continue;  // a rank without rows in this micro-batch
     KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(hb));
     KILN_ASSIGN_OR_RETURN(double sum, model_->forward_backward(db, 1.0f / static_cast<float>(r.labelled)));
     loss_sum += sum;
   }
+  KILN_RETURN_IF_ERROR(reduce(&loss_sum));
   r.loss = loss_sum / static_cast<double>(r.labelled);
   return commit(r, start);
 }
@@ -45,8 +59,9 @@ Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
 Result<StepReport> Trainer::step_token_loss(const std::vector<HostBatch>& micro, const std::vector<TokenLoss>& losses,
                                             const TokenScoreOptions& options, std::vector<TokenScores>* scores) {
   KILN_ASSERT(micro.size() == losses.size());
+  KILN_ASSERT(!data_parallel());  // RL's losses are normalised by the caller, over one process's rows
   const auto start = std::chrono::steady_clock::now();
-  StepReport r = begin_step(micro);
+  KILN_ASSIGN_OR_RETURN(StepReport r, begin_step(micro));
   if (scores) scores->assign(micro.size(), TokenScores{});
   if (r.skipped) return r;
   for (size_t i = 0; i < micro.size(); ++i) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/collectives.h"
 #include "core/status.h"
 #include "train/optimizer.h"
 #include "train/schedule.h"
@@ -27,6 +28,11 @@ namespace kiln {
 struct TrainerOptions {
   OptimizerOptions optimizer;  // optimizer.lr is the base learning rate the schedule multiplies
   LrSchedule schedule;
+  // Data parallel (not owned; null: one process): every rank steps over its own rows of the step's
+  // micro-batches; the labelled-token count that normalises the loss, the loss and the gradients
+  // are summed over the ranks before the update, so every rank applies the same update (the
+  // gradient-norm clip and the non-finite checks are global) and the weights stay identical.
+  Collectives* collectives = nullptr;
 };
 
 struct StepReport {
@@ -41,6 +47,7 @@ struct StepReport {
   double memory_gib = 0.0;  // device memory held by the backend's allocator (CUDA; 0 when unknown)
   double tokens_per_s() const { return seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0; }
 };
+// (tokens and labelled count every rank's rows in a data-parallel run.)
 
 class Trainer {
  public:
@@ -66,8 +73,12 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
  private:
-  // A step's report before any work: the version, token counts, skipped when nothing is labelled.
-  StepReport begin_step(const std::vector<HostBatch>& micro) const;
+  // A step's report before any work: the version, token counts (over every rank), skipped when
+  // nothing is labelled.
+  Result<StepReport> begin_step(const std::vector<HostBatch>& micro) const;
+  // Data parallel: the loss and the gradients summed over the ranks.
+  Status reduce(double* loss);
+  bool data_parallel() const { return options_.collectives && options_.collectives->size() > 1; }
   // The update after the gradients of a step are in: the finite-loss check, the optimizer step at
   // the schedule's rate, the version.
   Result<StepReport> commit(StepReport r, std::chrono::steady_clock::time_point start);

@@ -1,0 +1,72 @@
+// Collectives: the communication of a data-parallel run between its processes ("ranks"), one per
+// device. Every rank calls the same collectives in the same order with tensors of the same shapes.
+//
+//   all_reduce_sum   t <- the element-wise sum of every rank's t (f32, in place)
+//   reduce_scatter   out <- rank r's share [r * n, (r + 1) * n) of the sum of every rank's in [size * n]
+//   all_gather       out [size * n] <- every rank's in [n], in rank order
+//   broadcast        t <- root's t
+//   barrier          returns once every rank has called it
+//   sum (scalars)    the sum over ranks of a few host doubles (counts, losses)
+//
+// Implementations: one process (world size 1: every call is the identity, nothing is copied) and
+// MPI (backend/mpi_collectives.cpp, when kiln is built with it): CPU tensors go to MPI directly,
+// device tensors through pinned host copies. A collective that does not complete within the
+// timeout (another rank died or took another path) ends the process with a message naming this
+// rank and the collective, so a run never hangs without output; mpirun then stops the other ranks.
+//
+// The world comes from the launcher's environment (world_from_environment): OpenMPI's
+// OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, else RANK / WORLD_SIZE / LOCAL_RANK (torchrun, Slurm
+// scripts), else a single process.
+//
+// Ownership: a Collectives object owns its communicator (MPI is initialised by the first and
+// finalised with it). Thread safety: one thread calls a Collectives object.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/status.h"
+
+namespace kiln {
+
+struct WorldInfo {
+  int32_t rank = 0, size = 1, local_rank = 0;
+  std::string launcher = "none";  // "openmpi", "env" (RANK / WORLD_SIZE) or "none"
+};
+
+// The world the launcher describes; an error for inconsistent or unparsable values.
+Result<WorldInfo> world_from_environment();
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual int32_t rank() const = 0;
+  virtual int32_t size() const = 0;
+  virtual const char* transport() const = 0;  // "none" or "mpi"
+  // Tensors live on `be` (host or device); f32 unless said otherwise, contiguous.
+  virtual Status all_reduce_sum(Backend& be, Tensor t) = 0;
+  virtual Status reduce_scatter_sum(Backend& be, Tensor in, Tensor out) = 0;
+  virtual Status all_gather(Backend& be, Tensor in, Tensor out) = 0;
+  virtual Status broadcast(Backend& be, Tensor t, int32_t root) = 0;  // any dtype
+  virtual Status barrier() = 0;
+  virtual Status sum(double* values, int32_t n) = 0;
+  // The most a collective may take before the process gives up (seconds, > 0).
+  virtual void set_timeout(double seconds) = 0;
+  // After an error on this rank: ends every rank of the run with `code` (MPI_Abort), since the
+  // others would wait for this one in their next collective. Returns only in a single process.
+  virtual void abort_all(int code) = 0;
+};
+
+// World size 1: every collective is the identity.
+std::unique_ptr<Collectives> make_single_process_collectives();
+
+// MPI over the launcher's world (an error when kiln was built without MPI, or when the processes
+// were not started by an MPI launcher).
+Result<std::unique_ptr<Collectives>> make_mpi_collectives(const WorldInfo& world, double timeout_seconds);
+
+// The collectives of `world`: one process when its size is 1, else MPI.
+Result<std::unique_ptr<Collectives>> make_collectives(const WorldInfo& world, double timeout_seconds);
+
+}  // namespace kiln

@@ -1,0 +1,235 @@
+// MPI collectives (collectives.h), built when kiln is configured with MPI (KILN_WITH_MPI). CPU
+// tensors go to MPI as they are; device tensors through host copies. Counts above 2^30 elements
+// are sent in pieces (MPI counts are int). Errors come back as statuses (MPI_ERRORS_RETURN), and
+// a watchdog thread ends the process when a collective outlives the timeout.
+// The C API only: OpenMPI would otherwise pull in its deprecated C++ bindings.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "backend/collectives.h"
+#include "core/plural.h"
+
+namespace kiln {
+namespace {
+
+constexpr int64_t kPiece = int64_t(1) << 30;  // elements per MPI call at most
+
+class MpiCollectives final : public Collectives {
+ public:
+  static Result<std::unique_ptr<Collectives>> create(const WorldInfo& world, double timeout_seconds) {
+    auto c = std::unique_ptr<MpiCollectives>(new MpiCollectives(timeout_seconds));
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return Status(StatusCode::internal, "MPI could not be initialised");
+      c->owns_mpi_ = true;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->size_);
+    if (c->size_ != world.size || c->rank_ != world.rank)
+      return invalid_argument("the launcher says rank " + std::to_string(world.rank) + " of " +
+                              std::to_string(world.size) + " processes, but MPI sees rank " + std::to_string(c->rank_) +
+                              " of " + std::to_string(c->size_) +
+                              ": kiln's collectives need an MPI launcher (mpirun -np N, or srun --mpi=pmix)");
+    c->watchdog_ = std::thread([p = c.get()] { p->watch(); });
+    return std::unique_ptr<Collectives>(std::move(c));
+  }
+
+  ~MpiCollectives() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    if (owns_mpi_) MPI_Finalize();
+  }
+
+  int32_t rank() const override { return rank_; }
+  int32_t size() const override { return size_; }
+  const char* transport() const override { return "mpi"; }
+  void set_timeout(double seconds) override { timeout_ = seconds; }
+  void abort_all(int code) override {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code);  // MPI_Abort does not return; should it, the process still ends
+  }
+
+  Status all_reduce_sum(Backend& be, Tensor t) override {
+    KILN_RETURN_IF_ERROR(check_f32(t, "all-reduce"));
+    Guard g(*this, "an all-reduce of " + std::to_string(t.numel()) + " values");
+    float* p = host_view(be, t);
+    for (int64_t at = 0; at < t.numel(); at += kPiece) {
+      const int n = static_cast<int>(std::min(kPiece, t.numel() - at));
+      KILN_RETURN_IF_ERROR(check(MPI_Allreduce(MPI_IN_PLACE, p + at, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce"));
+    }
+    write_back(be, t, p);
+    return Status::Ok();
+  }
+
+  Status reduce_scatter_sum(Backend& be, Tensor in, Tensor out) override {
+    KILN_RETURN_IF_ERROR(check_f32(in, "reduce-scatter"));
+    KILN_RETURN_IF_ERROR(check_f32(out, "reduce-scatter"));
+    if (in.numel() != out.numel() * size_ || out.numel() > kPiece)
+      return invalid_argument("reduce-scatter: the input must hold size x the output's elements (at most 2^30 per rank)");
+    Guard g(*this, "a reduce-scatter of " + std::to_string(in.numel()) + " values");
+    const float* src = host_view(be, in);
+    std::vector<float> dst(static_cast<size_t>(out.numel()));
+    KILN_RETURN_IF_ERROR(check(MPI_Reduce_scatter_block(src, dst.data(), static_cast<int>(out.numel()), MPI_FLOAT, MPI_SUM,
+                                                        MPI_COMM_WORLD), "MPI_Reduce_scatter_block"));
+    store(be, out, dst.data());
+    return Status::Ok();
+  }
+
+  Status all_gather(Backend& be, Tensor in, Tensor out) override {
+    KILN_RETURN_IF_ERROR(check_f32(in, "all-gather"));
+    KILN_RETURN_IF_ERROR(check_f32(out, "all-gather"));
+    if (out.numel() != in.numel() * size_ || in.numel() > kPiece)
+      return invalid_argument("all-gather: the output must hold size x the input's elements (at most 2^30 per rank)");
+    Guard g(*this, "an all-gather of " + std::to_string(out.numel()) + " values");
+    std::vector<float> src(static_cast<size_t>(in.numel()));
+    load(be, in, src.data());
+    std::vector<float> dst(static_cast<size_t>(out.numel()));
+    KILN_RETURN_IF_ERROR(check(MPI_Allgather(src.data(), static_cast<int>(in.numel()), MPI_FLOAT, dst.data(),
+                                             static_cast<int>(in.numel()), MPI_FLOAT, MPI_COMM_WORLD), "MPI_Allgather"));
+    store(be, out, dst.data());
+    return Status::Ok();
+  }
+
+  Status broadcast(Backend& be, Tensor t, int32_t root) override {
+    if (root < 0 || root >= size_) return invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank");
+    Guard g(*this, "a broadcast of " + std::to_string(t.nbytes()) + " bytes from rank " + std::to_string(root));
+    const bool on_host = be.device().is_cpu();
+    std::vector<char> staging;
+    char* p = static_cast<char*>(t.data);
+    if (!on_host) {
+      staging.resize(static_cast<size_t>(t.nbytes()));
+      p = staging.data();
+      if (rank_ == root) copy_to_host(be, t, p);
+    }
+    for (int64_t at = 0; at < t.nbytes(); at += kPiece) {
+      const int n = static_cast<int>(std::min(kPiece, t.nbytes() - at));
+      KILN_RETURN_IF_ERROR(check(MPI_Bcast(p + at, n, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast"));
+    }
+    if (!on_host && rank_ != root) copy_from_host(be, t, p);
+    return Status::Ok();
+  }
+
+  Status barrier() override {
+    Guard g(*this, "a barrier");
+    return check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+  }
+
+  Status sum(double* values, int32_t n) override {
+    Guard g(*this, "a sum of " + count_of(n, "scalar"));
+    return check(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+  }
+
+ private:
+  explicit MpiCollectives(double timeout) : timeout_(timeout) {}
+
+  // Marks a collective in progress for the watchdog.
+  struct Guard {
+    Guard(MpiCollectives& c, std::string what) : c_(c) {
+      std::lock_guard<std::mutex> lock(c_.mu_);
+      c_.current_ = std::move(what);
+      c_.deadline_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                            std::chrono::duration<double>(c_.timeout_));
+      c_.busy_ = true;
+      c_.cv_.notify_all();
+    }
+    ~Guard() {
+      std::lock_guard<std::mutex> lock(c_.mu_);
+      c_.busy_ = false;
+    }
+    MpiCollectives& c_;
+  };
+
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (!busy_) {
+        cv_.wait(lock, [&] { return stopping_ || busy_; });
+        continue;
+      }
+      const auto deadline = deadline_;
+      if (cv_.wait_until(lock, deadline, [&] { return stopping_ || !busy_ || deadline_ != deadline; })) continue;
+      std::fprintf(stderr,
+                   "kiln: error: rank %d of %d: %s did not complete within %g s: another rank stopped or is doing "
+                   "something else; exiting (raise --collective-timeout if a step is that slow)\n",
+                   rank_, size_, current_.c_str(), timeout_);
+      std::fflush(stderr);
+      _exit(1);
+    }
+  }
+
+  Status check(int rc, const char* call) const {
+    if (rc == MPI_SUCCESS) return Status::Ok();
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    return Status(StatusCode::internal, "rank " + std::to_string(rank_) + ": " + call + " failed: " + std::string(text, len));
+  }
+  static Status check_f32(Tensor t, const char* what) {
+    if (t.dtype != DType::f32) return invalid_argument(std::string(what) + " takes f32 tensors");
+    return Status::Ok();
+  }
+  // The tensor's f32 values on the host: the tensor itself on the CPU, else a copy in staging_.
+  float* host_view(Backend& be, Tensor t) {
+    if (be.device().is_cpu()) return static_cast<float*>(t.data);
+    staging_.resize(static_cast<size_t>(t.numel()));
+    load(be, t, staging_.data());
+    return staging_.data();
+  }
+  void write_back(Backend& be, Tensor t, const float* p) {
+    if (!be.device().is_cpu()) store(be, t, p);
+  }
+  static void copy_to_host(Backend& be, Tensor t, void* p) {
+    Tensor h = t;
+    h.data = p;
+    h.device = Device::cpu();
+    be.copy(h, t);
+  }
+  static void copy_from_host(Backend& be, Tensor t, const void* p) {
+    Tensor h = t;
+    h.data = const_cast<void*>(p);
+    h.device = Device::cpu();
+    be.copy(t, h);
+  }
+  static void load(Backend& be, Tensor t, float* p) { copy_to_host(be, t, p); }
+  static void store(Backend& be, Tensor t, const float* p) { copy_from_host(be, t, p); }
+
+  int rank_ = 0, size_ = 1;
+  bool owns_mpi_ = false;
+  double timeout_;
+  std::vector<float> staging_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string current_;
+  std::chrono::steady_clock::time_point deadline_;
+  bool busy_ = false, stopping_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Collectives>> make_mpi_collectives(const WorldInfo& world, double timeout_seconds) {
+  return MpiCollectives::create(world, timeout_seconds);
+}
+
+}  // namespace kiln
