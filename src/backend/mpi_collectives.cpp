@@ -92,7 +92,7 @@ class MpiCollectives final : public Collectives {
     std::vector<float> dst(static_cast<size_t>(out.numel()));
     KILN_RETURN_IF_ERROR(check(MPI_Reduce_scatter_block(src, dst.data(), static_cast<int>(out.numel()), MPI_FLOAT, MPI_SUM,
                                                         MPI_COMM_WORLD), "MPI_Reduce_scatter_block"));
-    store(be, out, dst.data());
+    copy_from_host(be, out, dst.data());
     return Status::Ok();
   }
 
@@ -103,11 +103,11 @@ class MpiCollectives final : public Collectives {
       return invalid_argument("all-gather: the output must hold size x the input's elements (at most 2^30 per rank)");
     Guard g(*this, "an all-gather of " + std::to_string(out.numel()) + " values");
     std::vector<float> src(static_cast<size_t>(in.numel()));
-    load(be, in, src.data());
+    copy_to_host(be, in, src.data());
     std::vector<float> dst(static_cast<size_t>(out.numel()));
     KILN_RETURN_IF_ERROR(check(MPI_Allgather(src.data(), static_cast<int>(in.numel()), MPI_FLOAT, dst.data(),
                                              static_cast<int>(in.numel()), MPI_FLOAT, MPI_COMM_WORLD), "MPI_Allgather"));
-    store(be, out, dst.data());
+    copy_from_host(be, out, dst.data());
     return Status::Ok();
   }
 
@@ -193,11 +193,11 @@ class MpiCollectives final : public Collectives {
   float* host_view(Backend& be, Tensor t) {
     if (be.device().is_cpu()) return static_cast<float*>(t.data);
     staging_.resize(static_cast<size_t>(t.numel()));
-    load(be, t, staging_.data());
+    copy_to_host(be, t, staging_.data());
     return staging_.data();
   }
   void write_back(Backend& be, Tensor t, const float* p) {
-    if (!be.device().is_cpu()) store(be, t, p);
+    if (!be.device().is_cpu()) copy_from_host(be, t, p);
   }
   static void copy_to_host(Backend& be, Tensor t, void* p) {
     Tensor h = t;
@@ -211,8 +211,6 @@ class MpiCollectives final : public Collectives {
     h.device = Device::cpu();
     be.copy(t, h);
   }
-  static void load(Backend& be, Tensor t, float* p) { copy_to_host(be, t, p); }
-  static void store(Backend& be, Tensor t, const float* p) { copy_from_host(be, t, p); }
 
   int rank_ = 0, size_ = 1;
   bool owns_mpi_ = false;

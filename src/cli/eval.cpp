@@ -62,8 +62,7 @@ int run_eval(EvalFlags& f) {
   }
   Result<std::string> sha = data_sha256(f.data);
   if (!sha.ok()) return fail(sha.status());
-  EngineFlags engine = f.engine;
-  Result<std::unique_ptr<EngineSession>> session = start_engine(f.model, engine, /*need_text=*/false);
+  Result<std::unique_ptr<EngineSession>> session = start_engine(f.model, f.engine, /*need_text=*/false);
   if (!session.ok()) return fail(session.status());
   EngineSession& s = **session;
 

@@ -103,6 +103,20 @@ class DataParallel : public ::testing::Test {
       EXPECT_LE(rel_error(va, vb), tol) << name << " of " << a << " against " << b;
     }
   }
+  // Starts a 2-rank run of `steps` steps into `out`, sends `signal` to one rank once the run has
+  // written its first metrics, and waits for mpirun; also returns the seconds it took.
+  Shell disturb_a_rank(const std::string& out, const char* signal, double timeout, double* seconds) {
+    const std::string cmd = kiln_binary() + " train --model " + testdata_dir() + "/tiny-llama --data " + data_ +
+                            " --output " + out + " --batch-size 2 --steps 3000 --collective-timeout " +
+                            std::to_string(static_cast<int>(timeout));
+    const auto t0 = std::chrono::steady_clock::now();
+    Shell r = shell("(" + mpirun(2) + cmd + ") & pid=$!; "
+                    "for i in $(seq 100); do [ -s " + out + "/metrics.jsonl ] && break; sleep 0.1; done; "
+                    "kill -" + signal + " $(pgrep -f '^" + kiln_binary() + " train .*--output " + out + " ' | tail -1); wait $pid");
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    shell("pkill -9 -f -- '--output " + out + "'");  // whatever is left
+    return r;
+  }
   TempDir tmp_;
   std::string data_;
 };
@@ -158,14 +172,8 @@ TEST_F(DataParallel, AStalledRankEndsTheRunWithinTheTimeout) {
   // Rank 1 is stopped (SIGSTOP) once training runs: rank 0 waits in its next collective, gives up
   // after --collective-timeout and ends the run with a message naming itself and the collective.
   const std::string out = tmp_.sub("stalled");
-  const std::string cmd = kiln_binary() + " train --model " + testdata_dir() + "/tiny-llama --data " + data_ +
-                          " --output " + out + " --batch-size 2 --steps 3000 --collective-timeout 3";
-  const auto t0 = std::chrono::steady_clock::now();
-  Shell r = shell("(" + mpirun(2) + cmd + ") & pid=$!; "
-                  "for i in $(seq 100); do [ -s " + out + "/metrics.jsonl ] && break; sleep 0.1; done; "
-                  "kill -STOP $(pgrep -f '^" + kiln_binary() + " train .*--output " + out + " ' | tail -1); wait $pid");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  shell("pkill -9 -f -- '--output " + out + "'");  // whatever is left
+  double seconds = 0;
+  Shell r = disturb_a_rank(out, "STOP", 3, &seconds);
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_LT(seconds, 60.0) << r.output;
   EXPECT_NE(r.output.find("did not complete within 3 s"), std::string::npos) << r.output;
@@ -173,14 +181,8 @@ TEST_F(DataParallel, AStalledRankEndsTheRunWithinTheTimeout) {
 
 TEST_F(DataParallel, AKilledRankEndsTheRun) {
   const std::string out = tmp_.sub("killed");
-  const std::string cmd = kiln_binary() + " train --model " + testdata_dir() + "/tiny-llama --data " + data_ +
-                          " --output " + out + " --batch-size 2 --steps 3000 --collective-timeout 5";
-  const auto t0 = std::chrono::steady_clock::now();
-  Shell r = shell("(" + mpirun(2) + cmd + ") & pid=$!; "
-                  "for i in $(seq 100); do [ -s " + out + "/metrics.jsonl ] && break; sleep 0.1; done; "
-                  "kill -9 $(pgrep -f '^" + kiln_binary() + " train .*--output " + out + " ' | tail -1); wait $pid");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  shell("pkill -9 -f -- '--output " + out + "'");
+  double seconds = 0;
+  Shell r = disturb_a_rank(out, "9", 5, &seconds);
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_LT(seconds, 60.0) << r.output;
   EXPECT_FALSE(fs::exists(out + "/model.safetensors")) << "a run that lost a rank must not write a final model";
