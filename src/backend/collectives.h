@@ -3,7 +3,9 @@
 //
 //   all_reduce_sum   t <- the element-wise sum of every rank's t (f32, in place)
 //   reduce_scatter   out <- rank r's share [r * n, (r + 1) * n) of the sum of every rank's in [size * n]
-//   all_gather       out [size * n] <- every rank's in [n], in rank order
+//   all_gather       out [size * n] <- every rank's in [n], in rank order (f32 or bf16)
+// reduce_scatter and all_gather also work in place: `out` (resp. `in`) may be this rank's part of
+// the other tensor.
 //   broadcast        t <- root's t
 //   barrier          returns once every rank has called it
 //   sum (scalars)    the sum over ranks of a few host doubles (counts, losses)

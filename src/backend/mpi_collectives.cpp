@@ -88,7 +88,7 @@ class MpiCollectives final : public Collectives {
     if (in.numel() != out.numel() * size_ || out.numel() > kPiece)
       return invalid_argument("reduce-scatter: the input must hold size x the output's elements (at most 2^30 per rank)");
     Guard g(*this, "a reduce-scatter of " + std::to_string(in.numel()) + " values");
-    const float* src = host_view(be, in);
+    const float* src = host_view(be, in);  // `out` may be this rank's part of `in` (in place): staged
     std::vector<float> dst(static_cast<size_t>(out.numel()));
     KILN_RETURN_IF_ERROR(check(MPI_Reduce_scatter_block(src, dst.data(), static_cast<int>(out.numel()), MPI_FLOAT, MPI_SUM,
                                                         MPI_COMM_WORLD), "MPI_Reduce_scatter_block"));
@@ -97,16 +97,17 @@ class MpiCollectives final : public Collectives {
   }
 
   Status all_gather(Backend& be, Tensor in, Tensor out) override {
-    KILN_RETURN_IF_ERROR(check_f32(in, "all-gather"));
-    KILN_RETURN_IF_ERROR(check_f32(out, "all-gather"));
+    if (in.dtype != out.dtype || (in.dtype != DType::f32 && in.dtype != DType::bf16))
+      return invalid_argument("all-gather takes f32 or bf16 tensors of one dtype");
     if (out.numel() != in.numel() * size_ || in.numel() > kPiece)
       return invalid_argument("all-gather: the output must hold size x the input's elements (at most 2^30 per rank)");
     Guard g(*this, "an all-gather of " + std::to_string(out.numel()) + " values");
-    std::vector<float> src(static_cast<size_t>(in.numel()));
+    const MPI_Datatype type = in.dtype == DType::f32 ? MPI_FLOAT : MPI_UINT16_T;  // bf16 travels as its bits
+    // Both sides staged: `in` may be this rank's part of `out` (in place).
+    std::vector<char> src(static_cast<size_t>(in.nbytes())), dst(static_cast<size_t>(out.nbytes()));
     copy_to_host(be, in, src.data());
-    std::vector<float> dst(static_cast<size_t>(out.numel()));
-    KILN_RETURN_IF_ERROR(check(MPI_Allgather(src.data(), static_cast<int>(in.numel()), MPI_FLOAT, dst.data(),
-                                             static_cast<int>(in.numel()), MPI_FLOAT, MPI_COMM_WORLD), "MPI_Allgather"));
+    KILN_RETURN_IF_ERROR(check(MPI_Allgather(src.data(), static_cast<int>(in.numel()), type, dst.data(),
+                                             static_cast<int>(in.numel()), type, MPI_COMM_WORLD), "MPI_Allgather"));
     copy_from_host(be, out, dst.data());
     return Status::Ok();
   }

@@ -45,6 +45,7 @@ struct TrainFlags {
   double peak_tflops = 989.0;  // H100 / H200 dense bf16
   bool recompute = false;
   double collective_timeout = 600.0;
+  int32_t zero = 0;
 };
 
 Result<DType> parse_save_dtype(const std::string& name, DType source) {
@@ -69,7 +70,7 @@ nlohmann::json resolved_config(const TrainFlags& f) {
           {"eval_rows", f.eval_rows},     {"save_every", f.save_every},
           {"keep_last", f.keep_last},     {"resume", f.resume},
           {"peak_tflops", f.peak_tflops}, {"tensorboard", f.tensorboard},
-          {"recompute", f.recompute}};
+          {"recompute", f.recompute},     {"zero", f.zero}};
   f.optim.record(c);
   return c;
 }
@@ -100,6 +101,7 @@ int train_ranks(const TrainFlags& f, Collectives& coll, const WorldInfo& world) 
   if (!(f.label_smoothing >= 0.0f && f.label_smoothing <= 1.0f))
     return fail(invalid_argument("--label-smoothing must be in [0, 1]"));
   if (f.keep_last < 0) return fail(invalid_argument("--keep-last must be >= 0"));
+  if (f.zero < 0 || f.zero > 2) return fail(invalid_argument("--zero must be 0, 1 or 2"));
   Result<TrainerOptions> trainer = f.optim.resolve();
   if (!trainer.ok()) return fail(trainer.status());
   Result<Device> device = parse_device(f.device);
@@ -113,6 +115,7 @@ int train_ranks(const TrainFlags& f, Collectives& coll, const WorldInfo& world) 
   model_options.no_decay = f.no_decay;
   model_options.label_smoothing = f.label_smoothing;
   model_options.recompute = f.recompute;
+  model_options.parameter_shards = f.zero > 0 ? world.size : 1;
   Result<std::unique_ptr<TrainModel>> model = TrainModel::load(be, f.model_dir, model_options);
   if (!model.ok()) return fail(model.status());
   TrainModel& m = **model;
@@ -133,6 +136,7 @@ int train_ranks(const TrainFlags& f, Collectives& coll, const WorldInfo& world) 
   ro.objective_kwargs = f.objective_kwargs;
   ro.trainer = *trainer;
   ro.trainer.collectives = &coll;
+  ro.trainer.zero = f.zero;
   ro.eval_every = f.eval_every;
   ro.eval_rows = f.eval_rows;
   ro.save_every = f.save_every;
@@ -224,6 +228,10 @@ Runner add_train(CLI::App& app) {
   t->add_option("--device", f->device, "cpu or cuda[:N] (under mpirun, cuda is each rank's local GPU)")->capture_default_str();
   t->add_option("--collective-timeout", f->collective_timeout,
                 "under mpirun: seconds a collective may wait for the other ranks before the run stops with an error")
+      ->capture_default_str();
+  t->add_option("--zero", f->zero,
+                "under mpirun: 0 replicates the optimizer state on every rank; 1 shards it (and the f32 master "
+                "weights on CUDA) over the ranks; 2 also shards the accumulated gradients")
       ->capture_default_str();
   t->add_option("--steps", f->steps, "optimizer steps (default: one pass over the data)");
   t->add_option("--batch-size", f->batch_size, "sequences per micro-batch")->capture_default_str();

@@ -91,11 +91,23 @@ Status prepare_output_dir(const std::string& dir) {
   return Status::Ok();
 }
 
-Status save_hf_checkpoint(Backend& be, const ParameterSet& params, const std::string& source_dir, const std::string& output_dir, DType dtype) {
+Result<Tensor> whole_master(Backend& be, const ParameterSet& params, Collectives* collectives, TensorBuffer& storage) {
+  if (!params.master_sharded()) return params.master();
+  if (!collectives || collectives->size() != params.shards())
+    return invalid_argument("the master weights are sharded, but the ranks that hold them are not given");
+  KILN_ASSIGN_OR_RETURN(storage, empty(be, {params.size()}, DType::f32));
+  KILN_RETURN_IF_ERROR(collectives->all_gather(be, params.master(), storage.view()));
+  return storage.view();
+}
+
+Status save_hf_checkpoint(Backend& be, const ParameterSet& params, const std::string& source_dir,
+                          const std::string& output_dir, DType dtype, Tensor master) {
   KILN_RETURN_IF_ERROR(prepare_output_dir(output_dir));
+  if (master.data == nullptr) master = params.master();
+  KILN_ASSERT(master.numel() == params.size());
   // The weights: master (f32) -> dtype on the device, then one copy to the host.
   KILN_ASSIGN_OR_RETURN(TensorBuffer converted, empty(be, {params.size()}, dtype));
-  ops::cast(be, converted, params.master());
+  ops::cast(be, converted, master);
   TensorBuffer host = to_host(be, converted);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const HfTensor& t : params.layout().hf) tensors.emplace_back(t.name, params.hf_view(host.view(), t));

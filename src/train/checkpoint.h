@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/collectives.h"
 #include "core/status.h"
 #include "train/parameters.h"
 
@@ -23,7 +24,13 @@ Status prepare_output_dir(const std::string& dir);
 // `path` is either the old file or the whole new one.
 Status write_file_atomic(const std::string& path, const std::string& text);
 
-// Saves the master weights of `params` in `dtype` (f32, bf16 or f16).
-Status save_hf_checkpoint(Backend& be, const ParameterSet& params, const std::string& source_dir, const std::string& output_dir, DType dtype);
+// Saves the master weights of `params` in `dtype` (f32, bf16 or f16): `master` ([N] f32, the whole
+// master weights; empty: params.master(), which must then be whole).
+Status save_hf_checkpoint(Backend& be, const ParameterSet& params, const std::string& source_dir,
+                          const std::string& output_dir, DType dtype, Tensor master = {});
+
+// The whole f32 master weights: params.master() itself, or, when they are sharded over the ranks of
+// `collectives`, gathered from every rank into `storage` (a collective: every rank calls it).
+Result<Tensor> whole_master(Backend& be, const ParameterSet& params, Collectives* collectives, TensorBuffer& storage);
 
 }  // namespace kiln

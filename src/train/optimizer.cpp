@@ -24,7 +24,8 @@ Status check_muon_options(const OptimizerOptions& o) {
 
 }  // namespace
 
-Result<Optimizer> Optimizer::create(Backend& be, ParameterSet& params, const OptimizerOptions& options) {
+Result<Optimizer> Optimizer::create(Backend& be, ParameterSet& params, const OptimizerOptions& options,
+                                    Collectives* shard_over) {
   if (!(options.lr >= 0.0f) || !std::isfinite(options.lr)) return invalid_argument("--lr must be a finite value >= 0");
   if (!(options.beta1 >= 0.0f && options.beta1 < 1.0f) || !(options.beta2 >= 0.0f && options.beta2 < 1.0f))
     return invalid_argument("--betas must both be in [0, 1)");
@@ -34,12 +35,27 @@ Result<Optimizer> Optimizer::create(Backend& be, ParameterSet& params, const Opt
   if (!(options.clip_norm >= 0.0f) || !std::isfinite(options.clip_norm))
     return invalid_argument("--clip-norm must be a finite value > 0 (0 or absent: no clipping)");
   if (options.kind == OptimizerOptions::Kind::muon) KILN_RETURN_IF_ERROR(check_muon_options(options));
-  Optimizer opt(be, params, options);
+  if (shard_over && shard_over->size() <= 1) shard_over = nullptr;
+  Optimizer opt(be, params, options, shard_over);
+  opt.own_end_ = params.size();
+  if (shard_over) {
+    if (options.kind == OptimizerOptions::Kind::muon)
+      return invalid_argument("Muon's Newton-Schulz iteration needs whole matrices, so its state is not sharded: "
+                              "use --zero 0 with --optimizer muon");
+    if (params.shards() != shard_over->size())
+      return invalid_argument("the parameters are laid out for " + std::to_string(params.shards()) +
+                              " shards, the run has " + std::to_string(shard_over->size()) + " ranks");
+    opt.own_begin_ = params.shard_size() * shard_over->rank();
+    opt.own_end_ = opt.own_begin_ + params.shard_size();
+    if (params.master_sharded() && (params.master_begin() != opt.own_begin_ || params.master_end() != opt.own_end_))
+      return invalid_argument("the master weights this rank holds are not its optimizer shard");
+  }
   if (options.kind == OptimizerOptions::Kind::adamw || options.kind == OptimizerOptions::Kind::muon) {
     const int64_t muon_n =
         options.kind == OptimizerOptions::Kind::muon ? params.matrix_end() - params.matrix_begin() : 0;
-    KILN_ASSIGN_OR_RETURN(opt.m_, empty(be, {params.size() - muon_n}, DType::f32));
-    KILN_ASSIGN_OR_RETURN(opt.v_, empty(be, {params.size() - muon_n}, DType::f32));
+    const int64_t n = opt.own_end_ - opt.own_begin_ - muon_n;
+    KILN_ASSIGN_OR_RETURN(opt.m_, empty(be, {n}, DType::f32));
+    KILN_ASSIGN_OR_RETURN(opt.v_, empty(be, {n}, DType::f32));
     be.zero(opt.m_);
     be.zero(opt.v_);
     if (options.kind == OptimizerOptions::Kind::muon) {
@@ -52,12 +68,29 @@ Result<Optimizer> Optimizer::create(Backend& be, ParameterSet& params, const Opt
   return opt;
 }
 
-std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  if (m_.allocated()) out.emplace_back("adamw.exp_avg", m_.view());
-  if (v_.allocated()) out.emplace_back("adamw.exp_avg_sq", v_.view());
-  if (momentum_.allocated()) out.emplace_back("muon.momentum_buffer", momentum_.view());
+std::vector<OptimizerState> Optimizer::state_tensors() const {
+  std::vector<OptimizerState> out;
+  const int64_t muon_n = momentum_.allocated() ? momentum_.view().numel() : 0;
+  // AdamW's moments: this rank's range of the flat layout (with Muon, never sharded, the compact
+  // layout without the block matrices).
+  const int64_t adamw_space = params_->size() - muon_n;
+  if (m_.allocated()) out.push_back({"adamw.exp_avg", m_.view(), own_begin_, adamw_space});
+  if (v_.allocated()) out.push_back({"adamw.exp_avg_sq", v_.view(), own_begin_, adamw_space});
+  if (momentum_.allocated()) out.push_back({"muon.momentum_buffer", momentum_.view(), 0, muon_n});
   return out;
+}
+
+Tensor Optimizer::master_rows(int64_t begin, int64_t end) const {
+  KILN_ASSERT(params_->master_begin() <= begin && end <= params_->master_end());
+  return params_->master().rows(begin - params_->master_begin(), end - params_->master_begin());
+}
+
+Status Optimizer::gather_updated_weights() {
+  if (!shard_over_) return Status::Ok();
+  // With mixed precision the model reads the compute copy (the master weights may be sharded);
+  // on the CPU it reads the master weights, which are whole.
+  const Tensor weights = params_->mixed_precision() ? params_->compute() : params_->master();
+  return shard_over_->all_gather(*be_, weights.rows(own_begin_, own_end_), weights);
 }
 
 void Optimizer::discard_gradients() { be_->zero(params_->grads()); }
@@ -77,7 +110,7 @@ void Optimizer::adamw_range(int64_t begin, int64_t end, int64_t state_begin, int
   s.grad_scale = grad_scale;
   s.decay_end = decay_end - begin;
   const Tensor lowp = params_->mixed_precision() ? params_->compute().rows(begin, end) : Tensor{};
-  ops::adamw_step(*be_, params_->master().rows(begin, end), params_->grads().rows(begin, end),
+  ops::adamw_step(*be_, master_rows(begin, end), params_->grads().rows(begin, end),
                   m_.view().rows(state_begin, state_begin + n), v_.view().rows(state_begin, state_begin + n), lowp, s);
 }
 
@@ -101,13 +134,22 @@ void Optimizer::muon_update(float lr, float grad_scale) {
   s.adjust_lr = options_.muon_adjust_lr;
   s.grad_scale = grad_scale;
   const Tensor lowp = params_->mixed_precision() ? params_->compute().rows(mb, me) : Tensor{};
-  ops::muon_step(*be_, params_->master().rows(mb, me), params_->grads().rows(mb, me), momentum_, lowp,
+  ops::muon_step(*be_, master_rows(mb, me), params_->grads().rows(mb, me), momentum_, lowp,
                  muon_matrices_, s);
 }
 
 Result<OptimizerStepInfo> Optimizer::step(float lr) {
   OptimizerStepInfo info;
-  info.grad_norm = std::sqrt(ops::sum_squares(*be_, params_->grads()));
+  const Tensor grads = params_->grads().rows(own_begin_, own_end_);
+  double squares = ops::sum_squares(*be_, grads);
+  if (shard_over_) {
+    Status summed = shard_over_->sum(&squares, 1);
+    if (!summed.ok()) {
+      discard_gradients();
+      return summed;
+    }
+  }
+  info.grad_norm = std::sqrt(squares);
   if (!std::isfinite(info.grad_norm)) {
     discard_gradients();
     return invalid_argument("the gradient norm is not finite (" + std::to_string(info.grad_norm) + ")");
@@ -118,16 +160,17 @@ Result<OptimizerStepInfo> Optimizer::step(float lr) {
     if (coef < 1.0) info.clip_coef = static_cast<float>(coef);
   }
   ++step_;
-  const Tensor lowp = params_->mixed_precision() ? params_->compute() : Tensor{};
   if (options_.kind == OptimizerOptions::Kind::adamw) {
-    adamw_range(0, params_->size(), 0, params_->decay_end(), lr, info.clip_coef);
+    adamw_range(own_begin_, own_end_, 0, params_->decay_end(), lr, info.clip_coef);
   } else if (options_.kind == OptimizerOptions::Kind::muon) {
     muon_update(lr, info.clip_coef);
   } else {
-    ops::sgd_step(*be_, params_->master(), params_->grads(), lowp, lr, options_.weight_decay, info.clip_coef,
-                  params_->decay_end());
+    const Tensor lowp = params_->mixed_precision() ? params_->compute().rows(own_begin_, own_end_) : Tensor{};
+    ops::sgd_step(*be_, master_rows(own_begin_, own_end_), grads, lowp, lr, options_.weight_decay, info.clip_coef,
+                  params_->decay_end() - own_begin_);
   }
   be_->zero(params_->grads());
+  KILN_RETURN_IF_ERROR(gather_updated_weights());
   KILN_RETURN_IF_ERROR(be_->synchronize());
   return info;
 }

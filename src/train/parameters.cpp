@@ -20,8 +20,10 @@ bool is_block_matrix(const std::string& fused_name, const Shape& shape) {
 }  // namespace
 
 Result<ParameterSet> ParameterSet::create(Backend& be, const ModelConfig& config, const std::string& no_decay_regex,
-                                          bool mixed_precision) {
+                                          bool mixed_precision, int32_t shards) {
+  if (shards < 1) return invalid_argument("the parameter shard count must be >= 1");
   ParameterSet set;
+  set.shards_ = shards;
   set.layout_ = model_tensor_layout(config);
   std::regex no_decay;
   try {
@@ -58,6 +60,8 @@ Result<ParameterSet> ParameterSet::create(Backend& be, const ModelConfig& config
     }
     if (pass == 2) set.matrix_end_ = set.size_;
   }
+  const int64_t multiple = kAlignElements * shards;  // the padding at the end: equal, aligned shards
+  set.size_ = (set.size_ + multiple - 1) / multiple * multiple;
   // The Hugging Face matrices inside the block range, in layout order.
   for (const HfTensor& t : set.layout_.hf) {
     const auto& [offset, shape] = set.offsets_.at(t.fused);
@@ -86,6 +90,11 @@ Tensor ParameterSet::slice(Tensor flat, const std::string& fused_name) const {
   return flat.rows(offset, offset + shape.numel()).view(shape);
 }
 
+Tensor ParameterSet::master(const std::string& fused_name) const {
+  KILN_ASSERT(!master_sharded() && "master(name) of sharded master weights");
+  return slice(master_.view(), fused_name);
+}
+
 ModelWeights ParameterSet::compute_weights() const {
   ModelWeights w;
   for (const auto& [name, shape] : layout_.fused) w.set(name, weight(name));
@@ -106,7 +115,24 @@ std::vector<std::string> ParameterSet::no_decay_names() const {
 }
 
 void ParameterSet::sync_compute(Backend& be) const {
+  KILN_ASSERT(!master_sharded());
   if (mixed_precision()) ops::cast(be, compute_.view(), master_.view());
+}
+
+void ParameterSet::assign(Backend& be, Tensor full) const {
+  KILN_ASSERT(full.numel() == size_ && full.dtype == DType::f32);
+  be.copy(master_.view(), full.rows(master_begin(), master_end()));
+  if (mixed_precision()) ops::cast(be, compute_.view(), full);
+}
+
+Status ParameterSet::keep_master_range(Backend& be, int64_t begin, int64_t end) {
+  KILN_ASSERT(mixed_precision() && !master_sharded() && 0 <= begin && begin <= end && end <= size_);
+  KILN_ASSIGN_OR_RETURN(TensorBuffer kept, empty(be, {end - begin}, DType::f32));
+  be.copy(kept.view(), master_.view().rows(begin, end));
+  KILN_RETURN_IF_ERROR(be.synchronize());
+  master_ = std::move(kept);
+  master_begin_ = begin;
+  return Status::Ok();
 }
 
 }  // namespace kiln

@@ -6,6 +6,11 @@
 //   compute [N] bf16           the copy the forward and backward read (CUDA, mixed precision);
 //                              on the CPU the model reads `master` directly (everything f32)
 //
+// Data parallel with sharded optimizer state (ZeRO, train/trainer.h): N is padded at the end to a
+// multiple of `shards` x 128, so that [0, N) splits into equal, aligned shards (the padding holds
+// zeros and belongs to no tensor); with mixed precision each rank may keep only its shard of the
+// master weights (keep_master_range), the compute copy staying whole.
+//
 // Each model tensor (kiln's fused layout: q/k/v rows in one qkv_proj, gate and up in one
 // gate_up_proj) is one contiguous range, aligned to 128 elements; Hugging Face's tensor names are
 // row views of those ranges. The order is
@@ -47,11 +52,14 @@ class ParameterSet {
   // Lays out the parameters of `config` on `be`; tensors whose Hugging Face names match
   // `no_decay_regex` (ECMAScript syntax, searched anywhere in the name; empty: none) are exempt from
   // weight decay. Fused tensors must be exempt as a whole (q/k/v, gate/up): an expression that
-  // splits them is an error. `mixed_precision` adds the bf16 compute copy. Buffers start at zero.
+  // splits them is an error. `mixed_precision` adds the bf16 compute copy. `shards` >= 1: N is a
+  // multiple of shards x 128. Buffers start at zero.
   static Result<ParameterSet> create(Backend& be, const ModelConfig& config, const std::string& no_decay_regex,
-                                     bool mixed_precision);
+                                     bool mixed_precision, int32_t shards = 1);
 
   int64_t size() const { return size_; }                  // N, padding included
+  int32_t shards() const { return shards_; }
+  int64_t shard_size() const { return size_ / shards_; }  // elements of one shard
   int64_t parameter_count() const { return count_; }      // elements of real tensors
   int64_t decay_end() const { return decay_end_; }
   // The block matrices' range (128-aligned ends; empty for a model without layers) and its matrices
@@ -62,13 +70,19 @@ class ParameterSet {
   bool mixed_precision() const { return compute_.allocated(); }
   DType compute_dtype() const { return mixed_precision() ? DType::bf16 : DType::f32; }
 
+  // The master weights this process holds: elements [master_begin, master_end) of the flat layout
+  // ([0, N) unless keep_master_range sharded them).
   Tensor master() const { return master_.view(); }
+  int64_t master_begin() const { return master_begin_; }
+  int64_t master_end() const { return master_begin_ + master_.view().numel(); }
+  bool master_sharded() const { return master_.view().numel() != size_; }
   Tensor grads() const { return grads_.view(); }
   Tensor compute() const { return mixed_precision() ? compute_.view() : master_.view(); }
 
-  // Views of one fused tensor (kiln name) or Hugging Face tensor; an absent name is a bug (asserts).
+  // Views of one fused tensor (kiln name) or Hugging Face tensor; an absent name is a bug (asserts),
+  // and so is master(name) once the master weights are sharded.
   bool has(const std::string& fused_name) const { return offsets_.count(fused_name) != 0; }
-  Tensor master(const std::string& fused_name) const { return slice(master_.view(), fused_name); }
+  Tensor master(const std::string& fused_name) const;
   Tensor grad(const std::string& fused_name) const { return slice(grads_.view(), fused_name); }
   Tensor weight(const std::string& fused_name) const { return slice(compute(), fused_name); }
   Tensor hf_view(Tensor flat, const HfTensor& t) const { return slice(flat, t.fused).rows(t.row_begin, t.row_end); }
@@ -83,8 +97,14 @@ class ParameterSet {
   // Names of the Hugging Face tensors exempt from weight decay, for the log.
   std::vector<std::string> no_decay_names() const;
 
-  // Refreshes the compute copy from the master weights (after loading them).
+  // Refreshes the compute copy from the master weights (after loading them; unsharded only).
   void sync_compute(Backend& be) const;
+  // Sets the weights from `full` ([N] f32 on this backend): the master elements this process holds
+  // and the whole compute copy.
+  void assign(Backend& be, Tensor full) const;
+  // Keeps only the master elements [begin, end) (mixed precision: the model reads the compute copy),
+  // freeing the rest; the compute copy must be current. Called once, right after loading.
+  Status keep_master_range(Backend& be, int64_t begin, int64_t end);
 
  private:
   Tensor slice(Tensor flat, const std::string& fused_name) const;
@@ -92,7 +112,8 @@ class ParameterSet {
   ModelTensorLayout layout_;
   std::map<std::string, std::pair<int64_t, Shape>> offsets_;  // fused name -> (offset, shape)
   std::map<std::string, bool> decayed_;                       // fused name -> weight decay applies
-  int64_t size_ = 0, count_ = 0, decay_end_ = 0, matrix_begin_ = 0, matrix_end_ = 0;
+  int64_t size_ = 0, count_ = 0, decay_end_ = 0, matrix_begin_ = 0, matrix_end_ = 0, master_begin_ = 0;
+  int32_t shards_ = 1;
   std::vector<ParameterMatrix> block_matrices_;
   TensorBuffer master_, grads_, compute_;
 };

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 bool may_change_on_resume(const std::string& key) {
   static constexpr const char* kFree[] = {"output", "resume", "save_every", "keep_last", "eval_every",
                                           "eval_rows", "tensorboard", "device", "config", "peak_tflops",
-                                          "recompute"};
+                                          "recompute", "zero"};
   for (const char* k : kFree)
     if (key == k) return true;
   return false;
@@ -218,8 +218,7 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
     tb = std::make_unique<TensorBoardWriter>(std::move(w));
   }
 
-  auto save = [&]() -> Status {
-    if (!writer) return Status::Ok();
+  auto save = [&]() -> Status {  // every rank takes part (each writes its optimizer shard)
     TrainingState st;
     st.step = step;
     st.policy_version = trainer.policy_version();
@@ -228,7 +227,7 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
     st.config = config;
     KILN_ASSIGN_OR_RETURN(result.last_checkpoint,
                           save_training_checkpoint(be, model.params(), trainer.optimizer(), st, o.model_dir, o.output,
-                                                   o.save_dtype, o.keep_last));
+                                                   o.save_dtype, o.keep_last, coll));
     info("saved " + result.last_checkpoint);
     return Status::Ok();
   };
@@ -290,7 +289,9 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
     if (val && evaluated_at != step) KILN_RETURN_IF_ERROR(run_eval());
     if (o.save_every > 0) KILN_RETURN_IF_ERROR(save());
   }
-  if (writer) KILN_RETURN_IF_ERROR(save_hf_checkpoint(be, model.params(), o.model_dir, o.output, o.save_dtype));
+  TensorBuffer gathered;
+  KILN_ASSIGN_OR_RETURN(Tensor master, whole_master(be, model.params(), coll, gathered));
+  if (writer) KILN_RETURN_IF_ERROR(save_hf_checkpoint(be, model.params(), o.model_dir, o.output, o.save_dtype, master));
   if (ranks > 1) KILN_RETURN_IF_ERROR(coll->barrier());  // the run ends when its files are complete
   return result;
 }

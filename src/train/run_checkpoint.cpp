@@ -96,12 +96,70 @@ Status read_flat(Backend& be, const ParameterSet& params, Tensor flat, const fs:
   return be.synchronize();
 }
 
+// Every rank's outcome of a part of a collective save: this rank's error, or an error naming how
+// many others failed, or Ok when all succeeded (so that no rank waits for one that gave up).
+Status agree(Collectives* coll, Status mine, const std::string& what) {
+  if (!coll || coll->size() == 1) return mine;
+  double failed = mine.ok() ? 0.0 : 1.0;
+  KILN_RETURN_IF_ERROR(coll->sum(&failed, 1));
+  if (!mine.ok()) return mine;
+  if (failed > 0) return io_error(std::to_string(static_cast<int64_t>(failed)) + " other rank(s) failed " + what);
+  return Status::Ok();
+}
+
+std::string shard_file(const std::string& state, int32_t rank, int32_t ranks) {
+  return "optimizer/" + state + ".rank-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".safetensors";
+}
+
+// A piece of a saved optimizer state: elements [begin, end) of `state` in `file`.
+struct StatePiece {
+  std::string state, file;
+  int64_t begin = 0, end = 0, space = 0;
+};
+
+// Fills `s.values` (elements [s.begin, s.begin + n) of its space) from the pieces of its state;
+// elements past the saved space are the padding of a run with more ranks: zero.
+Status load_state(Backend& be, const OptimizerState& s, const std::vector<StatePiece>& pieces, const fs::path& dir) {
+  const int64_t begin = s.begin, end = s.begin + s.values.numel();
+  std::vector<const StatePiece*> mine;
+  for (const StatePiece& p : pieces)
+    if (p.state == s.name) mine.push_back(&p);
+  std::sort(mine.begin(), mine.end(), [](const StatePiece* a, const StatePiece* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < mine.size(); ++i)
+    if (mine[i]->begin < mine[i - 1]->end || mine[i]->space != mine[0]->space)
+      return invalid_argument("the checkpoint's pieces of " + s.name + " overlap or disagree on its size");
+  int64_t saved_space = -1, covered = 0;
+  for (const StatePiece* piece : mine) {
+    const StatePiece& p = *piece;
+    saved_space = p.space;
+    const int64_t a = std::max(begin, p.begin), b = std::min(end, p.end);
+    if (a >= b) continue;
+    const fs::path path = dir / p.file;
+    KILN_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path.string()));
+    Result<TensorInfo> info = file.find(s.name);
+    if (!info.ok() || info->dtype != DType::f32 || info->shape.numel() != p.end - p.begin)
+      return invalid_argument("'" + path.string() + "' does not hold " + s.name + " (f32, " +
+                              std::to_string(p.end - p.begin) + " values) as the manifest says");
+    Tensor src{const_cast<void*>(info->data), DType::f32, Device{}, Shape{p.end - p.begin}};
+    be.copy(s.values.rows(a - begin, b - begin), src.rows(a - p.begin, b - p.begin));
+    KILN_RETURN_IF_ERROR(be.synchronize());  // the file is unmapped when it goes out of scope
+    covered += b - a;
+  }
+  if (saved_space < 0) return invalid_argument("the checkpoint has no " + s.name);
+  const int64_t saved_end = std::min(end, saved_space);
+  if (covered != std::max<int64_t>(saved_end - begin, 0))
+    return invalid_argument("the checkpoint's pieces of " + s.name + " do not cover elements [" +
+                            std::to_string(begin) + ", " + std::to_string(saved_end) + ")");
+  if (saved_end < end) be.zero(s.values.rows(std::max<int64_t>(saved_end, begin) - begin, end - begin));
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string layout_fingerprint(const ParameterSet& params) {
   std::string text;
   for (const HfTensor& t : params.layout().hf) {
-    const Tensor v = params.hf_view(params.master(), t);
+    const Tensor v = params.hf_view(params.compute(), t);
     text += t.name + " " + v.shape.str() + "\n";
   }
   return sha256_hex(text);
@@ -109,65 +167,104 @@ std::string layout_fingerprint(const ParameterSet& params) {
 
 Result<std::string> save_training_checkpoint(Backend& be, const ParameterSet& params, const Optimizer& optimizer,
                                              const TrainingState& state, const std::string& model_dir,
-                                             const std::string& run_dir, DType save_dtype, int32_t keep_last) {
+                                             const std::string& run_dir, DType save_dtype, int32_t keep_last,
+                                             Collectives* coll) {
+  const int32_t rank = coll ? coll->rank() : 0, ranks = coll ? coll->size() : 1;
+  const bool writer = rank == 0;
   const fs::path run(run_dir);
   const std::string name = kPrefix + std::to_string(state.step);
   const fs::path partial = run / ("." + name + ".partial"), final_dir = run / name;
   std::error_code ec;
-  fs::remove_all(partial, ec);
-  fs::create_directories(partial / "optimizer", ec);
-  if (ec) return io_error("cannot create '" + partial.string() + "': " + ec.message());
-
-  KILN_RETURN_IF_ERROR(save_hf_checkpoint(be, params, model_dir, partial.string(), save_dtype));
-  if (save_dtype != DType::f32)
-    KILN_RETURN_IF_ERROR(write_flat(be, params, params.master(), partial / "optimizer" / "master.safetensors"));
-  for (const auto& [state_name, tensor] : optimizer.state_tensors()) {
-    TensorBuffer host = to_host(be, tensor);
-    KILN_RETURN_IF_ERROR(write_safetensors((partial / "optimizer" / (state_name + ".safetensors")).string(),
-                                           {{state_name, host.view()}}, {{"layout", layout_fingerprint(params)}}));
+  Status made = Status::Ok();
+  if (writer) {
+    fs::remove_all(partial, ec);
+    fs::create_directories(partial / "optimizer", ec);
+    if (ec) made = io_error("cannot create '" + partial.string() + "': " + ec.message());
   }
+  KILN_RETURN_IF_ERROR(agree(coll, made, "to create the checkpoint directory"));
 
-  nlohmann::json j;
-  j["format"] = "kiln-training-checkpoint";
-  j["version"] = 1;
-  j["step"] = state.step;
-  j["policy_version"] = state.policy_version;
-  j["optimizer_steps"] = state.optimizer_steps;
-  j["sampler"] = state.sampler;
-  j["config"] = state.config;
-  j["layout"] = layout_fingerprint(params);
-  j["master_in_model"] = save_dtype == DType::f32;
-  nlohmann::json optimizer_states = nlohmann::json::array();
-  for (const auto& entry : optimizer.state_tensors()) optimizer_states.push_back(entry.first);
-  j["optimizer_states"] = optimizer_states;
-  nlohmann::json files = nlohmann::json::object();
-  for (const fs::directory_entry& e : fs::recursive_directory_iterator(partial)) {
-    if (!e.is_regular_file()) continue;
-    KILN_ASSIGN_OR_RETURN(auto sc, size_and_crc(e.path()));
-    KILN_RETURN_IF_ERROR(fsync_path(e.path()));
-    files[fs::relative(e.path(), partial).generic_string()] = {{"bytes", sc.first}, {"crc32", sc.second}};
+  // The model and the master weights (gathered first when sharded: every rank takes part).
+  TensorBuffer gathered;
+  KILN_ASSIGN_OR_RETURN(Tensor master, whole_master(be, params, coll, gathered));
+  Status wrote = Status::Ok();
+  if (writer) {
+    wrote = save_hf_checkpoint(be, params, model_dir, partial.string(), save_dtype, master);
+    if (wrote.ok() && save_dtype != DType::f32)
+      wrote = write_flat(be, params, master, partial / "optimizer" / "master.safetensors");
   }
-  j["files"] = files;
-  KILN_RETURN_IF_ERROR(write_file_atomic((partial / kStateFile).string(), j.dump(2) + "\n"));
-  KILN_RETURN_IF_ERROR(fsync_path(partial / "optimizer"));
-  KILN_RETURN_IF_ERROR(fsync_path(partial));
+  // The optimizer state: each rank its shard, or rank 0 all of it.
+  const bool sharded = optimizer.sharded();
+  nlohmann::json pieces = nlohmann::json::array();
+  for (const OptimizerState& st : optimizer.state_tensors()) {
+    const std::string file = sharded ? shard_file(st.name, rank, ranks) : "optimizer/" + st.name + ".safetensors";
+    if (wrote.ok() && (sharded || writer)) {
+      TensorBuffer host = to_host(be, st.values);
+      wrote = write_safetensors((partial / file).string(), {{st.name, host.view()}},
+                                {{"layout", layout_fingerprint(params)}, {"begin", std::to_string(st.begin)},
+                                 {"space", std::to_string(st.space)}});
+    }
+    // The manifest lists every rank's piece: shards are equal, so rank r's range is known here.
+    for (int32_t r = 0; r < (sharded ? ranks : 1); ++r) {
+      const int64_t n = st.values.numel(), begin = sharded ? st.begin + (r - rank) * n : st.begin;
+      pieces.push_back({{"state", st.name},
+                        {"file", sharded ? shard_file(st.name, r, ranks) : file},
+                        {"begin", begin},
+                        {"end", begin + n},
+                        {"space", st.space}});
+    }
+  }
+  KILN_RETURN_IF_ERROR(agree(coll, wrote, "to write their part of " + partial.string()));
 
-  // Into place: a checkpoint of the same step (a run resumed before it) is replaced.
-  const fs::path old = run / ("." + name + ".old");
-  fs::remove_all(old, ec);
-  if (fs::exists(final_dir)) {
-    fs::rename(final_dir, old, ec);
-    if (ec) return io_error("cannot move the old '" + final_dir.string() + "' aside: " + ec.message());
-  }
-  fs::rename(partial, final_dir, ec);
-  if (ec) return io_error("cannot rename '" + partial.string() + "' to '" + final_dir.string() + "': " + ec.message());
-  KILN_RETURN_IF_ERROR(fsync_path(run));
-  fs::remove_all(old, ec);
+  Status finished = Status::Ok();
+  if (writer) {
+    finished = [&]() -> Status {
+      nlohmann::json j;
+      j["format"] = "kiln-training-checkpoint";
+      j["version"] = 2;
+      j["step"] = state.step;
+      j["policy_version"] = state.policy_version;
+      j["optimizer_steps"] = state.optimizer_steps;
+      j["sampler"] = state.sampler;
+      j["config"] = state.config;
+      j["layout"] = layout_fingerprint(params);
+      j["master_in_model"] = save_dtype == DType::f32;
+      nlohmann::json optimizer_states = nlohmann::json::array();
+      for (const OptimizerState& st : optimizer.state_tensors()) optimizer_states.push_back(st.name);
+      j["optimizer_states"] = optimizer_states;
+      j["optimizer_pieces"] = pieces;
+      j["ranks"] = ranks;
+      nlohmann::json files = nlohmann::json::object();
+      for (const fs::directory_entry& e : fs::recursive_directory_iterator(partial)) {
+        if (!e.is_regular_file()) continue;
+        KILN_ASSIGN_OR_RETURN(auto sc, size_and_crc(e.path()));
+        KILN_RETURN_IF_ERROR(fsync_path(e.path()));
+        files[fs::relative(e.path(), partial).generic_string()] = {{"bytes", sc.first}, {"crc32", sc.second}};
+      }
+      j["files"] = files;
+      KILN_RETURN_IF_ERROR(write_file_atomic((partial / kStateFile).string(), j.dump(2) + "\n"));
+      KILN_RETURN_IF_ERROR(fsync_path(partial / "optimizer"));
+      KILN_RETURN_IF_ERROR(fsync_path(partial));
 
-  if (keep_last > 0) {
-    std::vector<std::pair<int64_t, fs::path>> all = list_checkpoints(run);
-    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) fs::remove_all(all[i].second, ec);
+      // Into place: a checkpoint of the same step (a run resumed before it) is replaced.
+      const fs::path old = run / ("." + name + ".old");
+      fs::remove_all(old, ec);
+      if (fs::exists(final_dir)) {
+        fs::rename(final_dir, old, ec);
+        if (ec) return io_error("cannot move the old '" + final_dir.string() + "' aside: " + ec.message());
+      }
+      fs::rename(partial, final_dir, ec);
+      if (ec) return io_error("cannot rename '" + partial.string() + "' to '" + final_dir.string() + "': " + ec.message());
+      KILN_RETURN_IF_ERROR(fsync_path(run));
+      fs::remove_all(old, ec);
+
+      if (keep_last > 0) {
+        std::vector<std::pair<int64_t, fs::path>> all = list_checkpoints(run);
+        for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) fs::remove_all(all[i].second, ec);
+      }
+      return Status::Ok();
+    }();
   }
+  KILN_RETURN_IF_ERROR(agree(coll, finished, "to complete " + final_dir.string()));
   return final_dir.string();
 }
 
@@ -198,10 +295,11 @@ Result<TrainingState> load_training_checkpoint(Backend& be, ParameterSet& params
   nlohmann::json j;
   TrainingState state;
   bool master_in_model = false;
+  std::vector<StatePiece> pieces;
   try {
     j = nlohmann::json::parse(text.str());
-    if (j.value("format", "") != "kiln-training-checkpoint" || j.value("version", 0) != 1)
-      return invalid_argument(where + " is not a version 1 kiln training checkpoint");
+    if (j.value("format", "") != "kiln-training-checkpoint" || j.value("version", 0) != 2)
+      return invalid_argument(where + " is not a version 2 kiln training checkpoint (one written by this kiln)");
     for (const auto& [file, info] : j.at("files").items()) {
       if (file.find("..") != std::string::npos) return invalid_argument(where + " names a file outside itself");
       Result<std::pair<int64_t, uint32_t>> sc = size_and_crc(dir / file);
@@ -222,29 +320,33 @@ Result<TrainingState> load_training_checkpoint(Backend& be, ParameterSet& params
     master_in_model = j.at("master_in_model").get<bool>();
     std::vector<std::string> saved = j.at("optimizer_states").get<std::vector<std::string>>();
     std::vector<std::string> mine;
-    for (const auto& entry : optimizer.state_tensors()) mine.push_back(entry.first);
+    for (const OptimizerState& st : optimizer.state_tensors()) mine.push_back(st.name);
     if (saved != mine)
       return invalid_argument(where + " holds the state of a different optimizer (" +
                               (saved.empty() ? std::string("none") : saved.front()) + ", ...); resume with its --optimizer");
+    for (const nlohmann::json& p : j.at("optimizer_pieces")) {
+      StatePiece piece{p.at("state").get<std::string>(), p.at("file").get<std::string>(), p.at("begin").get<int64_t>(),
+                       p.at("end").get<int64_t>(), p.at("space").get<int64_t>()};
+      if (piece.file.find("..") != std::string::npos || piece.begin < 0 || piece.end < piece.begin ||
+          piece.end > piece.space)
+        return invalid_argument(where + ": its manifest lists an invalid optimizer piece (" + p.dump() + ")");
+      pieces.push_back(std::move(piece));
+    }
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument(where + ": " + kStateFile + " is malformed: " + e.what());
   }
-  KILN_RETURN_IF_ERROR(read_flat(be, params, params.master(),
-                                 master_in_model ? dir / "model.safetensors" : dir / "optimizer" / "master.safetensors"));
-  for (const auto& [state_name, tensor] : optimizer.state_tensors()) {
-    const fs::path path = dir / "optimizer" / (state_name + ".safetensors");
-    KILN_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::open(path.string()));
-    Result<TensorInfo> info = file.find(state_name);
-    if (!info.ok() || info->dtype != DType::f32 || info->shape.numel() != tensor.numel())
-      return invalid_argument("'" + path.string() + "' does not hold this optimizer's " + state_name + " (f32, " +
-                              std::to_string(tensor.numel()) + " values)");
-    Tensor src = tensor;
-    src.data = const_cast<void*>(info->data);
-    src.device = Device{};
-    be.copy(tensor, src);
+  const fs::path master_file = master_in_model ? dir / "model.safetensors" : dir / "optimizer" / "master.safetensors";
+  if (params.master_sharded()) {  // read whole, keep this rank's part
+    KILN_ASSIGN_OR_RETURN(TensorBuffer whole, empty(be, {params.size()}, DType::f32));
+    be.zero(whole);
+    KILN_RETURN_IF_ERROR(read_flat(be, params, whole.view(), master_file));
+    params.assign(be, whole.view());
+  } else {
+    KILN_RETURN_IF_ERROR(read_flat(be, params, params.master(), master_file));
+    params.sync_compute(be);
   }
+  for (const OptimizerState& st : optimizer.state_tensors()) KILN_RETURN_IF_ERROR(load_state(be, st, pieces, dir));
   optimizer.restore_steps_taken(state.optimizer_steps);
-  params.sync_compute(be);
   KILN_RETURN_IF_ERROR(be.synchronize());
   return state;
 }

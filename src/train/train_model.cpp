@@ -93,7 +93,8 @@ Result<std::unique_ptr<TrainModel>> TrainModel::load(Backend& be, const std::str
   KILN_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
   KILN_RETURN_IF_ERROR(check_checkpoint(model_tensor_layout(config), model_dir));  // before any allocation
   KILN_ASSIGN_OR_RETURN(ParameterSet params,
-                        ParameterSet::create(be, config, options.no_decay, /*mixed_precision=*/be.device().is_cuda()));
+                        ParameterSet::create(be, config, options.no_decay, /*mixed_precision=*/be.device().is_cuda(),
+                                             options.parameter_shards));
   std::unique_ptr<TrainModel> m(new TrainModel(be, std::move(config), std::move(params), options));
   KILN_RETURN_IF_ERROR(m->init_rope());
   KILN_RETURN_IF_ERROR(load_weights(be, m->params_.layout(), m->params_.master_weights(), model_dir));
@@ -105,7 +106,8 @@ Result<std::unique_ptr<TrainModel>> TrainModel::load(Backend& be, const std::str
 Result<std::unique_ptr<TrainModel>> TrainModel::random(Backend& be, const ModelConfig& config,
                                                        const TrainModelOptions& options) {
   KILN_ASSIGN_OR_RETURN(ParameterSet params,
-                        ParameterSet::create(be, config, options.no_decay, /*mixed_precision=*/be.device().is_cuda()));
+                        ParameterSet::create(be, config, options.no_decay, /*mixed_precision=*/be.device().is_cuda(),
+                                             options.parameter_shards));
   std::unique_ptr<TrainModel> m(new TrainModel(be, config, std::move(params), options));
   KILN_RETURN_IF_ERROR(m->init_rope());
   randomize_weights(be, m->params_.layout(), m->params_.master_weights(), options.random_seed);

@@ -69,6 +69,8 @@ struct TrainModelOptions {
   // forward of every layer but the last (about a third more layer work) for one layer's activations
   // instead of L layers'.
   bool recompute = false;
+  // The parameters' flat layout splits into this many equal shards (ZeRO over as many ranks).
+  int32_t parameter_shards = 1;
 };
 
 // RL objectives (rl/losses.h) are functions of the labelled rows' log-probabilities. Given log

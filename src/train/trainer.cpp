@@ -9,7 +9,16 @@ namespace kiln {
 
 Result<Trainer> Trainer::create(Backend& be, TrainModel& model, const TrainerOptions& options) {
   KILN_RETURN_IF_ERROR(options.schedule.validate());
-  KILN_ASSIGN_OR_RETURN(Optimizer opt, Optimizer::create(be, model.params(), options.optimizer));
+  if (options.zero < 0 || options.zero > 2) return invalid_argument("--zero must be 0, 1 or 2");
+  const bool sharded = options.zero > 0 && options.collectives && options.collectives->size() > 1;
+  ParameterSet& params = model.params();
+  if (sharded && params.mixed_precision() && !params.master_sharded() &&
+      options.optimizer.kind != OptimizerOptions::Kind::muon && params.shards() == options.collectives->size()) {
+    const int64_t begin = params.shard_size() * options.collectives->rank();  // the optimizer's shard
+    KILN_RETURN_IF_ERROR(params.keep_master_range(be, begin, begin + params.shard_size()));
+  }
+  KILN_ASSIGN_OR_RETURN(Optimizer opt, Optimizer::create(be, model.params(), options.optimizer,
+                                                         sharded ? options.collectives : nullptr));
   return Trainer(model, std::move(opt), options);
 }
 
@@ -34,10 +43,29 @@ Result<StepReport> Trainer::begin_step(const std::vector<HostBatch>& micro) cons
   return r;
 }
 
+// The reduce-scatter leaves in this rank's shard the sum over the ranks of everyone's gradients
+// there; with ZeRO-2 the rest of the buffer is then cleared, so that the next micro-batch adds to
+// the shard only this rank's new gradients besides the sum so far, and to the other shards only
+// the new ones: the next reduce-scatter then sums exactly the step's gradients so far.
+Status Trainer::reduce_micro_batch() {
+  if (!data_parallel() || options_.zero != 2) return Status::Ok();
+  Backend& be = model_->backend();
+  const Tensor g = model_->params().grads();
+  const int64_t b = optimizer_.own_begin(), e = optimizer_.own_end();
+  KILN_RETURN_IF_ERROR(options_.collectives->reduce_scatter_sum(be, g, g.rows(b, e)));
+  if (b > 0) be.zero(g.rows(0, b));
+  if (e < g.numel()) be.zero(g.rows(e, g.numel()));
+  return Status::Ok();
+}
+
 Status Trainer::reduce(double* loss) {
   if (!data_parallel()) return Status::Ok();
   KILN_RETURN_IF_ERROR(options_.collectives->sum(loss, 1));
-  return options_.collectives->all_reduce_sum(model_->backend(), model_->params().grads());
+  const Tensor g = model_->params().grads();
+  if (options_.zero == 0) return options_.collectives->all_reduce_sum(model_->backend(), g);
+  if (options_.zero == 1)
+    return options_.collectives->reduce_scatter_sum(model_->backend(), g, g.rows(optimizer_.own_begin(), optimizer_.own_end()));
+  return Status::Ok();  // ZeRO-2: reduced micro-batch by micro-batch
 }
 
 Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
@@ -46,10 +74,12 @@ Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
   if (r.skipped) return r;
   double loss_sum = 0.0;
   for (const HostBatch& hb : micro) {
-    if (hb.batch == 0) continue;  // a rank without rows in this micro-batch
-    KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(hb));
-    KILN_ASSIGN_OR_RETURN(double sum, model_->forward_backward(db, 1.0f / static_cast<float>(r.labelled)));
-    loss_sum += sum;
+    if (hb.batch > 0) {  // (a rank without rows in this micro-batch still joins its reduction)
+      KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(hb));
+      KILN_ASSIGN_OR_RETURN(double sum, model_->forward_backward(db, 1.0f / static_cast<float>(r.labelled)));
+      loss_sum += sum;
+    }
+    KILN_RETURN_IF_ERROR(reduce_micro_batch());
   }
   KILN_RETURN_IF_ERROR(reduce(&loss_sum));
   r.loss = loss_sum / static_cast<double>(r.labelled);

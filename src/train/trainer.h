@@ -33,6 +33,13 @@ struct TrainerOptions {
   // are summed over the ranks before the update, so every rank applies the same update (the
   // gradient-norm clip and the non-finite checks are global) and the weights stay identical.
   Collectives* collectives = nullptr;
+  // ZeRO stage (data parallel only): 0 replicates the optimizer state and all-reduces the gradients
+  // once per step; 1 shards the optimizer state (and, with mixed precision, the master weights) over
+  // the ranks: the gradients are reduce-scattered once per step, each rank updates its shard and the
+  // updated weights are all-gathered; 2 also keeps the step's accumulated gradients only in the
+  // owner's shard: each micro-batch's gradients are reduce-scattered as soon as they are complete.
+  // 1 and 2 need the TrainModel's parameters laid out in as many shards as there are ranks.
+  int32_t zero = 0;
 };
 
 struct StepReport {
@@ -76,7 +83,9 @@ class Trainer {
   // A step's report before any work: the version, token counts (over every rank), skipped when
   // nothing is labelled.
   Result<StepReport> begin_step(const std::vector<HostBatch>& micro) const;
-  // Data parallel: the loss and the gradients summed over the ranks.
+  // Data parallel: the gradients of the micro-batch just done (ZeRO-2), then at the end of the
+  // step the loss and the gradients summed over the ranks (into this rank's shard with ZeRO >= 1).
+  Status reduce_micro_batch();
   Status reduce(double* loss);
   bool data_parallel() const { return options_.collectives && options_.collectives->size() > 1; }
   // The update after the gradients of a step are in: the finite-loss check, the optimizer step at

@@ -1,10 +1,12 @@
 // Data-parallel kiln train on CPU ranks under mpirun (backend/collectives.h, train/run.h): the same
 // global batch gives the same per-step losses (AdamW and SGD) and final weights (SGD) on 1, 2 and 3
-// ranks within 1e-6 relative: only the order of the gradient sums differs. (AdamW's weights are not
+// ranks, with the optimizer state replicated or sharded (--zero 0, 1, 2), within 1e-6 relative:
+// only the order of the gradient sums differs. (AdamW's weights are not
 // compared at that bound: its first steps move each weight by about lr * sign(gradient), so a
 // gradient within rounding of zero, summed in another order, moves its weight differently; single
 // elements then differ by up to ~1e-6 absolute at lr 1e-3.) A checkpoint written by 2 ranks resumes
-// on 1 and on 3 ranks and ends where the uninterrupted run does; a rank that dies or stalls ends
+// on 1 and on 3 ranks and ends where the uninterrupted run does, also from and into sharded AdamW
+// state (resharding: its moments are compared piece by piece); a rank that dies or stalls ends
 // the run with an error instead of a hang. Skipped where mpirun is missing or kiln was built
 // without MPI.
 #include <gtest/gtest.h>
@@ -103,6 +105,26 @@ class DataParallel : public ::testing::Test {
       EXPECT_LE(rel_error(va, vb), tol) << name << " of " << a << " against " << b;
     }
   }
+  static nlohmann::json state_json(const std::string& checkpoint) {
+    std::ifstream in(checkpoint + "/trainer_state.json");
+    return nlohmann::json::parse(in);
+  }
+  // A checkpoint's optimizer state `name`, assembled from the pieces its manifest lists.
+  static std::vector<float> optimizer_state(const std::string& checkpoint, const std::string& name) {
+    const nlohmann::json j = state_json(checkpoint);
+    std::vector<float> out;
+    for (const nlohmann::json& p : j["optimizer_pieces"]) {
+      if (p["state"] != name) continue;
+      out.resize(static_cast<size_t>(p["space"].get<int64_t>()));
+      Result<SafetensorsFile> f = SafetensorsFile::open(checkpoint + "/" + p["file"].get<std::string>());
+      EXPECT_TRUE(f.ok()) << p.dump();
+      if (!f.ok()) return {};
+      const TensorInfo t = *f->find(name);
+      EXPECT_EQ(t.shape.numel(), p["end"].get<int64_t>() - p["begin"].get<int64_t>());
+      std::memcpy(out.data() + p["begin"].get<int64_t>(), t.data, static_cast<size_t>(t.shape.numel()) * 4);
+    }
+    return out;
+  }
   // Starts a 2-rank run of `steps` steps into `out`, sends `signal` to one rank once the run has
   // written its first metrics, and waits for mpirun; also returns the seconds it took.
   Shell disturb_a_rank(const std::string& out, const char* signal, double timeout, double* seconds) {
@@ -129,18 +151,58 @@ TEST_F(DataParallel, RanksGiveTheLossesAndWeightsOfOneProcess) {
     ASSERT_EQ(r1.code, 0) << r1.output;
     const std::vector<double> want = losses(one);
     ASSERT_EQ(want.size(), 4u);
-    for (int ranks : {2, 3}) {
-      const std::string out = tmp_.sub(optimizer + std::to_string(ranks));
-      Shell r = train(ranks, out, flags);
-      ASSERT_EQ(r.code, 0) << r.output;
-      EXPECT_NE(r.output.find("data parallel over " + std::to_string(ranks) + " ranks (mpi)"), std::string::npos) << r.output;
-      const std::vector<double> got = losses(out);
-      ASSERT_EQ(got.size(), want.size()) << ranks;
-      for (size_t s = 0; s < want.size(); ++s)
-        EXPECT_NEAR(got[s], want[s], 1e-6 * std::fabs(want[s])) << optimizer << ", " << ranks << " ranks, step " << s + 1;
-      if (optimizer == "sgd") expect_same_weights(out, one, 1e-6);
+    for (int zero : {0, 1, 2}) {
+      for (int ranks : {2, 3}) {
+        const std::string what = optimizer + ", --zero " + std::to_string(zero) + ", " + std::to_string(ranks) + " ranks";
+        const std::string out = tmp_.sub(optimizer + std::to_string(zero) + std::to_string(ranks));
+        Shell r = train(ranks, out, flags + " --zero " + std::to_string(zero));
+        ASSERT_EQ(r.code, 0) << what << "\n" << r.output;
+        EXPECT_NE(r.output.find("data parallel over " + std::to_string(ranks) + " ranks (mpi)"), std::string::npos) << r.output;
+        const std::vector<double> got = losses(out);
+        ASSERT_EQ(got.size(), want.size()) << what;
+        for (size_t s = 0; s < want.size(); ++s)
+          EXPECT_NEAR(got[s], want[s], 1e-6 * std::fabs(want[s])) << what << ", step " << s + 1;
+        if (optimizer == "sgd") expect_same_weights(out, one, 1e-6);
+      }
     }
   }
+}
+
+TEST_F(DataParallel, ShardedAdamWStateResumesOnOtherRankCounts) {
+  // 2 ranks, --zero 1: each rank saves its half of each moment, and the manifest says which.
+  const std::string whole = tmp_.sub("sharded");
+  const std::string flags = "--optimizer adamw --lr 1e-3 --save-every 2";
+  Shell r = train(2, whole, flags + " --zero 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json manifest = state_json(whole + "/checkpoint-2");
+  ASSERT_EQ(manifest["optimizer_pieces"].size(), 4u) << manifest.dump();  // 2 moments x 2 ranks
+  const int64_t space = manifest["optimizer_pieces"][0]["space"].get<int64_t>();
+  EXPECT_EQ(manifest["optimizer_pieces"][0]["end"].get<int64_t>(), space / 2);
+  EXPECT_EQ(manifest["optimizer_pieces"][1]["begin"].get<int64_t>(), space / 2);
+  EXPECT_TRUE(fs::exists(whole + "/checkpoint-2/optimizer/adamw.exp_avg.rank-1-of-2.safetensors"));
+  // Resumed on 1 rank (state replicated), 3 ranks (sharded in thirds) and 3 ranks with --zero 2:
+  // the same losses and, after the last step, the same moments as the uninterrupted run.
+  for (const auto& [ranks, zero] : std::vector<std::pair<int, int>>{{1, 0}, {3, 1}, {3, 2}}) {
+    const std::string what = std::to_string(ranks) + " ranks, --zero " + std::to_string(zero);
+    const std::string out = tmp_.sub("resharded" + std::to_string(ranks) + std::to_string(zero));
+    Shell resumed = train(ranks, out, flags + " --zero " + std::to_string(zero) + " --resume " + whole + "/checkpoint-2");
+    ASSERT_EQ(resumed.code, 0) << what << "\n" << resumed.output;
+    const std::vector<double> got = losses(out), want = losses(whole);
+    ASSERT_EQ(got.size(), 2u) << what;
+    for (size_t s = 0; s < 2; ++s) EXPECT_NEAR(got[s], want[s + 2], 1e-6 * std::fabs(want[s + 2])) << what;
+    for (const char* state : {"adamw.exp_avg", "adamw.exp_avg_sq"}) {
+      const std::vector<float> a = optimizer_state(whole + "/checkpoint-4", state), b = optimizer_state(out + "/checkpoint-4", state);
+      ASSERT_FALSE(a.empty());
+      const size_t n = std::min(a.size(), b.size());  // past n: padding of the larger rank count
+      EXPECT_LE(rel_error(std::vector<float>(a.begin(), a.begin() + n), std::vector<float>(b.begin(), b.begin() + n)), 1e-6)
+          << state << ", " << what;
+      for (size_t i = n; i < b.size(); ++i) ASSERT_EQ(b[i], 0.0f) << "padding of " << state;
+    }
+  }
+  // Muon's whole-matrix update is not sharded: a clear error.
+  Shell muon = train(2, tmp_.sub("muon"), "--optimizer muon --zero 1");
+  EXPECT_NE(muon.code, 0);
+  EXPECT_NE(muon.output.find("use --zero 0 with --optimizer muon"), std::string::npos) << muon.output;
 }
 
 TEST_F(DataParallel, ACheckpointOfTwoRanksResumesOnOneAndThree) {

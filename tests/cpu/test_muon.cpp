@@ -73,8 +73,8 @@ void check_case(const std::string& name) {
               worst_name.c_str());
   if (!muon_fixture().file.contains(name + ".momentum." + p.block_matrices().front().name)) return;
   Tensor momentum;
-  for (const auto& [n, t] : opt->state_tensors())
-    if (n == "muon.momentum_buffer") momentum = t;
+  for (const OptimizerState& st : opt->state_tensors())
+    if (st.name == "muon.momentum_buffer") momentum = st.values;
   ASSERT_NE(momentum.data, nullptr);
   const std::vector<float> all = to_f32(*be, momentum);
   for (const ParameterMatrix& m : p.block_matrices()) {
@@ -120,10 +120,10 @@ TEST(Muon, ParameterLayout) {
   ASSERT_TRUE(opt.ok());
   const auto state = opt->state_tensors();
   ASSERT_EQ(state.size(), 3u);
-  EXPECT_EQ(state[0].first, "adamw.exp_avg");
-  EXPECT_EQ(state[0].second.numel(), p.size() - (p.matrix_end() - p.matrix_begin()));
-  EXPECT_EQ(state[2].first, "muon.momentum_buffer");
-  EXPECT_EQ(state[2].second.numel(), p.matrix_end() - p.matrix_begin());
+  EXPECT_EQ(state[0].name, "adamw.exp_avg");
+  EXPECT_EQ(state[0].values.numel(), p.size() - (p.matrix_end() - p.matrix_begin()));
+  EXPECT_EQ(state[2].name, "muon.momentum_buffer");
+  EXPECT_EQ(state[2].values.numel(), p.matrix_end() - p.matrix_begin());
 }
 
 // Two steps in one run equal one step, a save of the state, a fresh optimizer restored from it and
@@ -145,7 +145,7 @@ TEST(Muon, ResumeFromStateTensorsIsBitwiseEqual) {
     Result<Optimizer> ob = Optimizer::create(*be, b, muon_case_options(c));
     ASSERT_TRUE(ob.ok());
     step_with(*be, b, *ob, lr, 1);
-    for (const auto& [n, t] : ob->state_tensors()) saved.emplace_back(n, to_f32(*be, t));
+    for (const OptimizerState& st : ob->state_tensors()) saved.emplace_back(st.name, to_f32(*be, st.values));
     steps = ob->steps_taken();
   }
   Result<Optimizer> oc = Optimizer::create(*be, b, muon_case_options(c));
@@ -153,11 +153,11 @@ TEST(Muon, ResumeFromStateTensorsIsBitwiseEqual) {
   const auto state = oc->state_tensors();
   ASSERT_EQ(state.size(), saved.size());
   for (size_t i = 0; i < state.size(); ++i) {
-    ASSERT_EQ(state[i].first, saved[i].first);
-    Tensor host = state[i].second;
+    ASSERT_EQ(state[i].name, saved[i].first);
+    Tensor host = state[i].values;
     host.data = saved[i].second.data();
     host.device = Device{};
-    be->copy(state[i].second, host);
+    be->copy(state[i].values, host);
   }
   oc->restore_steps_taken(steps);
   step_with(*be, b, *oc, lr, 2);

@@ -138,7 +138,7 @@ TEST(Trainer, NonFiniteGradientNormIsRefusedWithoutANewVersion) {
 
   const std::vector<float> weights = master_copy(*be, m);
   std::vector<std::vector<float>> moments;
-  for (const auto& [name, t] : trainer->optimizer().state_tensors()) moments.push_back(host_floats(*be, t));
+  for (const OptimizerState& st : trainer->optimizer().state_tensors()) moments.push_back(host_floats(*be, st.values));
   ASSERT_EQ(moments.size(), 2u);  // AdamW: exp_avg, exp_avg_sq
   const int64_t steps_taken = trainer->optimizer().steps_taken();
   auto expect_refused = [&](const Result<StepReport>& r, const std::string& what) {
@@ -150,7 +150,7 @@ TEST(Trainer, NonFiniteGradientNormIsRefusedWithoutANewVersion) {
     EXPECT_TRUE(same_bits(master_copy(*be, m), weights)) << what << ": the weights moved";
     const auto state = trainer->optimizer().state_tensors();
     for (size_t i = 0; i < state.size(); ++i)
-      EXPECT_TRUE(same_bits(host_floats(*be, state[i].second), moments[i])) << what << ": " << state[i].first << " moved";
+      EXPECT_TRUE(same_bits(host_floats(*be, state[i].values), moments[i])) << what << ": " << state[i].name << " moved";
     const std::vector<float> grads = host_floats(*be, m.params().grads());
     EXPECT_TRUE(same_bits(grads, std::vector<float>(grads.size(), 0.0f))) << what << ": the gradients were kept";
   };

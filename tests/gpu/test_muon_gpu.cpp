@@ -111,10 +111,10 @@ TEST(MuonGpu, MatchesTorchBf16AndTheCpuTwin) {
 
   // The momentum buffers: the same f32 operations on both twins.
   Tensor gm, cm;
-  for (const auto& [n, t] : g.opt->state_tensors())
-    if (n == "muon.momentum_buffer") gm = t;
-  for (const auto& [n, t] : c.opt->state_tensors())
-    if (n == "muon.momentum_buffer") cm = t;
+  for (const OptimizerState& st : g.opt->state_tensors())
+    if (st.name == "muon.momentum_buffer") gm = st.values;
+  for (const OptimizerState& st : c.opt->state_tensors())
+    if (st.name == "muon.momentum_buffer") cm = st.values;
   ASSERT_NE(gm.data, nullptr);
   const std::vector<float> gmv = to_f32(*gpu, gm), cmv = to_f32(*cpu, cm);
   EXPECT_EQ(std::memcmp(gmv.data(), cmv.data(), gmv.size() * sizeof(float)), 0) << "momentum buffers";
