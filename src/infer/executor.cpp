@@ -232,7 +232,7 @@ Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::Sam
     p.max_kv = std::max(p.max_kv, kv_len);
   }
   KILN_ASSERT(static_cast<int32_t>(rows.size()) == p.logit_rows);
-  std::memcpy(h + off_params_, rows.data(), rows.size() * sizeof(ops::SamplingRow));
+  if (!rows.empty()) std::memcpy(h + off_params_, rows.data(), rows.size() * sizeof(ops::SamplingRow));  // none: a scoring step
   p.sampled_rows = p.logit_rows;
   if (p.score_rows > 0) {
     // Score rows after the sampled ones; one logit row per request no longer holds: no trimming.
