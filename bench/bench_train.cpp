@@ -6,10 +6,14 @@
 // caching allocator (CUDA): what the model and optimizer hold before the first step and the peak
 // over the run, in bytes. --recompute keeps only each layer's input in the forward and recomputes
 // the layer in the backward (TrainModelOptions::recompute); comparing runs with and without it gives
-// its cost in tokens/s and its saving in peak memory. A step that runs out of memory still prints
-// the JSON object, with "error" and the peak reached.
+// its cost in tokens/s and its saving in peak memory. --collectives nccl runs the steps through the
+// data-parallel path with NCCL over one rank (the gradients all-reduced, or with --zero 1|2
+// reduce-scattered and the weights all-gathered): against a run without it, the cost of the
+// collectives on one GPU. A step that runs out of memory still prints the JSON object, with "error"
+// and the peak reached. Steps go through the Trainer, as kiln train's do.
 // Usage: bench_train --config bench/configs/llama-1b-shape.config.json [--batch 8x2048] [--steps 5]
 //                    [--warmup 3] [--device cuda] [--recompute] [--optimizer adamw|muon]
+//                    [--collectives none|nccl] [--zero 0|1|2]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -19,8 +23,9 @@
 
 #include "kernels/rng.h"
 #include "model/config.h"
-#include "train/optimizer.h"
+#include "backend/collectives.h"
 #include "train/train_model.h"
+#include "train/trainer.h"
 
 using namespace kiln;
 
@@ -40,7 +45,8 @@ int main(int argc, char** argv) {
   std::string config_path, batch_shape = "8x2048", device_name = "cuda";
   int steps = 5, warmup = 3;
   bool recompute = false;
-  std::string optimizer_name = "adamw";
+  std::string optimizer_name = "adamw", collectives_name = "none";
+  int zero = 0;
   app.add_option("--config", config_path, "Hugging Face config.json")->required();
   app.add_option("--batch", batch_shape, "B x S tokens per step");
   app.add_option("--steps", steps, "timed steps");
@@ -48,6 +54,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu or cuda");
   app.add_flag("--recompute", recompute, "recompute each layer's activations in the backward");
   app.add_option("--optimizer", optimizer_name, "adamw or muon");
+  app.add_option("--collectives", collectives_name, "none, or nccl (one rank: the data-parallel path's cost)");
+  app.add_option("--zero", zero, "ZeRO stage with --collectives nccl");
   CLI11_PARSE(app, argc, argv);
   int B = 0, S = 0;
   if (std::sscanf(batch_shape.c_str(), "%dx%d", &B, &S) != 2 || B <= 0 || S <= 0)
@@ -73,8 +81,20 @@ int main(int argc, char** argv) {
     opt.kind = OptimizerOptions::Kind::muon;
   else if (optimizer_name != "adamw")
     return fail(invalid_argument("--optimizer must be adamw or muon"));
-  Result<Optimizer> optimizer = Optimizer::create(be, m.params(), opt);
-  if (!optimizer.ok()) return fail(optimizer.status());
+  std::unique_ptr<Collectives> collectives;
+  if (collectives_name == "nccl") {
+    Result<std::unique_ptr<Collectives>> c = make_nccl_collectives(be, make_single_process_collectives(), 600.0);
+    if (!c.ok()) return fail(c.status());
+    collectives = std::move(*c);
+  } else if (collectives_name != "none") {
+    return fail(invalid_argument("--collectives must be none or nccl"));
+  }
+  TrainerOptions topt;
+  topt.optimizer = opt;
+  topt.collectives = collectives.get();
+  topt.zero = zero;
+  Result<Trainer> trainer = Trainer::create(be, m, topt);
+  if (!trainer.ok()) return fail(trainer.status());
   const double init_s = now_s() - t0;
   if (Status s = be.synchronize(); !s.ok()) return fail(s);
   const int64_t resident_bytes = be.allocator_bytes().first;  // parameters, gradients, optimizer state
@@ -90,15 +110,10 @@ int main(int argc, char** argv) {
     hb.targets.assign(hb.ids.size(), -100);
     for (int64_t i = 0; i < int64_t(B) * S; ++i)
       if (i % S != S - 1) hb.targets[i] = hb.ids[i + 1];
-    KILN_ASSIGN_OR_RETURN(DeviceBatch db, m.upload(hb));
-    KILN_ASSIGN_OR_RETURN(double loss, m.forward_backward(db, 1.0f / static_cast<float>(db.labelled)));
-    (void)loss;
-    const double t = now_s();
-    KILN_ASSIGN_OR_RETURN(OptimizerStepInfo info, optimizer->step(opt.lr));
-    (void)info;
-    if (profile) {
+    KILN_ASSIGN_OR_RETURN(StepReport r, trainer->step({hb}));
+    if (profile) {  // the rest of the step: the upload, the reduction and the optimizer update
       *phases = m.last_phase_times();
-      *opt_ms = (now_s() - t) * 1e3;
+      *opt_ms = r.seconds * 1e3 - phases->forward_ms - phases->head_ms - phases->backward_ms;
     }
     return Status::Ok();
   };
@@ -141,6 +156,8 @@ int main(int argc, char** argv) {
   nlohmann::json train = {{"batch", batch_shape},
                           {"recompute", recompute},
                           {"optimizer", optimizer_name},
+                          {"collectives", collectives_name},
+                          {"zero", zero},
                           {"ms_per_step", ms},
                           {"tok_s", tok_s},
                           {"mfu_vs_989", tok_s * flops_per_token / 989e12},
@@ -148,7 +165,7 @@ int main(int argc, char** argv) {
                            {{"forward", phases.forward_ms},
                             {"head_loss", phases.head_ms},
                             {"backward", phases.backward_ms},
-                            {"optimizer", opt_ms}}}};
+                            {"upload_reduce_optimizer", opt_ms}}}};
   memory(train);
   out["train"] = train;
   std::cout << out.dump(1) << std::endl;

@@ -28,6 +28,10 @@
 #   eval: the eval references (tests/reference/make_eval_reference.py -> $OUT/eval_reference.json),
 #          kiln eval on CUDA against them (tiny-chat, bf16), the engine GPU tests, and
 #          bench/bench_eval.py (kiln eval --task choice on the llama-1b shape beside transformers).
+#   distributed: the collectives GPU tests (NCCL over one rank against no collectives, two ranks
+#          sharing the GPU under mpirun with sharded master weights), the CPU data-parallel tests
+#          under mpirun, and bench_train on the llama-1b shape (8 x 2048) without collectives and
+#          through NCCL over one rank at --zero 0, 1 and 2 (the collectives' cost and memory).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -222,6 +226,33 @@ if [ "$WHAT" = train-bench ]; then
   [ -z "${SKIP_PREPROCESS:-}" ] && { timeout 240 python3 bench/bench_preprocess.py --kiln "$BUILD/bin/kiln" --mb ${PREPROCESS_MB:-60} \
     > "$OUT/bench_preprocess.json" 2> "$LOGS/bench_preprocess.err" || { status=1; tail -5 "$LOGS/bench_preprocess.err"; }
     cat "$OUT/bench_preprocess.json"; }
+fi
+if [ "$WHAT" = distributed ]; then
+  LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"
+  export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared machines
+  timeout 400 "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${DIST_FILTER:-*Collectives*:*Resume*:*Muon*:*LossOptim*}" \
+    > "$OUT/gpu_distributed_tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error|Skipped" "$OUT/gpu_distributed_tests.log" | head -40
+  timeout 300 "$BUILD/tests/kiln_tests" --gtest_filter='DataParallel*:World*' > "$LOGS/cpu_dp_tests.log" 2>&1 || status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Skipped" "$LOGS/cpu_dp_tests.log" | head -20
+  CFG=bench/configs/llama-1b-shape.config.json
+  for run in "--collectives none" "--collectives nccl --zero 0" "--collectives nccl --zero 1" "--collectives nccl --zero 2" \
+             "--collectives none"; do
+    timeout 200 "$BUILD/bin/bench_train" --config $CFG --batch 8x2048 $run >> "$OUT/bench_train_collectives.json" \
+      2>> "$LOGS/bench_train.err" || { status=1; tail -3 "$LOGS/bench_train.err"; }
+  done
+  python3 - "$OUT/bench_train_collectives.json" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+dec, i = json.JSONDecoder(), 0
+while i < len(text):
+    while i < len(text) and text[i].isspace(): i += 1
+    if i >= len(text): break
+    r, i = dec.raw_decode(text, i)
+    t = r["train"]
+    print(t["collectives"], "zero", t["zero"], "ms/step %.1f" % t.get("ms_per_step", -1), "tok/s %.0f" % t.get("tok_s", -1),
+          "peak GB %.2f" % t["peak_mem_gb"], "resident GB %.2f" % (t["resident_bytes_before_steps"] / 1e9), t.get("phases_ms", t.get("error")))
+PY
 fi
 if [ "$WHAT" = serve ]; then
   LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"

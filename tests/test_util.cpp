@@ -223,6 +223,23 @@ RunResult run_kiln(const std::string& args, const std::string& stdin_text) {
   return r;
 }
 
+Shell shell(const std::string& cmd) {
+  Shell r;
+  FILE* p = popen(("{ " + cmd + "; } 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return r;
+}
+
+std::string mpirun(int ranks) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -np " +
+         std::to_string(ranks) + " ";
+}
+
 int run_kiln_and_signal(const std::string& args, int after_lines, int sig, int delay_us) {
   int pipefd[2];
   if (::pipe(pipefd) != 0) return -1;

@@ -92,6 +92,16 @@ RunResult run_kiln(const std::string& args, const std::string& stdin_text = "");
 // "step " (0: never), sends `sig`, after a further `delay_us`. Returns the status waitpid gives.
 int run_kiln_and_signal(const std::string& args, int after_lines, int sig, int delay_us);
 
+// Runs a shell command line; its exit code (128 + signal when killed) and stdout + stderr together.
+struct Shell {
+  int code = -1;
+  std::string output;
+};
+Shell shell(const std::string& cmd);
+// "mpirun -np <ranks> " with what a root CI machine with two cores needs (oversubscription, root
+// allowed, one BLAS thread per rank), for a command line to follow.
+std::string mpirun(int ranks);
+
 // The CUDA backend for device 0, or nullptr; tests call GTEST_SKIP() with the reason on nullptr.
 std::unique_ptr<Backend> gpu_backend_or_null(std::string* reason);
 

@@ -72,6 +72,12 @@ Result<std::unique_ptr<Collectives>> make_collectives(const WorldInfo& world, do
   return make_mpi_collectives(world, timeout_seconds);
 }
 
+#ifndef KILN_WITH_CUDA
+Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend&, std::unique_ptr<Collectives>, double) {
+  return unsupported("this kiln was built without CUDA, so it has no NCCL collectives; use --collectives mpi");
+}
+#endif
+
 #ifndef KILN_WITH_MPI
 Result<std::unique_ptr<Collectives>> make_mpi_collectives(const WorldInfo& world, double) {
   return unsupported("this kiln was built without MPI, so it cannot run " + std::to_string(world.size) +

@@ -10,9 +10,10 @@
 //   barrier          returns once every rank has called it
 //   sum (scalars)    the sum over ranks of a few host doubles (counts, losses)
 //
-// Implementations: one process (world size 1: every call is the identity, nothing is copied) and
-// MPI (backend/mpi_collectives.cpp, when kiln is built with it): CPU tensors go to MPI directly,
-// device tensors through pinned host copies. A collective that does not complete within the
+// Implementations: one process (world size 1: every call is the identity, nothing is copied), MPI
+// (backend/mpi_collectives.cpp, when kiln is built with it): CPU tensors go to MPI directly, device
+// tensors through host copies; and NCCL (backend/nccl_collectives.cpp, with CUDA): device tensors
+// GPU to GPU on the backend's stream, with MPI (or nothing, for one rank) as its bootstrap. A collective that does not complete within the
 // timeout (another rank died or took another path) ends the process with a message naming this
 // rank and the collective, so a run never hangs without output; mpirun then stops the other ranks.
 //
@@ -46,7 +47,7 @@ class Collectives {
   virtual ~Collectives() = default;
   virtual int32_t rank() const = 0;
   virtual int32_t size() const = 0;
-  virtual const char* transport() const = 0;  // "none" or "mpi"
+  virtual const char* transport() const = 0;  // "none", "mpi" or "nccl"
   // Tensors live on `be` (host or device); f32 unless said otherwise, contiguous.
   virtual Status all_reduce_sum(Backend& be, Tensor t) = 0;
   virtual Status reduce_scatter_sum(Backend& be, Tensor in, Tensor out) = 0;
@@ -67,6 +68,12 @@ std::unique_ptr<Collectives> make_single_process_collectives();
 // MPI over the launcher's world (an error when kiln was built without MPI, or when the processes
 // were not started by an MPI launcher).
 Result<std::unique_ptr<Collectives>> make_mpi_collectives(const WorldInfo& world, double timeout_seconds);
+
+// NCCL over the ranks of `bootstrap` for device tensors of `be` (a CUDA backend; the collectives run
+// on its stream, asynchronously); host scalars and barriers go through the bootstrap, which the NCCL
+// collectives own. An error when kiln was built without CUDA or NCCL cannot be loaded.
+Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend& be, std::unique_ptr<Collectives> bootstrap,
+                                                          double timeout_seconds);
 
 // The collectives of `world`: one process when its size is 1, else MPI.
 Result<std::unique_ptr<Collectives>> make_collectives(const WorldInfo& world, double timeout_seconds);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -46,6 +47,7 @@ struct TrainFlags {
   bool recompute = false;
   double collective_timeout = 600.0;
   int32_t zero = 0;
+  std::string collectives = "auto";
 };
 
 Result<DType> parse_save_dtype(const std::string& name, DType source) {
@@ -75,7 +77,7 @@ nlohmann::json resolved_config(const TrainFlags& f) {
   return c;
 }
 
-int train_ranks(const TrainFlags& f, Collectives& coll, const WorldInfo& world);
+int train_ranks(const TrainFlags& f, std::unique_ptr<Collectives>& coll, const WorldInfo& world);
 
 // Data parallel when a launcher started several processes (mpirun -np N): every rank trains on its
 // part of each batch (train/run.h), on the GPU of its local rank with --device cuda.
@@ -85,12 +87,14 @@ int run_train(const TrainFlags& f) {
   if (!(f.collective_timeout > 0.0)) return fail(invalid_argument("--collective-timeout must be > 0 seconds"));
   Result<std::unique_ptr<Collectives>> coll = make_collectives(*world, f.collective_timeout);
   if (!coll.ok()) return fail(coll.status());
-  const int code = train_ranks(f, **coll, *world);
+  if (f.collectives != "auto" && f.collectives != "mpi" && f.collectives != "nccl")
+    return fail(invalid_argument("--collectives must be auto, mpi or nccl (got '" + f.collectives + "')"));
+  const int code = train_ranks(f, *coll, *world);
   if (code != 0 && world->size > 1) (*coll)->abort_all(code);  // the others would wait for this rank
   return code;
 }
 
-int train_ranks(const TrainFlags& f, Collectives& coll, const WorldInfo& world) {
+int train_ranks(const TrainFlags& f, std::unique_ptr<Collectives>& collectives, const WorldInfo& world) {
   const bool writer = world.rank == 0;
   // Errors name the rank in a run of several.
   auto fail = [&](const Status& s) {
@@ -110,6 +114,14 @@ int train_ranks(const TrainFlags& f, Collectives& coll, const WorldInfo& world) 
   Result<std::unique_ptr<Backend>> backend = make_backend(*device);
   if (!backend.ok()) return fail(backend.status());
   Backend& be = **backend;
+  // NCCL for device tensors: by default with several ranks on CUDA; asked for, also with one rank.
+  const bool nccl = f.collectives == "nccl" || (f.collectives == "auto" && device->is_cuda() && world.size > 1);
+  if (nccl) {
+    Result<std::unique_ptr<Collectives>> c = make_nccl_collectives(be, std::move(collectives), f.collective_timeout);
+    if (!c.ok()) return fail(c.status());
+    collectives = std::move(*c);
+  }
+  Collectives& coll = *collectives;
 
   TrainModelOptions model_options;
   model_options.no_decay = f.no_decay;
@@ -150,7 +162,9 @@ int train_ranks(const TrainFlags& f, Collectives& coll, const WorldInfo& world) 
   if (writer)
     std::fprintf(stderr, "kiln: training %s (%s, %s%s): %d x %s per step, %s lr %g (%s schedule), %s without weight decay\n",
                  f.model_dir.c_str(), count_of(m.params().parameter_count(), "parameter").c_str(), f.device.c_str(),
-                 world.size > 1 ? (", data parallel over " + count_of(world.size, "rank") + " (" + coll.transport() + ")").c_str() : "",
+                 std::strcmp(coll.transport(), "none") != 0
+                     ? (", data parallel over " + count_of(world.size, "rank") + " (" + coll.transport() + ")").c_str()
+                     : "",
                  f.grad_accum, count_of(f.batch_size, "sequence").c_str(), f.optim.optimizer.c_str(),
                  static_cast<double>(f.optim.lr), f.optim.lr_schedule.c_str(),
                  count_of(static_cast<int64_t>(m.params().no_decay_names().size()), "tensor").c_str());
@@ -228,6 +242,10 @@ Runner add_train(CLI::App& app) {
   t->add_option("--device", f->device, "cpu or cuda[:N] (under mpirun, cuda is each rank's local GPU)")->capture_default_str();
   t->add_option("--collective-timeout", f->collective_timeout,
                 "under mpirun: seconds a collective may wait for the other ranks before the run stops with an error")
+      ->capture_default_str();
+  t->add_option("--collectives", f->collectives,
+                "auto (NCCL between GPUs, MPI between CPU ranks), mpi (also for GPUs, through host copies) or nccl "
+                "(also for one rank)")
       ->capture_default_str();
   t->add_option("--zero", f->zero,
                 "under mpirun: 0 replicates the optimizer state on every rank; 1 shards it (and the f32 master "

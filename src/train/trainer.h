@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "backend/collectives.h"
@@ -87,7 +88,10 @@ class Trainer {
   // step the loss and the gradients summed over the ranks (into this rank's shard with ZeRO >= 1).
   Status reduce_micro_batch();
   Status reduce(double* loss);
-  bool data_parallel() const { return options_.collectives && options_.collectives->size() > 1; }
+  // Collectives in use: several ranks, or NCCL asked for on one (its overhead measured).
+  bool data_parallel() const {
+    return options_.collectives && std::string_view(options_.collectives->transport()) != "none";
+  }
   // The update after the gradients of a step are in: the finite-loss check, the optimizer step at
   // the schedule's rate, the version.
   Result<StepReport> commit(StepReport r, std::chrono::steady_clock::time_point start);

@@ -11,8 +11,6 @@
 // without MPI.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -31,30 +29,6 @@ namespace kiln::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Shell {
-  int code = -1;
-  std::string output;
-};
-
-// Runs a shell command line (stdout and stderr together).
-Shell shell(const std::string& cmd) {
-  Shell r;
-  FILE* p = popen(("{ " + cmd + "; } 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  return r;
-}
-
-// mpirun with what a root CI machine with two cores needs; one BLAS thread per rank.
-std::string mpirun(int ranks) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 mpirun --oversubscribe -np " +
-         std::to_string(ranks) + " ";
-}
 
 class DataParallel : public ::testing::Test {
  protected:

@@ -1,0 +1,257 @@
+// NCCL collectives (collectives.h) for device tensors of a CUDA backend, built with CUDA. NCCL is
+// loaded at run time (dlopen of libnccl.so.2), so a kiln binary runs where NCCL is absent and says
+// so only when NCCL is asked for. The collectives are enqueued on the backend's stream and return
+// at once (asynchronous, in order with the kernels around them); host scalars, barriers and the
+// exchange of NCCL's unique id go through the bootstrap collectives (MPI, or nothing for one rank).
+//
+// Hangs and failures: after each collective an event is recorded on the stream; a watchdog thread
+// polls it and NCCL's asynchronous error, and when the collective is not done within the timeout
+// (or NCCL reports an error) it aborts the communicator and ends the process with a message naming
+// the rank and the collective, so a run never hangs without output.
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "backend/collectives.h"
+#include "backend/cuda_backend.h"
+
+namespace kiln {
+namespace {
+
+// The NCCL entry points kiln uses, from the shared library.
+struct NcclApi {
+  void* handle = nullptr;
+  ncclResult_t (*GetVersion)(int*) = nullptr;
+  ncclResult_t (*GetUniqueId)(ncclUniqueId*) = nullptr;
+  ncclResult_t (*CommInitRank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
+  ncclResult_t (*CommDestroy)(ncclComm_t) = nullptr;
+  ncclResult_t (*CommAbort)(ncclComm_t) = nullptr;
+  ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*) = nullptr;
+  const char* (*GetErrorString)(ncclResult_t) = nullptr;
+  ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+
+  static Result<NcclApi> load() {
+    NcclApi api;
+    for (const char* name : {"libnccl.so.2", "libnccl.so"})
+      if ((api.handle = dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    if (!api.handle)
+      return unsupported("NCCL is not installed here (libnccl.so.2 was not found): install it (Debian/Ubuntu: libnccl2), "
+                         "point LD_LIBRARY_PATH at it, or use --collectives mpi");
+    bool ok = true;
+    auto get = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(api.handle, symbol));
+      ok = ok && fn != nullptr;
+    };
+    get(api.GetVersion, "ncclGetVersion");
+    get(api.GetUniqueId, "ncclGetUniqueId");
+    get(api.CommInitRank, "ncclCommInitRank");
+    get(api.CommDestroy, "ncclCommDestroy");
+    get(api.CommAbort, "ncclCommAbort");
+    get(api.CommGetAsyncError, "ncclCommGetAsyncError");
+    get(api.GetErrorString, "ncclGetErrorString");
+    get(api.AllReduce, "ncclAllReduce");
+    get(api.ReduceScatter, "ncclReduceScatter");
+    get(api.AllGather, "ncclAllGather");
+    get(api.Broadcast, "ncclBroadcast");
+    if (!ok) return unsupported("the NCCL library found lacks functions kiln needs (NCCL 2.12 or newer is needed)");
+    return api;
+  }
+};
+
+class NcclCollectives final : public Collectives {
+ public:
+  static Result<std::unique_ptr<Collectives>> create(Backend& be, std::unique_ptr<Collectives> bootstrap, double timeout) {
+    if (!be.device().is_cuda()) return invalid_argument("NCCL collectives need a CUDA device (--device cuda)");
+    KILN_ASSIGN_OR_RETURN(NcclApi api, NcclApi::load());
+    auto c = std::unique_ptr<NcclCollectives>(new NcclCollectives(api, std::move(bootstrap), timeout));
+    c->stream_ = static_cast<CudaBackend&>(be).stream();
+    c->device_ = be.device().index;
+    // Rank 0's unique id to every rank, through the bootstrap (a device copy: its broadcast stages).
+    ncclUniqueId id{};
+    if (c->bootstrap_->rank() == 0) KILN_RETURN_IF_ERROR(c->check(api.GetUniqueId(&id), "ncclGetUniqueId"));
+    if (c->bootstrap_->size() > 1) {
+      static_assert(sizeof(id) % 4 == 0);
+      const int64_t words = static_cast<int64_t>(sizeof(id) / 4);
+      KILN_ASSIGN_OR_RETURN(TensorBuffer buf, empty(be, {words}, DType::i32));
+      Tensor host{&id, DType::i32, Device::cpu(), Shape{words}};
+      be.copy(buf.view(), host);
+      KILN_RETURN_IF_ERROR(c->bootstrap_->broadcast(be, buf.view(), 0));
+      be.copy(host, buf.view());
+      KILN_RETURN_IF_ERROR(be.synchronize());
+    }
+    if (cudaEventCreateWithFlags(&c->event_, cudaEventDisableTiming) != cudaSuccess)
+      return Status(StatusCode::internal, "cannot create a CUDA event for the NCCL watchdog");
+    {
+      Guard g(*c, "NCCL's initialisation");
+      KILN_RETURN_IF_ERROR(c->check(api.CommInitRank(&c->comm_, c->size(), id, c->rank()), "ncclCommInitRank"));
+    }
+    c->watchdog_ = std::thread([p = c.get()] { p->watch(); });
+    return std::unique_ptr<Collectives>(std::move(c));
+  }
+
+  ~NcclCollectives() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    if (comm_) api_.CommDestroy(comm_);
+    if (event_) cudaEventDestroy(event_);
+    dlclose(api_.handle);
+  }
+
+  int32_t rank() const override { return bootstrap_->rank(); }
+  int32_t size() const override { return bootstrap_->size(); }
+  const char* transport() const override { return "nccl"; }
+  void set_timeout(double seconds) override {
+    timeout_ = seconds;
+    bootstrap_->set_timeout(seconds);
+  }
+  void abort_all(int code) override {
+    if (comm_) api_.CommAbort(comm_);
+    comm_ = nullptr;
+    bootstrap_->abort_all(code);
+  }
+
+  Status all_reduce_sum(Backend&, Tensor t) override {
+    KILN_RETURN_IF_ERROR(check_dtype(t, "all-reduce", false));
+    return enqueue("an all-reduce of " + std::to_string(t.numel()) + " values", [&] {
+      return api_.AllReduce(t.data, t.data, static_cast<size_t>(t.numel()), ncclFloat32, ncclSum, comm_, stream_);
+    });
+  }
+  Status reduce_scatter_sum(Backend&, Tensor in, Tensor out) override {
+    KILN_RETURN_IF_ERROR(check_dtype(in, "reduce-scatter", false));
+    KILN_RETURN_IF_ERROR(check_dtype(out, "reduce-scatter", false));
+    if (in.numel() != out.numel() * size()) return invalid_argument("reduce-scatter: the input must hold size x the output's elements");
+    return enqueue("a reduce-scatter of " + std::to_string(in.numel()) + " values", [&] {
+      return api_.ReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()), ncclFloat32, ncclSum, comm_, stream_);
+    });
+  }
+  Status all_gather(Backend&, Tensor in, Tensor out) override {
+    KILN_RETURN_IF_ERROR(check_dtype(in, "all-gather", true));
+    if (out.dtype != in.dtype || out.numel() != in.numel() * size())
+      return invalid_argument("all-gather: the output must hold size x the input's elements, in its dtype");
+    const ncclDataType_t type = in.dtype == DType::f32 ? ncclFloat32 : ncclBfloat16;
+    return enqueue("an all-gather of " + std::to_string(out.numel()) + " values", [&] {
+      return api_.AllGather(in.data, out.data, static_cast<size_t>(in.numel()), type, comm_, stream_);
+    });
+  }
+  Status broadcast(Backend&, Tensor t, int32_t root) override {
+    if (root < 0 || root >= size()) return invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank");
+    return enqueue("a broadcast of " + std::to_string(t.nbytes()) + " bytes from rank " + std::to_string(root), [&] {
+      return api_.Broadcast(t.data, t.data, static_cast<size_t>(t.nbytes()), ncclUint8, root, comm_, stream_);
+    });
+  }
+  Status barrier() override { return bootstrap_->barrier(); }
+  Status sum(double* values, int32_t n) override { return bootstrap_->sum(values, n); }
+
+ private:
+  NcclCollectives(NcclApi api, std::unique_ptr<Collectives> bootstrap, double timeout)
+      : api_(api), bootstrap_(std::move(bootstrap)), timeout_(timeout) {}
+
+  // Marks a host-blocking call (initialisation) for the watchdog.
+  struct Guard {
+    Guard(NcclCollectives& c, std::string what) : c_(c) { c_.arm(std::move(what), /*event=*/false); }
+    ~Guard() { c_.disarm(); }
+    NcclCollectives& c_;
+  };
+
+  template <typename Call>
+  Status enqueue(const std::string& what, Call call) {
+    KILN_RETURN_IF_ERROR(check(call(), what.c_str()));
+    if (cudaEventRecord(event_, stream_) != cudaSuccess)
+      return Status(StatusCode::internal, "rank " + std::to_string(rank()) + ": cannot record a CUDA event after " + what);
+    arm(what, /*event=*/true);
+    return Status::Ok();
+  }
+  void arm(std::string what, bool event) {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_ = std::move(what);
+    deadline_ = std::chrono::steady_clock::now() +
+                std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_));
+    pending_ = true;
+    pending_event_ = event;
+    cv_.notify_all();
+  }
+  void disarm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ = false;
+  }
+
+  void watch() {
+    cudaSetDevice(device_);  // the event's device
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (!pending_) {
+        cv_.wait(lock, [&] { return stopping_ || pending_; });
+        continue;
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+      if (stopping_ || !pending_) continue;
+      if (pending_event_ && cudaEventQuery(event_) == cudaSuccess) {
+        pending_ = false;
+        continue;
+      }
+      ncclResult_t async = ncclSuccess;
+      if (comm_) api_.CommGetAsyncError(comm_, &async);
+      const bool failed = async != ncclSuccess && async != ncclInProgress;
+      if (!failed && std::chrono::steady_clock::now() < deadline_) continue;
+      if (failed)
+        std::fprintf(stderr, "kiln: error: rank %d of %d: NCCL failed in %s: %s; exiting\n", rank(), size(),
+                     current_.c_str(), api_.GetErrorString(async));
+      else
+        std::fprintf(stderr,
+                     "kiln: error: rank %d of %d: %s did not complete within %g s: another rank stopped or is doing "
+                     "something else; exiting (raise --collective-timeout if a step is that slow)\n",
+                     rank(), size(), current_.c_str(), timeout_);
+      std::fflush(stderr);
+      if (comm_) api_.CommAbort(comm_);
+      _exit(1);
+    }
+  }
+
+  Status check(ncclResult_t rc, const char* call) const {
+    if (rc == ncclSuccess) return Status::Ok();
+    return Status(StatusCode::internal,
+                  "rank " + std::to_string(rank()) + ": NCCL failed in " + call + ": " + api_.GetErrorString(rc));
+  }
+  static Status check_dtype(Tensor t, const char* what, bool bf16_too) {
+    if (t.dtype == DType::f32 || (bf16_too && t.dtype == DType::bf16)) return Status::Ok();
+    return invalid_argument(std::string(what) + (bf16_too ? " takes f32 or bf16 tensors" : " takes f32 tensors"));
+  }
+
+  NcclApi api_;
+  std::unique_ptr<Collectives> bootstrap_;
+  double timeout_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int device_ = 0;
+  cudaEvent_t event_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string current_;
+  std::chrono::steady_clock::time_point deadline_;
+  bool pending_ = false, pending_event_ = false, stopping_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend& be, std::unique_ptr<Collectives> bootstrap,
+                                                          double timeout_seconds) {
+  return NcclCollectives::create(be, std::move(bootstrap), timeout_seconds);
+}
+
+}  // namespace kiln
