@@ -2,7 +2,7 @@
 // the NCCL path, replicated or ZeRO-1, gives the losses and weights of the trainer without
 // collectives, bit for bit: a sum over one rank is the identity and the update is the same
 // kernel), and the collectives themselves work in place on device tensors. Under mpirun, two ranks
-// sharing the GPU (MPI through host copies) with --zero 1, which shards the f32 master weights,
+// sharing the GPU (--device cuda:0; MPI through host copies) with --zero 1, which shards the f32 master weights,
 // give the losses and the final weights of --zero 0 within 1e-6, and the losses of one rank within
 // bf16 rounding. Skipped without a GPU, NCCL or mpirun (and the mpirun case when kiln was built
 // without MPI).
@@ -142,7 +142,7 @@ TEST(CollectivesGpu, TwoRanksOnTheGpuWithShardedMasterWeights) {
   const std::string data = tmp.file("d.jsonl", lines);
   auto train = [&](int ranks, const std::string& out, const std::string& extra) {
     const std::string cmd = kiln_binary() + " train --model " + testdata_dir() + "/tiny-llama --data " + data +
-                            " --device cuda --collectives mpi --batch-size 4 --grad-accum 2 --steps 3 --lr 1e-3 "
+                            " --device cuda:0 --collectives mpi --batch-size 4 --grad-accum 2 --steps 3 --lr 1e-3 "
                             "--clip-norm 1.0 --output " + out + " " + extra;
     return shell(ranks == 1 ? cmd : mpirun(ranks) + cmd);
   };
