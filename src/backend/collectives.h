@@ -55,6 +55,12 @@ class Collectives {
   virtual Status broadcast(Backend& be, Tensor t, int32_t root) = 0;  // any dtype
   virtual Status barrier() = 0;
   virtual Status sum(double* values, int32_t n) = 0;
+  // Overlap with computation: starts an all-reduce of `t` that may run while the work issued later
+  // on the backend's stream goes on (NCCL: on its own stream, after the work issued so far); `t`
+  // must be neither read nor written until join(). Elsewhere it completes before returning.
+  virtual Status all_reduce_sum_overlapped(Backend& be, Tensor t) { return all_reduce_sum(be, t); }
+  // The work issued on the backend's stream from now on waits for every overlapped collective.
+  virtual Status join(Backend&) { return Status::Ok(); }
   // The most a collective may take before the process gives up (seconds, > 0).
   virtual void set_timeout(double seconds) = 0;
   // After an error on this rank: ends every rank of the run with `code` (MPI_Abort), since the

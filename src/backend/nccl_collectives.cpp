@@ -1,8 +1,10 @@
 // NCCL collectives (collectives.h) for device tensors of a CUDA backend, built with CUDA. NCCL is
 // loaded at run time (dlopen of libnccl.so.2), so a kiln binary runs where NCCL is absent and says
 // so only when NCCL is asked for. The collectives are enqueued on the backend's stream and return
-// at once (asynchronous, in order with the kernels around them); host scalars, barriers and the
-// exchange of NCCL's unique id go through the bootstrap collectives (MPI, or nothing for one rank).
+// at once (asynchronous, in order with the kernels around them); overlapped all-reduces go on a
+// stream of their own, after an event of the backend's stream, and join() makes the backend's
+// stream wait for them. Host scalars, barriers and the exchange of NCCL's unique id go through the
+// bootstrap collectives (MPI, or nothing for one rank).
 //
 // Hangs and failures: after each collective an event is recorded on the stream; a watchdog thread
 // polls it and NCCL's asynchronous error, and when the collective is not done within the timeout
@@ -90,8 +92,11 @@ class NcclCollectives final : public Collectives {
       be.copy(host, buf.view());
       KILN_RETURN_IF_ERROR(be.synchronize());
     }
-    if (cudaEventCreateWithFlags(&c->event_, cudaEventDisableTiming) != cudaSuccess)
-      return Status(StatusCode::internal, "cannot create a CUDA event for the NCCL watchdog");
+    if (cudaEventCreateWithFlags(&c->event_, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->issued_, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->overlapped_done_, cudaEventDisableTiming) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->comm_stream_, cudaStreamNonBlocking) != cudaSuccess)
+      return Status(StatusCode::internal, "cannot create the CUDA events and stream of the NCCL collectives");
     {
       Guard g(*c, "NCCL's initialisation");
       KILN_RETURN_IF_ERROR(c->check(api.CommInitRank(&c->comm_, c->size(), id, c->rank()), "ncclCommInitRank"));
@@ -108,7 +113,9 @@ class NcclCollectives final : public Collectives {
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     if (comm_) api_.CommDestroy(comm_);
-    if (event_) cudaEventDestroy(event_);
+    for (cudaEvent_t e : {event_, issued_, overlapped_done_})
+      if (e) cudaEventDestroy(e);
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
     dlclose(api_.handle);
   }
 
@@ -154,6 +161,20 @@ class NcclCollectives final : public Collectives {
       return api_.Broadcast(t.data, t.data, static_cast<size_t>(t.nbytes()), ncclUint8, root, comm_, stream_);
     });
   }
+  Status all_reduce_sum_overlapped(Backend&, Tensor t) override {
+    KILN_RETURN_IF_ERROR(check_dtype(t, "all-reduce", false));
+    if (cudaEventRecord(issued_, stream_) != cudaSuccess || cudaStreamWaitEvent(comm_stream_, issued_, 0) != cudaSuccess)
+      return Status(StatusCode::internal, "rank " + std::to_string(rank()) + ": cannot order the communication stream");
+    return enqueue("an overlapped all-reduce of " + std::to_string(t.numel()) + " values", comm_stream_, [&] {
+      return api_.AllReduce(t.data, t.data, static_cast<size_t>(t.numel()), ncclFloat32, ncclSum, comm_, comm_stream_);
+    });
+  }
+  Status join(Backend&) override {
+    if (cudaEventRecord(overlapped_done_, comm_stream_) != cudaSuccess ||
+        cudaStreamWaitEvent(stream_, overlapped_done_, 0) != cudaSuccess)
+      return Status(StatusCode::internal, "rank " + std::to_string(rank()) + ": cannot join the communication stream");
+    return Status::Ok();
+  }
   Status barrier() override { return bootstrap_->barrier(); }
   Status sum(double* values, int32_t n) override { return bootstrap_->sum(values, n); }
 
@@ -170,8 +191,13 @@ class NcclCollectives final : public Collectives {
 
   template <typename Call>
   Status enqueue(const std::string& what, Call call) {
+    return enqueue(what, stream_, call);
+  }
+  // The call, then the watchdog's event after it on `stream`.
+  template <typename Call>
+  Status enqueue(const std::string& what, cudaStream_t stream, Call call) {
     KILN_RETURN_IF_ERROR(check(call(), what.c_str()));
-    if (cudaEventRecord(event_, stream_) != cudaSuccess)
+    if (cudaEventRecord(event_, stream) != cudaSuccess)
       return Status(StatusCode::internal, "rank " + std::to_string(rank()) + ": cannot record a CUDA event after " + what);
     arm(what, /*event=*/true);
     return Status::Ok();
@@ -236,9 +262,12 @@ class NcclCollectives final : public Collectives {
   std::unique_ptr<Collectives> bootstrap_;
   double timeout_;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;       // the backend's
+  cudaStream_t comm_stream_ = nullptr;  // overlapped collectives
   int device_ = 0;
-  cudaEvent_t event_ = nullptr;
+  cudaEvent_t event_ = nullptr;            // after the latest collective: the watchdog's
+  cudaEvent_t issued_ = nullptr;           // the backend's work before an overlapped collective
+  cudaEvent_t overlapped_done_ = nullptr;  // the overlapped collectives, for join()
   std::mutex mu_;
   std::condition_variable cv_;
   std::string current_;

@@ -60,6 +60,22 @@ Result<ParameterSet> ParameterSet::create(Backend& be, const ModelConfig& config
     }
     if (pass == 2) set.matrix_end_ = set.size_;
   }
+  // Each layer's ranges, in layout order, adjacent ones merged.
+  set.layer_ranges_.resize(static_cast<size_t>(std::max<int64_t>(config.num_hidden_layers, 0)));
+  std::vector<std::pair<int64_t, std::string>> by_offset;
+  for (const auto& [name, at] : set.offsets_) by_offset.emplace_back(at.first, name);
+  std::sort(by_offset.begin(), by_offset.end());
+  for (const auto& [offset, name] : by_offset) {
+    if (name.rfind("layers.", 0) != 0) continue;
+    const size_t layer = static_cast<size_t>(std::stoll(name.substr(7)));
+    if (layer >= set.layer_ranges_.size()) continue;
+    auto& ranges = set.layer_ranges_[layer];
+    const int64_t end = offset + align_up(set.offsets_.at(name).second.numel());
+    if (!ranges.empty() && ranges.back().second == offset)
+      ranges.back().second = end;
+    else
+      ranges.emplace_back(offset, end);
+  }
   const int64_t multiple = kAlignElements * shards;  // the padding at the end: equal, aligned shards
   set.size_ = (set.size_ + multiple - 1) / multiple * multiple;
   // The Hugging Face matrices inside the block range, in layout order.
@@ -88,6 +104,19 @@ Tensor ParameterSet::slice(Tensor flat, const std::string& fused_name) const {
   KILN_ASSERT(it != offsets_.end() && "unknown parameter");
   const auto& [offset, shape] = it->second;
   return flat.rows(offset, offset + shape.numel()).view(shape);
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParameterSet::non_layer_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> layers, out;
+  for (const auto& ranges : layer_ranges_) layers.insert(layers.end(), ranges.begin(), ranges.end());
+  std::sort(layers.begin(), layers.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : layers) {
+    if (b > at) out.emplace_back(at, b);
+    at = e;
+  }
+  if (at < size_) out.emplace_back(at, size_);
+  return out;
 }
 
 Tensor ParameterSet::master(const std::string& fused_name) const {

@@ -90,6 +90,15 @@ class ParameterSet {
   Tensor weight_or_empty(const std::string& fused_name) const { return has(fused_name) ? weight(fused_name) : Tensor{}; }
   Tensor grad_or_empty(const std::string& fused_name) const { return has(fused_name) ? grad(fused_name) : Tensor{}; }
 
+  // Flat ranges [begin, end) (alignment padding included) holding the tensors of transformer layer
+  // `layer` (adjacent tensors merged: a few ranges per layer), and those holding everything else
+  // (embeddings, final norm, head, and the padding at the end): together they cover [0, N) once.
+  // The data-parallel trainer reduces a layer's gradients as soon as its backward is done.
+  const std::vector<std::pair<int64_t, int64_t>>& layer_ranges(int64_t layer) const {
+    return layer_ranges_.at(static_cast<size_t>(layer));
+  }
+  std::vector<std::pair<int64_t, int64_t>> non_layer_ranges() const;
+
   const ModelTensorLayout& layout() const { return layout_; }
   // The compute copy as the model's tensor table (what Transformer::borrow and TrainModel read).
   ModelWeights compute_weights() const;
@@ -115,6 +124,7 @@ class ParameterSet {
   int64_t size_ = 0, count_ = 0, decay_end_ = 0, matrix_begin_ = 0, matrix_end_ = 0, master_begin_ = 0;
   int32_t shards_ = 1;
   std::vector<ParameterMatrix> block_matrices_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> layer_ranges_;  // [layers] -> merged ranges
   TensorBuffer master_, grads_, compute_;
 };
 

@@ -348,6 +348,7 @@ Status TrainModel::backward(const DeviceBatch& batch, Activations& act) {
     ops::gemm(be_, d_normed, d_qkv, false, w("qkv_proj"), false, 1.0f, 0.0f);  // [T, H] = dqkv Wqkv
     ops::rmsnorm_backward(be_, d_res, g("input_norm"), d_normed, act.x[l], w("input_norm"), eps, true, d_res_c);
     if (!shared) act.layers[static_cast<size_t>(l)] = LayerActivations{};  // released as the backward passes
+    if (layer_hook_) KILN_RETURN_IF_ERROR(layer_hook_(l));
   }
   ops::embedding_backward(be_, P.grad("embed_tokens"), d_res, batch.ids);
   return Status::Ok();

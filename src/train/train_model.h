@@ -133,6 +133,10 @@ class TrainModel {
 
   // Benchmarks: synchronise between the phases of forward_backward and record their times.
   void set_profile_phases(bool on) { profile_phases_ = on; }
+  // Called in the backward pass as soon as layer l's parameter gradients are complete (layers
+  // L-1 down to 0), for the data-parallel trainer to start their reduction while the backward goes
+  // on; an error stops the pass. Empty: none.
+  void set_layer_gradient_hook(std::function<Status(int64_t layer)> hook) { layer_hook_ = std::move(hook); }
   const PhaseTimes& last_phase_times() const { return phase_times_; }
 
  private:
@@ -173,6 +177,7 @@ class TrainModel {
   float rope_attention_scaling_ = 1.0f;
   bool profile_phases_ = false;
   PhaseTimes phase_times_;
+  std::function<Status(int64_t)> layer_hook_;
 };
 
 }  // namespace kiln

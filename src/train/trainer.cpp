@@ -58,30 +58,60 @@ Status Trainer::reduce_micro_batch() {
   return Status::Ok();
 }
 
-Status Trainer::reduce(double* loss) {
+// The reduction of layers [0, below) (ZeRO-0: those the backward has not started), the rest of the
+// parameters, the loss; with ZeRO-0 each range's all-reduce overlaps what follows it on the stream.
+Status Trainer::reduce(double* loss, int64_t below) {
   if (!data_parallel()) return Status::Ok();
-  KILN_RETURN_IF_ERROR(options_.collectives->sum(loss, 1));
+  Backend& be = model_->backend();
+  Collectives& coll = *options_.collectives;
+  const ParameterSet& params = model_->params();
+  const Tensor g = params.grads();
+  if (options_.zero == 0) {
+    for (int64_t l = below - 1; l >= 0; --l) KILN_RETURN_IF_ERROR(reduce_layer(l));
+    for (const auto& [b, e] : params.non_layer_ranges())
+      KILN_RETURN_IF_ERROR(coll.all_reduce_sum_overlapped(be, g.rows(b, e)));
+    KILN_RETURN_IF_ERROR(coll.join(be));
+  } else if (options_.zero == 1) {
+    KILN_RETURN_IF_ERROR(coll.reduce_scatter_sum(be, g, g.rows(optimizer_.own_begin(), optimizer_.own_end())));
+  }  // ZeRO-2: reduced micro-batch by micro-batch
+  return coll.sum(loss, 1);
+}
+
+Status Trainer::reduce_layer(int64_t layer) {
   const Tensor g = model_->params().grads();
-  if (options_.zero == 0) return options_.collectives->all_reduce_sum(model_->backend(), g);
-  if (options_.zero == 1)
-    return options_.collectives->reduce_scatter_sum(model_->backend(), g, g.rows(optimizer_.own_begin(), optimizer_.own_end()));
-  return Status::Ok();  // ZeRO-2: reduced micro-batch by micro-batch
+  for (const auto& [b, e] : model_->params().layer_ranges(layer))
+    KILN_RETURN_IF_ERROR(options_.collectives->all_reduce_sum_overlapped(model_->backend(), g.rows(b, e)));
+  return Status::Ok();
 }
 
 Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
   const auto start = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(StepReport r, begin_step(micro));
   if (r.skipped) return r;
+  // ZeRO-0: the last micro-batch's backward starts each layer's all-reduce once the layer is done.
+  const bool overlap = data_parallel() && options_.zero == 0;
+  int64_t below = model_->config().num_hidden_layers;  // the layers not reduced yet: [0, below)
   double loss_sum = 0.0;
-  for (const HostBatch& hb : micro) {
+  for (size_t i = 0; i < micro.size(); ++i) {
+    const HostBatch& hb = micro[i];
     if (hb.batch > 0) {  // (a rank without rows in this micro-batch still joins its reduction)
-      KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(hb));
-      KILN_ASSIGN_OR_RETURN(double sum, model_->forward_backward(db, 1.0f / static_cast<float>(r.labelled)));
-      loss_sum += sum;
+      if (overlap && i + 1 == micro.size())
+        model_->set_layer_gradient_hook([&](int64_t l) {
+          KILN_ASSERT(l == below - 1);
+          below = l;
+          return reduce_layer(l);
+        });
+      Result<double> sum = [&]() -> Result<double> {
+        KILN_ASSIGN_OR_RETURN(DeviceBatch db, model_->upload(hb));
+        return model_->forward_backward(db, 1.0f / static_cast<float>(r.labelled));
+      }();
+      model_->set_layer_gradient_hook({});
+      KILN_RETURN_IF_ERROR(sum.status());
+      loss_sum += *sum;
     }
     KILN_RETURN_IF_ERROR(reduce_micro_batch());
   }
-  KILN_RETURN_IF_ERROR(reduce(&loss_sum));
+  KILN_RETURN_IF_ERROR(reduce(&loss_sum, below));
   r.loss = loss_sum / static_cast<double>(r.labelled);
   return commit(r, start);
 }

@@ -35,7 +35,8 @@ struct TrainerOptions {
   // gradient-norm clip and the non-finite checks are global) and the weights stay identical.
   Collectives* collectives = nullptr;
   // ZeRO stage (data parallel only): 0 replicates the optimizer state and all-reduces the gradients
-  // once per step; 1 shards the optimizer state (and, with mixed precision, the master weights) over
+  // once per step, each layer's as soon as the last micro-batch's backward is past it (with NCCL on
+  // a stream of its own, overlapping the backward of the layers below); 1 shards the optimizer state (and, with mixed precision, the master weights) over
   // the ranks: the gradients are reduce-scattered once per step, each rank updates its shard and the
   // updated weights are all-gathered; 2 also keeps the step's accumulated gradients only in the
   // owner's shard: each micro-batch's gradients are reduce-scattered as soon as they are complete.
@@ -85,9 +86,11 @@ class Trainer {
   // nothing is labelled.
   Result<StepReport> begin_step(const std::vector<HostBatch>& micro) const;
   // Data parallel: the gradients of the micro-batch just done (ZeRO-2), then at the end of the
-  // step the loss and the gradients summed over the ranks (into this rank's shard with ZeRO >= 1).
+  // step the loss and the gradients summed over the ranks (into this rank's shard with ZeRO >= 1;
+  // with ZeRO-0 layers [0, below) and the other parameters, the layers above being under way).
   Status reduce_micro_batch();
-  Status reduce(double* loss);
+  Status reduce(double* loss, int64_t below);
+  Status reduce_layer(int64_t layer);  // ZeRO-0: starts the all-reduce of one layer's gradients
   // Collectives in use: several ranks, or NCCL asked for on one (its overhead measured).
   bool data_parallel() const {
     return options_.collectives && std::string_view(options_.collectives->transport()) != "none";

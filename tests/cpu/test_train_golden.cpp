@@ -2,6 +2,7 @@
 // gradient, the parameters after one AdamW step and the loss after it (tiny-llama: GQA, llama3
 // RoPE, untied head; tiny-qwen2: q/k/v biases, tied embeddings), and a packed row of three
 // documents whose attention must not cross document boundaries (tiny-llama-packed).
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -155,6 +156,42 @@ TEST(TrainGolden, ParameterLayoutAndNoDecay) {
   Result<ParameterSet> split = ParameterSet::create(*be, *c, "k_proj", false);
   ASSERT_FALSE(split.ok());
   EXPECT_NE(split.status().message().find("k_proj"), std::string::npos) << split.status().message();
+}
+
+// The flat layout for data parallelism: padded into equal shards, and the gradient buckets (each
+// layer's ranges and the rest) cover [0, N) exactly once, every layer's tensors inside its ranges.
+TEST(TrainGolden, ShardsAndLayerRanges) {
+  auto be = make_cpu_backend();
+  Result<ModelConfig> c = load_model_config(testdata_dir() + "/tiny-qwen2");
+  ASSERT_TRUE(c.ok());
+  Result<ParameterSet> one = ParameterSet::create(*be, *c, kDefaultNoDecay, false);
+  ASSERT_TRUE(one.ok());
+  for (int32_t shards : {1, 2, 3, 7}) {
+    Result<ParameterSet> p = ParameterSet::create(*be, *c, kDefaultNoDecay, false, shards);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(p->size() % (128 * shards), 0) << shards;
+    EXPECT_GE(p->size(), one->size());
+    EXPECT_LT(p->size(), one->size() + 128 * shards);  // padding only at the end
+    EXPECT_EQ(p->shard_size() * shards, p->size());
+    EXPECT_EQ(p->decay_end(), one->decay_end());
+    std::vector<int> cover(static_cast<size_t>(p->size()), 0);
+    auto mark = [&](const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+      for (const auto& [b, e] : ranges)
+        for (int64_t i = b; i < e; ++i) ++cover[static_cast<size_t>(i)];
+    };
+    for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
+      mark(p->layer_ranges(l));
+      for (const auto& [name, shape] : p->layout().fused) {
+        if (name.rfind("layers." + std::to_string(l) + ".", 0) != 0) continue;
+        const int64_t offset = static_cast<float*>(p->master(name).data) - p->master().ptr<float>();
+        bool inside = false;
+        for (const auto& [b, e] : p->layer_ranges(l)) inside = inside || (b <= offset && offset + shape.numel() <= e);
+        EXPECT_TRUE(inside) << name;
+      }
+    }
+    mark(p->non_layer_ranges());
+    EXPECT_EQ(std::count(cover.begin(), cover.end(), 1), static_cast<int64_t>(cover.size())) << shards;
+  }
 }
 
 }  // namespace
