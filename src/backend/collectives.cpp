@@ -37,6 +37,12 @@ class SingleProcess final : public Collectives {
   Status broadcast(Backend&, Tensor, int32_t) override { return Status::Ok(); }
   Status barrier() override { return Status::Ok(); }
   Status sum(double*, int32_t) override { return Status::Ok(); }
+  Status send_message(int32_t, int32_t, const std::string&) override {
+    return unsupported("a single process has no other rank to send messages to");
+  }
+  Result<std::pair<int32_t, std::string>> receive_message(int32_t, int32_t) override {
+    return unsupported("a single process has no other rank to receive messages from");
+  }
   void set_timeout(double) override {}
   void abort_all(int) override {}
 };

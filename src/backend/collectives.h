@@ -61,6 +61,13 @@ class Collectives {
   virtual Status all_reduce_sum_overlapped(Backend& be, Tensor t) { return all_reduce_sum(be, t); }
   // The work issued on the backend's stream from now on waits for every overlapped collective.
   virtual Status join(Backend&) { return Status::Ok(); }
+  // Point-to-point messages between ranks, for control protocols (remote engines: infer/
+  // remote_engine.h). Unlike the collectives they may be used from several threads at once, and a
+  // receive waits as long as it takes (a peer that dies ends the job through the launcher).
+  // `tag` >= 0 separates conversations; the bytes are at most 2^31 - 1.
+  virtual Status send_message(int32_t to, int32_t tag, const std::string& bytes) = 0;
+  // The next message with `tag` from rank `from` (-1: any rank): its sender and its bytes.
+  virtual Result<std::pair<int32_t, std::string>> receive_message(int32_t from, int32_t tag) = 0;
   // The most a collective may take before the process gives up (seconds, > 0).
   virtual void set_timeout(double seconds) = 0;
   // After an error on this rank: ends every rank of the run with `code` (MPI_Abort), since the

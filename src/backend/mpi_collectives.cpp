@@ -32,10 +32,12 @@ class MpiCollectives final : public Collectives {
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
-      int provided = 0;
-      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      // Several threads may exchange messages (remote engines); the collectives stay on one.
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &c->thread_level_) != MPI_SUCCESS)
         return Status(StatusCode::internal, "MPI could not be initialised");
       c->owns_mpi_ = true;
+    } else {
+      MPI_Query_thread(&c->thread_level_);
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank_);
@@ -136,6 +138,26 @@ class MpiCollectives final : public Collectives {
     return check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
   }
 
+  Status send_message(int32_t to, int32_t tag, const std::string& bytes) override {
+    KILN_RETURN_IF_ERROR(check_messaging(to));
+    if (bytes.size() > static_cast<size_t>(INT32_MAX)) return invalid_argument("a message is limited to 2 GiB");
+    return check(MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, to, tag, MPI_COMM_WORLD), "MPI_Send");
+  }
+
+  Result<std::pair<int32_t, std::string>> receive_message(int32_t from, int32_t tag) override {
+    KILN_RETURN_IF_ERROR(check_messaging(from < 0 ? rank_ : from));
+    // A matched probe, so that two threads receiving cannot take each other's message.
+    MPI_Message message;
+    MPI_Status status;
+    KILN_RETURN_IF_ERROR(check(MPI_Mprobe(from < 0 ? MPI_ANY_SOURCE : from, tag, MPI_COMM_WORLD, &message, &status),
+                               "MPI_Mprobe"));
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    std::string bytes(static_cast<size_t>(count), '\0');
+    KILN_RETURN_IF_ERROR(check(MPI_Mrecv(bytes.data(), count, MPI_BYTE, &message, &status), "MPI_Mrecv"));
+    return std::make_pair(static_cast<int32_t>(status.MPI_SOURCE), std::move(bytes));
+  }
+
   Status sum(double* values, int32_t n) override {
     Guard g(*this, "a sum of " + count_of(n, "scalar"));
     return check(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
@@ -186,6 +208,12 @@ class MpiCollectives final : public Collectives {
     MPI_Error_string(rc, text, &len);
     return Status(StatusCode::internal, "rank " + std::to_string(rank_) + ": " + call + " failed: " + std::string(text, len));
   }
+  Status check_messaging(int32_t peer) const {
+    if (thread_level_ < MPI_THREAD_MULTIPLE)
+      return unsupported("this MPI library does not support messages from several threads (MPI_THREAD_MULTIPLE)");
+    if (peer < 0 || peer >= size_) return invalid_argument("rank " + std::to_string(peer) + " is not in the run");
+    return Status::Ok();
+  }
   static Status check_f32(Tensor t, const char* what) {
     if (t.dtype != DType::f32) return invalid_argument(std::string(what) + " takes f32 tensors");
     return Status::Ok();
@@ -215,6 +243,7 @@ class MpiCollectives final : public Collectives {
 
   int rank_ = 0, size_ = 1;
   bool owns_mpi_ = false;
+  int thread_level_ = MPI_THREAD_SINGLE;
   double timeout_;
   std::vector<float> staging_;
   std::mutex mu_;

@@ -176,6 +176,12 @@ class NcclCollectives final : public Collectives {
     return Status::Ok();
   }
   Status barrier() override { return bootstrap_->barrier(); }
+  Status send_message(int32_t to, int32_t tag, const std::string& bytes) override {
+    return bootstrap_->send_message(to, tag, bytes);
+  }
+  Result<std::pair<int32_t, std::string>> receive_message(int32_t from, int32_t tag) override {
+    return bootstrap_->receive_message(from, tag);
+  }
   Status sum(double* values, int32_t n) override { return bootstrap_->sum(values, n); }
 
  private:

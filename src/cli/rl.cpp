@@ -1,12 +1,16 @@
-// kiln rl: reinforcement learning with the trainer and its own engine in one process (rl/loop.h).
+// kiln rl: reinforcement learning with the trainer and its own engine in one process (rl/loop.h),
+// or, under mpirun with --engines, with the trainer on rank 0 and engines on the ranks listed
+// (infer/remote_engine.h; on CUDA each rank takes the GPU of its local rank).
 // Every key of the config file (--config rl.toml) is a flag; the [reward] table's keys are the
 // dotted flags --reward.kind, --reward.command, ...; unknown keys are errors. SIGTERM / SIGINT save a
 // checkpoint after the current step and exit 0 (a second signal ends the process at once).
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "backend/collectives.h"
 #include "core/plural.h"
 #include "cli/common.h"
 #include "cli/optimizer_flags.h"
@@ -64,8 +68,42 @@ Status resolve(RlFlags& f) {
   return Status::Ok();
 }
 
+int rl_on_rank(RlFlags& f, const WorldInfo& world, Collectives* link);
+
 int run_rl_command(RlFlags& f) {
   if (Status st = resolve(f); !st.ok()) return fail(st);
+  Result<WorldInfo> world = world_from_environment();
+  if (!world.ok()) return fail(world.status());
+  std::vector<int32_t>& engines = f.o.engine_ranks;
+  if (world->size == 1) {
+    if (!engines.empty())
+      return fail(invalid_argument("--engines places engines on other ranks: start kiln rl with mpirun -np N "
+                                   "(rank 0 trains, the ranks listed generate)"));
+    return rl_on_rank(f, *world, nullptr);
+  }
+  std::sort(engines.begin(), engines.end());
+  for (int32_t r = 1; r < world->size; ++r)
+    if (!std::binary_search(engines.begin(), engines.end(), r))
+      return fail(invalid_argument("rank " + std::to_string(r) + " of " + std::to_string(world->size) +
+                                   " has no role: list every rank but 0 in --engines (they serve the engines)"));
+  if (engines.front() < 1 || engines.back() >= world->size ||
+      std::adjacent_find(engines.begin(), engines.end()) != engines.end())
+    return fail(invalid_argument("--engines must list ranks 1 .. " + std::to_string(world->size - 1) + " once each"));
+  Result<std::unique_ptr<Collectives>> link = make_collectives(*world, 600.0);
+  if (!link.ok()) return fail(link.status());
+  if (f.o.device == "cuda") f.o.device = "cuda:" + std::to_string(world->local_rank);  // one GPU per rank
+  const int code = rl_on_rank(f, *world, link->get());
+  if (code != 0) (*link)->abort_all(code);  // the others would wait for this rank
+  return code;
+}
+
+int rl_on_rank(RlFlags& f, const WorldInfo& world, Collectives* link) {
+  if (world.rank > 0) {  // an engine rank: serves until the trainer's run ends
+    Status served = rl::serve_rl_engine(f.o, *link);
+    if (!served.ok()) return fail(Status(served.code(), "rank " + std::to_string(world.rank) + ": " + served.message()));
+    return 0;
+  }
+  f.o.link = link;
   std::unique_ptr<ProgressBar> bar;
   rl::RlEvents ev;
   ev.info = [&](const std::string& msg) {
@@ -153,7 +191,10 @@ Runner add_rl(CLI::App& app) {
   c->add_option("--beta", o.dpo_beta, "DPO: beta")->capture_default_str();
   c->add_option("--prefix-cache", f->prefix_cache, "reuse prompt KV across requests (true/false)")->capture_default_str();
   c->add_option("--seed", f->seed, "the run's seed (prompt order, sampling)")->capture_default_str();
-  c->add_option("--device", o.device, "cpu or cuda[:N]")->capture_default_str();
+  c->add_option("--device", o.device, "cpu or cuda[:N] (under mpirun, cuda is each rank's local GPU)")->capture_default_str();
+  c->add_option("--engines", o.engine_ranks,
+                "under mpirun: the ranks that run engines (every rank but 0, which trains), e.g. --engines 1 2 "
+                "or engines = [1, 2] in the config file");
   c->add_option("--save-every", o.save_every, "checkpoint every N steps (and at the end)");
   c->add_option("--keep-last", o.keep_last, "keep only the newest K checkpoints (default: all)");
   c->add_option("--resume", o.resume, "continue from a checkpoint or run folder, or 'auto'");

@@ -201,25 +201,37 @@ struct EngineStats {
   int64_t cross_version_hits = 0;     // radix pages matched of another version: always 0 (an audit)
 };
 
-class Engine {
+// What a client of an engine (the RL loop) calls: the Engine below, in this process, or a
+// RemoteEngine (infer/remote_engine.h) driving an Engine in another process. Same contracts.
+class EngineApi {
+ public:
+  virtual ~EngineApi() = default;
+  virtual Result<std::shared_ptr<RequestStream>> submit(GenerationRequest request) = 0;
+  virtual void cancel(uint64_t id) = 0;
+  virtual EngineStats stats() const = 0;
+  virtual uint64_t policy_version() const = 0;
+  virtual Result<WeightUpdateAck> update_weights(const WeightSource& source, uint64_t version, WeightUpdateMode mode) = 0;
+};
+
+class Engine final : public EngineApi {
  public:
   // `tokenizer` (optional) gives text in events and stop strings; `eos_ids` end generation unless a
   // request sets ignore_eos.
   static Result<std::unique_ptr<Engine>> create(std::shared_ptr<const Transformer> model, const Tokenizer* tokenizer,
                                                 std::vector<int32_t> eos_ids, const EngineOptions& options);
-  ~Engine();  // finishes every open request with "abort" and joins the engine thread
+  ~Engine() override;  // finishes every open request with "abort" and joins the engine thread
 
   // Queues a request; an error (and nothing queued) when it is malformed or can never fit.
-  Result<std::shared_ptr<RequestStream>> submit(GenerationRequest request);
+  Result<std::shared_ptr<RequestStream>> submit(GenerationRequest request) override;
   // Stops a request; its KV is freed at the next step and its stream ends with "abort".
-  void cancel(uint64_t id);
-  EngineStats stats() const;
-  uint64_t policy_version() const;
+  void cancel(uint64_t id) override;
+  EngineStats stats() const override;
+  uint64_t policy_version() const override;
 
   // Replaces the weights with `source`'s as version `version` (see the modes above); blocks until
   // the engine thread acknowledged it (or refused it: an error, the old weights and version stay).
   // Call from any thread but the engine's; updates are applied one at a time, in call order.
-  Result<WeightUpdateAck> update_weights(const WeightSource& source, uint64_t version, WeightUpdateMode mode);
+  Result<WeightUpdateAck> update_weights(const WeightSource& source, uint64_t version, WeightUpdateMode mode) override;
   // Drops every prefix-cache node at the next step boundary (running requests keep their pages).
   void flush_prefix_cache();
   // Longest prompt + max_tokens a request may have.

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 
+#include "infer/remote_engine.h"
 #include "model/model_text.h"
 #include "rl/batches.h"
 #include "rl/policy_step.h"
@@ -76,7 +77,7 @@ class Run {
   std::optional<Trainer> trainer_;
   ModelWeights trainer_weights_;  // the trainer's compute copy as a weight table (the update's source)
   std::shared_ptr<const Transformer> engine_model_;
-  std::unique_ptr<Engine> engine_;
+  std::vector<std::unique_ptr<EngineApi>> engines_;  // empty when the algorithm generates nothing
   std::unique_ptr<Reward> reward_;
   std::vector<Prompt> prompts_;
   std::vector<int64_t> order_;
@@ -136,7 +137,9 @@ Status Run::setup() {
   trainer_weights_ = model_->params().compute_weights();
   if (uses_engine()) {
     const ModelConfig& config = model_->config();
-    if (o_.mode == "sync") {  // zero copy: the engine reads the trainer's compute weights
+    if (!o_.engine_ranks.empty()) {
+      // remote: the engines build their own models
+    } else if (o_.mode == "sync") {  // zero copy: the engine reads the trainer's compute weights
       KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> m, Transformer::borrow(*engine_be_, config, trainer_weights_));
       engine_model_ = std::move(m);
     } else {  // its own copy, replaced by each acknowledged update
@@ -153,7 +156,19 @@ Status Run::setup() {
     if (text_)
       for (int32_t id : text_->stop_ids())
         if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
-    KILN_ASSIGN_OR_RETURN(engine_, Engine::create(engine_model_, text_ ? &text_->tokenizer() : nullptr, eos, eo));
+    if (o_.engine_ranks.empty()) {
+      KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::create(engine_model_, text_ ? &text_->tokenizer() : nullptr, eos, eo));
+      engines_.push_back(std::move(e));
+    } else {
+      for (int32_t rank : o_.engine_ranks) {
+        KILN_ASSIGN_OR_RETURN(std::unique_ptr<EngineApi> e,
+                              connect_remote_engine(*o_.link, rank, config, trainer_weights_, *train_be_,
+                                                    trainer_->policy_version(), eos, eo));
+        engines_.push_back(std::move(e));
+        info("engine on rank " + std::to_string(rank) + " ready at policy version " +
+             std::to_string(trainer_->policy_version()));
+      }
+    }
   }
   std::error_code ec;
   fs::create_directories(o_.output, ec);
@@ -218,7 +233,8 @@ Result<Group> Run::submit_group(int64_t serial) {
     r.top_k = o_.top_k;
     r.seed = completion_seed(o_.seed, serial, m);
     r.behaviour_logprobs = true;
-    Result<std::shared_ptr<RequestStream>> s = engine_->submit(std::move(r));
+    EngineApi& engine = *engines_[static_cast<size_t>(serial % static_cast<int64_t>(engines_.size()))];
+    Result<std::shared_ptr<RequestStream>> s = engine.submit(std::move(r));
     if (!s.ok()) return Status(s.status().code(), "prompt " + std::to_string(serial) + ": " + s.status().message());
     g.streams.push_back(*s);
   }
@@ -291,19 +307,23 @@ Status Run::score(std::vector<Group>& groups, RlStepReport& rep) {
 Status Run::publish(RlStepReport& rep) {
   rep.version = trainer_->policy_version();
   // Nothing to publish when the step made no update (no sample had a completion, no pair formed).
-  if (!engine_ || rep.version == engine_->policy_version()) return Status::Ok();
+  if (engines_.empty() || rep.version == engines_.front()->policy_version()) return Status::Ok();
   const auto t0 = Clock::now();
   const WeightUpdateMode mode = o_.mode == "sync" ? WeightUpdateMode::sync : o_.update_mode;
-  KILN_ASSIGN_OR_RETURN(WeightUpdateAck ack, engine_->update_weights(WeightSource::in_process(trainer_weights_, *train_be_),
-                                                                     rep.version, mode));
+  rep.prefix_hit_tokens = 0;
+  rep.cross_version_hits = 0;
+  for (const std::unique_ptr<EngineApi>& engine : engines_) {  // each acknowledges before the next
+    KILN_ASSIGN_OR_RETURN(WeightUpdateAck ack,
+                          engine->update_weights(WeightSource::in_process(trainer_weights_, *train_be_), rep.version, mode));
+    rep.ack_seconds = std::max(rep.ack_seconds, ack.seconds);
+    if (ack.version != rep.version)
+      return Status(StatusCode::internal, "the engine acknowledged version " + std::to_string(ack.version) +
+                                              " for " + std::to_string(rep.version));
+    const EngineStats st = engine->stats();
+    rep.prefix_hit_tokens += st.prefix_hit_tokens;
+    rep.cross_version_hits += st.cross_version_hits;
+  }
   rep.update_seconds = seconds_since(t0);
-  rep.ack_seconds = ack.seconds;
-  if (ack.version != rep.version)
-    return Status(StatusCode::internal, "the engine acknowledged version " + std::to_string(ack.version) +
-                                            " for " + std::to_string(rep.version));
-  const EngineStats st = engine_->stats();
-  rep.prefix_hit_tokens = st.prefix_hit_tokens;
-  rep.cross_version_hits = st.cross_version_hits;
   return Status::Ok();
 }
 
@@ -453,7 +473,7 @@ Result<RlSummary> Run::run() {
   }
   if (o_.final_checkpoint) KILN_RETURN_IF_ERROR(save_checkpoint());
   summary_.version = trainer_->policy_version();
-  if (engine_) summary_.cross_version_hits = engine_->stats().cross_version_hits;
+  for (const std::unique_ptr<EngineApi>& engine : engines_) summary_.cross_version_hits += engine->stats().cross_version_hits;
   return summary_;
 }
 
@@ -487,6 +507,20 @@ Result<RlSummary> run_rl(const RlOptions& options, const RlEvents& events) {
   KILN_RETURN_IF_ERROR(validate_rl_options(options));
   Run run(options, events);
   return run.run();
+}
+
+Status serve_rl_engine(const RlOptions& o, Collectives& link) {
+  KILN_ASSIGN_OR_RETURN(Device device, parse_device(o.device));
+  std::unique_ptr<Backend> be;
+  if (device.is_cpu()) {
+    be = make_cpu_backend(/*batch_invariant=*/true);  // as the in-process engine's
+  } else {
+    KILN_ASSIGN_OR_RETURN(be, make_backend(device));
+  }
+  Result<ModelConfig> config =
+      o.random_config.empty() ? load_model_config(o.model_dir) : load_model_config_file(o.random_config);
+  KILN_RETURN_IF_ERROR(config.status());
+  return serve_remote_engine(link, *be, *config, nullptr);
 }
 
 }  // namespace kiln::rl

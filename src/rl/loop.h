@@ -38,6 +38,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/collectives.h"
 #include "infer/engine.h"
 #include "rl/losses.h"
 #include "rl/reward.h"
@@ -73,6 +74,12 @@ struct RlOptions {
     e.kv_memory_fraction = 0.3;
     return e;
   }();
+  // Engines in other processes (under mpirun: infer/remote_engine.h): the ranks serving them
+  // (serve_rl_engine), each fed the trainer's weights over `link` at every update; the prompts' groups
+  // are dealt to them in turn. Empty: one engine in this process. Remote engines always hold their
+  // own copy of the weights (no zero copy), in every mode.
+  std::vector<int32_t> engine_ranks;
+  Collectives* link = nullptr;  // not owned
   int64_t save_every = 0;    // steps; 0: only at the end and when stopped
   int32_t keep_last = 0;
   std::string resume;        // "", "auto" or a checkpoint / run directory
@@ -114,5 +121,9 @@ struct RlEvents {
 Status validate_rl_options(const RlOptions& o);
 
 Result<RlSummary> run_rl(const RlOptions& options, const RlEvents& events);
+
+// An engine rank of a run with options.engine_ranks: builds the model of options' --model (or
+// random config) on options' device and serves the trainer's remote engine until the run ends.
+Status serve_rl_engine(const RlOptions& options, Collectives& link);
 
 }  // namespace kiln::rl

@@ -3,7 +3,10 @@
 // reproducible from its seed and identical with the prefix cache on and off; its rollout records
 // carry what attribution needs; resume continues exactly; an asynchronous run never trains on a
 // sample staler than max_staleness; offline DPO learns its preferences; bad configuration and bad
-// rewards fail cleanly.
+// rewards fail cleanly. With the engines in other processes (mpirun, --engines: the weights go to
+// them as messages at every update), a sync run gives the in-process run's rollouts and weights bit
+// for bit, with one engine or two, and an async run keeps the staleness bound and the attribution
+// of every token.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -303,6 +306,84 @@ TEST(CliDemo, GrpoRaisesAccuracyToTheTarget) {
   const size_t at = r.output.find("after SFT, greedy accuracy ");
   ASSERT_NE(at, std::string::npos);
   EXPECT_LT(std::stod(r.output.substr(at + 27, 4)), 0.9) << r.output;
+}
+
+// kiln rl under mpirun with engines on other ranks; skipped where mpirun is missing or kiln was
+// built without MPI.
+class CliRlRemoteEngines : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (shell("command -v mpirun").code != 0) GTEST_SKIP() << "mpirun is not installed (Debian: openmpi-bin)";
+    write_inputs(tmp_);
+    const Shell probe = shell(mpirun(2) + kiln_binary() + " " + rl_args(tmp_, "probe", "--engines 1 --steps 0"));
+    if (probe.output.find("built without MPI") != std::string::npos) GTEST_SKIP() << "kiln was built without MPI";
+  }
+  Shell remote(int ranks, const std::string& out, const std::string& extra, int steps = 4) {
+    std::string engines;
+    for (int r = 1; r < ranks; ++r) engines += " " + std::to_string(r);
+    return shell(mpirun(ranks) + kiln_binary() + " " + rl_args(tmp_, out, extra + " --engines" + engines, steps));
+  }
+  TempDir tmp_;
+};
+
+TEST_F(CliRlRemoteEngines, SyncRunEqualsTheInProcessRun) {
+  RunResult local = run_kiln(rl_args(tmp_, "local", ""));
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  const std::string rollouts = read_file(tmp_.sub("local.rollouts.jsonl"));
+  const std::string weights = read_file(tmp_.sub("local/checkpoint-4/model.safetensors"));
+  ASSERT_FALSE(rollouts.empty());
+  ASSERT_FALSE(weights.empty());
+  for (int ranks : {2, 3}) {  // one engine; two, the groups dealt between them
+    const std::string out = "remote" + std::to_string(ranks);
+    Shell r = remote(ranks, out, "");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("engine on rank 1 ready at policy version 0"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("cross-version prefix hits: 0"), std::string::npos) << r.output;
+    EXPECT_EQ(read_file(tmp_.sub(out + ".rollouts.jsonl")), rollouts) << ranks - 1 << " remote engines";
+    EXPECT_EQ(read_file(tmp_.sub(out + "/checkpoint-4/model.safetensors")), weights) << ranks - 1 << " remote engines";
+    const std::vector<nlohmann::json> m = read_jsonl(tmp_.sub(out + "/metrics.jsonl"));
+    ASSERT_EQ(m.size(), 4u);
+    EXPECT_GT(m.back()["prefix_hit_tokens"].get<int64_t>(), 0);  // the remote engines' caches at work
+  }
+}
+
+TEST_F(CliRlRemoteEngines, AsyncRunKeepsTheBoundAndTheAttribution) {
+  for (const char* update : {"keep", "abort"}) {
+    const std::string out = std::string("async_") + update;
+    Shell r = remote(2, out, std::string("--mode async --max-staleness 1 --update-mode ") + update, 6);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const std::vector<nlohmann::json> metrics = read_jsonl(tmp_.sub(out + "/metrics.jsonl"));
+    ASSERT_EQ(metrics.size(), 6u);
+    int64_t stale = 0;
+    for (const nlohmann::json& m : metrics) {
+      for (const auto& [lag, count] : m["staleness"].items()) EXPECT_LE(std::stoll(lag), 1) << m.dump();
+      EXPECT_EQ(m["dropped_stale"].get<int64_t>(), 0) << m.dump();
+      EXPECT_EQ(m["cross_version_hits"].get<int64_t>(), 0);
+      stale += m["staleness"].value("1", int64_t{0});
+    }
+    EXPECT_GT(stale, 0) << update << ": generation never ran ahead of training";
+    // Every token carries a version the trainer published, in order within its record.
+    for (const nlohmann::json& rec : read_jsonl(tmp_.sub(out + ".rollouts.jsonl"))) {
+      uint64_t last = 0;
+      for (const auto& span : rec["versions"]) {
+        const uint64_t v = span[1].get<uint64_t>();
+        EXPECT_GE(v, last) << rec.dump();
+        EXPECT_LE(v, 6u) << rec.dump();
+        last = v;
+      }
+      EXPECT_LE(rec["admission_version"].get<uint64_t>(), rec["finish_version"].get<uint64_t>()) << rec.dump();
+    }
+  }
+}
+
+TEST_F(CliRlRemoteEngines, RolesMustBeClear) {
+  Shell r = shell(mpirun(3) + kiln_binary() + " " + rl_args(tmp_, "roles", "--engines 1"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("rank 2 of 3 has no role"), std::string::npos) << r.output;
+  RunResult single = run_kiln(rl_args(tmp_, "single", "--engines 1"));
+  EXPECT_NE(single.exit_code, 0);
+  EXPECT_FALSE(single.crashed);
+  EXPECT_NE(single.output.find("start kiln rl with mpirun"), std::string::npos) << single.output;
 }
 
 }  // namespace

@@ -1,0 +1,522 @@
+// Engines in other processes (see remote_engine.h).
+#include "infer/remote_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/ops.h"
+
+namespace kiln {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int32_t kTagCommand = 10;  // client -> host: JSON commands
+constexpr int32_t kTagWeights = 11;  // client -> host: one tensor's bytes
+constexpr int32_t kTagReply = 20;    // host -> client: answers to commands that wait for one
+constexpr int32_t kTagEvent = 21;    // host -> client: request events, then "closed"
+
+json request_json(const GenerationRequest& r) {
+  return {{"prompt", r.prompt},
+          {"max_tokens", r.max_tokens},
+          {"temperature", r.temperature},
+          {"top_k", r.top_k},
+          {"top_p", r.top_p},
+          {"min_p", r.min_p},
+          {"repetition_penalty", r.repetition_penalty},
+          {"frequency_penalty", r.frequency_penalty},
+          {"presence_penalty", r.presence_penalty},
+          {"seed", r.seed},
+          {"stop_token_ids", r.stop_token_ids},
+          {"stop", r.stop},
+          {"ignore_eos", r.ignore_eos},
+          {"logprobs", r.logprobs},
+          {"top_logprobs", r.top_logprobs},
+          {"behaviour_logprobs", r.behaviour_logprobs},
+          {"skip_special_tokens", r.skip_special_tokens},
+          {"prompt_logprobs_from", r.prompt_logprobs_from}};
+}
+
+GenerationRequest request_from(const json& j) {
+  GenerationRequest r;
+  j.at("prompt").get_to(r.prompt);
+  j.at("max_tokens").get_to(r.max_tokens);
+  j.at("temperature").get_to(r.temperature);
+  j.at("top_k").get_to(r.top_k);
+  j.at("top_p").get_to(r.top_p);
+  j.at("min_p").get_to(r.min_p);
+  j.at("repetition_penalty").get_to(r.repetition_penalty);
+  j.at("frequency_penalty").get_to(r.frequency_penalty);
+  j.at("presence_penalty").get_to(r.presence_penalty);
+  j.at("seed").get_to(r.seed);
+  j.at("stop_token_ids").get_to(r.stop_token_ids);
+  j.at("stop").get_to(r.stop);
+  j.at("ignore_eos").get_to(r.ignore_eos);
+  j.at("logprobs").get_to(r.logprobs);
+  j.at("top_logprobs").get_to(r.top_logprobs);
+  j.at("behaviour_logprobs").get_to(r.behaviour_logprobs);
+  j.at("skip_special_tokens").get_to(r.skip_special_tokens);
+  j.at("prompt_logprobs_from").get_to(r.prompt_logprobs_from);
+  return r;
+}
+
+json event_json(const EngineEvent& e) {
+  json tokens = json::array();
+  for (const GeneratedToken& t : e.tokens) tokens.push_back({t.id, t.logprob, t.policy_version, t.top});
+  return {{"tokens", tokens},
+          {"prompt_logprobs", e.prompt_logprobs},
+          {"text", e.text},
+          {"finished", e.finished},
+          {"finish_reason", e.finish_reason},
+          {"stop_string", e.stop_string},
+          {"error", e.error},
+          {"usage", {e.usage.prompt_tokens, e.usage.cached_tokens, e.usage.completion_tokens, e.usage.preemptions}},
+          {"admission_version", e.admission_version},
+          {"finish_version", e.finish_version}};
+}
+
+EngineEvent event_from(const json& j) {
+  EngineEvent e;
+  for (const json& t : j.at("tokens")) {
+    GeneratedToken g;
+    t.at(0).get_to(g.id);
+    t.at(1).get_to(g.logprob);
+    t.at(2).get_to(g.policy_version);
+    t.at(3).get_to(g.top);
+    e.tokens.push_back(std::move(g));
+  }
+  j.at("prompt_logprobs").get_to(e.prompt_logprobs);
+  j.at("text").get_to(e.text);
+  j.at("finished").get_to(e.finished);
+  j.at("finish_reason").get_to(e.finish_reason);
+  j.at("stop_string").get_to(e.stop_string);
+  j.at("error").get_to(e.error);
+  const json& u = j.at("usage");
+  e.usage = {u.at(0).get<int32_t>(), u.at(1).get<int32_t>(), u.at(2).get<int32_t>(), u.at(3).get<int32_t>()};
+  j.at("admission_version").get_to(e.admission_version);
+  j.at("finish_version").get_to(e.finish_version);
+  return e;
+}
+
+json options_json(const EngineOptions& o) {
+  return {{"max_running", o.max_running},   {"max_step_tokens", o.max_step_tokens},
+          {"page_size", o.page_size},       {"kv_tokens", o.kv_tokens},
+          {"kv_memory", o.kv_memory},       {"kv_memory_fraction", o.kv_memory_fraction},
+          {"max_seq_len", o.max_seq_len},   {"prefix_cache", o.prefix_cache},
+          {"use_graphs", o.use_graphs},     {"policy_version", o.policy_version},
+          {"max_score_rows", o.max_score_rows}};
+}
+
+EngineOptions options_from(const json& j) {
+  EngineOptions o;
+  j.at("max_running").get_to(o.max_running);
+  j.at("max_step_tokens").get_to(o.max_step_tokens);
+  j.at("page_size").get_to(o.page_size);
+  j.at("kv_tokens").get_to(o.kv_tokens);
+  j.at("kv_memory").get_to(o.kv_memory);
+  j.at("kv_memory_fraction").get_to(o.kv_memory_fraction);
+  j.at("max_seq_len").get_to(o.max_seq_len);
+  j.at("prefix_cache").get_to(o.prefix_cache);
+  j.at("use_graphs").get_to(o.use_graphs);
+  j.at("policy_version").get_to(o.policy_version);
+  j.at("max_score_rows").get_to(o.max_score_rows);
+  return o;
+}
+
+json stats_json(const EngineStats& s) {
+  return {s.running, s.waiting, s.kv_pages_used, s.kv_pages_free, s.kv_page_size, s.kv_pages_cached,
+          s.prompt_tokens, s.prefix_hit_tokens, s.generated_tokens, s.steps, s.preemptions, s.graph_replays,
+          s.tokens_per_second, s.policy_version, s.weight_updates, s.cross_version_hits};
+}
+
+EngineStats stats_from(const json& j) {
+  EngineStats s;
+  j.at(0).get_to(s.running);
+  j.at(1).get_to(s.waiting);
+  j.at(2).get_to(s.kv_pages_used);
+  j.at(3).get_to(s.kv_pages_free);
+  j.at(4).get_to(s.kv_page_size);
+  j.at(5).get_to(s.kv_pages_cached);
+  j.at(6).get_to(s.prompt_tokens);
+  j.at(7).get_to(s.prefix_hit_tokens);
+  j.at(8).get_to(s.generated_tokens);
+  j.at(9).get_to(s.steps);
+  j.at(10).get_to(s.preemptions);
+  j.at(11).get_to(s.graph_replays);
+  j.at(12).get_to(s.tokens_per_second);
+  j.at(13).get_to(s.policy_version);
+  j.at(14).get_to(s.weight_updates);
+  j.at(15).get_to(s.cross_version_hits);
+  return s;
+}
+
+// Parses a message of the protocol; a malformed one is a bug of the other side, reported as such.
+Result<json> parse(const std::string& bytes, const char* from) {
+  json j = json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return Status(StatusCode::internal, std::string("a malformed remote-engine message from the ") + from);
+  return j;
+}
+
+class RemoteEngine final : public EngineApi {
+ public:
+  RemoteEngine(Collectives& link, int32_t host, ModelTensorLayout layout)
+      : link_(&link), host_(host), layout_(std::move(layout)) {
+    receiver_ = std::thread([this] { receive_events(); });
+  }
+
+  ~RemoteEngine() override {
+    {
+      std::lock_guard<std::mutex> lock(call_mu_);
+      (void)link_->send_message(host_, kTagCommand, json{{"op", "stop"}}.dump());
+    }
+    if (receiver_.joinable()) receiver_.join();  // until the host's "closed"
+  }
+
+  Result<std::shared_ptr<RequestStream>> submit(GenerationRequest request) override {
+    std::lock_guard<std::mutex> call(call_mu_);
+    const uint64_t id = next_id_++;
+    auto stream = std::make_shared<RequestStream>(id);
+    {  // registered first: its events may come before the answer
+      std::lock_guard<std::mutex> lock(mu_);
+      streams_[id] = stream;
+    }
+    KILN_ASSIGN_OR_RETURN(json reply, call_locked({{"op", "submit"}, {"id", id}, {"request", request_json(request)}}));
+    if (reply.contains("error")) {
+      std::lock_guard<std::mutex> lock(mu_);
+      streams_.erase(id);
+      return Status(static_cast<StatusCode>(reply.value("code", static_cast<int>(StatusCode::invalid_argument))),
+                    reply.at("error").get<std::string>());
+    }
+    return stream;
+  }
+
+  void cancel(uint64_t id) override {
+    std::lock_guard<std::mutex> call(call_mu_);
+    (void)link_->send_message(host_, kTagCommand, json{{"op", "cancel"}, {"id", id}}.dump());
+  }
+
+  EngineStats stats() const override {
+    std::lock_guard<std::mutex> call(call_mu_);
+    Result<json> reply = call_locked({{"op", "stats"}});
+    return reply.ok() && reply->contains("stats") ? stats_from(reply->at("stats")) : EngineStats{};
+  }
+
+  uint64_t policy_version() const override { return version_.load(); }
+
+  Result<WeightUpdateAck> update_weights(const WeightSource& source, uint64_t version, WeightUpdateMode mode) override {
+    std::lock_guard<std::mutex> call(call_mu_);
+    json header = {{"op", "update"}, {"version", version}, {"mode", weight_update_mode_name(mode)}};
+    if (!source.checkpoint_dir.empty()) {
+      header["checkpoint_dir"] = source.checkpoint_dir;
+      KILN_RETURN_IF_ERROR(link_->send_message(host_, kTagCommand, header.dump()));
+    } else {
+      if (!source.weights || !source.backend) return invalid_argument("a weight update names no weights");
+      KILN_RETURN_IF_ERROR(send_with_weights(header, *source.weights, *source.backend));
+    }
+    KILN_ASSIGN_OR_RETURN(json reply, wait_reply());
+    if (reply.contains("error")) return Status(StatusCode::invalid_argument, reply.at("error").get<std::string>());
+    WeightUpdateAck ack;
+    const json& a = reply.at("ack");
+    a.at("version").get_to(ack.version);
+    a.at("aborted").get_to(ack.aborted);
+    a.at("kept").get_to(ack.kept);
+    a.at("zero_copy").get_to(ack.zero_copy);
+    a.at("seconds").get_to(ack.seconds);
+    a.at("drain_seconds").get_to(ack.drain_seconds);
+    a.at("copy_seconds").get_to(ack.copy_seconds);
+    version_ = ack.version;
+    return ack;
+  }
+
+  // The hello: the host builds its engine on these weights, serving them as options.policy_version.
+  Status hello(const std::vector<int32_t>& eos_ids, const EngineOptions& options, const ModelWeights& weights,
+               Backend& backend) {
+    std::lock_guard<std::mutex> call(call_mu_);
+    version_ = options.policy_version;
+    KILN_RETURN_IF_ERROR(
+        send_with_weights({{"op", "hello"}, {"eos", eos_ids}, {"options", options_json(options)}}, weights, backend));
+    KILN_ASSIGN_OR_RETURN(json reply, wait_reply());
+    if (reply.contains("error")) return Status(StatusCode::invalid_argument, "the remote engine on rank " +
+                                                   std::to_string(host_) + ": " + reply.at("error").get<std::string>());
+    return Status::Ok();
+  }
+
+ private:
+  // `header` with the list of the model's tensors, then each tensor's bytes (copied to the host).
+  Status send_with_weights(json header, const ModelWeights& weights, Backend& backend) {
+    json tensors = json::array();
+    std::vector<TensorBuffer> host_copies;
+    for (const auto& [name, shape] : layout_.fused) {
+      const Tensor t = weights.get(name);
+      tensors.push_back({name, static_cast<int>(t.dtype), t.shape.str()});
+      host_copies.push_back(to_host(backend, t));
+    }
+    header["tensors"] = tensors;
+    KILN_RETURN_IF_ERROR(link_->send_message(host_, kTagCommand, header.dump()));
+    for (const TensorBuffer& host : host_copies) {
+      const Tensor t = host.view();
+      KILN_RETURN_IF_ERROR(link_->send_message(
+          host_, kTagWeights, std::string(static_cast<const char*>(t.data), static_cast<size_t>(t.nbytes()))));
+    }
+    return Status::Ok();
+  }
+  Result<json> call_locked(const json& message) const {
+    KILN_RETURN_IF_ERROR(link_->send_message(host_, kTagCommand, message.dump()));
+    return wait_reply();
+  }
+  Result<json> wait_reply() const {
+    KILN_ASSIGN_OR_RETURN(auto msg, link_->receive_message(host_, kTagReply));
+    return parse(msg.second, "engine host");
+  }
+
+  // The host's events into the streams, until it says "closed".
+  void receive_events() {
+    while (true) {
+      Result<std::pair<int32_t, std::string>> msg = link_->receive_message(host_, kTagEvent);
+      Result<json> j = msg.ok() ? parse(msg->second, "engine host") : Result<json>(msg.status());
+      if (!j.ok() || j->value("op", "") == "closed") {
+        // Whatever is still open ends now (a lost host, or a stop with requests in flight).
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& [id, stream] : streams_) {
+          EngineEvent e;
+          e.finished = true;
+          e.finish_reason = "abort";
+          e.error = j.ok() ? "" : "the remote engine is gone: " + j.status().message();
+          stream->push(std::move(e));
+        }
+        streams_.clear();
+        return;
+      }
+      const uint64_t id = j->at("id").get<uint64_t>();
+      EngineEvent e = event_from(j->at("event"));
+      std::shared_ptr<RequestStream> stream;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = streams_.find(id);
+        if (it == streams_.end()) continue;
+        stream = it->second;
+        if (e.finished) streams_.erase(it);
+      }
+      stream->push(std::move(e));
+    }
+  }
+
+  Collectives* link_;
+  int32_t host_;
+  ModelTensorLayout layout_;
+  mutable std::mutex call_mu_;  // one command-and-answer at a time
+  uint64_t next_id_ = 1;        // (call_mu_)
+  std::atomic<uint64_t> version_{0};
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<RequestStream>> streams_;  // open requests (mu_)
+  std::thread receiver_;
+};
+
+// The host's forwarding of its streams' events to the client, on a thread of its own.
+class Forwarder {
+ public:
+  Forwarder(Collectives& link, int32_t client) : link_(&link), client_(client) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Forwarder() { close(); }
+
+  void add(uint64_t client_id, std::shared_ptr<RequestStream> stream) {
+    stream->set_listener([this] { wake(); });
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.emplace_back(client_id, std::move(stream));
+    cv_.notify_all();
+  }
+  // Forwards what is left (the engine has finished every stream), then "closed".
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closing_) return;
+      closing_ = true;
+      cv_.notify_all();
+    }
+    thread_.join();
+    (void)link_->send_message(client_, kTagEvent, json{{"op", "closed"}}.dump());
+  }
+
+ private:
+  void wake() {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ = true;
+    cv_.notify_all();
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return pending_ || closing_; });
+      pending_ = false;
+      std::vector<std::pair<uint64_t, std::shared_ptr<RequestStream>>> streams = streams_;
+      lock.unlock();
+      std::vector<uint64_t> done;
+      for (auto& [id, stream] : streams)
+        while (std::optional<EngineEvent> e = stream->poll()) {
+          (void)link_->send_message(client_, kTagEvent, json{{"op", "event"}, {"id", id}, {"event", event_json(*e)}}.dump());
+          if (e->finished) done.push_back(id);
+        }
+      lock.lock();
+      std::erase_if(streams_, [&](const auto& s) { return std::find(done.begin(), done.end(), s.first) != done.end(); });
+      if (closing_ && streams_.empty()) return;
+    }
+  }
+
+  Collectives* link_;
+  int32_t client_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<uint64_t, std::shared_ptr<RequestStream>>> streams_;
+  bool pending_ = false, closing_ = false;
+  std::thread thread_;
+};
+
+// Weights the client sent (host tensors); `error` when they do not fit the model (every message
+// is still received, so that the conversation stays in step).
+struct ReceivedWeights {
+  std::vector<TensorBuffer> buffers;
+  ModelWeights weights;
+  Status error = Status::Ok();
+};
+Result<ReceivedWeights> receive_weights(Collectives& link, int32_t client, const json& tensors, const ModelTensorLayout& layout) {
+  ReceivedWeights out;
+  for (const json& t : tensors) {
+    KILN_ASSIGN_OR_RETURN(auto bytes, link.receive_message(client, kTagWeights));
+    const std::string name = t.at(0).get<std::string>();
+    const DType dtype = static_cast<DType>(t.at(1).get<int>());
+    auto shape = std::find_if(layout.fused.begin(), layout.fused.end(), [&](const auto& f) { return f.first == name; });
+    if (shape == layout.fused.end() || shape->second.str() != t.at(2).get<std::string>() ||
+        static_cast<int64_t>(bytes.second.size()) != shape->second.numel() * dtype_size(dtype)) {
+      out.error = invalid_argument("the weights' tensor " + name + " does not fit this engine's model");
+      continue;
+    }
+    TensorBuffer buf = host_empty(shape->second, dtype);
+    std::memcpy(buf.view().data, bytes.second.data(), bytes.second.size());
+    out.weights.set(name, buf.view());
+    out.buffers.push_back(std::move(buf));
+  }
+  if (out.error.ok()) out.error = out.weights.check(layout, out.buffers.empty() ? DType::f32 : out.buffers.front().view().dtype, Device::cpu());
+  return out;
+}
+
+// The host's command loop, until the client says stop.
+Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend& host_be, const ModelTensorLayout& layout,
+                      Forwarder& forwarder) {
+  auto reply = [&](const json& j) { return link.send_message(client, kTagReply, j.dump()); };
+  std::map<uint64_t, uint64_t> engine_ids;  // client id -> engine id
+  while (true) {
+    KILN_ASSIGN_OR_RETURN(auto msg, link.receive_message(client, kTagCommand));
+    KILN_ASSIGN_OR_RETURN(json j, parse(msg.second, "client"));
+    const std::string op = j.value("op", "");
+    if (op == "stop") return Status::Ok();
+    if (op == "submit") {
+      const uint64_t id = j.at("id").get<uint64_t>();
+      Result<std::shared_ptr<RequestStream>> s = engine.submit(request_from(j.at("request")));
+      if (!s.ok()) {
+        KILN_RETURN_IF_ERROR(reply({{"error", s.status().message()}, {"code", static_cast<int>(s.status().code())}}));
+        continue;
+      }
+      engine_ids[id] = (*s)->id();
+      forwarder.add(id, *s);
+      KILN_RETURN_IF_ERROR(reply({{"op", "submitted"}}));
+    } else if (op == "cancel") {
+      auto it = engine_ids.find(j.at("id").get<uint64_t>());
+      if (it != engine_ids.end()) engine.cancel(it->second);
+    } else if (op == "stats") {
+      KILN_RETURN_IF_ERROR(reply({{"stats", stats_json(engine.stats())}}));
+    } else if (op == "update") {
+      KILN_ASSIGN_OR_RETURN(WeightUpdateMode mode, parse_weight_update_mode(j.at("mode").get<std::string>()));
+      const uint64_t version = j.at("version").get<uint64_t>();
+      Result<WeightUpdateAck> ack = Status::Ok();
+      if (j.contains("checkpoint_dir")) {
+        ack = engine.update_weights(WeightSource::checkpoint(j.at("checkpoint_dir").get<std::string>()), version, mode);
+      } else {
+        KILN_ASSIGN_OR_RETURN(ReceivedWeights got, receive_weights(link, client, j.at("tensors"), layout));
+        ack = got.error.ok() ? engine.update_weights(WeightSource::in_process(got.weights, host_be), version, mode)
+                             : Result<WeightUpdateAck>(got.error);
+      }
+      if (!ack.ok()) {
+        KILN_RETURN_IF_ERROR(reply({{"error", ack.status().message()}}));
+        continue;
+      }
+      KILN_RETURN_IF_ERROR(reply({{"ack",
+                                   {{"version", ack->version},
+                                    {"aborted", ack->aborted},
+                                    {"kept", ack->kept},
+                                    {"zero_copy", ack->zero_copy},
+                                    {"seconds", ack->seconds},
+                                    {"drain_seconds", ack->drain_seconds},
+                                    {"copy_seconds", ack->copy_seconds}}}}));
+    } else {
+      return Status(StatusCode::internal, "the remote engine's client sent an unknown command '" + op + "'");
+    }
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EngineApi>> connect_remote_engine(Collectives& link, int32_t host, const ModelConfig& config,
+                                                         const ModelWeights& initial, Backend& backend, uint64_t version,
+                                                         const std::vector<int32_t>& eos_ids,
+                                                         const EngineOptions& options) {
+  if (host == link.rank() || host < 0 || host >= link.size())
+    return invalid_argument("the remote engine's rank " + std::to_string(host) + " is not another rank of the run");
+  auto engine = std::make_unique<RemoteEngine>(link, host, model_tensor_layout(config));
+  EngineOptions o = options;
+  o.policy_version = version;
+  KILN_RETURN_IF_ERROR(engine->hello(eos_ids, o, initial, backend));
+  return std::unique_ptr<EngineApi>(std::move(engine));
+}
+
+Status serve_remote_engine(Collectives& link, Backend& backend, const ModelConfig& config, const Tokenizer* tokenizer) {
+  // The hello, from whichever rank is the client.
+  KILN_ASSIGN_OR_RETURN(auto first, link.receive_message(-1, kTagCommand));
+  const int32_t client = first.first;
+  auto reply = [&](const json& j) { return link.send_message(client, kTagReply, j.dump()); };
+  KILN_ASSIGN_OR_RETURN(json hello, parse(first.second, "client"));
+  if (hello.value("op", "") != "hello") return Status(StatusCode::internal, "the remote engine's client did not say hello");
+  const ModelTensorLayout layout = model_tensor_layout(config);
+  KILN_ASSIGN_OR_RETURN(ReceivedWeights initial, receive_weights(link, client, hello.at("tensors"), layout));
+  Result<std::unique_ptr<Engine>> created = [&]() -> Result<std::unique_ptr<Engine>> {
+    KILN_RETURN_IF_ERROR(initial.error);
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Transformer::random(backend, config, 0));
+    for (const auto& [name, shape] : layout.fused) {  // the client's weights, in the model's dtype
+      const Tensor src = initial.weights.get(name), dst = model->weights().get(name);
+      if (src.dtype == dst.dtype) {
+        backend.copy(dst, src);
+      } else if (backend.device().is_cpu()) {
+        ops::cast(backend, dst, src);
+      } else {
+        return invalid_argument("the trainer's weights are " + std::string(dtype_name(src.dtype)) + ", the engine's " +
+                                dtype_name(dst.dtype) + " on " + backend.device().str());
+      }
+    }
+    KILN_RETURN_IF_ERROR(backend.synchronize());
+    return Engine::create(std::move(model), tokenizer, hello.at("eos").get<std::vector<int32_t>>(),
+                          options_from(hello.at("options")));
+  }();
+  if (!created.ok()) {
+    KILN_RETURN_IF_ERROR(reply({{"error", created.status().message()}}));
+    return created.status();
+  }
+  std::unique_ptr<Engine> engine = std::move(*created);
+  KILN_RETURN_IF_ERROR(reply({{"op", "ready"}}));
+  std::unique_ptr<Backend> host_be = make_cpu_backend();
+  Forwarder forwarder(link, client);
+  const Status served = serve_commands(link, client, *engine, *host_be, layout, forwarder);
+  engine.reset();  // every open request ends ("abort"); the forwarder sends what is left, then "closed"
+  forwarder.close();
+  return served;
+}
+
+}  // namespace kiln
