@@ -3,9 +3,13 @@
 // compute weights) and for one that borrows the trainer's (zero copy); (2) a synchronous GRPO loop
 // (rl/loop.h) on seeded random weights: prompts of random token ids, a reward command, and the
 // split of each step's time between generation, training and the update, with rollout and training
-// tokens per second. Prints one JSON object.
+// tokens per second. Prints one JSON object. --remote (under mpirun -np 2) runs the loop with its
+// engine in the second process (infer/remote_engine.h: the weights travel as messages at every
+// update), skipping (1); against a run without it, what moving the engine out of the trainer's
+// process costs.
 // Usage: bench_rl --config bench/configs/llama-1b-shape.config.json [--device cuda] [--steps 4]
 //                 [--group-size 8] [--prompts-per-step 16] [--prompt-len 256] [--max-tokens 256]
+//                 [--remote]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +20,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "backend/collectives.h"
 #include "infer/engine.h"
 #include "kernels/rng.h"
 #include "model/config.h"
@@ -106,15 +111,35 @@ int main(int argc, char** argv) {
   app.add_option("--max-tokens", max_tokens, "completion tokens at most (random weights seldom stop earlier)");
   app.add_option("--updates", updates, "weight updates timed per mode");
   app.add_option("--work", work, "scratch folder");
+  bool remote = false;
+  app.add_flag("--remote", remote, "the engine in a second process (mpirun -np 2; rank 1 serves it)");
   CLI11_PARSE(app, argc, argv);
+  std::unique_ptr<Collectives> link;
+  if (remote) {
+    Result<WorldInfo> world = world_from_environment();
+    if (!world.ok()) return fail(world.status());
+    if (world->size != 2) return fail(invalid_argument("--remote runs under mpirun -np 2"));
+    Result<std::unique_ptr<Collectives>> c = make_collectives(*world, 600.0);
+    if (!c.ok()) return fail(c.status());
+    link = std::move(*c);
+    if (link->rank() == 1) {  // the engine's process: what serve_rl_engine reads of the run's options
+      rl::RlOptions engine_side;
+      engine_side.random_config = config_path;
+      engine_side.device = device_name;
+      Status served = rl::serve_rl_engine(engine_side, *link);
+      return served.ok() ? 0 : fail(served);
+    }
+  }
   Result<ModelConfig> config = load_model_config_file(config_path);
   if (!config.ok()) return fail(config.status());
   Result<Device> device = parse_device(device_name);
   if (!device.ok()) return fail(device.status());
-  nlohmann::json report = {{"bench", "rl"}, {"config", config_path}, {"device", device_name}};
-  Result<nlohmann::json> latency = update_latency(*config, *device, updates);
-  if (!latency.ok()) return fail(latency.status());
-  report["update"] = *latency;
+  nlohmann::json report = {{"bench", "rl"}, {"config", config_path}, {"device", device_name}, {"remote_engine", remote}};
+  if (!remote) {
+    Result<nlohmann::json> latency = update_latency(*config, *device, updates);
+    if (!latency.ok()) return fail(latency.status());
+    report["update"] = *latency;
+  }
 
   std::filesystem::create_directories(work);
   const std::string prompts = work + "/prompts.jsonl";
@@ -143,17 +168,22 @@ int main(int argc, char** argv) {
   o.reward.command = "awk '{print NR % 2}'";
   o.engine.max_running = group_size * prompts_per_step;
   o.engine.kv_memory_fraction = 0.3;
+  if (remote) {
+    o.engine_ranks = {1};
+    o.link = link.get();
+  }
   std::vector<rl::RlStepReport> reports;
   rl::RlEvents ev;
   ev.step = [&](const rl::RlStepReport& r) { reports.push_back(r); };
   Result<rl::RlSummary> s = rl::run_rl(o, ev);
   if (!s.ok()) return fail(s.status());
-  double gen = 0, train = 0, update = 0, gen_tokens = 0, train_tokens = 0;
+  double gen = 0, train = 0, update = 0, ack = 0, gen_tokens = 0, train_tokens = 0;
   int n = 0;
   for (size_t i = 1; i < reports.size(); ++i, ++n) {
     gen += reports[i].generate_seconds;
     train += reports[i].train_seconds;
     update += reports[i].update_seconds;
+    ack += reports[i].ack_seconds;
     gen_tokens += static_cast<double>(reports[i].tokens_generated);
     train_tokens += static_cast<double>(reports[i].tokens_trained);
   }
@@ -167,6 +197,7 @@ int main(int argc, char** argv) {
                     {"generate_seconds", gen / n},
                     {"train_seconds", train / n},
                     {"update_seconds", update / n},
+                    {"engine_ack_seconds", ack / n},
                     {"generate_fraction", gen / total},
                     {"train_fraction", train / total},
                     {"update_fraction", update / total},

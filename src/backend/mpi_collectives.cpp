@@ -146,11 +146,18 @@ class MpiCollectives final : public Collectives {
 
   Result<std::pair<int32_t, std::string>> receive_message(int32_t from, int32_t tag) override {
     KILN_RETURN_IF_ERROR(check_messaging(from < 0 ? rank_ : from));
-    // A matched probe, so that two threads receiving cannot take each other's message.
+    // A matched probe, so that two threads receiving cannot take each other's message; polled with
+    // a growing sleep (up to 1 ms) rather than MPI's busy wait, since a receiver may wait for long
+    // (an engine for its next command) and must not take a core from the work beside it.
     MPI_Message message;
     MPI_Status status;
-    KILN_RETURN_IF_ERROR(check(MPI_Mprobe(from < 0 ? MPI_ANY_SOURCE : from, tag, MPI_COMM_WORLD, &message, &status),
-                               "MPI_Mprobe"));
+    for (int polls = 0;; ++polls) {
+      int found = 0;
+      KILN_RETURN_IF_ERROR(check(MPI_Improbe(from < 0 ? MPI_ANY_SOURCE : from, tag, MPI_COMM_WORLD, &found, &message, &status),
+                                 "MPI_Improbe"));
+      if (found) break;
+      if (polls >= 200) std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 199))));
+    }
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
     std::string bytes(static_cast<size_t>(count), '\0');
