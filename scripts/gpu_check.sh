@@ -31,7 +31,9 @@
 #   distributed: the collectives GPU tests (NCCL over one rank against no collectives, two ranks
 #          sharing the GPU under mpirun with sharded master weights), the CPU data-parallel tests
 #          under mpirun, and bench_train on the llama-1b shape (8 x 2048) without collectives and
-#          through NCCL over one rank at --zero 0, 1 and 2 (the collectives' cost and memory).
+#          through NCCL over one rank at --zero 0, 1 and 2 (the collectives' cost and memory), and
+#          bench_rl's sync GRPO loop with the engine in the trainer's process and in a second
+#          process sharing the GPU (mpirun -np 2; weights sent as messages at every update).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -252,6 +254,23 @@ while i < len(text):
     t = r["train"]
     print(t["collectives"], "zero", t["zero"], "ms/step %.1f" % t.get("ms_per_step", -1), "tok/s %.0f" % t.get("tok_s", -1),
           "peak GB %.2f" % t["peak_mem_gb"], "resident GB %.2f" % (t["resident_bytes_before_steps"] / 1e9), t.get("phases_ms", t.get("error")))
+PY
+  RL_ARGS="--config $CFG --device cuda --steps 4 --group-size 8 --prompts-per-step 8 --prompt-len 256 --max-tokens 128"
+  timeout 300 "$BUILD/bin/bench_rl" $RL_ARGS --work /tmp/kiln-rl-local > "$OUT/bench_rl_local.json" 2> "$LOGS/bench_rl_local.err" \
+    || { status=1; tail -3 "$LOGS/bench_rl_local.err"; }
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe -np 2 \
+    "$BUILD/bin/bench_rl" $RL_ARGS --remote --work /tmp/kiln-rl-remote > "$OUT/bench_rl_remote.json" 2> "$LOGS/bench_rl_remote.err" \
+    || { status=1; tail -3 "$LOGS/bench_rl_remote.err"; }
+  python3 - "$OUT/bench_rl_local.json" "$OUT/bench_rl_remote.json" <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    try:
+        r = json.load(open(f))
+    except Exception as e:
+        print(f, "unreadable:", e); continue
+    g = r["grpo"]
+    print("engine", "remote" if r["remote_engine"] else "in-process", {k: round(v, 4) if isinstance(v, float) else v for k, v in g.items()},
+          r.get("update", ""))
 PY
 fi
 if [ "$WHAT" = serve ]; then
