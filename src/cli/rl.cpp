@@ -6,6 +6,7 @@
 // checkpoint after the current step and exit 0 (a second signal ends the process at once).
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -99,6 +100,10 @@ int run_rl_command(RlFlags& f) {
 
 int rl_on_rank(RlFlags& f, const WorldInfo& world, Collectives* link) {
   if (world.rank > 0) {  // an engine rank: serves until the trainer's run ends
+    // mpirun passes a stop request (SIGTERM, SIGINT) to every rank: rank 0 finishes its step, saves
+    // and then stops the engines, which must still be there for that.
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGINT, SIG_IGN);
     Status served = rl::serve_rl_engine(f.o, *link);
     if (!served.ok()) return fail(Status(served.code(), "rank " + std::to_string(world.rank) + ": " + served.message()));
     return 0;
