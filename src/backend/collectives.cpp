@@ -43,6 +43,12 @@ class SingleProcess final : public Collectives {
   Result<std::pair<int32_t, std::string>> receive_message(int32_t, int32_t) override {
     return unsupported("a single process has no other rank to receive messages from");
   }
+  Status send_bytes(int32_t, int32_t, const void*, int64_t) override {
+    return unsupported("a single process has no other rank to send messages to");
+  }
+  Status receive_bytes(int32_t, int32_t, void*, int64_t) override {
+    return unsupported("a single process has no other rank to receive messages from");
+  }
   void set_timeout(double) override {}
   void abort_all(int) override {}
 };

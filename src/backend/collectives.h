@@ -68,6 +68,10 @@ class Collectives {
   virtual Status send_message(int32_t to, int32_t tag, const std::string& bytes) = 0;
   // The next message with `tag` from rank `from` (-1: any rank): its sender and its bytes.
   virtual Result<std::pair<int32_t, std::string>> receive_message(int32_t from, int32_t tag) = 0;
+  // Large payloads without copies: `n` bytes (any count) from and into caller memory on the host;
+  // the receiver must expect exactly the size that was sent (an error otherwise).
+  virtual Status send_bytes(int32_t to, int32_t tag, const void* data, int64_t n) = 0;
+  virtual Status receive_bytes(int32_t from, int32_t tag, void* data, int64_t n) = 0;
   // The most a collective may take before the process gives up (seconds, > 0).
   virtual void set_timeout(double seconds) = 0;
   // After an error on this rank: ends every rank of the run with `code` (MPI_Abort), since the

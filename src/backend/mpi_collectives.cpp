@@ -146,23 +146,46 @@ class MpiCollectives final : public Collectives {
 
   Result<std::pair<int32_t, std::string>> receive_message(int32_t from, int32_t tag) override {
     KILN_RETURN_IF_ERROR(check_messaging(from < 0 ? rank_ : from));
-    // A matched probe, so that two threads receiving cannot take each other's message; polled with
-    // a growing sleep (up to 1 ms) rather than MPI's busy wait, since a receiver may wait for long
-    // (an engine for its next command) and must not take a core from the work beside it.
     MPI_Message message;
     MPI_Status status;
-    for (int polls = 0;; ++polls) {
-      int found = 0;
-      KILN_RETURN_IF_ERROR(check(MPI_Improbe(from < 0 ? MPI_ANY_SOURCE : from, tag, MPI_COMM_WORLD, &found, &message, &status),
-                                 "MPI_Improbe"));
-      if (found) break;
-      if (polls >= 200) std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 199))));
-    }
+    KILN_RETURN_IF_ERROR(probe(from, tag, &message, &status));
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
     std::string bytes(static_cast<size_t>(count), '\0');
     KILN_RETURN_IF_ERROR(check(MPI_Mrecv(bytes.data(), count, MPI_BYTE, &message, &status), "MPI_Mrecv"));
     return std::make_pair(static_cast<int32_t>(status.MPI_SOURCE), std::move(bytes));
+  }
+
+  // Pieces of at most 1 GiB, each its own message of the same tag (MPI keeps their order).
+  Status send_bytes(int32_t to, int32_t tag, const void* data, int64_t n) override {
+    KILN_RETURN_IF_ERROR(check_messaging(to));
+    for (int64_t at = 0; at < n || at == 0; at += kPiece) {
+      const int count = static_cast<int>(std::min(kPiece, n - at));
+      KILN_RETURN_IF_ERROR(check(MPI_Send(static_cast<const char*>(data) + at, count, MPI_BYTE, to, tag, MPI_COMM_WORLD),
+                                 "MPI_Send"));
+      if (n == 0) break;
+    }
+    return Status::Ok();
+  }
+  Status receive_bytes(int32_t from, int32_t tag, void* data, int64_t n) override {
+    KILN_RETURN_IF_ERROR(check_messaging(from));
+    for (int64_t at = 0; at < n || at == 0; at += kPiece) {
+      MPI_Message message;
+      MPI_Status status;
+      KILN_RETURN_IF_ERROR(probe(from, tag, &message, &status));
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      const int expected = static_cast<int>(std::min(kPiece, n - at));
+      if (count != expected) {
+        std::string discard(static_cast<size_t>(count), '\0');
+        MPI_Mrecv(discard.data(), count, MPI_BYTE, &message, &status);
+        return invalid_argument("rank " + std::to_string(from) + " sent " + std::to_string(count) + " bytes where " +
+                                std::to_string(expected) + " were expected");
+      }
+      KILN_RETURN_IF_ERROR(check(MPI_Mrecv(static_cast<char*>(data) + at, count, MPI_BYTE, &message, &status), "MPI_Mrecv"));
+      if (n == 0) break;
+    }
+    return Status::Ok();
   }
 
   Status sum(double* values, int32_t n) override {
@@ -214,6 +237,18 @@ class MpiCollectives final : public Collectives {
     int len = 0;
     MPI_Error_string(rc, text, &len);
     return Status(StatusCode::internal, "rank " + std::to_string(rank_) + ": " + call + " failed: " + std::string(text, len));
+  }
+  // A matched probe (two threads receiving cannot take each other's message), polled with a growing
+  // sleep (up to 1 ms) rather than MPI's busy wait: a receiver may wait for long (an engine for its
+  // next command) and must not take a core from the work beside it.
+  Status probe(int32_t from, int32_t tag, MPI_Message* message, MPI_Status* status) const {
+    for (int polls = 0;; ++polls) {
+      int found = 0;
+      KILN_RETURN_IF_ERROR(
+          check(MPI_Improbe(from < 0 ? MPI_ANY_SOURCE : from, tag, MPI_COMM_WORLD, &found, message, status), "MPI_Improbe"));
+      if (found) return Status::Ok();
+      if (polls >= 200) std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 199))));
+    }
   }
   Status check_messaging(int32_t peer) const {
     if (thread_level_ < MPI_THREAD_MULTIPLE)

@@ -182,6 +182,12 @@ class NcclCollectives final : public Collectives {
   Result<std::pair<int32_t, std::string>> receive_message(int32_t from, int32_t tag) override {
     return bootstrap_->receive_message(from, tag);
   }
+  Status send_bytes(int32_t to, int32_t tag, const void* data, int64_t n) override {
+    return bootstrap_->send_bytes(to, tag, data, n);
+  }
+  Status receive_bytes(int32_t from, int32_t tag, void* data, int64_t n) override {
+    return bootstrap_->receive_bytes(from, tag, data, n);
+  }
   Status sum(double* values, int32_t n) override { return bootstrap_->sum(values, n); }
 
  private:

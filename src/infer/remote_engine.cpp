@@ -251,21 +251,34 @@ class RemoteEngine final : public EngineApi {
   }
 
  private:
-  // `header` with the list of the model's tensors, then each tensor's bytes (copied to the host).
+  // `header` with the list of the model's tensors, then each tensor's bytes, staged on the host
+  // one at a time (in pinned memory when they come from a device, kept for the next update).
   Status send_with_weights(json header, const ModelWeights& weights, Backend& backend) {
     json tensors = json::array();
-    std::vector<TensorBuffer> host_copies;
+    int64_t largest = 0;
     for (const auto& [name, shape] : layout_.fused) {
       const Tensor t = weights.get(name);
-      tensors.push_back({name, static_cast<int>(t.dtype), t.shape.str()});
-      host_copies.push_back(to_host(backend, t));
+      tensors.push_back({name, static_cast<int>(t.dtype), t.shape.str(), t.nbytes()});
+      largest = std::max(largest, t.nbytes());
     }
     header["tensors"] = tensors;
     KILN_RETURN_IF_ERROR(link_->send_message(host_, kTagCommand, header.dump()));
-    for (const TensorBuffer& host : host_copies) {
-      const Tensor t = host.view();
-      KILN_RETURN_IF_ERROR(link_->send_message(
-          host_, kTagWeights, std::string(static_cast<const char*>(t.data), static_cast<size_t>(t.nbytes()))));
+    const bool on_host = backend.device().is_cpu();
+    if (!on_host && (!staging_.allocated() || staging_.view().nbytes() < largest)) {
+      KILN_ASSIGN_OR_RETURN(staging_, pinned_host_empty(backend, {(largest + 1) / 2}, DType::bf16));  // bytes
+    }
+    for (const auto& [name, shape] : layout_.fused) {
+      const Tensor t = weights.get(name);
+      const void* bytes = t.data;
+      if (!on_host) {
+        Tensor host = t;
+        host.data = staging_.view().data;
+        host.device = Device::cpu();
+        backend.copy(host, t);
+        KILN_RETURN_IF_ERROR(backend.synchronize());
+        bytes = host.data;
+      }
+      KILN_RETURN_IF_ERROR(link_->send_bytes(host_, kTagWeights, bytes, t.nbytes()));
     }
     return Status::Ok();
   }
@@ -318,6 +331,7 @@ class RemoteEngine final : public EngineApi {
   std::atomic<uint64_t> version_{0};
   std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<RequestStream>> streams_;  // open requests (mu_)
+  TensorBuffer staging_;  // pinned host bytes for the largest tensor (call_mu_)
   std::thread receiver_;
 };
 
@@ -381,37 +395,41 @@ class Forwarder {
   std::thread thread_;
 };
 
-// Weights the client sent (host tensors); `error` when they do not fit the model (every message
-// is still received, so that the conversation stays in step).
-struct ReceivedWeights {
-  std::vector<TensorBuffer> buffers;
+// Weights the client sends, received straight into host tensors that are kept from one update to
+// the next; `error` when they do not fit the model (every message is still received, so that the
+// conversation stays in step).
+struct HostWeights {
+  std::map<std::string, TensorBuffer> buffers;
   ModelWeights weights;
-  Status error = Status::Ok();
 };
-Result<ReceivedWeights> receive_weights(Collectives& link, int32_t client, const json& tensors, const ModelTensorLayout& layout) {
-  ReceivedWeights out;
+// Returns a transport error; `*fits` says whether the weights fit the model.
+Status receive_weights(Collectives& link, int32_t client, const json& tensors, const ModelTensorLayout& layout,
+                       HostWeights& into, Status* fits) {
+  Status& error = *fits;
+  error = Status::Ok();
   for (const json& t : tensors) {
-    KILN_ASSIGN_OR_RETURN(auto bytes, link.receive_message(client, kTagWeights));
     const std::string name = t.at(0).get<std::string>();
     const DType dtype = static_cast<DType>(t.at(1).get<int>());
+    const int64_t nbytes = t.at(3).get<int64_t>();
     auto shape = std::find_if(layout.fused.begin(), layout.fused.end(), [&](const auto& f) { return f.first == name; });
     if (shape == layout.fused.end() || shape->second.str() != t.at(2).get<std::string>() ||
-        static_cast<int64_t>(bytes.second.size()) != shape->second.numel() * dtype_size(dtype)) {
-      out.error = invalid_argument("the weights' tensor " + name + " does not fit this engine's model");
+        nbytes != shape->second.numel() * dtype_size(dtype)) {
+      std::string discard(static_cast<size_t>(std::max<int64_t>(nbytes, 0)), '\0');
+      KILN_RETURN_IF_ERROR(link.receive_bytes(client, kTagWeights, discard.data(), nbytes));
+      error = invalid_argument("the weights' tensor " + name + " does not fit this engine's model");
       continue;
     }
-    TensorBuffer buf = host_empty(shape->second, dtype);
-    std::memcpy(buf.view().data, bytes.second.data(), bytes.second.size());
-    out.weights.set(name, buf.view());
-    out.buffers.push_back(std::move(buf));
+    TensorBuffer& buf = into.buffers[name];
+    if (!buf.allocated() || buf.view().dtype != dtype) buf = host_empty(shape->second, dtype);
+    KILN_RETURN_IF_ERROR(link.receive_bytes(client, kTagWeights, buf.view().data, nbytes));
+    into.weights.set(name, buf.view());
   }
-  if (out.error.ok()) out.error = out.weights.check(layout, out.buffers.empty() ? DType::f32 : out.buffers.front().view().dtype, Device::cpu());
-  return out;
+  return Status::Ok();
 }
 
 // The host's command loop, until the client says stop.
 Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend& host_be, const ModelTensorLayout& layout,
-                      Forwarder& forwarder) {
+                      Forwarder& forwarder, HostWeights& received) {
   auto reply = [&](const json& j) { return link.send_message(client, kTagReply, j.dump()); };
   std::map<uint64_t, uint64_t> engine_ids;  // client id -> engine id
   while (true) {
@@ -441,9 +459,10 @@ Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend
       if (j.contains("checkpoint_dir")) {
         ack = engine.update_weights(WeightSource::checkpoint(j.at("checkpoint_dir").get<std::string>()), version, mode);
       } else {
-        KILN_ASSIGN_OR_RETURN(ReceivedWeights got, receive_weights(link, client, j.at("tensors"), layout));
-        ack = got.error.ok() ? engine.update_weights(WeightSource::in_process(got.weights, host_be), version, mode)
-                             : Result<WeightUpdateAck>(got.error);
+        Status fits = Status::Ok();
+        KILN_RETURN_IF_ERROR(receive_weights(link, client, j.at("tensors"), layout, received, &fits));
+        ack = fits.ok() ? engine.update_weights(WeightSource::in_process(received.weights, host_be), version, mode)
+                        : Result<WeightUpdateAck>(fits);
       }
       if (!ack.ok()) {
         KILN_RETURN_IF_ERROR(reply({{"error", ack.status().message()}}));
@@ -486,12 +505,15 @@ Status serve_remote_engine(Collectives& link, Backend& backend, const ModelConfi
   KILN_ASSIGN_OR_RETURN(json hello, parse(first.second, "client"));
   if (hello.value("op", "") != "hello") return Status(StatusCode::internal, "the remote engine's client did not say hello");
   const ModelTensorLayout layout = model_tensor_layout(config);
-  KILN_ASSIGN_OR_RETURN(ReceivedWeights initial, receive_weights(link, client, hello.at("tensors"), layout));
+  HostWeights received;
+  Status fits = Status::Ok();
+  KILN_RETURN_IF_ERROR(receive_weights(link, client, hello.at("tensors"), layout, received, &fits));
   Result<std::unique_ptr<Engine>> created = [&]() -> Result<std::unique_ptr<Engine>> {
-    KILN_RETURN_IF_ERROR(initial.error);
+    KILN_RETURN_IF_ERROR(fits);
+    KILN_RETURN_IF_ERROR(received.weights.check(layout, received.buffers.begin()->second.view().dtype, Device::cpu()));
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Transformer::random(backend, config, 0));
     for (const auto& [name, shape] : layout.fused) {  // the client's weights, in the model's dtype
-      const Tensor src = initial.weights.get(name), dst = model->weights().get(name);
+      const Tensor src = received.weights.get(name), dst = model->weights().get(name);
       if (src.dtype == dst.dtype) {
         backend.copy(dst, src);
       } else if (backend.device().is_cpu()) {
@@ -513,7 +535,7 @@ Status serve_remote_engine(Collectives& link, Backend& backend, const ModelConfi
   KILN_RETURN_IF_ERROR(reply({{"op", "ready"}}));
   std::unique_ptr<Backend> host_be = make_cpu_backend();
   Forwarder forwarder(link, client);
-  const Status served = serve_commands(link, client, *engine, *host_be, layout, forwarder);
+  const Status served = serve_commands(link, client, *engine, *host_be, layout, forwarder, received);
   engine.reset();  // every open request ends ("abort"); the forwarder sends what is left, then "closed"
   forwarder.close();
   return served;
