@@ -395,8 +395,8 @@ class Forwarder {
   std::thread thread_;
 };
 
-// Weights the client sends, received straight into host tensors that are kept from one update to
-// the next; `error` when they do not fit the model (every message is still received, so that the
+// Weights the client sends, received straight into host tensors (pinned when the engine is on a
+// device, for its copy) that are kept from one update to the next; `error` when they do not fit the model (every message is still received, so that the
 // conversation stays in step).
 struct HostWeights {
   std::map<std::string, TensorBuffer> buffers;
@@ -404,7 +404,7 @@ struct HostWeights {
 };
 // Returns a transport error; `*fits` says whether the weights fit the model.
 Status receive_weights(Collectives& link, int32_t client, const json& tensors, const ModelTensorLayout& layout,
-                       HostWeights& into, Status* fits) {
+                       Backend& engine_be, HostWeights& into, Status* fits) {
   Status& error = *fits;
   error = Status::Ok();
   for (const json& t : tensors) {
@@ -420,7 +420,13 @@ Status receive_weights(Collectives& link, int32_t client, const json& tensors, c
       continue;
     }
     TensorBuffer& buf = into.buffers[name];
-    if (!buf.allocated() || buf.view().dtype != dtype) buf = host_empty(shape->second, dtype);
+    if (!buf.allocated() || buf.view().dtype != dtype) {
+      if (engine_be.device().is_cpu()) {
+        buf = host_empty(shape->second, dtype);
+      } else {
+        KILN_ASSIGN_OR_RETURN(buf, pinned_host_empty(engine_be, shape->second, dtype));
+      }
+    }
     KILN_RETURN_IF_ERROR(link.receive_bytes(client, kTagWeights, buf.view().data, nbytes));
     into.weights.set(name, buf.view());
   }
@@ -428,8 +434,8 @@ Status receive_weights(Collectives& link, int32_t client, const json& tensors, c
 }
 
 // The host's command loop, until the client says stop.
-Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend& host_be, const ModelTensorLayout& layout,
-                      Forwarder& forwarder, HostWeights& received) {
+Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend& engine_be, Backend& host_be,
+                      const ModelTensorLayout& layout, Forwarder& forwarder, HostWeights& received) {
   auto reply = [&](const json& j) { return link.send_message(client, kTagReply, j.dump()); };
   std::map<uint64_t, uint64_t> engine_ids;  // client id -> engine id
   while (true) {
@@ -460,7 +466,7 @@ Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend
         ack = engine.update_weights(WeightSource::checkpoint(j.at("checkpoint_dir").get<std::string>()), version, mode);
       } else {
         Status fits = Status::Ok();
-        KILN_RETURN_IF_ERROR(receive_weights(link, client, j.at("tensors"), layout, received, &fits));
+        KILN_RETURN_IF_ERROR(receive_weights(link, client, j.at("tensors"), layout, engine_be, received, &fits));
         ack = fits.ok() ? engine.update_weights(WeightSource::in_process(received.weights, host_be), version, mode)
                         : Result<WeightUpdateAck>(fits);
       }
@@ -507,7 +513,7 @@ Status serve_remote_engine(Collectives& link, Backend& backend, const ModelConfi
   const ModelTensorLayout layout = model_tensor_layout(config);
   HostWeights received;
   Status fits = Status::Ok();
-  KILN_RETURN_IF_ERROR(receive_weights(link, client, hello.at("tensors"), layout, received, &fits));
+  KILN_RETURN_IF_ERROR(receive_weights(link, client, hello.at("tensors"), layout, backend, received, &fits));
   Result<std::unique_ptr<Engine>> created = [&]() -> Result<std::unique_ptr<Engine>> {
     KILN_RETURN_IF_ERROR(fits);
     KILN_RETURN_IF_ERROR(received.weights.check(layout, received.buffers.begin()->second.view().dtype, Device::cpu()));
@@ -535,7 +541,7 @@ Status serve_remote_engine(Collectives& link, Backend& backend, const ModelConfi
   KILN_RETURN_IF_ERROR(reply({{"op", "ready"}}));
   std::unique_ptr<Backend> host_be = make_cpu_backend();
   Forwarder forwarder(link, client);
-  const Status served = serve_commands(link, client, *engine, *host_be, layout, forwarder, received);
+  const Status served = serve_commands(link, client, *engine, backend, *host_be, layout, forwarder, received);
   engine.reset();  // every open request ends ("abort"); the forwarder sends what is left, then "closed"
   forwarder.close();
   return served;
