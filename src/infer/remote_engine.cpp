@@ -309,8 +309,17 @@ class RemoteEngine final : public EngineApi {
         streams_.clear();
         return;
       }
-      const uint64_t id = j->at("id").get<uint64_t>();
-      EngineEvent e = event_from(j->at("event"));
+      uint64_t id = 0;
+      EngineEvent e;
+      try {
+        id = j->at("id").get<uint64_t>();
+        e = event_from(j->at("event"));
+      } catch (const json::exception& ex) {  // a bug of the other side: the stream ends with it
+        e = EngineEvent{};
+        e.finished = true;
+        e.finish_reason = "abort";
+        e.error = std::string("a malformed event from the remote engine: ") + ex.what();
+      }
       std::shared_ptr<RequestStream> stream;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -503,7 +512,10 @@ Result<std::unique_ptr<EngineApi>> connect_remote_engine(Collectives& link, int3
   return std::unique_ptr<EngineApi>(std::move(engine));
 }
 
-Status serve_remote_engine(Collectives& link, Backend& backend, const ModelConfig& config, const Tokenizer* tokenizer) {
+namespace {
+
+Status serve_remote_engine_unchecked(Collectives& link, Backend& backend, const ModelConfig& config,
+                                     const Tokenizer* tokenizer) {
   // The hello, from whichever rank is the client.
   KILN_ASSIGN_OR_RETURN(auto first, link.receive_message(-1, kTagCommand));
   const int32_t client = first.first;
@@ -541,10 +553,25 @@ Status serve_remote_engine(Collectives& link, Backend& backend, const ModelConfi
   KILN_RETURN_IF_ERROR(reply({{"op", "ready"}}));
   std::unique_ptr<Backend> host_be = make_cpu_backend();
   Forwarder forwarder(link, client);
-  const Status served = serve_commands(link, client, *engine, backend, *host_be, layout, forwarder, received);
+  Status served = Status::Ok();
+  try {
+    served = serve_commands(link, client, *engine, backend, *host_be, layout, forwarder, received);
+  } catch (const json::exception& e) {  // a message without the fields the protocol names
+    served = Status(StatusCode::internal, std::string("a malformed command from the remote engine's client: ") + e.what());
+  }
   engine.reset();  // every open request ends ("abort"); the forwarder sends what is left, then "closed"
   forwarder.close();
   return served;
+}
+
+}  // namespace
+
+Status serve_remote_engine(Collectives& link, Backend& backend, const ModelConfig& config, const Tokenizer* tokenizer) {
+  try {
+    return serve_remote_engine_unchecked(link, backend, config, tokenizer);
+  } catch (const json::exception& e) {  // a hello without the fields the protocol names
+    return Status(StatusCode::internal, std::string("a malformed hello from the remote engine's client: ") + e.what());
+  }
 }
 
 }  // namespace kiln
