@@ -6,7 +6,8 @@
 // tokens per second. Prints one JSON object. --remote (under mpirun -np 2) runs the loop with its
 // engine in the second process (infer/remote_engine.h: the weights travel as messages at every
 // update), skipping (1); against a run without it, what moving the engine out of the trainer's
-// process costs.
+// process costs. With --device cuda the engine takes its rank's local GPU: its own on a two-GPU
+// host; with one GPU, give --device cuda:0 to share it.
 // Usage: bench_rl --config bench/configs/llama-1b-shape.config.json [--device cuda] [--steps 4]
 //                 [--group-size 8] [--prompts-per-step 16] [--prompt-len 256] [--max-tokens 256]
 //                 [--remote]
@@ -125,7 +126,8 @@ int main(int argc, char** argv) {
     if (link->rank() == 1) {  // the engine's process: what serve_rl_engine reads of the run's options
       rl::RlOptions engine_side;
       engine_side.random_config = config_path;
-      engine_side.device = device_name;
+      // its own GPU where there are several (local rank 1), else the trainer's
+      engine_side.device = device_name == "cuda" ? "cuda:" + std::to_string(world->local_rank) : device_name;
       Status served = rl::serve_rl_engine(engine_side, *link);
       return served.ok() ? 0 : fail(served);
     }

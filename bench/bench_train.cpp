@@ -10,7 +10,9 @@
 // data-parallel path with NCCL over one rank (the gradients all-reduced, or with --zero 1|2
 // reduce-scattered and the weights all-gathered): against a run without it, the cost of the
 // collectives on one GPU. A step that runs out of memory still prints the JSON object, with "error"
-// and the peak reached. Steps go through the Trainer, as kiln train's do.
+// and the peak reached. Steps go through the Trainer, as kiln train's do. Under mpirun -np N (with
+// --collectives nccl or mpi) every rank trains --batch of its own on the GPU of its local rank, the
+// gradients reduced as kiln train reduces them; rank 0 prints, tok_s counting every rank's tokens.
 // Usage: bench_train --config bench/configs/llama-1b-shape.config.json [--batch 8x2048] [--steps 5]
 //                    [--warmup 3] [--device cuda] [--recompute] [--optimizer adamw|muon]
 //                    [--collectives none|nccl] [--zero 0|1|2]
@@ -65,12 +67,18 @@ int main(int argc, char** argv) {
   if (!config.ok()) return fail(config.status());
   Result<Device> device = parse_device(device_name);
   if (!device.ok()) return fail(device.status());
+  Result<WorldInfo> world = world_from_environment();
+  if (!world.ok()) return fail(world.status());
+  if (world->size > 1 && collectives_name == "none")
+    return fail(invalid_argument("under mpirun, give --collectives nccl or mpi"));
+  if (world->size > 1 && device->is_cuda() && device_name == "cuda") device->index = world->local_rank;
   Result<std::unique_ptr<Backend>> backend = make_backend(*device);
   if (!backend.ok()) return fail(backend.status());
   Backend& be = **backend;
   TrainModelOptions options;
   options.random_seed = 1234;
   options.recompute = recompute;
+  options.parameter_shards = zero > 0 ? world->size : 1;
   const double t0 = now_s();
   Result<std::unique_ptr<TrainModel>> model = TrainModel::random(be, *config, options);
   if (!model.ok()) return fail(model.status());
@@ -82,12 +90,13 @@ int main(int argc, char** argv) {
   else if (optimizer_name != "adamw")
     return fail(invalid_argument("--optimizer must be adamw or muon"));
   std::unique_ptr<Collectives> collectives;
-  if (collectives_name == "nccl") {
-    Result<std::unique_ptr<Collectives>> c = make_nccl_collectives(be, make_single_process_collectives(), 600.0);
+  if (collectives_name == "nccl" || collectives_name == "mpi") {
+    Result<std::unique_ptr<Collectives>> c = make_collectives(*world, 600.0);
+    if (c.ok() && collectives_name == "nccl") c = make_nccl_collectives(be, std::move(*c), 600.0);
     if (!c.ok()) return fail(c.status());
     collectives = std::move(*c);
   } else if (collectives_name != "none") {
-    return fail(invalid_argument("--collectives must be none or nccl"));
+    return fail(invalid_argument("--collectives must be none, nccl or mpi"));
   }
   TrainerOptions topt;
   topt.optimizer = opt;
@@ -104,7 +113,9 @@ int main(int argc, char** argv) {
     hb.batch = B;
     hb.seq_len = S;
     for (int64_t i = 0; i < int64_t(B) * S; ++i) {
-      hb.ids.push_back(static_cast<int32_t>(rng::splitmix64(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i)) % config->vocab_size));
+      hb.ids.push_back(static_cast<int32_t>(
+          rng::splitmix64((seed + 1000 * static_cast<uint64_t>(world->rank)) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i)) %
+          config->vocab_size));
       hb.positions.push_back(static_cast<int32_t>(i % S));
     }
     hb.targets.assign(hb.ids.size(), -100);
@@ -152,15 +163,16 @@ int main(int argc, char** argv) {
   if (Status s = run_step(300, true, &phases, &opt_ms); !s.ok()) return steps_failed(s);
   const double params = static_cast<double>(m.params().parameter_count());
   const double flops_per_token = 6 * params + 6.0 * config->num_hidden_layers * config->hidden_size * S;
-  const double tok_s = double(B) * S * 1000.0 / ms;
+  const double tok_s = double(B) * S * world->size * 1000.0 / ms;
   nlohmann::json train = {{"batch", batch_shape},
+                          {"ranks", world->size},
                           {"recompute", recompute},
                           {"optimizer", optimizer_name},
                           {"collectives", collectives_name},
                           {"zero", zero},
                           {"ms_per_step", ms},
                           {"tok_s", tok_s},
-                          {"mfu_vs_989", tok_s * flops_per_token / 989e12},
+                          {"mfu_vs_989", tok_s / world->size * flops_per_token / 989e12},
                           {"phases_ms",
                            {{"forward", phases.forward_ms},
                             {"head_loss", phases.head_ms},
@@ -168,6 +180,6 @@ int main(int argc, char** argv) {
                             {"upload_reduce_optimizer", opt_ms}}}};
   memory(train);
   out["train"] = train;
-  std::cout << out.dump(1) << std::endl;
+  if (world->rank == 0) std::cout << out.dump(1) << std::endl;
   return 0;
 }

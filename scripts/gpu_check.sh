@@ -255,7 +255,7 @@ while i < len(text):
     print(t["collectives"], "zero", t["zero"], "ms/step %.1f" % t.get("ms_per_step", -1), "tok/s %.0f" % t.get("tok_s", -1),
           "peak GB %.2f" % t["peak_mem_gb"], "resident GB %.2f" % (t["resident_bytes_before_steps"] / 1e9), t.get("phases_ms", t.get("error")))
 PY
-  RL_ARGS="--config $CFG --device cuda --steps 4 --group-size 8 --prompts-per-step 8 --prompt-len 256 --max-tokens 128"
+  RL_ARGS="--config $CFG --device cuda:0 --steps 4 --group-size 8 --prompts-per-step 8 --prompt-len 256 --max-tokens 128"
   timeout 300 "$BUILD/bin/bench_rl" $RL_ARGS --work /tmp/kiln-rl-local > "$OUT/bench_rl_local.json" 2> "$LOGS/bench_rl_local.err" \
     || { status=1; tail -3 "$LOGS/bench_rl_local.err"; }
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe -np 2 \
