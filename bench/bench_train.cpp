@@ -92,9 +92,13 @@ int main(int argc, char** argv) {
   std::unique_ptr<Collectives> collectives;
   if (collectives_name == "nccl" || collectives_name == "mpi") {
     Result<std::unique_ptr<Collectives>> c = make_collectives(*world, 600.0);
-    if (c.ok() && collectives_name == "nccl") c = make_nccl_collectives(be, std::move(*c), 600.0);
     if (!c.ok()) return fail(c.status());
     collectives = std::move(*c);
+    if (collectives_name == "nccl") {
+      Result<std::unique_ptr<Collectives>> nccl = make_nccl_collectives(be, collectives, 600.0);
+      if (!nccl.ok()) return fail(nccl.status());
+      collectives = std::move(*nccl);
+    }
   } else if (collectives_name != "none") {
     return fail(invalid_argument("--collectives must be none, nccl or mpi"));
   }

@@ -85,7 +85,7 @@ Result<std::unique_ptr<Collectives>> make_collectives(const WorldInfo& world, do
 }
 
 #ifndef KILN_WITH_CUDA
-Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend&, std::unique_ptr<Collectives>, double) {
+Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend&, std::unique_ptr<Collectives>&, double) {
   return unsupported("this kiln was built without CUDA, so it has no NCCL collectives; use --collectives mpi");
 }
 #endif

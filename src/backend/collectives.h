@@ -88,8 +88,9 @@ Result<std::unique_ptr<Collectives>> make_mpi_collectives(const WorldInfo& world
 
 // NCCL over the ranks of `bootstrap` for device tensors of `be` (a CUDA backend; the collectives run
 // on its stream, asynchronously); host scalars and barriers go through the bootstrap, which the NCCL
-// collectives own. An error when kiln was built without CUDA or NCCL cannot be loaded.
-Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend& be, std::unique_ptr<Collectives> bootstrap,
+// collectives own: it is moved from `bootstrap` on success and left there on failure. An error
+// when kiln was built without CUDA or NCCL cannot be loaded.
+Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend& be, std::unique_ptr<Collectives>& bootstrap,
                                                           double timeout_seconds);
 
 // The collectives of `world`: one process when its size is 1, else MPI.

@@ -73,10 +73,19 @@ struct NcclApi {
 
 class NcclCollectives final : public Collectives {
  public:
-  static Result<std::unique_ptr<Collectives>> create(Backend& be, std::unique_ptr<Collectives> bootstrap, double timeout) {
+  static Result<std::unique_ptr<Collectives>> create(Backend& be, std::unique_ptr<Collectives>& bootstrap, double timeout) {
     if (!be.device().is_cuda()) return invalid_argument("NCCL collectives need a CUDA device (--device cuda)");
     KILN_ASSIGN_OR_RETURN(NcclApi api, NcclApi::load());
     auto c = std::unique_ptr<NcclCollectives>(new NcclCollectives(api, std::move(bootstrap), timeout));
+    // On failure the caller gets its bootstrap back (to end the other ranks with it).
+    struct GiveBack {
+      std::unique_ptr<Collectives>& from;
+      std::unique_ptr<Collectives>& to;
+      bool done = false;
+      ~GiveBack() {
+        if (!done) to = std::move(from);
+      }
+    } give_back{c->bootstrap_, bootstrap};
     c->stream_ = static_cast<CudaBackend&>(be).stream();
     c->device_ = be.device().index;
     // Rank 0's unique id to every rank, through the bootstrap (a device copy: its broadcast stages).
@@ -102,6 +111,7 @@ class NcclCollectives final : public Collectives {
       KILN_RETURN_IF_ERROR(c->check(api.CommInitRank(&c->comm_, c->size(), id, c->rank()), "ncclCommInitRank"));
     }
     c->watchdog_ = std::thread([p = c.get()] { p->watch(); });
+    give_back.done = true;
     return std::unique_ptr<Collectives>(std::move(c));
   }
 
@@ -290,9 +300,9 @@ class NcclCollectives final : public Collectives {
 
 }  // namespace
 
-Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend& be, std::unique_ptr<Collectives> bootstrap,
+Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend& be, std::unique_ptr<Collectives>& bootstrap,
                                                           double timeout_seconds) {
-  return NcclCollectives::create(be, std::move(bootstrap), timeout_seconds);
+  return NcclCollectives::create(be, bootstrap, timeout_seconds);
 }
 
 }  // namespace kiln

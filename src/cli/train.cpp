@@ -117,7 +117,7 @@ int train_ranks(const TrainFlags& f, std::unique_ptr<Collectives>& collectives, 
   // NCCL for device tensors: by default with several ranks on CUDA; asked for, also with one rank.
   const bool nccl = f.collectives == "nccl" || (f.collectives == "auto" && device->is_cuda() && world.size > 1);
   if (nccl) {
-    Result<std::unique_ptr<Collectives>> c = make_nccl_collectives(be, std::move(collectives), f.collective_timeout);
+    Result<std::unique_ptr<Collectives>> c = make_nccl_collectives(be, collectives, f.collective_timeout);
     if (!c.ok()) return fail(c.status());
     collectives = std::move(*c);
   }

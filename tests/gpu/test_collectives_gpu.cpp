@@ -67,7 +67,8 @@ Trained train_three_steps(Backend& be, Collectives* coll, int32_t zero) {
 
 TEST(CollectivesGpu, NcclWithOneRankChangesNothing) {
   KILN_REQUIRE_GPU(be);
-  Result<std::unique_ptr<Collectives>> nccl = make_nccl_collectives(*be, make_single_process_collectives(), 60.0);
+  std::unique_ptr<Collectives> one = make_single_process_collectives();
+  Result<std::unique_ptr<Collectives>> nccl = make_nccl_collectives(*be, one, 60.0);
   if (!nccl.ok()) GTEST_SKIP() << nccl.status().message();
   EXPECT_STREQ((*nccl)->transport(), "nccl");
   const Trained plain = train_three_steps(*be, nullptr, 0);
@@ -82,7 +83,8 @@ TEST(CollectivesGpu, NcclWithOneRankChangesNothing) {
 
 TEST(CollectivesGpu, NcclCollectivesInPlaceOnOneRank) {
   KILN_REQUIRE_GPU(be);
-  Result<std::unique_ptr<Collectives>> nccl = make_nccl_collectives(*be, make_single_process_collectives(), 60.0);
+  std::unique_ptr<Collectives> one = make_single_process_collectives();
+  Result<std::unique_ptr<Collectives>> nccl = make_nccl_collectives(*be, one, 60.0);
   if (!nccl.ok()) GTEST_SKIP() << nccl.status().message();
   Collectives& c = **nccl;
   const TensorBuffer host = random_host({1000}, DType::f32, 3);
