@@ -43,17 +43,9 @@ WHAT=${1:-all}
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-/tmp/kiln-out}
 mkdir -p "$OUT"
-[ -f .carry/gpu-build.tar.xz ] && tar -xJf .carry/gpu-build.tar.xz
-# An incremental rebuild of some binaries (scripts/build_for_gpu.sh removes a stale one) goes on top.
-[ -f .carry/gpu-inc.tar.xz ] && tar -xJf .carry/gpu-inc.tar.xz
-# cuBLASLt comes from the machine's CUDA toolkit or PyTorch's wheel.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
-  [ -e "$d/libcublasLt.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" && break
-done
+source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
 if ldd "$BUILD/bin/kiln" | grep "not found"; then echo "missing shared libraries"; exit 1; fi
-export KILN_TESTDATA=$PWD/testdata KILN_BINARY=$PWD/$BUILD/bin/kiln
 status=0
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   # The log is written whole first (a reader that stops early must not cut the run short).
@@ -231,7 +223,6 @@ if [ "$WHAT" = train-bench ]; then
 fi
 if [ "$WHAT" = distributed ]; then
   LOGS=${LOGS:-/tmp/kiln-logs}; mkdir -p "$LOGS"
-  export NCCL_NVLS_ENABLE=0  # never NVLink multicast on the shared machines
   timeout 400 "$BUILD/tests/kiln_gpu_tests" --gtest_filter="${DIST_FILTER:-*Collectives*:*Resume*:*Muon*:*LossOptim*}" \
     > "$OUT/gpu_distributed_tests.log" 2>&1 || status=1
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error|Skipped" "$OUT/gpu_distributed_tests.log" | head -40

@@ -16,15 +16,8 @@ BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-/tmp/kiln-out}
 LOGS=${LOGS:-/tmp/kiln-logs}
 mkdir -p "$OUT" "$LOGS"
-[ -f .carry/gpu-build.tar.xz ] && tar -xJf .carry/gpu-build.tar.xz
-[ -f .carry/gpu-inc.tar.xz ] && tar -xJf .carry/gpu-inc.tar.xz
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-         $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
-  [ -e "$d/libcublasLt.so.13" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" && break
-done
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source scripts/gpu_env.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export KILN_TESTDATA=$PWD/testdata KILN_BINARY=$PWD/$BUILD/bin/kiln
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 [ "$gpus" -ge 2 ] || { echo "two GPUs are needed, this machine has $gpus"; exit 1; }

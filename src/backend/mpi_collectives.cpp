@@ -156,20 +156,23 @@ class MpiCollectives final : public Collectives {
     return std::make_pair(static_cast<int32_t>(status.MPI_SOURCE), std::move(bytes));
   }
 
-  // Pieces of at most 1 GiB, each its own message of the same tag (MPI keeps their order).
+  // Pieces of at most 1 GiB, each its own message of the same tag (MPI keeps their order); an empty
+  // payload is one empty message.
+  static int64_t pieces_of(int64_t n) { return std::max<int64_t>(1, (n + kPiece - 1) / kPiece); }
   Status send_bytes(int32_t to, int32_t tag, const void* data, int64_t n) override {
     KILN_RETURN_IF_ERROR(check_messaging(to));
-    for (int64_t at = 0; at < n || at == 0; at += kPiece) {
+    for (int64_t piece = 0; piece < pieces_of(n); ++piece) {
+      const int64_t at = piece * kPiece;
       const int count = static_cast<int>(std::min(kPiece, n - at));
       KILN_RETURN_IF_ERROR(check(MPI_Send(static_cast<const char*>(data) + at, count, MPI_BYTE, to, tag, MPI_COMM_WORLD),
                                  "MPI_Send"));
-      if (n == 0) break;
     }
     return Status::Ok();
   }
   Status receive_bytes(int32_t from, int32_t tag, void* data, int64_t n) override {
     KILN_RETURN_IF_ERROR(check_messaging(from));
-    for (int64_t at = 0; at < n || at == 0; at += kPiece) {
+    for (int64_t piece = 0; piece < pieces_of(n); ++piece) {
+      const int64_t at = piece * kPiece;
       MPI_Message message;
       MPI_Status status;
       KILN_RETURN_IF_ERROR(probe(from, tag, &message, &status));
@@ -183,7 +186,6 @@ class MpiCollectives final : public Collectives {
                                 std::to_string(expected) + " were expected");
       }
       KILN_RETURN_IF_ERROR(check(MPI_Mrecv(static_cast<char*>(data) + at, count, MPI_BYTE, &message, &status), "MPI_Mrecv"));
-      if (n == 0) break;
     }
     return Status::Ok();
   }
