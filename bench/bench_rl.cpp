@@ -4,13 +4,13 @@
 // (rl/loop.h) on seeded random weights: prompts of random token ids, a reward command, and the
 // split of each step's time between generation, training and the update, with rollout and training
 // tokens per second. Prints one JSON object. --remote (under mpirun -np 2) runs the loop with its
-// engine in the second process (infer/remote_engine.h: the weights travel as messages at every
-// update), skipping (1); against a run without it, what moving the engine out of the trainer's
-// process costs. With --device cuda the engine takes its rank's local GPU: its own on a two-GPU
-// host; with one GPU, give --device cuda:0 to share it.
+// engine in the second process (infer/remote_engine.h: the weights travel at every update, GPU to
+// GPU over NCCL between two GPUs, else as MPI messages), skipping (1); against a run without it,
+// what moving the engine out of the trainer's process costs. With --device cuda the engine takes
+// its rank's local GPU: its own on a two-GPU host; with one GPU, give --device cuda:0 to share it.
 // Usage: bench_rl --config bench/configs/llama-1b-shape.config.json [--device cuda] [--steps 4]
 //                 [--group-size 8] [--prompts-per-step 16] [--prompt-len 256] [--max-tokens 256]
-//                 [--remote]
+//                 [--remote [--weight-transport auto|nccl|mpi]]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -114,6 +114,8 @@ int main(int argc, char** argv) {
   app.add_option("--work", work, "scratch folder");
   bool remote = false;
   app.add_flag("--remote", remote, "the engine in a second process (mpirun -np 2; rank 1 serves it)");
+  std::string weight_transport = "auto";
+  app.add_option("--weight-transport", weight_transport, "with --remote: auto, nccl or mpi");
   CLI11_PARSE(app, argc, argv);
   std::unique_ptr<Collectives> link;
   if (remote) {
@@ -173,10 +175,12 @@ int main(int argc, char** argv) {
   if (remote) {
     o.engine_ranks = {1};
     o.link = link.get();
+    o.weight_transport = weight_transport;
   }
   std::vector<rl::RlStepReport> reports;
   rl::RlEvents ev;
   ev.step = [&](const rl::RlStepReport& r) { reports.push_back(r); };
+  ev.info = [](const std::string& msg) { std::fprintf(stderr, "bench_rl: %s\n", msg.c_str()); };  // the weights' transport
   Result<rl::RlSummary> s = rl::run_rl(o, ev);
   if (!s.ok()) return fail(s.status());
   double gen = 0, train = 0, update = 0, ack = 0, gen_tokens = 0, train_tokens = 0;

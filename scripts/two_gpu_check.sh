@@ -6,8 +6,10 @@
 #      1 rank ends within the same tolerance of the uninterrupted 2-rank run;
 #   2. bench_train, llama-1b shape, 8 x 2048 tokens per GPU: 1 GPU, and 2 GPUs at --zero 0, 1, 2
 #      (tokens/s, scaling, resident and peak memory per GPU);
-#   3. the RL loop with its engine on GPU 1 (bench_rl --remote) beside the loop in one process on
-#      GPU 0, and a kiln rl run with --engines 1 on the fixture model;
+#   3. the RL loop with its engine on GPU 1, its weights over NCCL (bench_rl --remote: the update's
+#      time to the engine's acknowledgement) beside the loop in one process on GPU 0, and kiln rl
+#      with --engines 1 --weight-transport nccl on the fixture model beside the same run in one
+#      process (whether their rollouts are equal is printed: the remote engine may batch otherwise);
 #   4. hf_bench.py's training figure on one GPU, as the reference.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0): the device tool's KINDS.md says why.
 set -uo pipefail
@@ -88,7 +90,7 @@ PY
 # 3. RL with the engine on its own GPU, beside the loop in one process.
 RL_ARGS="--config $CFG --steps 4 --group-size 8 --prompts-per-step 8 --prompt-len 256 --max-tokens 128"
 timeout 300 "$BUILD/bin/bench_rl" $RL_ARGS --device cuda:0 --work /tmp/kiln-rl-local > "$OUT/bench_rl_local.json" 2> "$LOGS/bench_rl_local.err" || status=1
-timeout 300 mpirun -np 2 "$BUILD/bin/bench_rl" $RL_ARGS --device cuda --remote --work /tmp/kiln-rl-remote \
+timeout 300 mpirun -np 2 "$BUILD/bin/bench_rl" $RL_ARGS --device cuda --remote --weight-transport nccl --work /tmp/kiln-rl-remote \
   > "$OUT/bench_rl_remote.json" 2> "$LOGS/bench_rl_remote.err" || { status=1; tail -3 "$LOGS/bench_rl_remote.err"; }
 python3 -c 'import json, sys
 for f in sys.argv[1:]:
@@ -101,10 +103,18 @@ import json
 for i in range(8):
     print(json.dumps({"messages": [{"role": "user", "content": f"What is {i}+1?"}], "answer": i + 1}))
 PY
-timeout 300 mpirun -np 2 "$KILN" rl --model testdata/tiny-chat --prompts "$LOGS/rl_prompts.jsonl" --output "$LOGS/rl_two" \
-  --device cuda --engines 1 --steps 4 --group-size 4 --prompts-per-step 2 --max-tokens 12 --reward.kind regex \
-  --reward.pattern '.' > "$LOGS/rl_two.log" 2>&1 || status=1
+RL="rl --model testdata/tiny-chat --prompts $LOGS/rl_prompts.jsonl --device cuda --steps 4 --group-size 4
+  --prompts-per-step 2 --max-tokens 12 --reward.kind regex --reward.pattern ."
+rm -rf "$LOGS"/rl_one* "$LOGS"/rl_two*
+timeout 300 "$KILN" $RL --output "$LOGS/rl_one" --dump-rollouts "$LOGS/rl_one.rollouts.jsonl" > "$LOGS/rl_one.log" 2>&1 || status=1
+timeout 300 mpirun -np 2 "$KILN" $RL --output "$LOGS/rl_two" --dump-rollouts "$LOGS/rl_two.rollouts.jsonl" \
+  --engines 1 --weight-transport nccl > "$LOGS/rl_two.log" 2>&1 || status=1
 grep -E "engine on rank|done after|error" "$LOGS/rl_two.log" | head -5
+if cmp -s "$LOGS/rl_one.rollouts.jsonl" "$LOGS/rl_two.rollouts.jsonl"; then
+  echo "kiln rl: the rollouts with the engine on GPU 1 equal those of the run in one process"
+else
+  echo "kiln rl: the rollouts with the engine on GPU 1 differ from those of the run in one process"
+fi
 
 # 4. The reference: PyTorch's training figure on one GPU.
 if [ -f .carry/hf_bench.py ]; then

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "core/status.h"
@@ -40,6 +41,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
+  // The physical device across processes (a GPU's UUID), to tell whether two processes share one;
+  // empty for the host.
+  virtual std::string device_uuid() const { return ""; }
   // Whether ops compute every row of a batch the same way whatever the other rows are (bitwise),
   // at some cost in speed: a CPU backend made with batch_invariant (engines whose outputs must not
   // depend on how requests were batched: reproducible RL rollouts, prefix cache on = off).

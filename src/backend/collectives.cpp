@@ -88,6 +88,10 @@ Result<std::unique_ptr<Collectives>> make_collectives(const WorldInfo& world, do
 Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend&, std::unique_ptr<Collectives>&, double) {
   return unsupported("this kiln was built without CUDA, so it has no NCCL collectives; use --collectives mpi");
 }
+Result<std::string> make_nccl_id() { return unsupported("this kiln was built without CUDA, so it has no NCCL"); }
+Result<std::unique_ptr<Collectives>> make_nccl_group(Backend&, int32_t, int32_t, const std::string&, double) {
+  return unsupported("this kiln was built without CUDA, so it has no NCCL");
+}
 #endif
 
 #ifndef KILN_WITH_MPI

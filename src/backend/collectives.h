@@ -53,6 +53,15 @@ class Collectives {
   virtual Status reduce_scatter_sum(Backend& be, Tensor in, Tensor out) = 0;
   virtual Status all_gather(Backend& be, Tensor in, Tensor out) = 0;
   virtual Status broadcast(Backend& be, Tensor t, int32_t root) = 0;  // any dtype
+  // Point-to-point tensors, any dtype, in order between two ranks: the receiver's tensor has the
+  // sender's byte count. NCCL only, device tensors GPU to GPU on the backend's stream (no host
+  // copy, asynchronous like its collectives); elsewhere unsupported (host bytes go by send_bytes).
+  virtual Status send(Backend&, Tensor, int32_t /*to*/) {
+    return unsupported(std::string("tensor sends need NCCL, not ") + transport());
+  }
+  virtual Status receive(Backend&, Tensor, int32_t /*from*/) {
+    return unsupported(std::string("tensor receives need NCCL, not ") + transport());
+  }
   virtual Status barrier() = 0;
   virtual Status sum(double* values, int32_t n) = 0;
   // Overlap with computation: starts an all-reduce of `t` that may run while the work issued later
@@ -92,6 +101,17 @@ Result<std::unique_ptr<Collectives>> make_mpi_collectives(const WorldInfo& world
 // when kiln was built without CUDA or NCCL cannot be loaded.
 Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend& be, std::unique_ptr<Collectives>& bootstrap,
                                                           double timeout_seconds);
+
+// A new NCCL communicator's unique id, as bytes to hand to each of its members (through messages
+// of another transport); an error without CUDA or NCCL.
+Result<std::string> make_nccl_id();
+
+// NCCL among `size` ranks that were given the same `id`, this one being `rank`, with no bootstrap:
+// device tensors only (collectives, send and receive); messages, scalars and barriers are
+// unsupported. Every member calls it at about the same time; it returns once all have joined
+// (or after the timeout, ending the process with a message). Each member must be on another GPU.
+Result<std::unique_ptr<Collectives>> make_nccl_group(Backend& be, int32_t rank, int32_t size, const std::string& id,
+                                                     double timeout_seconds);
 
 // The collectives of `world`: one process when its size is 1, else MPI.
 Result<std::unique_ptr<Collectives>> make_collectives(const WorldInfo& world, double timeout_seconds);

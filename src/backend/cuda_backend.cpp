@@ -92,6 +92,13 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(int device_index) {
     return unsupported("cannot use CUDA device " + std::to_string(device_index));
   }
   CUDA_CHECK(cudaDeviceGetAttribute(&b->sm_count_, cudaDevAttrMultiProcessorCount, device_index));
+  cudaDeviceProp props{};
+  CUDA_CHECK(cudaGetDeviceProperties(&props, device_index));
+  for (unsigned char byte : props.uuid.bytes) {
+    const char* hex = "0123456789abcdef";
+    b->uuid_ += hex[byte >> 4];
+    b->uuid_ += hex[byte & 15];
+  }
   if (const char* pdl = std::getenv("KILN_PDL")) b->programmatic_launch_ = std::string(pdl) != "0";
   CUDA_CHECK(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
   cublasLtHandle_t h = nullptr;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -49,6 +50,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   Device device() const override { return Device::cuda(device_index_); }
+  std::string device_uuid() const override { return uuid_; }
   Result<void*> allocate(int64_t bytes) override {
     ++allocations_;
     return allocator_.allocate(bytes);
@@ -100,6 +102,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device_index);
   int device_index_;
   int sm_count_ = 0;
+  std::string uuid_;  // hex digits of the device's UUID
   int attention_prefill_variant_ = -1;
   bool programmatic_launch_ = true;
   int64_t allocations_ = 0;

@@ -4,7 +4,8 @@
 // at once (asynchronous, in order with the kernels around them); overlapped all-reduces go on a
 // stream of their own, after an event of the backend's stream, and join() makes the backend's
 // stream wait for them. Host scalars, barriers and the exchange of NCCL's unique id go through the
-// bootstrap collectives (MPI, or nothing for one rank).
+// bootstrap collectives (MPI, or nothing for one rank); a group made without one (make_nccl_group:
+// the trainer and a remote engine, their id exchanged in the engine's protocol) moves tensors only.
 //
 // Hangs and failures: after each collective an event is recorded on the stream; a watchdog thread
 // polls it and NCCL's asynchronous error, and when the collective is not done within the timeout
@@ -17,6 +18,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -42,6 +44,8 @@ struct NcclApi {
   ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
 
   static Result<NcclApi> load() {
     NcclApi api;
@@ -66,6 +70,8 @@ struct NcclApi {
     get(api.ReduceScatter, "ncclReduceScatter");
     get(api.AllGather, "ncclAllGather");
     get(api.Broadcast, "ncclBroadcast");
+    get(api.Send, "ncclSend");
+    get(api.Recv, "ncclRecv");
     if (!ok) return unsupported("the NCCL library found lacks functions kiln needs (NCCL 2.12 or newer is needed)");
     return api;
   }
@@ -73,46 +79,71 @@ struct NcclApi {
 
 class NcclCollectives final : public Collectives {
  public:
+  // Over a bootstrap: rank 0's unique id goes to every rank through it.
   static Result<std::unique_ptr<Collectives>> create(Backend& be, std::unique_ptr<Collectives>& bootstrap, double timeout) {
     if (!be.device().is_cuda()) return invalid_argument("NCCL collectives need a CUDA device (--device cuda)");
-    KILN_ASSIGN_OR_RETURN(NcclApi api, NcclApi::load());
-    auto c = std::unique_ptr<NcclCollectives>(new NcclCollectives(api, std::move(bootstrap), timeout));
-    // On failure the caller gets its bootstrap back (to end the other ranks with it).
-    struct GiveBack {
-      std::unique_ptr<Collectives>& from;
-      std::unique_ptr<Collectives>& to;
-      bool done = false;
-      ~GiveBack() {
-        if (!done) to = std::move(from);
-      }
-    } give_back{c->bootstrap_, bootstrap};
-    c->stream_ = static_cast<CudaBackend&>(be).stream();
-    c->device_ = be.device().index;
-    // Rank 0's unique id to every rank, through the bootstrap (a device copy: its broadcast stages).
-    ncclUniqueId id{};
-    if (c->bootstrap_->rank() == 0) KILN_RETURN_IF_ERROR(c->check(api.GetUniqueId(&id), "ncclGetUniqueId"));
-    if (c->bootstrap_->size() > 1) {
-      static_assert(sizeof(id) % 4 == 0);
-      const int64_t words = static_cast<int64_t>(sizeof(id) / 4);
+    std::string id;
+    if (bootstrap->rank() == 0) {
+      KILN_ASSIGN_OR_RETURN(id, make_id());
+    }
+    if (bootstrap->size() > 1) {  // a device copy: the bootstrap's broadcast stages device tensors
+      static_assert(sizeof(ncclUniqueId) % 4 == 0);
+      const int64_t words = static_cast<int64_t>(sizeof(ncclUniqueId) / 4);
+      id.resize(sizeof(ncclUniqueId));
       KILN_ASSIGN_OR_RETURN(TensorBuffer buf, empty(be, {words}, DType::i32));
-      Tensor host{&id, DType::i32, Device::cpu(), Shape{words}};
+      Tensor host{id.data(), DType::i32, Device::cpu(), Shape{words}};
       be.copy(buf.view(), host);
-      KILN_RETURN_IF_ERROR(c->bootstrap_->broadcast(be, buf.view(), 0));
+      KILN_RETURN_IF_ERROR(bootstrap->broadcast(be, buf.view(), 0));
       be.copy(host, buf.view());
       KILN_RETURN_IF_ERROR(be.synchronize());
     }
-    if (cudaEventCreateWithFlags(&c->event_, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->issued_, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->overlapped_done_, cudaEventDisableTiming) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&c->comm_stream_, cudaStreamNonBlocking) != cudaSuccess)
-      return Status(StatusCode::internal, "cannot create the CUDA events and stream of the NCCL collectives");
-    {
-      Guard g(*c, "NCCL's initialisation");
-      KILN_RETURN_IF_ERROR(c->check(api.CommInitRank(&c->comm_, c->size(), id, c->rank()), "ncclCommInitRank"));
+    const int32_t rank = bootstrap->rank(), size = bootstrap->size();
+    auto c = std::unique_ptr<NcclCollectives>(new NcclCollectives(std::move(bootstrap), rank, size, timeout));
+    Status st = c->start(be, id);
+    if (!st.ok()) {
+      bootstrap = std::move(c->bootstrap_);  // back to the caller, to end the other ranks with it
+      return st;
     }
-    c->watchdog_ = std::thread([p = c.get()] { p->watch(); });
-    give_back.done = true;
     return std::unique_ptr<Collectives>(std::move(c));
+  }
+  static Result<std::unique_ptr<Collectives>> create_group(Backend& be, int32_t rank, int32_t size,
+                                                           const std::string& id, double timeout) {
+    if (!be.device().is_cuda()) return invalid_argument("NCCL needs a CUDA device");
+    if (size < 1 || rank < 0 || rank >= size)
+      return invalid_argument("a NCCL group's rank must lie in [0, size): rank " + std::to_string(rank) + " of " +
+                              std::to_string(size));
+    auto c = std::unique_ptr<NcclCollectives>(new NcclCollectives(nullptr, rank, size, timeout));
+    KILN_RETURN_IF_ERROR(c->start(be, id));
+    return std::unique_ptr<Collectives>(std::move(c));
+  }
+  static Result<std::string> make_id() {
+    KILN_ASSIGN_OR_RETURN(NcclApi api, NcclApi::load());
+    ncclUniqueId id{};
+    const ncclResult_t rc = api.GetUniqueId(&id);
+    const std::string error = rc == ncclSuccess ? "" : api.GetErrorString(rc);
+    dlclose(api.handle);
+    if (!error.empty()) return Status(StatusCode::internal, "NCCL failed in ncclGetUniqueId: " + error);
+    return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+  }
+
+  // Loads NCCL, joins the communicator of `id_bytes` and starts the watchdog.
+  Status start(Backend& be, const std::string& id_bytes) {
+    KILN_ASSIGN_OR_RETURN(api_, NcclApi::load());
+    if (id_bytes.size() != sizeof(ncclUniqueId))
+      return invalid_argument("a NCCL unique id has " + std::to_string(sizeof(ncclUniqueId)) + " bytes, not " +
+                              std::to_string(id_bytes.size()));
+    ncclUniqueId id{};
+    std::memcpy(&id, id_bytes.data(), sizeof(id));
+    stream_ = static_cast<CudaBackend&>(be).stream();
+    device_ = be.device().index;
+    if (cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&issued_, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&overlapped_done_, cudaEventDisableTiming) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking) != cudaSuccess)
+      return Status(StatusCode::internal, "cannot create the CUDA events and stream of the NCCL collectives");
+    watchdog_ = std::thread([this] { watch(); });
+    Guard g(*this, "NCCL's initialisation");
+    return check(api_.CommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
   }
 
   ~NcclCollectives() override {
@@ -126,20 +157,20 @@ class NcclCollectives final : public Collectives {
     for (cudaEvent_t e : {event_, issued_, overlapped_done_})
       if (e) cudaEventDestroy(e);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
-    dlclose(api_.handle);
+    if (api_.handle) dlclose(api_.handle);
   }
 
-  int32_t rank() const override { return bootstrap_->rank(); }
-  int32_t size() const override { return bootstrap_->size(); }
+  int32_t rank() const override { return rank_; }
+  int32_t size() const override { return size_; }
   const char* transport() const override { return "nccl"; }
   void set_timeout(double seconds) override {
     timeout_ = seconds;
-    bootstrap_->set_timeout(seconds);
+    if (bootstrap_) bootstrap_->set_timeout(seconds);
   }
   void abort_all(int code) override {
     if (comm_) api_.CommAbort(comm_);
     comm_ = nullptr;
-    bootstrap_->abort_all(code);
+    if (bootstrap_) bootstrap_->abort_all(code);
   }
 
   Status all_reduce_sum(Backend&, Tensor t) override {
@@ -171,6 +202,18 @@ class NcclCollectives final : public Collectives {
       return api_.Broadcast(t.data, t.data, static_cast<size_t>(t.nbytes()), ncclUint8, root, comm_, stream_);
     });
   }
+  Status send(Backend&, Tensor t, int32_t to) override {
+    KILN_RETURN_IF_ERROR(check_peer(to));
+    return enqueue("a send of " + std::to_string(t.nbytes()) + " bytes to rank " + std::to_string(to), [&] {
+      return api_.Send(t.data, static_cast<size_t>(t.nbytes()), ncclUint8, to, comm_, stream_);
+    });
+  }
+  Status receive(Backend&, Tensor t, int32_t from) override {
+    KILN_RETURN_IF_ERROR(check_peer(from));
+    return enqueue("a receive of " + std::to_string(t.nbytes()) + " bytes from rank " + std::to_string(from), [&] {
+      return api_.Recv(t.data, static_cast<size_t>(t.nbytes()), ncclUint8, from, comm_, stream_);
+    });
+  }
   Status all_reduce_sum_overlapped(Backend&, Tensor t) override {
     KILN_RETURN_IF_ERROR(check_dtype(t, "all-reduce", false));
     if (cudaEventRecord(issued_, stream_) != cudaSuccess || cudaStreamWaitEvent(comm_stream_, issued_, 0) != cudaSuccess)
@@ -185,24 +228,44 @@ class NcclCollectives final : public Collectives {
       return Status(StatusCode::internal, "rank " + std::to_string(rank()) + ": cannot join the communication stream");
     return Status::Ok();
   }
-  Status barrier() override { return bootstrap_->barrier(); }
+  Status barrier() override {
+    KILN_RETURN_IF_ERROR(check_bootstrap("a barrier"));
+    return bootstrap_->barrier();
+  }
   Status send_message(int32_t to, int32_t tag, const std::string& bytes) override {
+    KILN_RETURN_IF_ERROR(check_bootstrap("a message"));
     return bootstrap_->send_message(to, tag, bytes);
   }
   Result<std::pair<int32_t, std::string>> receive_message(int32_t from, int32_t tag) override {
+    KILN_RETURN_IF_ERROR(check_bootstrap("a message"));
     return bootstrap_->receive_message(from, tag);
   }
   Status send_bytes(int32_t to, int32_t tag, const void* data, int64_t n) override {
+    KILN_RETURN_IF_ERROR(check_bootstrap("host bytes"));
     return bootstrap_->send_bytes(to, tag, data, n);
   }
   Status receive_bytes(int32_t from, int32_t tag, void* data, int64_t n) override {
+    KILN_RETURN_IF_ERROR(check_bootstrap("host bytes"));
     return bootstrap_->receive_bytes(from, tag, data, n);
   }
-  Status sum(double* values, int32_t n) override { return bootstrap_->sum(values, n); }
+  Status sum(double* values, int32_t n) override {
+    KILN_RETURN_IF_ERROR(check_bootstrap("a sum of host values"));
+    return bootstrap_->sum(values, n);
+  }
 
  private:
-  NcclCollectives(NcclApi api, std::unique_ptr<Collectives> bootstrap, double timeout)
-      : api_(api), bootstrap_(std::move(bootstrap)), timeout_(timeout) {}
+  NcclCollectives(std::unique_ptr<Collectives> bootstrap, int32_t rank, int32_t size, double timeout)
+      : bootstrap_(std::move(bootstrap)), rank_(rank), size_(size), timeout_(timeout) {}
+
+  Status check_bootstrap(const char* what) const {
+    if (bootstrap_) return Status::Ok();
+    return unsupported(std::string("this NCCL group moves device tensors only, not ") + what);
+  }
+  Status check_peer(int32_t peer) const {
+    if (peer >= 0 && peer < size_ && peer != rank_) return Status::Ok();
+    return invalid_argument("rank " + std::to_string(peer) + " is not another rank of this NCCL group of " +
+                            std::to_string(size_));
+  }
 
   // Marks a host-blocking call (initialisation) for the watchdog.
   struct Guard {
@@ -281,7 +344,8 @@ class NcclCollectives final : public Collectives {
   }
 
   NcclApi api_;
-  std::unique_ptr<Collectives> bootstrap_;
+  std::unique_ptr<Collectives> bootstrap_;  // null for a group made from an id
+  int32_t rank_ = 0, size_ = 1;
   double timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;       // the backend's
@@ -303,6 +367,13 @@ class NcclCollectives final : public Collectives {
 Result<std::unique_ptr<Collectives>> make_nccl_collectives(Backend& be, std::unique_ptr<Collectives>& bootstrap,
                                                           double timeout_seconds) {
   return NcclCollectives::create(be, bootstrap, timeout_seconds);
+}
+
+Result<std::string> make_nccl_id() { return NcclCollectives::make_id(); }
+
+Result<std::unique_ptr<Collectives>> make_nccl_group(Backend& be, int32_t rank, int32_t size, const std::string& id,
+                                                     double timeout_seconds) {
+  return NcclCollectives::create_group(be, rank, size, id, timeout_seconds);
 }
 
 }  // namespace kiln

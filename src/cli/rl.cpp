@@ -200,6 +200,11 @@ Runner add_rl(CLI::App& app) {
   c->add_option("--engines", o.engine_ranks,
                 "under mpirun: the ranks that run engines (every rank but 0, which trains), e.g. --engines 1 2 "
                 "or engines = [1, 2] in the config file");
+  c->add_option("--weight-transport", o.weight_transport,
+                "how the weights reach engines on other ranks: nccl (GPU to GPU), mpi (through host memory) or "
+                "auto (nccl between different GPUs)")
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}))
+      ->capture_default_str();
   c->add_option("--save-every", o.save_every, "checkpoint every N steps (and at the end)");
   c->add_option("--keep-last", o.keep_last, "keep only the newest K checkpoints (default: all)");
   c->add_option("--resume", o.resume, "continue from a checkpoint or run folder, or 'auto'");

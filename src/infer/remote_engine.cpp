@@ -23,6 +23,7 @@ constexpr int32_t kTagCommand = 10;  // client -> host: JSON commands
 constexpr int32_t kTagWeights = 11;  // client -> host: one tensor's bytes
 constexpr int32_t kTagReply = 20;    // host -> client: answers to commands that wait for one
 constexpr int32_t kTagEvent = 21;    // host -> client: request events, then "closed"
+constexpr double kNcclTimeoutSeconds = 600;  // the most one transfer of the weights over NCCL may take
 
 json request_json(const GenerationRequest& r) {
   return {{"prompt", r.prompt},
@@ -159,6 +160,23 @@ EngineStats stats_from(const json& j) {
 }
 
 // Parses a message of the protocol; a malformed one is a bug of the other side, reported as such.
+// Bytes as hex digits in JSON (NCCL's unique id), and back.
+std::string hex(const std::string& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+std::string unhex(const std::string& digits) {
+  auto value = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  std::string out;
+  for (size_t i = 0; i + 1 < digits.size(); i += 2) out += static_cast<char>(value(digits[i]) * 16 + value(digits[i + 1]));
+  return out;
+}
+
 Result<json> parse(const std::string& bytes, const char* from) {
   json j = json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
@@ -237,22 +255,37 @@ class RemoteEngine final : public EngineApi {
     return ack;
   }
 
-  // The hello: the host builds its engine on these weights, serving them as options.policy_version.
+  // The hello: agrees on the weights' transport, then the host builds its engine on these weights,
+  // serving them as options.policy_version.
   Status hello(const std::vector<int32_t>& eos_ids, const EngineOptions& options, const ModelWeights& weights,
-               Backend& backend) {
+               Backend& backend, const std::string& transport) {
     std::lock_guard<std::mutex> call(call_mu_);
     version_ = options.policy_version;
-    KILN_RETURN_IF_ERROR(
-        send_with_weights({{"op", "hello"}, {"eos", eos_ids}, {"options", options_json(options)}}, weights, backend));
-    KILN_ASSIGN_OR_RETURN(json reply, wait_reply());
-    if (reply.contains("error")) return Status(StatusCode::invalid_argument, "the remote engine on rank " +
-                                                   std::to_string(host_) + ": " + reply.at("error").get<std::string>());
+    auto refused = [&](const json& reply) {
+      return Status(StatusCode::invalid_argument,
+                    "the remote engine on rank " + std::to_string(host_) + ": " + reply.at("error").get<std::string>());
+    };
+    KILN_ASSIGN_OR_RETURN(json welcome, call_locked({{"op", "hello"},
+                                                     {"eos", eos_ids},
+                                                     {"options", options_json(options)},
+                                                     {"gpu", backend.device_uuid()},
+                                                     {"weight_transport", transport}}));
+    if (welcome.contains("error")) return refused(welcome);
+    if (welcome.at("weight_transport") == "nccl") {
+      KILN_ASSIGN_OR_RETURN(nccl_, make_nccl_group(backend, 0, 2, unhex(welcome.at("nccl_id").get<std::string>()),
+                                                   kNcclTimeoutSeconds));
+    }
+    KILN_RETURN_IF_ERROR(send_with_weights({{"op", "weights"}}, weights, backend));
+    KILN_ASSIGN_OR_RETURN(json ready, wait_reply());
+    if (ready.contains("error")) return refused(ready);
     return Status::Ok();
   }
+  const char* weight_transport() const { return nccl_ ? "nccl" : "mpi"; }
 
  private:
-  // `header` with the list of the model's tensors, then each tensor's bytes, staged on the host
-  // one at a time (in pinned memory when they come from a device, kept for the next update).
+  // `header` with the list of the model's tensors, then each tensor: over NCCL from the device
+  // memory it is in, else its bytes, staged on the host one at a time (in pinned memory when they
+  // come from a device, kept for the next update).
   Status send_with_weights(json header, const ModelWeights& weights, Backend& backend) {
     json tensors = json::array();
     int64_t largest = 0;
@@ -263,6 +296,10 @@ class RemoteEngine final : public EngineApi {
     }
     header["tensors"] = tensors;
     KILN_RETURN_IF_ERROR(link_->send_message(host_, kTagCommand, header.dump()));
+    if (nccl_) {  // asynchronous on the backend's stream, done when the host has them all
+      for (const auto& [name, shape] : layout_.fused) KILN_RETURN_IF_ERROR(nccl_->send(backend, weights.get(name), 1));
+      return Status::Ok();
+    }
     const bool on_host = backend.device().is_cpu();
     if (!on_host && (!staging_.allocated() || staging_.view().nbytes() < largest)) {
       KILN_ASSIGN_OR_RETURN(staging_, pinned_host_empty(backend, {(largest + 1) / 2}, DType::bf16));  // bytes
@@ -341,6 +378,7 @@ class RemoteEngine final : public EngineApi {
   std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<RequestStream>> streams_;  // open requests (mu_)
   TensorBuffer staging_;  // pinned host bytes for the largest tensor (call_mu_)
+  std::unique_ptr<Collectives> nccl_;  // the weights' path when it is NCCL: this rank 0, the host 1
   std::thread receiver_;
 };
 
@@ -404,16 +442,21 @@ class Forwarder {
   std::thread thread_;
 };
 
-// Weights the client sends, received straight into host tensors (pinned when the engine is on a
-// device, for its copy) that are kept from one update to the next; `error` when they do not fit the model (every message is still received, so that the
-// conversation stays in step).
-struct HostWeights {
+// Where the client's weights arrive, kept from one update to the next: over NCCL, device tensors
+// that `be` (a backend of the engine's device with a stream of its own, so that the transfer
+// overlaps the engine's steps) receives into; else host tensors (pinned when the engine is on a
+// device, for its copy) that the messages fill.
+struct ReceivedWeights {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Collectives> nccl;  // the client is its rank 0, this host 1; null: messages
   std::map<std::string, TensorBuffer> buffers;
   ModelWeights weights;
 };
-// Returns a transport error; `*fits` says whether the weights fit the model.
+// Receives the tensors the client lists. Returns a transport error; `*fits` says whether the
+// weights fit the model (when they do not, every message is still received, so that the
+// conversation stays in step).
 Status receive_weights(Collectives& link, int32_t client, const json& tensors, const ModelTensorLayout& layout,
-                       Backend& engine_be, HostWeights& into, Status* fits) {
+                       Backend& engine_be, ReceivedWeights& into, Status* fits) {
   Status& error = *fits;
   error = Status::Ok();
   for (const json& t : tensors) {
@@ -421,8 +464,12 @@ Status receive_weights(Collectives& link, int32_t client, const json& tensors, c
     const DType dtype = static_cast<DType>(t.at(1).get<int>());
     const int64_t nbytes = t.at(3).get<int64_t>();
     auto shape = std::find_if(layout.fused.begin(), layout.fused.end(), [&](const auto& f) { return f.first == name; });
-    if (shape == layout.fused.end() || shape->second.str() != t.at(2).get<std::string>() ||
-        nbytes != shape->second.numel() * dtype_size(dtype)) {
+    const bool fit = shape != layout.fused.end() && shape->second.str() == t.at(2).get<std::string>() &&
+                     nbytes == shape->second.numel() * dtype_size(dtype);
+    if (!fit && into.nccl) {  // the client sends them anyway: the transfer cannot be skipped
+      return Status(StatusCode::internal, "the trainer's tensor " + name + " does not fit this engine's model");
+    }
+    if (!fit) {
       std::string discard(static_cast<size_t>(std::max<int64_t>(nbytes, 0)), '\0');
       KILN_RETURN_IF_ERROR(link.receive_bytes(client, kTagWeights, discard.data(), nbytes));
       error = invalid_argument("the weights' tensor " + name + " does not fit this engine's model");
@@ -430,21 +477,51 @@ Status receive_weights(Collectives& link, int32_t client, const json& tensors, c
     }
     TensorBuffer& buf = into.buffers[name];
     if (!buf.allocated() || buf.view().dtype != dtype) {
-      if (engine_be.device().is_cpu()) {
+      if (into.nccl) {
+        KILN_ASSIGN_OR_RETURN(buf, empty(*into.be, shape->second, dtype));
+      } else if (engine_be.device().is_cpu()) {
         buf = host_empty(shape->second, dtype);
       } else {
         KILN_ASSIGN_OR_RETURN(buf, pinned_host_empty(engine_be, shape->second, dtype));
       }
     }
-    KILN_RETURN_IF_ERROR(link.receive_bytes(client, kTagWeights, buf.view().data, nbytes));
+    if (into.nccl) {
+      KILN_RETURN_IF_ERROR(into.nccl->receive(*into.be, buf.view(), 0));
+    } else {
+      KILN_RETURN_IF_ERROR(link.receive_bytes(client, kTagWeights, buf.view().data, nbytes));
+    }
     into.weights.set(name, buf.view());
   }
-  return Status::Ok();
+  return into.be->synchronize();  // the NCCL receives are complete
+}
+
+// The weights' transport the client asks for ("auto", "nccl" or "mpi") and this host's answer:
+// NCCL between two different GPUs when NCCL is there, else MPI messages through the host's memory.
+Result<json> choose_weight_transport(const json& hello, Backend& engine_be) {
+  const std::string asked = hello.at("weight_transport").get<std::string>();
+  const std::string client_gpu = hello.at("gpu").get<std::string>();
+  std::string why_not;
+  if (client_gpu.empty() || !engine_be.device().is_cuda())
+    why_not = "NCCL moves weights between GPUs, and the trainer is on " + std::string(client_gpu.empty() ? "the CPU" : "a GPU") +
+              ", this engine on " + engine_be.device().str();
+  else if (client_gpu == engine_be.device_uuid())
+    why_not = "the trainer and this engine share one GPU (" + engine_be.device().str() + "), which NCCL cannot connect";
+  json welcome = {{"op", "welcome"}, {"weight_transport", "mpi"}};
+  if (asked == "mpi" || (asked == "auto" && !why_not.empty())) return welcome;
+  if (!why_not.empty()) return json{{"error", "--weight-transport nccl: " + why_not}};
+  Result<std::string> id = make_nccl_id();
+  if (!id.ok()) {
+    if (asked == "nccl") return json{{"error", "--weight-transport nccl: " + id.status().message()}};
+    return welcome;
+  }
+  welcome["weight_transport"] = "nccl";
+  welcome["nccl_id"] = hex(*id);
+  return welcome;
 }
 
 // The host's command loop, until the client says stop.
-Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend& engine_be, Backend& host_be,
-                      const ModelTensorLayout& layout, Forwarder& forwarder, HostWeights& received) {
+Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend& engine_be,
+                      const ModelTensorLayout& layout, Forwarder& forwarder, ReceivedWeights& received) {
   auto reply = [&](const json& j) { return link.send_message(client, kTagReply, j.dump()); };
   std::map<uint64_t, uint64_t> engine_ids;  // client id -> engine id
   while (true) {
@@ -476,7 +553,7 @@ Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend
       } else {
         Status fits = Status::Ok();
         KILN_RETURN_IF_ERROR(receive_weights(link, client, j.at("tensors"), layout, engine_be, received, &fits));
-        ack = fits.ok() ? engine.update_weights(WeightSource::in_process(received.weights, host_be), version, mode)
+        ack = fits.ok() ? engine.update_weights(WeightSource::in_process(received.weights, *received.be), version, mode)
                         : Result<WeightUpdateAck>(fits);
       }
       if (!ack.ok()) {
@@ -502,13 +579,18 @@ Status serve_commands(Collectives& link, int32_t client, Engine& engine, Backend
 Result<std::unique_ptr<EngineApi>> connect_remote_engine(Collectives& link, int32_t host, const ModelConfig& config,
                                                          const ModelWeights& initial, Backend& backend, uint64_t version,
                                                          const std::vector<int32_t>& eos_ids,
-                                                         const EngineOptions& options) {
+                                                         const EngineOptions& options,
+                                                         const std::string& weight_transport,
+                                                         std::string* chosen_transport) {
   if (host == link.rank() || host < 0 || host >= link.size())
     return invalid_argument("the remote engine's rank " + std::to_string(host) + " is not another rank of the run");
+  if (weight_transport != "auto" && weight_transport != "nccl" && weight_transport != "mpi")
+    return invalid_argument("the weights' transport is auto, nccl or mpi, not '" + weight_transport + "'");
   auto engine = std::make_unique<RemoteEngine>(link, host, model_tensor_layout(config));
   EngineOptions o = options;
   o.policy_version = version;
-  KILN_RETURN_IF_ERROR(engine->hello(eos_ids, o, initial, backend));
+  KILN_RETURN_IF_ERROR(engine->hello(eos_ids, o, initial, backend, weight_transport));
+  if (chosen_transport) *chosen_transport = engine->weight_transport();
   return std::unique_ptr<EngineApi>(std::move(engine));
 }
 
@@ -522,19 +604,33 @@ Status serve_remote_engine_unchecked(Collectives& link, Backend& backend, const 
   auto reply = [&](const json& j) { return link.send_message(client, kTagReply, j.dump()); };
   KILN_ASSIGN_OR_RETURN(json hello, parse(first.second, "client"));
   if (hello.value("op", "") != "hello") return Status(StatusCode::internal, "the remote engine's client did not say hello");
+  // The weights' transport: NCCL from the trainer's GPU into this one's, or MPI messages.
+  KILN_ASSIGN_OR_RETURN(json welcome, choose_weight_transport(hello, backend));
+  KILN_RETURN_IF_ERROR(reply(welcome));
+  if (welcome.contains("error")) return invalid_argument(welcome.at("error").get<std::string>());
+  ReceivedWeights received;
+  if (welcome.at("weight_transport") == "nccl") {
+    KILN_ASSIGN_OR_RETURN(received.be, make_backend(backend.device()));
+    KILN_ASSIGN_OR_RETURN(received.nccl, make_nccl_group(*received.be, 1, 2, unhex(welcome.at("nccl_id").get<std::string>()),
+                                                         kNcclTimeoutSeconds));
+  } else {
+    received.be = make_cpu_backend();
+  }
+  KILN_ASSIGN_OR_RETURN(auto weights_msg, link.receive_message(client, kTagCommand));
+  KILN_ASSIGN_OR_RETURN(json weights, parse(weights_msg.second, "client"));
   const ModelTensorLayout layout = model_tensor_layout(config);
-  HostWeights received;
   Status fits = Status::Ok();
-  KILN_RETURN_IF_ERROR(receive_weights(link, client, hello.at("tensors"), layout, backend, received, &fits));
+  KILN_RETURN_IF_ERROR(receive_weights(link, client, weights.at("tensors"), layout, backend, received, &fits));
   Result<std::unique_ptr<Engine>> created = [&]() -> Result<std::unique_ptr<Engine>> {
     KILN_RETURN_IF_ERROR(fits);
-    KILN_RETURN_IF_ERROR(received.weights.check(layout, received.buffers.begin()->second.view().dtype, Device::cpu()));
+    KILN_RETURN_IF_ERROR(received.weights.check(layout, received.buffers.begin()->second.view().dtype,
+                                                received.be->device()));
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Transformer::random(backend, config, 0));
     for (const auto& [name, shape] : layout.fused) {  // the client's weights, in the model's dtype
       const Tensor src = received.weights.get(name), dst = model->weights().get(name);
       if (src.dtype == dst.dtype) {
         backend.copy(dst, src);
-      } else if (backend.device().is_cpu()) {
+      } else if (src.device == dst.device) {
         ops::cast(backend, dst, src);
       } else {
         return invalid_argument("the trainer's weights are " + std::string(dtype_name(src.dtype)) + ", the engine's " +
@@ -551,11 +647,10 @@ Status serve_remote_engine_unchecked(Collectives& link, Backend& backend, const 
   }
   std::unique_ptr<Engine> engine = std::move(*created);
   KILN_RETURN_IF_ERROR(reply({{"op", "ready"}}));
-  std::unique_ptr<Backend> host_be = make_cpu_backend();
   Forwarder forwarder(link, client);
   Status served = Status::Ok();
   try {
-    served = serve_commands(link, client, *engine, backend, *host_be, layout, forwarder, received);
+    served = serve_commands(link, client, *engine, backend, layout, forwarder, received);
   } catch (const json::exception& e) {  // a message without the fields the protocol names
     served = Status(StatusCode::internal, std::string("a malformed command from the remote engine's client: ") + e.what());
   }

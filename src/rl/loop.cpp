@@ -161,12 +161,14 @@ Status Run::setup() {
       engines_.push_back(std::move(e));
     } else {
       for (int32_t rank : o_.engine_ranks) {
+        std::string transport;
         KILN_ASSIGN_OR_RETURN(std::unique_ptr<EngineApi> e,
                               connect_remote_engine(*o_.link, rank, config, trainer_weights_, *train_be_,
-                                                    trainer_->policy_version(), eos, eo));
+                                                    trainer_->policy_version(), eos, eo, o_.weight_transport,
+                                                    &transport));
         engines_.push_back(std::move(e));
         info("engine on rank " + std::to_string(rank) + " ready at policy version " +
-             std::to_string(trainer_->policy_version()));
+             std::to_string(trainer_->policy_version()) + " (weights over " + transport + ")");
       }
     }
   }

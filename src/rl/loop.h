@@ -80,6 +80,9 @@ struct RlOptions {
   // own copy of the weights (no zero copy), in every mode.
   std::vector<int32_t> engine_ranks;
   Collectives* link = nullptr;  // not owned
+  // How the weights reach remote engines: "auto" (NCCL from GPU to GPU where the trainer and an
+  // engine are on different GPUs, else MPI messages), "nccl" or "mpi" (remote_engine.h).
+  std::string weight_transport = "auto";
   int64_t save_every = 0;    // steps; 0: only at the end and when stopped
   int32_t keep_last = 0;
   std::string resume;        // "", "auto" or a checkpoint / run directory

@@ -337,7 +337,8 @@ TEST_F(CliRlRemoteEngines, SyncRunEqualsTheInProcessRun) {
     const std::string out = "remote" + std::to_string(ranks);
     Shell r = remote(ranks, out, "");
     ASSERT_EQ(r.code, 0) << r.output;
-    EXPECT_NE(r.output.find("engine on rank 1 ready at policy version 0"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("engine on rank 1 ready at policy version 0 (weights over mpi)"), std::string::npos)
+        << r.output;
     EXPECT_NE(r.output.find("cross-version prefix hits: 0"), std::string::npos) << r.output;
     EXPECT_EQ(read_file(tmp_.sub(out + ".rollouts.jsonl")), rollouts) << ranks - 1 << " remote engines";
     EXPECT_EQ(read_file(tmp_.sub(out + "/checkpoint-4/model.safetensors")), weights) << ranks - 1 << " remote engines";
@@ -374,6 +375,19 @@ TEST_F(CliRlRemoteEngines, AsyncRunKeepsTheBoundAndTheAttribution) {
       EXPECT_LE(rec["admission_version"].get<uint64_t>(), rec["finish_version"].get<uint64_t>()) << rec.dump();
     }
   }
+}
+
+TEST_F(CliRlRemoteEngines, NcclWeightsNeedTwoGpus) {
+  // On the CPU the weights can only travel as MPI messages: asking for NCCL is a clear error on
+  // both ranks' side, not a hang.
+  Shell r = remote(2, "nccl", "--weight-transport nccl");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--weight-transport nccl: NCCL moves weights between GPUs, and the trainer is on the CPU"),
+            std::string::npos)
+      << r.output;
+  Shell bad = remote(2, "bogus", "--weight-transport pigeon");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("--weight-transport"), std::string::npos) << bad.output;
 }
 
 TEST_F(CliRlRemoteEngines, RolesMustBeClear) {

@@ -4,8 +4,9 @@
 // kernel), and the collectives themselves work in place on device tensors. Under mpirun, two ranks
 // sharing the GPU (--device cuda:0; MPI through host copies) with --zero 1, which shards the f32 master weights,
 // give the losses and the final weights of --zero 0 within 1e-6, and the losses of one rank within
-// bf16 rounding. Skipped without a GPU, NCCL or mpirun (and the mpirun case when kiln was built
-// without MPI).
+// bf16 rounding. A remote engine on the trainer's GPU gets its weights as MPI messages (NCCL
+// cannot connect a GPU to itself). Skipped without a GPU, NCCL or mpirun (and the mpirun cases
+// when kiln was built without MPI).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -167,6 +168,34 @@ TEST(CollectivesGpu, TwoRanksOnTheGpuWithShardedMasterWeights) {
   const std::vector<float> w0 = weights_of(zero0), w1 = weights_of(zero1);
   ASSERT_EQ(w0.size(), w1.size());
   EXPECT_LE(rel_error(w1, w0), 1e-6) << "final weights, --zero 1 (gathered master) against --zero 0";
+}
+
+// kiln rl with its engine in a second process on the same GPU: the weights cannot go over NCCL
+// (it cannot connect a GPU to itself), so asking for it is a clear error and "auto" takes MPI
+// messages; the run then completes with the engine's tokens at the trainer's versions.
+TEST(CollectivesGpu, RemoteEngineOnTheTrainersGpu) {
+  KILN_REQUIRE_GPU(be);
+  if (shell("command -v mpirun").code != 0) GTEST_SKIP() << "mpirun is not installed";
+  TempDir tmp;
+  std::string prompts;
+  for (int i = 0; i < 4; ++i)
+    prompts += "{\"messages\": [{\"role\": \"user\", \"content\": \"What is " + std::to_string(i) +
+               "+1?\"}], \"answer\": " + std::to_string(i + 1) + "}\n";
+  const std::string file = tmp.file("prompts.jsonl", prompts);
+  auto rl = [&](const std::string& out, const std::string& transport) {
+    return shell(mpirun(2) + kiln_binary() + " rl --model " + testdata_dir() + "/tiny-chat --prompts " + file +
+                 " --output " + tmp.sub(out) + " --device cuda:0 --engines 1 --steps 2 --group-size 2 "
+                 "--prompts-per-step 2 --max-tokens 6 --reward.kind regex --reward.pattern . --weight-transport " +
+                 transport);
+  };
+  Shell nccl = rl("nccl", "nccl");
+  if (nccl.output.find("built without MPI") != std::string::npos) GTEST_SKIP() << "kiln was built without MPI";
+  EXPECT_NE(nccl.code, 0);
+  EXPECT_NE(nccl.output.find("the trainer and this engine share one GPU"), std::string::npos) << nccl.output;
+  Shell fallback = rl("auto", "auto");
+  ASSERT_EQ(fallback.code, 0) << fallback.output;
+  EXPECT_NE(fallback.output.find("(weights over mpi)"), std::string::npos) << fallback.output;
+  EXPECT_NE(fallback.output.find("step 2/2 policy_version 2"), std::string::npos) << fallback.output;
 }
 
 }  // namespace
