@@ -33,7 +33,8 @@
 #          under mpirun, and bench_train on the llama-1b shape (8 x 2048) without collectives and
 #          through NCCL over one rank at --zero 0, 1 and 2 (the collectives' cost and memory), and
 #          bench_rl's sync GRPO loop with the engine in the trainer's process and in a second
-#          process sharing the GPU (mpirun -np 2; weights sent as messages at every update).
+#          process sharing the GPU (mpirun -np 2; weights sent as MPI messages at every update:
+#          NCCL cannot connect a GPU to itself).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -252,6 +253,7 @@ PY
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 mpirun --oversubscribe -np 2 \
     "$BUILD/bin/bench_rl" $RL_ARGS --remote --work /tmp/kiln-rl-remote > "$OUT/bench_rl_remote.json" 2> "$LOGS/bench_rl_remote.err" \
     || { status=1; tail -3 "$LOGS/bench_rl_remote.err"; }
+  grep "weights over" "$LOGS/bench_rl_remote.err"
   python3 - "$OUT/bench_rl_local.json" "$OUT/bench_rl_remote.json" <<'PY'
 import json, sys
 for f in sys.argv[1:]:

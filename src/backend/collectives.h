@@ -3,6 +3,8 @@
 //
 //   all_reduce_sum   t <- the element-wise sum of every rank's t (f32, in place)
 //   reduce_scatter   out <- rank r's share [r * n, (r + 1) * n) of the sum of every rank's in [size * n]
+//   reduce           root's t <- the element-wise sum of every rank's t (f32, in place; the others'
+//                    t unchanged)
 //   all_gather       out [size * n] <- every rank's in [n], in rank order (f32 or bf16)
 // reduce_scatter and all_gather also work in place: `out` (resp. `in`) may be this rank's part of
 // the other tensor.
@@ -68,6 +70,8 @@ class Collectives {
   // on the backend's stream goes on (NCCL: on its own stream, after the work issued so far); `t`
   // must be neither read nor written until join(). Elsewhere it completes before returning.
   virtual Status all_reduce_sum_overlapped(Backend& be, Tensor t) { return all_reduce_sum(be, t); }
+  // The same for a reduce to `root` (ZeRO-1/2: each bucket's piece to the rank owning it).
+  virtual Status reduce_sum_overlapped(Backend& be, Tensor t, int32_t root) = 0;
   // The work issued on the backend's stream from now on waits for every overlapped collective.
   virtual Status join(Backend&) { return Status::Ok(); }
   // Point-to-point messages between ranks, for control protocols (remote engines: infer/

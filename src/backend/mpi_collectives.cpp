@@ -84,6 +84,21 @@ class MpiCollectives final : public Collectives {
     return Status::Ok();
   }
 
+  Status reduce_sum_overlapped(Backend& be, Tensor t, int32_t root) override {  // not overlapped: MPI blocks
+    KILN_RETURN_IF_ERROR(check_f32(t, "reduce"));
+    if (root < 0 || root >= size_) return invalid_argument("reduce: root " + std::to_string(root) + " is not a rank");
+    Guard g(*this, "a reduce of " + std::to_string(t.numel()) + " values to rank " + std::to_string(root));
+    float* p = host_view(be, t);
+    for (int64_t at = 0; at < t.numel(); at += kPiece) {
+      const int n = static_cast<int>(std::min(kPiece, t.numel() - at));
+      const bool is_root = rank_ == root;  // (the receive buffer only counts at the root)
+      KILN_RETURN_IF_ERROR(check(MPI_Reduce(is_root ? MPI_IN_PLACE : p + at, is_root ? p + at : nullptr, n, MPI_FLOAT,
+                                            MPI_SUM, root, MPI_COMM_WORLD), "MPI_Reduce"));
+    }
+    if (rank_ == root) write_back(be, t, p);
+    return Status::Ok();
+  }
+
   Status reduce_scatter_sum(Backend& be, Tensor in, Tensor out) override {
     KILN_RETURN_IF_ERROR(check_f32(in, "reduce-scatter"));
     KILN_RETURN_IF_ERROR(check_f32(out, "reduce-scatter"));

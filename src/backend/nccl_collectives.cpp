@@ -41,6 +41,7 @@ struct NcclApi {
   ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*) = nullptr;
   const char* (*GetErrorString)(ncclResult_t) = nullptr;
   ncclResult_t (*AllReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) = nullptr;
+  ncclResult_t (*Reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t) = nullptr;
   ncclResult_t (*Broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = nullptr;
@@ -67,6 +68,7 @@ struct NcclApi {
     get(api.CommGetAsyncError, "ncclCommGetAsyncError");
     get(api.GetErrorString, "ncclGetErrorString");
     get(api.AllReduce, "ncclAllReduce");
+    get(api.Reduce, "ncclReduce");
     get(api.ReduceScatter, "ncclReduceScatter");
     get(api.AllGather, "ncclAllGather");
     get(api.Broadcast, "ncclBroadcast");
@@ -216,11 +218,20 @@ class NcclCollectives final : public Collectives {
   }
   Status all_reduce_sum_overlapped(Backend&, Tensor t) override {
     KILN_RETURN_IF_ERROR(check_dtype(t, "all-reduce", false));
-    if (cudaEventRecord(issued_, stream_) != cudaSuccess || cudaStreamWaitEvent(comm_stream_, issued_, 0) != cudaSuccess)
-      return Status(StatusCode::internal, "rank " + std::to_string(rank()) + ": cannot order the communication stream");
+    KILN_RETURN_IF_ERROR(order_comm_stream());
     return enqueue("an overlapped all-reduce of " + std::to_string(t.numel()) + " values", comm_stream_, [&] {
       return api_.AllReduce(t.data, t.data, static_cast<size_t>(t.numel()), ncclFloat32, ncclSum, comm_, comm_stream_);
     });
+  }
+  Status reduce_sum_overlapped(Backend&, Tensor t, int32_t root) override {
+    KILN_RETURN_IF_ERROR(check_dtype(t, "reduce", false));
+    if (root < 0 || root >= size()) return invalid_argument("reduce: root " + std::to_string(root) + " is not a rank");
+    KILN_RETURN_IF_ERROR(order_comm_stream());
+    return enqueue("an overlapped reduce of " + std::to_string(t.numel()) + " values to rank " + std::to_string(root),
+                   comm_stream_, [&] {
+                     return api_.Reduce(t.data, t.data, static_cast<size_t>(t.numel()), ncclFloat32, ncclSum, root,
+                                        comm_, comm_stream_);
+                   });
   }
   Status join(Backend&) override {
     if (cudaEventRecord(overlapped_done_, comm_stream_) != cudaSuccess ||
@@ -257,6 +268,12 @@ class NcclCollectives final : public Collectives {
   NcclCollectives(std::unique_ptr<Collectives> bootstrap, int32_t rank, int32_t size, double timeout)
       : bootstrap_(std::move(bootstrap)), rank_(rank), size_(size), timeout_(timeout) {}
 
+  // The communication stream waits for the work issued so far on the backend's.
+  Status order_comm_stream() {
+    if (cudaEventRecord(issued_, stream_) != cudaSuccess || cudaStreamWaitEvent(comm_stream_, issued_, 0) != cudaSuccess)
+      return Status(StatusCode::internal, "rank " + std::to_string(rank()) + ": cannot order the communication stream");
+    return Status::Ok();
+  }
   Status check_bootstrap(const char* what) const {
     if (bootstrap_) return Status::Ok();
     return unsupported(std::string("this NCCL group moves device tensors only, not ") + what);

@@ -43,44 +43,44 @@ Result<StepReport> Trainer::begin_step(const std::vector<HostBatch>& micro) cons
   return r;
 }
 
-// The reduce-scatter leaves in this rank's shard the sum over the ranks of everyone's gradients
-// there; with ZeRO-2 the rest of the buffer is then cleared, so that the next micro-batch adds to
-// the shard only this rank's new gradients besides the sum so far, and to the other shards only
-// the new ones: the next reduce-scatter then sums exactly the step's gradients so far.
-Status Trainer::reduce_micro_batch() {
-  if (!data_parallel() || options_.zero != 2) return Status::Ok();
-  Backend& be = model_->backend();
-  const Tensor g = model_->params().grads();
-  const int64_t b = optimizer_.own_begin(), e = optimizer_.own_end();
-  KILN_RETURN_IF_ERROR(options_.collectives->reduce_scatter_sum(be, g, g.rows(b, e)));
-  if (b > 0) be.zero(g.rows(0, b));
-  if (e < g.numel()) be.zero(g.rows(e, g.numel()));
+Status Trainer::reduce_layer(int64_t layer) {
+  for (const auto& [b, e] : model_->params().layer_ranges(layer)) KILN_RETURN_IF_ERROR(reduce_range(b, e));
   return Status::Ok();
 }
 
-// The reduction of layers [0, below) (ZeRO-0: those the backward has not started), the rest of the
-// parameters, the loss; with ZeRO-0 each range's all-reduce overlaps what follows it on the stream.
-Status Trainer::reduce(double* loss, int64_t below) {
-  if (!data_parallel()) return Status::Ok();
+Status Trainer::reduce_range(int64_t begin, int64_t end) {
+  Collectives& coll = *options_.collectives;
+  Backend& be = model_->backend();
+  const ParameterSet& params = model_->params();
+  const Tensor g = params.grads();
+  if (options_.zero == 0) return coll.all_reduce_sum_overlapped(be, g.rows(begin, end));
+  const int64_t shard = params.shard_size();  // rank r owns [r * shard, (r + 1) * shard)
+  for (int64_t at = begin; at < end;) {
+    const int64_t owner = at / shard, piece_end = std::min(end, (owner + 1) * shard);
+    KILN_RETURN_IF_ERROR(coll.reduce_sum_overlapped(be, g.rows(at, piece_end), static_cast<int32_t>(owner)));
+    at = piece_end;
+  }
+  return Status::Ok();
+}
+
+// With ZeRO-2 the reduce leaves in this rank's shard the sum over the ranks of everyone's
+// gradients there; clearing the rest of the buffer makes the next micro-batch add to the shard only
+// this rank's new gradients besides the sum so far, and to the other shards only the new ones: the
+// next reduction then sums exactly the step's gradients so far. (The padding at the end of the
+// last shard holds no gradient and is never reduced.)
+Status Trainer::finish_reduction(int64_t below) {
   Backend& be = model_->backend();
   Collectives& coll = *options_.collectives;
   const ParameterSet& params = model_->params();
-  const Tensor g = params.grads();
-  if (options_.zero == 0) {
-    for (int64_t l = below - 1; l >= 0; --l) KILN_RETURN_IF_ERROR(reduce_layer(l));
-    for (const auto& [b, e] : params.non_layer_ranges())
-      KILN_RETURN_IF_ERROR(coll.all_reduce_sum_overlapped(be, g.rows(b, e)));
-    KILN_RETURN_IF_ERROR(coll.join(be));
-  } else if (options_.zero == 1) {
-    KILN_RETURN_IF_ERROR(coll.reduce_scatter_sum(be, g, g.rows(optimizer_.own_begin(), optimizer_.own_end())));
-  }  // ZeRO-2: reduced micro-batch by micro-batch
-  return coll.sum(loss, 1);
-}
-
-Status Trainer::reduce_layer(int64_t layer) {
-  const Tensor g = model_->params().grads();
-  for (const auto& [b, e] : model_->params().layer_ranges(layer))
-    KILN_RETURN_IF_ERROR(options_.collectives->all_reduce_sum_overlapped(model_->backend(), g.rows(b, e)));
+  for (int64_t l = below - 1; l >= 0; --l) KILN_RETURN_IF_ERROR(reduce_layer(l));
+  for (const auto& [b, e] : params.non_layer_ranges()) KILN_RETURN_IF_ERROR(reduce_range(b, e));
+  KILN_RETURN_IF_ERROR(coll.join(be));
+  if (options_.zero == 2) {
+    const Tensor g = params.grads();
+    const int64_t b = optimizer_.own_begin(), e = optimizer_.own_end();
+    if (b > 0) be.zero(g.rows(0, b));
+    if (e < g.numel()) be.zero(g.rows(e, g.numel()));
+  }
   return Status::Ok();
 }
 
@@ -88,14 +88,13 @@ Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
   const auto start = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(StepReport r, begin_step(micro));
   if (r.skipped) return r;
-  // ZeRO-0: the last micro-batch's backward starts each layer's all-reduce once the layer is done.
-  const bool overlap = data_parallel() && options_.zero == 0;
-  int64_t below = model_->config().num_hidden_layers;  // the layers not reduced yet: [0, below)
   double loss_sum = 0.0;
   for (size_t i = 0; i < micro.size(); ++i) {
     const HostBatch& hb = micro[i];
+    const bool reducing = reduces_after(i, micro.size());
+    int64_t below = model_->config().num_hidden_layers;  // the layers not reduced yet: [0, below)
     if (hb.batch > 0) {  // (a rank without rows in this micro-batch still joins its reduction)
-      if (overlap && i + 1 == micro.size())
+      if (reducing)
         model_->set_layer_gradient_hook([&](int64_t l) {
           KILN_ASSERT(l == below - 1);
           below = l;
@@ -109,9 +108,9 @@ Result<StepReport> Trainer::step(const std::vector<HostBatch>& micro) {
       KILN_RETURN_IF_ERROR(sum.status());
       loss_sum += *sum;
     }
-    KILN_RETURN_IF_ERROR(reduce_micro_batch());
+    if (reducing) KILN_RETURN_IF_ERROR(finish_reduction(below));
   }
-  KILN_RETURN_IF_ERROR(reduce(&loss_sum, below));
+  if (data_parallel()) KILN_RETURN_IF_ERROR(options_.collectives->sum(&loss_sum, 1));
   r.loss = loss_sum / static_cast<double>(r.labelled);
   return commit(r, start);
 }

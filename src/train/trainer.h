@@ -85,12 +85,17 @@ class Trainer {
   // A step's report before any work: the version, token counts (over every rank), skipped when
   // nothing is labelled.
   Result<StepReport> begin_step(const std::vector<HostBatch>& micro) const;
-  // Data parallel: the gradients of the micro-batch just done (ZeRO-2), then at the end of the
-  // step the loss and the gradients summed over the ranks (into this rank's shard with ZeRO >= 1;
-  // with ZeRO-0 layers [0, below) and the other parameters, the layers above being under way).
-  Status reduce_micro_batch();
-  Status reduce(double* loss, int64_t below);
-  Status reduce_layer(int64_t layer);  // ZeRO-0: starts the all-reduce of one layer's gradients
+  // Data parallel. Whether the backward of micro-batch `i` of `n` reduces the gradients (ZeRO-2:
+  // every one; else the last), each layer's started as soon as the backward is past it.
+  bool reduces_after(size_t i, size_t n) const { return data_parallel() && (options_.zero == 2 || i + 1 == n); }
+  // Starts the reduction of layer `layer`'s gradients (overlapping what follows on the stream):
+  // ZeRO-0 an all-reduce; ZeRO-1/2 a reduce of each piece to the rank whose shard holds it.
+  Status reduce_layer(int64_t layer);
+  Status reduce_range(int64_t begin, int64_t end);
+  // After a reducing backward: the reductions of layers [0, below) (those the backward had not
+  // started) and of the other parameters, then a join; with ZeRO-2 the other ranks' shards are
+  // then cleared, so that the next micro-batch adds to them only its own gradients.
+  Status finish_reduction(int64_t below);
   // Collectives in use: several ranks, or NCCL asked for on one (its overhead measured).
   bool data_parallel() const {
     return options_.collectives && std::string_view(options_.collectives->transport()) != "none";
