@@ -93,7 +93,7 @@ Status Optimizer::gather_updated_weights() {
   return shard_over_->all_gather(*be_, weights.rows(own_begin_, own_end_), weights);
 }
 
-void Optimizer::discard_gradients() { be_->zero(params_->grads()); }
+void Optimizer::discard_gradients() { params_->zero_grads(*be_); }
 
 // AdamW over parameters [begin, end) with moments from state_begin; decay_end is absolute.
 void Optimizer::adamw_range(int64_t begin, int64_t end, int64_t state_begin, int64_t decay_end, float lr,
@@ -110,7 +110,7 @@ void Optimizer::adamw_range(int64_t begin, int64_t end, int64_t state_begin, int
   s.grad_scale = grad_scale;
   s.decay_end = decay_end - begin;
   const Tensor lowp = params_->mixed_precision() ? params_->compute().rows(begin, end) : Tensor{};
-  ops::adamw_step(*be_, master_rows(begin, end), params_->grads().rows(begin, end),
+  ops::adamw_step(*be_, master_rows(begin, end), params_->grad_rows(begin, end),
                   m_.view().rows(state_begin, state_begin + n), v_.view().rows(state_begin, state_begin + n), lowp, s);
 }
 
@@ -134,13 +134,13 @@ void Optimizer::muon_update(float lr, float grad_scale) {
   s.adjust_lr = options_.muon_adjust_lr;
   s.grad_scale = grad_scale;
   const Tensor lowp = params_->mixed_precision() ? params_->compute().rows(mb, me) : Tensor{};
-  ops::muon_step(*be_, master_rows(mb, me), params_->grads().rows(mb, me), momentum_, lowp,
+  ops::muon_step(*be_, master_rows(mb, me), params_->grad_rows(mb, me), momentum_, lowp,
                  muon_matrices_, s);
 }
 
 Result<OptimizerStepInfo> Optimizer::step(float lr) {
   OptimizerStepInfo info;
-  const Tensor grads = params_->grads().rows(own_begin_, own_end_);
+  const Tensor grads = params_->grad_rows(own_begin_, own_end_);
   double squares = ops::sum_squares(*be_, grads);
   if (shard_over_) {
     Status summed = shard_over_->sum(&squares, 1);
@@ -169,7 +169,7 @@ Result<OptimizerStepInfo> Optimizer::step(float lr) {
     ops::sgd_step(*be_, master_rows(own_begin_, own_end_), grads, lowp, lr, options_.weight_decay, info.clip_coef,
                   params_->decay_end() - own_begin_);
   }
-  be_->zero(params_->grads());
+  params_->zero_grads(*be_);
   KILN_RETURN_IF_ERROR(gather_updated_weights());
   KILN_RETURN_IF_ERROR(be_->synchronize());
   return info;

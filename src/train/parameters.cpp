@@ -99,6 +99,76 @@ Result<ParameterSet> ParameterSet::create(Backend& be, const ModelConfig& config
   return set;
 }
 
+Tensor ParameterSet::grad(const std::string& fused_name) const {
+  if (!gradients_sharded()) return slice(grads_.view(), fused_name);
+  auto it = offsets_.find(fused_name);
+  KILN_ASSERT(it != offsets_.end() && "unknown parameter");
+  const auto& [offset, shape] = it->second;
+  const int64_t layer = fused_name.rfind("layers.", 0) == 0 ? std::stoll(fused_name.substr(7)) : -1;
+  for (const GradientSpan& s : gradient_spans(layer))
+    if (s.begin <= offset && offset + shape.numel() <= s.end)
+      return s.scratch.rows(offset - s.begin, offset - s.begin + shape.numel()).view(shape);
+  KILN_ASSERT(false && "a parameter outside its layer's ranges");
+  return {};
+}
+
+std::vector<ParameterSet::GradientSpan> ParameterSet::gradient_spans(int64_t layer) const {
+  const std::vector<std::pair<int64_t, int64_t>> ranges =
+      layer < 0 ? non_layer_ranges() : layer_ranges_.at(static_cast<size_t>(layer));
+  std::vector<GradientSpan> out;
+  for (const auto& [b, e] : ranges) {
+    Tensor scratch;
+    if (!gradients_sharded()) {
+      scratch = grads_.view().rows(b, e);
+    } else {
+      const TensorBuffer& buf = layer < 0 ? rest_scratch_ : layer_scratch_[layer % 2];
+      const int64_t at = scratch_offset_.at(b);
+      scratch = buf.view().rows(at, at + (e - b));
+    }
+    out.push_back({b, e, scratch});
+  }
+  return out;
+}
+
+Tensor ParameterSet::grad_rows(int64_t begin, int64_t end) const {
+  if (!gradients_sharded()) return grads_.view().rows(begin, end);
+  KILN_ASSERT(begin >= grad_shard_begin_ && end <= grad_shard_begin_ + grad_shard_.view().numel());
+  return grad_shard_.view().rows(begin - grad_shard_begin_, end - grad_shard_begin_);
+}
+
+void ParameterSet::zero_grads(Backend& be) const {
+  for (const TensorBuffer* b : {&grads_, &grad_shard_, &layer_scratch_[0], &layer_scratch_[1], &rest_scratch_})
+    if (b->allocated()) be.zero(b->view());
+}
+
+Status ParameterSet::shard_gradients(Backend& be, int64_t begin, int64_t end) {
+  KILN_ASSERT(!gradients_sharded() && 0 <= begin && begin <= end && end <= size_);
+  // Offsets in the scratch buffers: each layer's ranges one after the other (every layer has the
+  // same tensors, so one size fits all), and the other ranges likewise.
+  int64_t layer_size = 0, rest_size = 0;
+  for (const auto& ranges : layer_ranges_) {
+    int64_t at = 0;
+    for (const auto& [b, e] : ranges) {
+      scratch_offset_[b] = at;
+      at += e - b;
+    }
+    layer_size = std::max(layer_size, at);
+  }
+  for (const auto& [b, e] : non_layer_ranges()) {
+    scratch_offset_[b] = rest_size;
+    rest_size += e - b;
+  }
+  KILN_ASSIGN_OR_RETURN(grad_shard_, empty(be, {end - begin}, DType::f32));
+  for (TensorBuffer& b : layer_scratch_) {
+    KILN_ASSIGN_OR_RETURN(b, empty(be, {std::max<int64_t>(layer_size, 1)}, DType::f32));
+  }
+  KILN_ASSIGN_OR_RETURN(rest_scratch_, empty(be, {std::max<int64_t>(rest_size, 1)}, DType::f32));
+  grad_shard_begin_ = begin;
+  grads_ = TensorBuffer();
+  zero_grads(be);
+  return be.synchronize();
+}
+
 Tensor ParameterSet::slice(Tensor flat, const std::string& fused_name) const {
   auto it = offsets_.find(fused_name);
   KILN_ASSERT(it != offsets_.end() && "unknown parameter");

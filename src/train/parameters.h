@@ -2,14 +2,19 @@
 // update is one kernel over all of them and a future gradient all-reduce is one call.
 //
 //   master  [N] f32            the parameters the optimizer updates
-//   grads   [N] f32            d loss / d parameter, accumulated over micro-batches
+//   grads   [N] f32            d loss / d parameter, accumulated over micro-batches (unless
+//                              sharded: below)
 //   compute [N] bf16           the copy the forward and backward read (CUDA, mixed precision);
 //                              on the CPU the model reads `master` directly (everything f32)
 //
 // Data parallel with sharded optimizer state (ZeRO, train/trainer.h): N is padded at the end to a
 // multiple of `shards` x 128, so that [0, N) splits into equal, aligned shards (the padding holds
 // zeros and belongs to no tensor); with mixed precision each rank may keep only its shard of the
-// master weights (keep_master_range), the compute copy staying whole.
+// master weights (keep_master_range), the compute copy staying whole. With ZeRO-2 it may keep only
+// its shard of the accumulated gradients (shard_gradients): the backward then writes each layer's
+// gradients into one of two layer-sized scratch buffers in turn (layer l into l % 2) and the other
+// tensors' (embeddings, head, final norm) into a scratch of their own; the trainer reduces each
+// scratch into the ranks that own its elements and adds this rank's part to the shard.
 //
 // Each model tensor (kiln's fused layout: q/k/v rows in one qkv_proj, gate and up in one
 // gate_up_proj) is one contiguous range, aligned to 128 elements; Hugging Face's tensor names are
@@ -76,14 +81,38 @@ class ParameterSet {
   int64_t master_begin() const { return master_begin_; }
   int64_t master_end() const { return master_begin_ + master_.view().numel(); }
   bool master_sharded() const { return master_.view().numel() != size_; }
-  Tensor grads() const { return grads_.view(); }
+  // The flat gradients [N]; not while they are sharded.
+  Tensor grads() const {
+    KILN_ASSERT(!gradients_sharded() && "grads() of sharded gradients");
+    return grads_.view();
+  }
+  // The accumulated gradients of elements [begin, end): rows of grads(), or of the shard when they
+  // are sharded (the range must then lie in it).
+  Tensor grad_rows(int64_t begin, int64_t end) const;
+  // Every accumulated gradient and scratch to zero.
+  void zero_grads(Backend& be) const;
+
+  // ZeRO-2: keeps the accumulated gradients of elements [begin, end) only (zero), freeing the flat
+  // buffer, and gives the backward its scratch (above). Called once, before the first step.
+  Status shard_gradients(Backend& be, int64_t begin, int64_t end);
+  bool gradients_sharded() const { return grad_shard_.allocated(); }
+  int64_t grad_shard_begin() const { return grad_shard_begin_; }
+  // Where the backward writes the gradients of layer `layer` (-1: of the tensors outside the
+  // layers, the padding at the end included), as spans of the flat layout: flat elements [begin,
+  // end) are in `scratch` ([end - begin] f32: rows of grads(), or of a scratch buffer when the
+  // gradients are sharded). Together the spans of every layer and of -1 cover [0, N) once.
+  struct GradientSpan {
+    int64_t begin = 0, end = 0;
+    Tensor scratch;
+  };
+  std::vector<GradientSpan> gradient_spans(int64_t layer) const;
   Tensor compute() const { return mixed_precision() ? compute_.view() : master_.view(); }
 
   // Views of one fused tensor (kiln name) or Hugging Face tensor; an absent name is a bug (asserts),
   // and so is master(name) once the master weights are sharded.
   bool has(const std::string& fused_name) const { return offsets_.count(fused_name) != 0; }
   Tensor master(const std::string& fused_name) const;
-  Tensor grad(const std::string& fused_name) const { return slice(grads_.view(), fused_name); }
+  Tensor grad(const std::string& fused_name) const;
   Tensor weight(const std::string& fused_name) const { return slice(compute(), fused_name); }
   Tensor hf_view(Tensor flat, const HfTensor& t) const { return slice(flat, t.fused).rows(t.row_begin, t.row_end); }
   // Absent optional tensors (a bias the config does not have) as an empty Tensor.
@@ -126,6 +155,12 @@ class ParameterSet {
   std::vector<ParameterMatrix> block_matrices_;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> layer_ranges_;  // [layers] -> merged ranges
   TensorBuffer master_, grads_, compute_;
+  // Sharded gradients: the shard [grad_shard_begin_, + numel) and the scratch (two layer buffers,
+  // the rest's buffer; a range's elements sit in them in layout order, each range at the offset
+  // scratch_offset_ gives for its begin).
+  TensorBuffer grad_shard_, layer_scratch_[2], rest_scratch_;
+  int64_t grad_shard_begin_ = 0;
+  std::map<int64_t, int64_t> scratch_offset_;  // range begin -> offset in its scratch buffer
 };
 
 }  // namespace kiln

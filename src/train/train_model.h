@@ -114,7 +114,7 @@ class TrainModel {
   // sizes) and copies a batch to the device.
   Result<DeviceBatch> upload(const HostBatch& batch) const;
 
-  // Forward and backward over one micro-batch: params().grads() += grad_scale * d(sum of the
+  // Forward and backward over one micro-batch: the gradients (params().grad) += grad_scale * d(sum of the
   // token losses) / d params. Returns the sum of the token losses (label smoothing included).
   // With grad_scale = 1 / (labelled tokens of the whole optimizer step) the gradients are those of
   // Hugging Face's mean loss, accumulated over micro-batches.
@@ -126,7 +126,7 @@ class TrainModel {
 
   // Forward and backward of a loss of the labelled rows' log-probabilities: the forward, the
   // output head once for the log-probabilities (and entropies), `loss` on the host, the head again
-  // with each row's gradient scaled by its d loss / d logprob, the backward: params().grads() +=
+  // with each row's gradient scaled by its d loss / d logprob, the backward: the gradients +=
   // d loss / d params. Label smoothing does not apply. Returns the loss and the scores it saw.
   Result<double> forward_backward_token_loss(const DeviceBatch& batch, const TokenLoss& loss,
                                              const TokenScoreOptions& options, TokenScores* scores = nullptr);

@@ -1,9 +1,12 @@
 // Trainer (see trainer.h).
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
+
+#include "kernels/ops.h"
 
 namespace kiln {
 
@@ -12,6 +15,16 @@ Result<Trainer> Trainer::create(Backend& be, TrainModel& model, const TrainerOpt
   if (options.zero < 0 || options.zero > 2) return invalid_argument("--zero must be 0, 1 or 2");
   const bool sharded = options.zero > 0 && options.collectives && options.collectives->size() > 1;
   ParameterSet& params = model.params();
+  // ZeRO-2 keeps only this rank's shard of the accumulated gradients (with one rank too, when the
+  // collectives are asked for: the path its tests and benchmarks measure).
+  if (options.zero == 2 && options.collectives && std::string_view(options.collectives->transport()) != "none" &&
+      !params.gradients_sharded()) {
+    if (params.shards() != options.collectives->size())
+      return invalid_argument("--zero 2 needs the parameters laid out in " + std::to_string(options.collectives->size()) +
+                              " shards (TrainModelOptions.parameter_shards), not " + std::to_string(params.shards()));
+    const int64_t begin = params.shard_size() * options.collectives->rank();
+    KILN_RETURN_IF_ERROR(params.shard_gradients(be, begin, begin + params.shard_size()));
+  }
   if (sharded && params.mixed_precision() && !params.master_sharded() &&
       options.optimizer.kind != OptimizerOptions::Kind::muon && params.shards() == options.collectives->size()) {
     const int64_t begin = params.shard_size() * options.collectives->rank();  // the optimizer's shard
@@ -43,43 +56,56 @@ Result<StepReport> Trainer::begin_step(const std::vector<HostBatch>& micro) cons
   return r;
 }
 
+// ZeRO-2 keeps one layer's reduction in flight: the backward of the layer below overlaps it, and
+// the layer's scratch is free for the layer after that once its sum is in the owners' shards.
 Status Trainer::reduce_layer(int64_t layer) {
-  for (const auto& [b, e] : model_->params().layer_ranges(layer)) KILN_RETURN_IF_ERROR(reduce_range(b, e));
+  if (options_.zero == 2 && pending_layer_ != kNoLayer) {
+    KILN_RETURN_IF_ERROR(options_.collectives->join(model_->backend()));
+    collect(pending_layer_);
+    pending_layer_ = kNoLayer;
+  }
+  for (const ParameterSet::GradientSpan& span : model_->params().gradient_spans(layer))
+    KILN_RETURN_IF_ERROR(reduce_span(span));
+  if (options_.zero == 2) pending_layer_ = layer;
   return Status::Ok();
 }
 
-Status Trainer::reduce_range(int64_t begin, int64_t end) {
+Status Trainer::reduce_span(const ParameterSet::GradientSpan& span) {
   Collectives& coll = *options_.collectives;
   Backend& be = model_->backend();
-  const ParameterSet& params = model_->params();
-  const Tensor g = params.grads();
-  if (options_.zero == 0) return coll.all_reduce_sum_overlapped(be, g.rows(begin, end));
-  const int64_t shard = params.shard_size();  // rank r owns [r * shard, (r + 1) * shard)
-  for (int64_t at = begin; at < end;) {
-    const int64_t owner = at / shard, piece_end = std::min(end, (owner + 1) * shard);
-    KILN_RETURN_IF_ERROR(coll.reduce_sum_overlapped(be, g.rows(at, piece_end), static_cast<int32_t>(owner)));
+  if (options_.zero == 0) return coll.all_reduce_sum_overlapped(be, span.scratch);
+  const int64_t shard = model_->params().shard_size();  // rank r owns [r * shard, (r + 1) * shard)
+  for (int64_t at = span.begin; at < span.end;) {
+    const int64_t owner = at / shard, piece_end = std::min(span.end, (owner + 1) * shard);
+    KILN_RETURN_IF_ERROR(coll.reduce_sum_overlapped(be, span.scratch.rows(at - span.begin, piece_end - span.begin),
+                                                    static_cast<int32_t>(owner)));
     at = piece_end;
   }
   return Status::Ok();
 }
 
-// With ZeRO-2 the reduce leaves in this rank's shard the sum over the ranks of everyone's
-// gradients there; clearing the rest of the buffer makes the next micro-batch add to the shard only
-// this rank's new gradients besides the sum so far, and to the other shards only the new ones: the
-// next reduction then sums exactly the step's gradients so far. (The padding at the end of the
-// last shard holds no gradient and is never reduced.)
-Status Trainer::finish_reduction(int64_t below) {
+// ZeRO-2, after the reduction of `layer`'s scratch (-1: the rest's) is complete: this rank's part
+// of the sums into its shard, and the scratch cleared for the next backward that writes there.
+void Trainer::collect(int64_t layer) {
   Backend& be = model_->backend();
-  Collectives& coll = *options_.collectives;
   const ParameterSet& params = model_->params();
+  const int64_t own_b = optimizer_.own_begin(), own_e = optimizer_.own_end();
+  for (const ParameterSet::GradientSpan& span : params.gradient_spans(layer)) {
+    const int64_t b = std::max(span.begin, own_b), e = std::min(span.end, own_e);
+    if (b < e) ops::add_inplace(be, params.grad_rows(b, e), span.scratch.rows(b - span.begin, e - span.begin));
+    be.zero(span.scratch);
+  }
+}
+
+Status Trainer::finish_reduction(int64_t below) {
   for (int64_t l = below - 1; l >= 0; --l) KILN_RETURN_IF_ERROR(reduce_layer(l));
-  for (const auto& [b, e] : params.non_layer_ranges()) KILN_RETURN_IF_ERROR(reduce_range(b, e));
-  KILN_RETURN_IF_ERROR(coll.join(be));
+  for (const ParameterSet::GradientSpan& span : model_->params().gradient_spans(-1))
+    KILN_RETURN_IF_ERROR(reduce_span(span));
+  KILN_RETURN_IF_ERROR(options_.collectives->join(model_->backend()));
   if (options_.zero == 2) {
-    const Tensor g = params.grads();
-    const int64_t b = optimizer_.own_begin(), e = optimizer_.own_end();
-    if (b > 0) be.zero(g.rows(0, b));
-    if (e < g.numel()) be.zero(g.rows(e, g.numel()));
+    if (pending_layer_ != kNoLayer) collect(pending_layer_);
+    pending_layer_ = kNoLayer;
+    collect(-1);
   }
   return Status::Ok();
 }

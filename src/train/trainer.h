@@ -91,10 +91,12 @@ class Trainer {
   // Starts the reduction of layer `layer`'s gradients (overlapping what follows on the stream):
   // ZeRO-0 an all-reduce; ZeRO-1/2 a reduce of each piece to the rank whose shard holds it.
   Status reduce_layer(int64_t layer);
-  Status reduce_range(int64_t begin, int64_t end);
+  Status reduce_span(const ParameterSet::GradientSpan& span);
+  // ZeRO-2 (sharded gradients): adds this rank's part of a reduced scratch to its shard and clears
+  // the scratch.
+  void collect(int64_t layer);
   // After a reducing backward: the reductions of layers [0, below) (those the backward had not
-  // started) and of the other parameters, then a join; with ZeRO-2 the other ranks' shards are
-  // then cleared, so that the next micro-batch adds to them only its own gradients.
+  // started) and of the other parameters, then a join (ZeRO-2: and the last collects).
   Status finish_reduction(int64_t below);
   // Collectives in use: several ranks, or NCCL asked for on one (its overhead measured).
   bool data_parallel() const {
@@ -110,6 +112,8 @@ class Trainer {
   Optimizer optimizer_;
   TrainerOptions options_;
   uint64_t version_ = 0;
+  static constexpr int64_t kNoLayer = -2;
+  int64_t pending_layer_ = kNoLayer;  // ZeRO-2: the layer whose reduction is in flight
 };
 
 }  // namespace kiln

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <cmath>
 
 #include "backend/backend.h"
@@ -192,6 +194,53 @@ TEST(TrainGolden, ShardsAndLayerRanges) {
     mark(p->non_layer_ranges());
     EXPECT_EQ(std::count(cover.begin(), cover.end(), 1), static_cast<int64_t>(cover.size())) << shards;
   }
+}
+
+// ZeRO-2's sharded gradients: the shard holds the accumulated gradients of its elements only; the
+// backward's scratch gives layers of the same parity one buffer, the other tensors another, each
+// tensor's gradient inside the spans of its layer, with the spans covering [0, N) once.
+TEST(TrainGolden, ShardedGradientsAndTheirScratch) {
+  auto be = make_cpu_backend();
+  Result<ModelConfig> c = load_model_config(testdata_dir() + "/tiny-qwen2");
+  ASSERT_TRUE(c.ok());
+  ASSERT_GE(c->num_hidden_layers, 2);
+  Result<ParameterSet> p = ParameterSet::create(*be, *c, kDefaultNoDecay, false, 3);
+  ASSERT_TRUE(p.ok());
+  const int64_t begin = p->shard_size(), end = 2 * p->shard_size();  // rank 1 of 3
+  ASSERT_TRUE(p->shard_gradients(*be, begin, end).ok());
+  EXPECT_TRUE(p->gradients_sharded());
+  EXPECT_EQ(p->grad_rows(begin, end).numel(), end - begin);
+  std::vector<int> cover(static_cast<size_t>(p->size()), 0);
+  std::map<int64_t, const void*> first_scratch;  // layer parity -> its buffer's start
+  for (int64_t layer = -1; layer < c->num_hidden_layers; ++layer) {
+    const std::vector<ParameterSet::GradientSpan> spans = p->gradient_spans(layer);
+    ASSERT_FALSE(spans.empty()) << layer;
+    const char* base = static_cast<const char*>(spans.front().scratch.data);
+    for (const ParameterSet::GradientSpan& s : spans) {
+      EXPECT_EQ(s.scratch.numel(), s.end - s.begin);
+      for (int64_t i = s.begin; i < s.end; ++i) ++cover[static_cast<size_t>(i)];
+      base = std::min(base, static_cast<const char*>(s.scratch.data));
+    }
+    if (layer >= 0) {
+      auto [it, fresh] = first_scratch.emplace(layer % 2, base);
+      EXPECT_EQ(it->second, base) << "layer " << layer << " shares its parity's buffer";
+    }
+    for (const auto& [name, shape] : p->layout().fused) {
+      const bool in_layer = name.rfind("layers.", 0) == 0;
+      if (layer >= 0 ? name.rfind("layers." + std::to_string(layer) + ".", 0) != 0 : in_layer) continue;
+      const Tensor g = p->grad(name);
+      EXPECT_EQ(g.shape, shape) << name;
+      bool inside = false;
+      for (const ParameterSet::GradientSpan& s : spans) {
+        const char* lo = static_cast<const char*>(s.scratch.data);
+        const char* at = static_cast<const char*>(g.data);
+        inside = inside || (lo <= at && at + g.nbytes() <= lo + s.scratch.nbytes());
+      }
+      EXPECT_TRUE(inside) << name;
+    }
+  }
+  EXPECT_NE(first_scratch[0], first_scratch[1]);
+  EXPECT_EQ(std::count(cover.begin(), cover.end(), 1), static_cast<int64_t>(cover.size()));
 }
 
 }  // namespace
