@@ -36,10 +36,12 @@ struct TrainerOptions {
   Collectives* collectives = nullptr;
   // ZeRO stage (data parallel only): 0 replicates the optimizer state and all-reduces the gradients
   // once per step, each layer's as soon as the last micro-batch's backward is past it (with NCCL on
-  // a stream of its own, overlapping the backward of the layers below); 1 shards the optimizer state (and, with mixed precision, the master weights) over
-  // the ranks: the gradients are reduce-scattered once per step, each rank updates its shard and the
-  // updated weights are all-gathered; 2 also keeps the step's accumulated gradients only in the
-  // owner's shard: each micro-batch's gradients are reduce-scattered as soon as they are complete.
+  // a stream of its own, overlapping the backward of the layers below); 1 shards the optimizer
+  // state (and, with mixed precision, the master weights) over the ranks: the gradients are reduced
+  // once per step, layer by layer in the same way, each piece to the rank owning it, each rank
+  // updates its shard and the updated weights are all-gathered; 2 also keeps only the owner's shard
+  // of the accumulated gradients (ParameterSet::shard_gradients, done here): every micro-batch's
+  // backward writes into scratch buffers reduced to the owners layer by layer.
   // 1 and 2 need the TrainModel's parameters laid out in as many shards as there are ranks.
   int32_t zero = 0;
 };
