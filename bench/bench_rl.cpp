@@ -180,7 +180,8 @@ int main(int argc, char** argv) {
   std::vector<rl::RlStepReport> reports;
   rl::RlEvents ev;
   ev.step = [&](const rl::RlStepReport& r) { reports.push_back(r); };
-  ev.info = [](const std::string& msg) { std::fprintf(stderr, "bench_rl: %s\n", msg.c_str()); };  // the weights' transport
+  // The run's notes (with --remote: which transport the weights take) on stderr.
+  ev.info = [](const std::string& msg) { std::fprintf(stderr, "bench_rl: %s\n", msg.c_str()); };
   Result<rl::RlSummary> s = rl::run_rl(o, ev);
   if (!s.ok()) return fail(s.status());
   double gen = 0, train = 0, update = 0, ack = 0, gen_tokens = 0, train_tokens = 0;

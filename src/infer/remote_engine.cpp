@@ -159,7 +159,6 @@ EngineStats stats_from(const json& j) {
   return s;
 }
 
-// Parses a message of the protocol; a malformed one is a bug of the other side, reported as such.
 // Bytes as hex digits in JSON (NCCL's unique id), and back.
 std::string hex(const std::string& bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -173,10 +172,12 @@ std::string hex(const std::string& bytes) {
 std::string unhex(const std::string& digits) {
   auto value = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
   std::string out;
-  for (size_t i = 0; i + 1 < digits.size(); i += 2) out += static_cast<char>(value(digits[i]) * 16 + value(digits[i + 1]));
+  for (size_t i = 0; i + 1 < digits.size(); i += 2)
+    out += static_cast<char>(value(digits[i]) * 16 + value(digits[i + 1]));
   return out;
 }
 
+// Parses a message of the protocol; a malformed one is a bug of the other side, reported as such.
 Result<json> parse(const std::string& bytes, const char* from) {
   json j = json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
@@ -501,9 +502,10 @@ Result<json> choose_weight_transport(const json& hello, Backend& engine_be) {
   const std::string asked = hello.at("weight_transport").get<std::string>();
   const std::string client_gpu = hello.at("gpu").get<std::string>();
   std::string why_not;
+  const std::string trainer_on = client_gpu.empty() ? "the CPU" : "a GPU";
   if (client_gpu.empty() || !engine_be.device().is_cuda())
-    why_not = "NCCL moves weights between GPUs, and the trainer is on " + std::string(client_gpu.empty() ? "the CPU" : "a GPU") +
-              ", this engine on " + engine_be.device().str();
+    why_not = "NCCL moves weights between GPUs, and the trainer is on " + trainer_on + ", this engine on " +
+              engine_be.device().str();
   else if (client_gpu == engine_be.device_uuid())
     why_not = "the trainer and this engine share one GPU (" + engine_be.device().str() + "), which NCCL cannot connect";
   json welcome = {{"op", "welcome"}, {"weight_transport", "mpi"}};
@@ -611,8 +613,8 @@ Status serve_remote_engine_unchecked(Collectives& link, Backend& backend, const 
   ReceivedWeights received;
   if (welcome.at("weight_transport") == "nccl") {
     KILN_ASSIGN_OR_RETURN(received.be, make_backend(backend.device()));
-    KILN_ASSIGN_OR_RETURN(received.nccl, make_nccl_group(*received.be, 1, 2, unhex(welcome.at("nccl_id").get<std::string>()),
-                                                         kNcclTimeoutSeconds));
+    const std::string id = unhex(welcome.at("nccl_id").get<std::string>());
+    KILN_ASSIGN_OR_RETURN(received.nccl, make_nccl_group(*received.be, 1, 2, id, kNcclTimeoutSeconds));
   } else {
     received.be = make_cpu_backend();
   }
