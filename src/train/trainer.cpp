@@ -17,8 +17,11 @@ Result<Trainer> Trainer::create(Backend& be, TrainModel& model, const TrainerOpt
   ParameterSet& params = model.params();
   // ZeRO-2 keeps only this rank's shard of the accumulated gradients (with one rank too, when the
   // collectives are asked for: the path its tests and benchmarks measure).
-  if (options.zero == 2 && options.collectives && std::string_view(options.collectives->transport()) != "none" &&
-      !params.gradients_sharded()) {
+  const bool shard_gradients =
+      options.zero == 2 && options.collectives && std::string_view(options.collectives->transport()) != "none";
+  if (params.gradients_sharded() && !shard_gradients)
+    return invalid_argument("the model's gradients are sharded (ZeRO-2): train it with --zero 2 over the same ranks");
+  if (shard_gradients && !params.gradients_sharded()) {
     if (params.shards() != options.collectives->size())
       return invalid_argument("--zero 2 needs the parameters laid out in " + std::to_string(options.collectives->size()) +
                               " shards (TrainModelOptions.parameter_shards), not " + std::to_string(params.shards()));
