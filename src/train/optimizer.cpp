@@ -169,7 +169,7 @@ Result<OptimizerStepInfo> Optimizer::step(float lr) {
     ops::sgd_step(*be_, master_rows(own_begin_, own_end_), grads, lowp, lr, options_.weight_decay, info.clip_coef,
                   params_->decay_end() - own_begin_);
   }
-  params_->zero_grads(*be_);
+  params_->zero_accumulated_grads(*be_);
   KILN_RETURN_IF_ERROR(gather_updated_weights());
   KILN_RETURN_IF_ERROR(be_->synchronize());
   return info;

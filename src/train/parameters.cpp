@@ -101,15 +101,9 @@ Result<ParameterSet> ParameterSet::create(Backend& be, const ModelConfig& config
 
 Tensor ParameterSet::grad(const std::string& fused_name) const {
   if (!gradients_sharded()) return slice(grads_.view(), fused_name);
-  auto it = offsets_.find(fused_name);
-  KILN_ASSERT(it != offsets_.end() && "unknown parameter");
-  const auto& [offset, shape] = it->second;
-  const int64_t layer = fused_name.rfind("layers.", 0) == 0 ? std::stoll(fused_name.substr(7)) : -1;
-  for (const GradientSpan& s : gradient_spans(layer))
-    if (s.begin <= offset && offset + shape.numel() <= s.end)
-      return s.scratch.rows(offset - s.begin, offset - s.begin + shape.numel()).view(shape);
-  KILN_ASSERT(false && "a parameter outside its layer's ranges");
-  return {};
+  auto it = scratch_grads_.find(fused_name);
+  KILN_ASSERT(it != scratch_grads_.end() && "unknown parameter");
+  return it->second;
 }
 
 std::vector<ParameterSet::GradientSpan> ParameterSet::gradient_spans(int64_t layer) const {
@@ -165,6 +159,16 @@ Status ParameterSet::shard_gradients(Backend& be, int64_t begin, int64_t end) {
   KILN_ASSIGN_OR_RETURN(rest_scratch_, empty(be, {std::max<int64_t>(rest_size, 1)}, DType::f32));
   grad_shard_begin_ = begin;
   grads_ = TensorBuffer();
+  // Each tensor's view inside its layer's (or the rest's) spans, for grad().
+  for (const auto& [name, at] : offsets_) {
+    const auto& [offset, shape] = at;
+    const int64_t layer = name.rfind("layers.", 0) == 0 ? std::stoll(name.substr(7)) : -1;
+    const bool in_layers = layer >= 0 && layer < static_cast<int64_t>(layer_ranges_.size());
+    for (const GradientSpan& s : gradient_spans(in_layers ? layer : -1))
+      if (s.begin <= offset && offset + shape.numel() <= s.end)
+        scratch_grads_[name] = s.scratch.rows(offset - s.begin, offset - s.begin + shape.numel()).view(shape);
+    KILN_ASSERT(scratch_grads_.count(name) && "a parameter outside its layer's ranges");
+  }
   zero_grads(be);
   return be.synchronize();
 }

@@ -89,8 +89,11 @@ class ParameterSet {
   // The accumulated gradients of elements [begin, end): rows of grads(), or of the shard when they
   // are sharded (the range must then lie in it).
   Tensor grad_rows(int64_t begin, int64_t end) const;
-  // Every accumulated gradient and scratch to zero.
+  // Every accumulated gradient and scratch to zero (after a failed step).
   void zero_grads(Backend& be) const;
+  // The accumulated gradients to zero (after a step; the scratch of sharded gradients is already
+  // clear then: the trainer clears each one once its sums are collected).
+  void zero_accumulated_grads(Backend& be) const { be.zero(gradients_sharded() ? grad_shard_.view() : grads_.view()); }
 
   // ZeRO-2: keeps the accumulated gradients of elements [begin, end) only (zero), freeing the flat
   // buffer, and gives the backward its scratch (above). Called once, before the first step.
@@ -161,6 +164,7 @@ class ParameterSet {
   TensorBuffer grad_shard_, layer_scratch_[2], rest_scratch_;
   int64_t grad_shard_begin_ = 0;
   std::map<int64_t, int64_t> scratch_offset_;  // range begin -> offset in its scratch buffer
+  std::map<std::string, Tensor> scratch_grads_;  // fused name -> its view in the scratch
 };
 
 }  // namespace kiln
