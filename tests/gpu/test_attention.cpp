@@ -708,17 +708,18 @@ TEST(AttentionGpu, DecodeGraphReplay) {
   cudaGraphExecDestroy(exec);
 }
 
-// A batch of decode requests on shuffled 16-key pages, captured once with large bounds (and a
-// padding request in the middle), replayed after rewriting the page tables for other lengths and
-// other pages of the pool: each replay must match the CPU twin and be bit-identical to an eager
-// call with tight bounds on the same tables.
-TEST(AttentionGpu, DecodeGraphReplayPaged) {
-  KILN_REQUIRE_GPU(be);
-  CudaBackend& cbe = static_cast<CudaBackend&>(*be);
-  constexpr int kMaxKv = 6000, kPage = 16, kBatch = 4;
+// A batch of decode requests on shuffled 16-key pages, captured once with the bounds of the first
+// round's lengths (0: a padding request), replayed after rewriting the page tables for the other
+// rounds' lengths and other pages of the pool: each replay must match the CPU twin and be
+// bit-identical to an eager call with tight bounds on the same tables.
+void check_decode_graph_replay_paged(Backend& be, const std::vector<std::vector<int32_t>>& lengths) {
+  CudaBackend& cbe = static_cast<CudaBackend&>(be);
+  constexpr int kPage = 16;
+  const int batch = static_cast<int>(lengths[0].size());
+  const int max_kv = *std::max_element(lengths[0].begin(), lengths[0].end());
   AttnCase c;
-  c.q_lens = {1, 1, 0, 1};
-  c.kv_lens = {kMaxKv, 2500, 0, 4097};
+  for (int32_t len : lengths[0]) c.q_lens.push_back(len > 0 ? 1 : 0);
+  c.kv_lens = lengths[0];
   c.page_size = kPage;
   c.spare_pages = 200;
   Inputs in = make_inputs(c);
@@ -726,51 +727,81 @@ TEST(AttentionGpu, DecodeGraphReplayPaged) {
   in.k = random_host(in.k.shape(), c.dtype, 77);
   in.v = random_host(in.v.shape(), c.dtype, 78);
   const int32_t pool_pages = static_cast<int32_t>(in.k.shape().dims[0] / kPage);
-  TensorBuffer q = device_copy(*be, in.q), k = device_copy(*be, in.k), v = device_copy(*be, in.v);
-  TensorBuffer qi = device_copy(*be, in.qi);
+  TensorBuffer q = device_copy(be, in.q), k = device_copy(be, in.k), v = device_copy(be, in.v);
+  TensorBuffer qi = device_copy(be, in.qi);
   // Device tables of fixed size (the graph keeps their addresses), room for every page of the pool.
-  TensorBuffer indptr = device_copy(*be, in.pages.indptr), last = device_copy(*be, in.pages.last);
-  TensorBuffer indices = device_copy(*be, host_ints(std::vector<int32_t>(pool_pages, 0)));
-  be->copy(indices.view().rows(0, in.pages.indices.numel()), in.pages.indices);
+  TensorBuffer indptr = device_copy(be, in.pages.indptr), last = device_copy(be, in.pages.last);
+  TensorBuffer indices = device_copy(be, host_ints(std::vector<int32_t>(pool_pages, 0)));
+  be.copy(indices.view().rows(0, in.pages.indices.numel()), in.pages.indices);
   const PagedKV view{indptr, indices, last, kPage};
-  TensorBuffer out = device_copy(*be, nan_host(in.q.shape(), c.dtype));
-  const ops::AttentionBounds bounds{kBatch, 1, kMaxKv};
+  TensorBuffer out = device_copy(be, nan_host(in.q.shape(), c.dtype));
+  const ops::AttentionBounds bounds{batch, 1, max_kv};
 
-  ops::attention_forward(*be, out, q, k, v, qi, view, bounds, in.scale);  // sizes the scratch
-  ASSERT_TRUE(be->synchronize().ok());
-  const std::vector<float> eager = to_f32(*be, out);
+  ops::attention_forward(be, out, q, k, v, qi, view, bounds, in.scale);  // sizes the scratch
+  ASSERT_TRUE(be.synchronize().ok());
+  const std::vector<float> eager = to_f32(be, out);
   cudaGraphExec_t exec =
-      capture_attention(cbe, [&] { ops::attention_forward(*be, out, q, k, v, qi, view, bounds, in.scale); });
+      capture_attention(cbe, [&] { ops::attention_forward(be, out, q, k, v, qi, view, bounds, in.scale); });
   ASSERT_NE(exec, nullptr);
 
-  const std::vector<std::vector<int32_t>> lengths = {
-      {kMaxKv, 2500, 0, 4097}, {1, 33, 0, 64}, {65, 5999, 0, 17}, {1234, 1, 0, 3001}};
   for (size_t round = 0; round < lengths.size(); ++round) {
     const std::vector<int32_t>& lens = lengths[round];
+    ASSERT_EQ(static_cast<int>(lens.size()), batch);
     SCOPED_TRACE("kv_lens [" + join(lens) + "]");
     std::vector<std::vector<int32_t>> slot_of;
     const PagedTables t = round == 0 ? std::move(in.pages)
                                      : scattered_pages(lens, kPage, pool_pages, 100 + round, &slot_of);
-    be->copy(indptr, t.indptr);
-    be->copy(last, t.last);
-    be->copy(indices.view().rows(0, t.indices.numel()), t.indices);
-    be->copy(out, nan_host(in.q.shape(), c.dtype));
+    be.copy(indptr, t.indptr);
+    be.copy(last, t.last);
+    be.copy(indices.view().rows(0, t.indices.numel()), t.indices);
+    be.copy(out, nan_host(in.q.shape(), c.dtype));
     ASSERT_EQ(cudaGraphLaunch(exec, cbe.stream()), cudaSuccess);
-    ASSERT_TRUE(be->synchronize().ok());
-    const std::vector<float> got = to_f32(*be, out);
+    ASSERT_TRUE(be.synchronize().ok());
+    const std::vector<float> got = to_f32(be, out);
     if (round == 0) {
       EXPECT_EQ(got, eager) << "graph replay differs from the eager call";
     }
 
-    const ops::AttentionBounds tight{kBatch, 1, *std::max_element(lens.begin(), lens.end())};
+    const ops::AttentionBounds tight{batch, 1, *std::max_element(lens.begin(), lens.end())};
     const std::vector<float> want = cpu_reference(in.q, in.k, in.v, in.qi, t.view(), tight, in.scale, in.used_rows);
     EXPECT_EQ(count_nonfinite(got), 0);
     EXPECT_CLOSE(got, want, kTolBf16);
-    TensorBuffer out2 = device_copy(*be, nan_host(in.q.shape(), c.dtype));
-    ops::attention_forward(*be, out2, q, k, v, qi, view, tight, in.scale);
-    EXPECT_EQ(to_f32(*be, out2), got) << "tight-bounds eager call differs from the graph replay";
+    TensorBuffer out2 = device_copy(be, nan_host(in.q.shape(), c.dtype));
+    ops::attention_forward(be, out2, q, k, v, qi, view, tight, in.scale);
+    EXPECT_EQ(to_f32(be, out2), got) << "tight-bounds eager call differs from the graph replay";
   }
   cudaGraphExecDestroy(exec);
+}
+
+TEST(AttentionGpu, DecodeGraphReplayPaged) {
+  KILN_REQUIRE_GPU(be);
+  check_decode_graph_replay_paged(
+      *be, {{6000, 2500, 0, 4097}, {1, 33, 0, 64}, {65, 5999, 0, 17}, {1234, 1, 0, 3001}});
+}
+
+// Batches of the engine's larger buckets on the astrai-1b heads (24 / 4, D 64), where the decode
+// launcher picks the 4-blocks-per-SM kernel (attention_decode.cu): 64 requests in two splits merged
+// inside the kernel through a cluster, 128 in one split. Requests too short to use every split and
+// a padding request in each round.
+std::vector<std::vector<int32_t>> decode_rounds(int batch, uint64_t seed) {
+  std::vector<std::vector<int32_t>> rounds(4, std::vector<int32_t>(batch));
+  uint64_t x = seed;
+  for (size_t r = 0; r < rounds.size(); ++r)
+    for (int b = 0; b < batch; ++b) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const int32_t cap = r == 1 ? 100 : 3000;  // round 1: short requests, some in one split only
+      rounds[r][b] = b == 9 ? 0 : 1 + static_cast<int32_t>((x >> 33) % cap);
+    }
+  rounds[0][0] = 3000;  // the capture's bound
+  return rounds;
+}
+
+TEST(AttentionGpu, DecodeGraphReplayPagedLargeBatches) {
+  KILN_REQUIRE_GPU(be);
+  for (int batch : {64, 128}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    check_decode_graph_replay_paged(*be, decode_rounds(batch, 777 + batch));
+  }
 }
 #endif
 

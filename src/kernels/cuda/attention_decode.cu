@@ -1,5 +1,7 @@
 // The decode / short-query split-KV kernel and its combine pass (family 1 of attention.cu's
 // description), with the host choice of the split count.
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
@@ -27,18 +29,16 @@ struct DecodeFrag {
 
 constexpr int kDecodeMinKeysPerSplit = 64;
 
-// Register budget: D=64 fits 3 blocks per SM (<= 170 registers), D=128 2 blocks (no spills).
-template <int D>
-constexpr int decode_min_blocks() {
-  return D <= 64 ? 3 : 2;
-}
+// The most splits merged inside the decode kernel, through distributed shared memory (a cluster of
+// one block per split; 8 is the portable cluster size).
+constexpr int kClusterMergeMaxSplits = 8;
 
-template <typename T, int D, bool kPingPong>
-__global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
+template <typename T, int D, bool kPingPong, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse,
                        const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                        const int* __restrict__ q_indptr, PagedArgs kv, int Hq, int Hkv, int G, int max_q_len,
-                       int num_splits, float sl) {
+                       int num_splits, bool merge_in_cluster, float sl) {
   constexpr int KC = D / 32;  // K chunks per row per thread
   constexpr int VC = D / 64;  // V chunks per row per thread
   constexpr int NT = D / 8;   // PV n tiles
@@ -47,6 +47,8 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   __shared__ __align__(16) float sm_acc[kWarps][16][D + kPad];
   __shared__ float sm_m[kWarps][16];
   __shared__ float sm_l[kWarps][16];
+  __shared__ __align__(16) float sm_part[16][D + kPad];  // this split's output (cluster merge)
+  __shared__ float sm_lse[16];
   hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
   hopper::grid_dependency_wait();  // for the kernel that wrote q and the new key (programmatic launch)
 
@@ -282,8 +284,8 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
   const int r = tid >> 3;
   const int d0 = (tid & 7) * kDimsPerThread;
   const int R = r0 + r;
-  if (R >= rows) return;
-  const int i = R / G;
+  const bool row_valid = R < rows;
+  const int i = row_valid ? R / G : 0;
   const int hq = kvh * G + (R - i * G);
   float M = -INFINITY;
 #pragma unroll
@@ -314,24 +316,73 @@ __global__ void __launch_bounds__(kThreads, decode_min_blocks<D>())
     o[d + 2] = sum.z * inv;
     o[d + 3] = sum.w * inv;
   }
-  if (num_splits == 1) {
+  const float lse = L > 0.0f ? M + log2f(L) : -INFINITY;
+  auto store_out = [&](const float* v) {
     T* dst = out + (static_cast<int64_t>(q_start + i) * Hq + hq) * D + d0;
 #pragma unroll
     for (int d = 0; d < kDimsPerThread; d += 8) {
-      uint4 v;
-      v.x = Mma<T>::pack(o[d], o[d + 1]);
-      v.y = Mma<T>::pack(o[d + 2], o[d + 3]);
-      v.z = Mma<T>::pack(o[d + 4], o[d + 5]);
-      v.w = Mma<T>::pack(o[d + 6], o[d + 7]);
-      *reinterpret_cast<uint4*>(dst + d) = v;
+      uint4 u;
+      u.x = Mma<T>::pack(v[d], v[d + 1]);
+      u.y = Mma<T>::pack(v[d + 2], v[d + 3]);
+      u.z = Mma<T>::pack(v[d + 4], v[d + 5]);
+      u.w = Mma<T>::pack(v[d + 6], v[d + 7]);
+      *reinterpret_cast<uint4*>(dst + d) = u;
     }
-  } else {
+  };
+  if (num_splits == 1) {
+    if (row_valid) store_out(o);
+  } else if (merge_in_cluster) {
+    // The splits of this tile are the blocks of one cluster (rank = split). Each publishes its
+    // normalised output and log-sum-exp in shared memory; rank s then finishes the rows r with
+    // r % num_splits == s, reading every active split's share in split order (weights 2^(lse -
+    // max), the largest exactly 1): the sums depend only on the active splits, so calls that
+    // differ in num_splits alone agree bit for bit, and a single active split passes through.
+#pragma unroll
+    for (int d = 0; d < kDimsPerThread; d += 4)
+      *reinterpret_cast<float4*>(&sm_part[r][d0 + d]) = make_float4(o[d], o[d + 1], o[d + 2], o[d + 3]);
+    if ((tid & 7) == 0) sm_lse[r] = lse;
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    if (row_valid && r % num_splits == split) {
+      float lses[kClusterMergeMaxSplits];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < kClusterMergeMaxSplits; ++s) {
+        lses[s] = s < active_splits ? *cluster.map_shared_rank(&sm_lse[r], s) : -INFINITY;
+        mx = fmaxf(mx, lses[s]);
+      }
+      float den = 0.0f, acc_o[kDimsPerThread];
+#pragma unroll
+      for (int d = 0; d < kDimsPerThread; ++d) acc_o[d] = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kClusterMergeMaxSplits; ++s) {
+        if (lses[s] == -INFINITY) continue;  // inactive or empty split
+        const float w = lses[s] == mx ? 1.0f : exp2f(lses[s] - mx);
+        den += w;
+        const float* src = cluster.map_shared_rank(&sm_part[r][d0], s);
+#pragma unroll
+        for (int d = 0; d < kDimsPerThread; d += 4) {
+          const float4 a = *reinterpret_cast<const float4*>(src + d);
+          acc_o[d] = fmaf(w, a.x, acc_o[d]);
+          acc_o[d + 1] = fmaf(w, a.y, acc_o[d + 1]);
+          acc_o[d + 2] = fmaf(w, a.z, acc_o[d + 2]);
+          acc_o[d + 3] = fmaf(w, a.w, acc_o[d + 3]);
+        }
+      }
+      const float inv_den = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+      for (int d = 0; d < kDimsPerThread; ++d) acc_o[d] *= inv_den;
+      store_out(acc_o);
+    }
+    cluster.sync();  // every rank has read this block's share
+  } else if (row_valid) {
     const int64_t idx = ((static_cast<int64_t>(b) * max_q_len + i) * Hq + hq) * num_splits + split;
     float* dst = part_o + idx * D + d0;
 #pragma unroll
     for (int d = 0; d < kDimsPerThread; d += 4)
       *reinterpret_cast<float4*>(dst + d) = make_float4(o[d], o[d + 1], o[d + 2], o[d + 3]);
-    if ((tid & 7) == 0) part_lse[idx] = L > 0.0f ? M + log2f(L) : -INFINITY;
+    if ((tid & 7) == 0) part_lse[idx] = lse;
   }
 }
 
@@ -470,18 +521,26 @@ int decode_num_splits(int max_splits, int max_kv_len) {
   return std::clamp(by_len, 1, max_splits);
 }
 
-template <typename T, int D>
-void launch_decode_d(CudaBackend& be, const Args& a) {
+// Waves of resident blocks a grid of base_blocks x max_splits takes.
+double decode_waves(int base_blocks, int max_splits, int sm_count, int blocks_per_sm) {
+  return static_cast<double>(base_blocks) * max_splits / (std::max(sm_count, 1) * blocks_per_sm);
+}
+
+template <typename T, int D, int kMinBlocks>
+void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_splits) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
-  const int base_blocks = a.B * a.Hkv * row_tiles;
-  constexpr bool kPingPong = D <= 64;
-  auto kernel = attn_decode_kernel<T, D, kPingPong>;
-  const int blocks_per_sm = decode_blocks_per_sm(be, kernel_key(kernel));
-  const int max_splits = decode_max_splits(base_blocks, be.multiprocessor_count(), blocks_per_sm);
+  auto kernel = attn_decode_kernel<T, D, D <= 64, kMinBlocks>;
   const int splits = decode_num_splits(max_splits, a.max_kv_len);
+  // Two splits are merged inside the kernel (a cluster of two blocks), more by the combine pass:
+  // measured on the H200 (bench_decode_step, astrai-1b, 1K context), B=64 in two splits took 1.749
+  // ms per step merged in clusters against 1.892 with the combine pass, but B=32 in three splits
+  // 1.659 against 1.529, and in four 1.718 against 1.595. The choice depends on the launch shape
+  // only, never on max_kv_len, so eager calls and graphs captured with larger bounds agree bit
+  // for bit.
+  const bool merge_in_cluster = max_splits == 2;
   float* part_o = nullptr;
   float* part_lse = nullptr;
-  if (splits > 1) {
+  if (splits > 1 && !merge_in_cluster) {
     // Sized for max_splits, not splits: the scratch request does not depend on max_kv_len, so
     // graphs captured for different context buckets never make the scratch grow (and move).
     const int64_t n_part = static_cast<int64_t>(a.B) * a.max_q_len * a.Hq * max_splits;
@@ -490,11 +549,12 @@ void launch_decode_d(CudaBackend& be, const Args& a) {
     part_o = reinterpret_cast<float*>(scratch);
     part_lse = reinterpret_cast<float*>(scratch + n_part * D * 4);
   }
-  dim3 grid(splits, a.Hkv * row_tiles, a.B);
-  detail::launch_programmatic(be, kernel, grid, dim3(kThreads), 0, 1, static_cast<T*>(a.out), part_o, part_lse,
+  const dim3 grid(splits, a.Hkv * row_tiles, a.B);
+  const dim3 cluster(splits > 1 && merge_in_cluster ? splits : 1);
+  detail::launch_programmatic(be, kernel, grid, dim3(kThreads), 0, cluster, static_cast<T*>(a.out), part_o, part_lse,
                               static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-                              a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len, splits, a.sl);
-  if (splits > 1) {
+                              a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len, splits, merge_in_cluster, a.sl);
+  if (splits > 1 && !merge_in_cluster) {
     const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.B) * a.max_q_len * a.Hq);
     detail::launch_programmatic(be, attn_combine_kernel<T, D>, dim3(blocks), dim3(kThreads), 0, 1,
                                 static_cast<T*>(a.out), static_cast<const float*>(part_o),
@@ -504,12 +564,30 @@ void launch_decode_d(CudaBackend& be, const Args& a) {
 
 }  // namespace
 
+// D=128 runs 2 blocks per SM (no spills). D=64 has two builds: 3 blocks per SM (<= 170 registers,
+// no spills) and 4 (128 registers, a few spilled bytes). The 4-block build is taken where it puts
+// the grid in one wave and the 3-block build needs more, or fills under 90% of its one wave:
+// measured (bench_decode_step, astrai-1b, 1K context, ms per step 3 -> 4 blocks) B=64 1.885 ->
+// 1.749 and B=128 2.426 -> 2.272, where B=1 / 8 / 32 / 256 were 1-2% slower with 4 (1.011 ->
+// 1.030, 1.154 -> 1.176, 1.529 -> 1.595, 3.398 -> 3.441).
 template <typename T>
 void launch_decode(CudaBackend& be, const Args& a) {
-  if (a.D == 64)
-    launch_decode_d<T, 64>(be, a);
-  else
-    launch_decode_d<T, 128>(be, a);
+  const int row_tiles = (a.max_q_len * a.G + 15) / 16;
+  const int base_blocks = a.B * a.Hkv * row_tiles;
+  const int sms = be.multiprocessor_count();
+  if (a.D != 64) {
+    const int blocks = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 128, false, 2>));
+    return launch_decode_d<T, 128, 2>(be, a, base_blocks, decode_max_splits(base_blocks, sms, blocks));
+  }
+  const int blocks3 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 3>));
+  const int blocks4 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 4>));
+  const int splits3 = decode_max_splits(base_blocks, sms, blocks3);
+  const int splits4 = decode_max_splits(base_blocks, sms, blocks4);
+  const double waves3 = decode_waves(base_blocks, splits3, sms, blocks3);
+  const double waves4 = decode_waves(base_blocks, splits4, sms, blocks4);
+  if (blocks4 > blocks3 && waves4 <= 1.0 && (waves3 > 1.0 || waves3 < 0.9))
+    return launch_decode_d<T, 64, 4>(be, a, base_blocks, splits4);
+  launch_decode_d<T, 64, 3>(be, a, base_blocks, splits3);
 }
 
 template void launch_decode<__nv_bfloat16>(CudaBackend&, const Args&);

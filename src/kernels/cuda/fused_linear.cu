@@ -278,7 +278,7 @@ void launch_kernel(const CudaBackend& be, int row_blocks, void* y, DType y_dt, c
                    const T* norm_w, const void* bias, DType b_dt, int M, int N, int K, float eps) {
   detail::launch_programmatic(be, fused_linear_kernel<MT, RG, KS, kNorm, kEpi>,
                               dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(KS)), dim3(kThreads), 0,
-                              static_cast<unsigned>(KS), y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps);
+                              dim3(1, static_cast<unsigned>(KS)), y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps);
 }
 
 // Blocks of a cluster splitting K: two for long-K matrices that fill fewer than two blocks per SM

@@ -20,11 +20,11 @@
 
 namespace kiln::cuda::detail {
 
-// Launches kernel<<<grid, block, smem>>> on the backend's stream, as a cluster of `cluster_y` blocks
-// along y when above 1, with programmatic stream serialization when the backend has it on.
+// Launches kernel<<<grid, block, smem>>> on the backend's stream, in clusters of `cluster` blocks when
+// that is more than one, with programmatic stream serialization when the backend has it on.
 template <typename... Params, typename... Args>
 void launch_programmatic(const CudaBackend& be, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                         unsigned cluster_y, Args&&... args) {
+                         dim3 cluster, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -32,11 +32,11 @@ void launch_programmatic(const CudaBackend& be, void (*kernel)(Params...), dim3 
   cfg.stream = static_cast<cudaStream_t>(be.stream());
   cudaLaunchAttribute attr[2];
   int n = 0;
-  if (cluster_y > 1) {
+  if (cluster.x * cluster.y * cluster.z > 1) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = 1;
-    attr[n].val.clusterDim.y = cluster_y;
-    attr[n].val.clusterDim.z = 1;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
     ++n;
   }
   if (be.programmatic_launch()) {
