@@ -209,23 +209,6 @@ void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor
   cpu::attention_forward(out, q, k_cache, v_cache, q_indptr, kv, bounds, scale);
 }
 
-void qkv_rope_attention_decode(Backend& be, Tensor out, Tensor q_scratch, Tensor k_cache, Tensor v_cache, Tensor qkv,
-                               Tensor positions, Tensor slots, Tensor inv_freq, float attention_scaling, Tensor q_norm,
-                               Tensor k_norm, float eps, Tensor q_indptr, const PagedKV& kv, AttentionBounds bounds,
-                               float scale) {
-  KILN_ASSERT(bounds.max_q_len <= 1 && kv.page_size > 0);
-  KILN_ASSERT(q_scratch.shape == out.shape && q_scratch.dtype == out.dtype);
-#ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda() &&
-      cuda::qkv_rope_attention_decode(cuda_backend(be), out, k_cache, v_cache, qkv, positions, slots, inv_freq,
-                                      attention_scaling, q_norm, k_norm, eps, q_indptr, kv, bounds, scale))
-    return;
-#endif
-  qkv_rope_cache_write(be, q_scratch, k_cache, v_cache, qkv, positions, slots, inv_freq, attention_scaling, q_norm,
-                       k_norm, eps);
-  attention_forward(be, out, q_scratch, k_cache, v_cache, q_indptr, kv, bounds, scale);
-}
-
 namespace {
 
 // Shapes and dtypes of a sampling call (what the host knows); per-row parameters are the engine's.

@@ -147,17 +147,4 @@ struct AttentionBounds {
 void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
                        const PagedKV& kv, AttentionBounds bounds, float scale);
 
-// A decode step's attention input stage and attention (every request has at most one query:
-// bounds.max_q_len <= 1): qkv_rope_cache_write(q_scratch, ...) then attention_forward(out,
-// q_scratch, ...), with the same results. CUDA (bf16 / f16, D 64 or 128) runs both in the decode
-// attention kernel: each block computes its queries, and the block holding a request's new key
-// computes it, attends to it from shared memory and writes it and the value to the cache; q_scratch
-// is then not written. Elsewhere the two ops run. A token's slot must be the pool row of its
-// request's last key (as the engine builds them), and token rows of no request must have slot < 0.
-// q_scratch: [T, Hq, D], the two-op path's queries (unspecified afterwards).
-void qkv_rope_attention_decode(Backend& be, Tensor out, Tensor q_scratch, Tensor k_cache, Tensor v_cache, Tensor qkv,
-                               Tensor positions, Tensor slots, Tensor inv_freq, float attention_scaling, Tensor q_norm,
-                               Tensor k_norm, float eps, Tensor q_indptr, const PagedKV& kv, AttentionBounds bounds,
-                               float scale);
-
 }  // namespace kiln::ops

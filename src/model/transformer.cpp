@@ -209,18 +209,9 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
         ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
       ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
     }
-    const bool trim_here = trim_last_layer && i == c.num_hidden_layers - 1;
-    const bool decode_stage = attention_bounds.max_q_len <= 1 && !trim_here;
-    if (decode_stage) {
-      // A decode step: the input stage and attention in one pass where the backend has it.
-      ops::qkv_rope_attention_decode(be, attn.view({T, Hq, D}), q, cache.k[i], cache.v[i], qkv, batch.positions,
-                                     batch.slots, rope_.inv_freq, rope_.attention_scaling, L.q_norm, L.k_norm, eps,
-                                     q_indptr, batch.kv, attention_bounds, scale);
-    } else {
-      ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
-                                rope_.attention_scaling, L.q_norm, L.k_norm, eps);
-    }
-    if (trim_here) {
+    ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
+                              rope_.attention_scaling, L.q_norm, L.k_norm, eps);
+    if (trim_last_layer && i == c.num_hidden_layers - 1) {
       // Only the logit rows go on: gather their queries and residuals (row gathers), attend as the
       // last query of each request, and run the rest of the layer on R rows.
       Tensor last_q = ws.last_q.view().rows(0, R);
@@ -234,9 +225,8 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
       attn = attn.rows(0, R), proj = proj.rows(0, R), normed = normed.rows(0, R);
       gate_up = gate_up.rows(0, R), act = act.rows(0, R), hidden = hidden.rows(0, R);
     }
-    if (!decode_stage)
-      ops::attention_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], q_indptr, batch.kv,
-                             attention_bounds, scale);
+    ops::attention_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], q_indptr, batch.kv,
+                           attention_bounds, scale);
     if (fused) {
       project_add(residual, attn, L.o_proj, L.o_bias);
       norm_mlp_in(act, residual, L.post_norm, L.gate_up_proj, L.gate_up_bias, normed, gate_up);

@@ -313,17 +313,13 @@ const char* prefill_variant_name(int v) {
   return v >= 0 && v < kPrefillVariantCount ? kNames[v] : "?";
 }
 
-namespace {
-
-// Checks an attention call's tensors and builds the launch arguments (q: [T, Hq, D], the layout of
-// the queries whether given or computed by the fused input stage).
-attn::Args attention_args(Tensor out, Shape q_shape, DType q_dtype, const void* q_data, Tensor k_cache, Tensor v_cache,
-                          Tensor q_indptr, const PagedKV& paged, ops::AttentionBounds bounds, float scale) {
-  KILN_ASSERT(q_shape.ndim == 3 && out.shape == q_shape);
+void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
+                       const PagedKV& paged, ops::AttentionBounds bounds, float scale) {
+  KILN_ASSERT(q.ndim() == 3 && out.shape == q.shape);
   KILN_ASSERT(k_cache.ndim() == 3 && v_cache.shape == k_cache.shape);
-  KILN_ASSERT(k_cache.size(2) == q_shape.dims[2]);
-  KILN_ASSERT(q_dtype == out.dtype && q_dtype == k_cache.dtype && q_dtype == v_cache.dtype);
-  KILN_ASSERT(q_dtype == DType::f32 || q_dtype == DType::bf16 || q_dtype == DType::f16);
+  KILN_ASSERT(k_cache.size(2) == q.size(2));
+  KILN_ASSERT(q.dtype == out.dtype && q.dtype == k_cache.dtype && q.dtype == v_cache.dtype);
+  KILN_ASSERT(q.dtype == DType::f32 || q.dtype == DType::bf16 || q.dtype == DType::f16);
   KILN_ASSERT(q_indptr.dtype == DType::i32 && paged.page_indptr.dtype == DType::i32 &&
               paged.page_indices.dtype == DType::i32 && paged.last_page_len.dtype == DType::i32);
   KILN_ASSERT(bounds.batch >= 0 && bounds.max_q_len >= 0 && bounds.max_kv_len >= 0);
@@ -333,18 +329,19 @@ attn::Args attention_args(Tensor out, Shape q_shape, DType q_dtype, const void* 
               paged.last_page_len.numel() >= bounds.batch);
   KILN_ASSERT(paged.page_size >= 1);
   KILN_ASSERT(k_cache.size(0) <= INT32_MAX);  // pool rows are int32 in the kernels
-  KILN_ASSERT(out.device.is_cuda() && k_cache.device.is_cuda() && v_cache.device.is_cuda() &&
+  KILN_ASSERT(q.device.is_cuda() && out.device.is_cuda() && k_cache.device.is_cuda() && v_cache.device.is_cuda() &&
               q_indptr.device.is_cuda() && paged.page_indptr.device.is_cuda());
   KILN_ASSERT(paged.page_indices.numel() == 0 || paged.page_indices.device.is_cuda());
   KILN_ASSERT(paged.last_page_len.numel() == 0 || paged.last_page_len.device.is_cuda());
-  const int64_t Hq = q_shape.dims[1], Hkv = k_cache.size(1), D = q_shape.dims[2];
+  const int64_t Hq = q.size(1), Hkv = k_cache.size(1), D = q.size(2);
   KILN_ASSERT(Hkv > 0 && Hq % Hkv == 0);
   KILN_ASSERT(D > 0 && D % 2 == 0 && D <= 256);
   KILN_ASSERT(bounds.batch <= 65535 && Hq <= 65535);
+  if (bounds.batch == 0 || bounds.max_q_len == 0 || q.size(0) == 0) return;
 
   Args a;
   a.out = out.data;
-  a.q = q_data;
+  a.q = q.data;
   a.k = k_cache.data;
   a.v = v_cache.data;
   a.q_indptr = q_indptr.ptr<int>();
@@ -358,26 +355,13 @@ attn::Args attention_args(Tensor out, Shape q_shape, DType q_dtype, const void* 
   a.D = static_cast<int>(D);
   a.max_q_len = bounds.max_q_len;
   a.max_kv_len = bounds.max_kv_len;
-  a.q_rows = q_shape.dims[0];
+  a.q_rows = q.size(0);
   a.kv_rows = k_cache.size(0);
   a.sl = scale * kLog2e;
-  return a;
-}
 
-// The tensor-core kernels: bf16 / f16, D 64 or 128, 16-byte aligned rows.
-bool fast_path(DType dtype, int64_t D, const Args& a) {
-  return (dtype == DType::bf16 || dtype == DType::f16) && (D == 64 || D == 128) && aligned16(a.out) &&
-         aligned16(a.k) && aligned16(a.v);
-}
-
-}  // namespace
-
-void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
-                       const PagedKV& paged, ops::AttentionBounds bounds, float scale) {
-  KILN_ASSERT(q.device.is_cuda());
-  const Args a = attention_args(out, q.shape, q.dtype, q.data, k_cache, v_cache, q_indptr, paged, bounds, scale);
-  if (bounds.batch == 0 || bounds.max_q_len == 0 || q.size(0) == 0) return;
-  if (fast_path(q.dtype, a.D, a) && aligned16(a.q)) {
+  const bool fast = (q.dtype == DType::bf16 || q.dtype == DType::f16) && (D == 64 || D == 128) && aligned16(a.out) &&
+                    aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
+  if (fast) {
     if (q.dtype == DType::bf16)
       launch_fast<__nv_bfloat16>(be, a);
     else
@@ -397,39 +381,6 @@ void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Te
     default:
       KILN_ASSERT(false);
   }
-}
-
-bool qkv_rope_attention_decode(CudaBackend& be, Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv,
-                               Tensor positions, Tensor slots, Tensor inv_freq, float attention_scaling, Tensor q_norm,
-                               Tensor k_norm, float eps, Tensor q_indptr, const PagedKV& paged,
-                               ops::AttentionBounds bounds, float scale) {
-  KILN_ASSERT(bounds.max_q_len <= 1);
-  KILN_ASSERT(qkv.ndim() == 2 && out.ndim() == 3 && qkv.size(0) == out.size(0));
-  const int64_t T = out.size(0), Hq = out.size(1), D = out.size(2), Hkv = k_cache.ndim() == 3 ? k_cache.size(1) : 0;
-  KILN_ASSERT(qkv.size(1) == (Hq + 2 * Hkv) * D);
-  Args a = attention_args(out, out.shape, qkv.dtype, nullptr, k_cache, v_cache, q_indptr, paged, bounds, scale);
-  const auto norm_ok = [&](const Tensor& w) { return !w.data || (w.dtype == qkv.dtype && w.numel() == D); };
-  if (!fast_path(qkv.dtype, D, a) || !aligned16(qkv.data) || !norm_ok(q_norm) || !norm_ok(k_norm) ||
-      a.G > 16 * kDecodeMaxRowTiles)
-    return false;
-  KILN_ASSERT(positions.dtype == DType::i32 && slots.dtype == DType::i32 && positions.device.is_cuda() &&
-              slots.device.is_cuda());
-  KILN_ASSERT(positions.numel() == T && slots.numel() == T);
-  KILN_ASSERT(inv_freq.dtype == DType::f32 && inv_freq.numel() == D / 2 && inv_freq.device.is_cuda());
-  if (bounds.batch == 0 || bounds.max_q_len == 0 || T == 0) return true;
-  a.input.qkv = qkv.data;
-  a.input.positions = positions.ptr<int>();
-  a.input.slots = slots.ptr<int>();
-  a.input.inv_freq = inv_freq.ptr<float>();
-  a.input.q_norm = q_norm.data;
-  a.input.k_norm = k_norm.data;
-  a.input.scaling = attention_scaling;
-  a.input.eps = eps;
-  if (qkv.dtype == DType::bf16)
-    launch_decode<__nv_bfloat16>(be, a);
-  else
-    launch_decode<__half>(be, a);
-  return true;
 }
 
 }  // namespace kiln::cuda

@@ -5,7 +5,6 @@
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
-#include "kernels/cuda/qkv_stage.cuh"
 
 namespace kiln::cuda::attn {
 namespace {
@@ -34,36 +33,12 @@ constexpr int kDecodeMinKeysPerSplit = 64;
 // one block per split; 8 is the portable cluster size).
 constexpr int kClusterMergeMaxSplits = 8;
 
-template <typename T>
-constexpr DType kDTypeOf = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
-
-// Eight elements of a 16-byte word as floats, and back (round to nearest even).
-template <typename T>
-__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const uint32_t x = word(u, w);
-    const T* h = reinterpret_cast<const T*>(&x);
-    v[2 * w] = static_cast<float>(h[0]);
-    v[2 * w + 1] = static_cast<float>(h[1]);
-  }
-}
-template <typename T>
-__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
-  return make_uint4(Mma<T>::pack(v[0], v[1]), Mma<T>::pack(v[2], v[3]), Mma<T>::pack(v[4], v[5]),
-                    Mma<T>::pack(v[6], v[7]));
-}
-
-// kFused: the input stage fused in (InputStage; every request has 0 or 1 query). Each block
-// computes its queries from the q/k/v projection (norm and rotary embedding as qkv_stage.cuh); the
-// block whose key range holds a request's new key (the last) computes that key and value in shared
-// memory, attends to them from there, and (row tile 0) writes them to the token's cache slot.
-template <typename T, int D, bool kPingPong, int kMinBlocks, bool kFused>
+template <typename T, int D, bool kPingPong, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse,
-                       const T* __restrict__ q, T* __restrict__ k_cache, T* __restrict__ v_cache,
+                       const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                        const int* __restrict__ q_indptr, PagedArgs kv, int Hq, int Hkv, int G, int max_q_len,
-                       int num_splits, bool merge_in_cluster, float sl, InputStage in) {
+                       int num_splits, bool merge_in_cluster, float sl) {
   constexpr int KC = D / 32;  // K chunks per row per thread
   constexpr int VC = D / 64;  // V chunks per row per thread
   constexpr int NT = D / 8;   // PV n tiles
@@ -74,21 +49,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   __shared__ float sm_l[kWarps][16];
   __shared__ __align__(16) float sm_part[16][D + kPad];  // this split's output (cluster merge)
   __shared__ float sm_lse[16];
-  constexpr int kHalf = D / 2;
-  __shared__ float2 sm_rope[kFused ? kHalf : 1];            // (cos, sin) of the request's position
-  __shared__ __align__(16) T sm_new[kFused ? 2 : 1][D];     // the new key and value (kFused)
-  __shared__ float sm_row[kFused ? D : 1];                  // the new key's norm scratch
   hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
-  if constexpr (kFused) {
-    // Positions and rotary frequencies are step inputs written before the step's first kernel: the
-    // (cos, sin) table is built before waiting for the projection.
-    const int b0 = blockIdx.z;
-    const int qs = q_indptr[b0];
-    if (threadIdx.x < kHalf && q_indptr[b0 + 1] > qs) {
-      const float pos = static_cast<float>(in.positions[qs]);
-      sm_rope[threadIdx.x] = detail::rope_cos_sin(pos, in.inv_freq[threadIdx.x], in.scaling);
-    }
-  }
   hopper::grid_dependency_wait();  // for the kernel that wrote q and the new key (programmatic launch)
 
   const int split = blockIdx.x;
@@ -133,81 +94,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const int hq = kvh * G + (R - i * G);
     const bool valid = R < rows;
     lim[hf] = valid ? min(key_end, delta + i + 1) : 0;
-    if constexpr (kFused) {
-      const int64_t qkv_row = static_cast<int64_t>(q_start) * (Hq + 2 * Hkv);
-      const T* qrow = static_cast<const T*>(in.qkv) + (qkv_row + (valid ? hq : 0)) * D + t * 8;
+    const T* qrow = q + (static_cast<int64_t>(q_start + (valid ? i : 0)) * Hq + hq) * D + t * 8;
 #pragma unroll
-      for (int c = 0; c < KC; ++c) qv[hf][c] = valid ? *reinterpret_cast<const uint4*>(qrow + c * 32) : make_uint4(0, 0, 0, 0);
-    } else {
-      const T* qrow = q + (static_cast<int64_t>(q_start + (valid ? i : 0)) * Hq + hq) * D + t * 8;
-#pragma unroll
-      for (int c = 0; c < KC; ++c) qv[hf][c] = valid ? ldg_stream(qrow + c * 32) : make_uint4(0, 0, 0, 0);
-    }
-  }
-  int new_key = -1;  // key index read from shared memory (kFused: the request's new key, in this block's range)
-  if constexpr (kFused) {
-    // Queries: thread (g, t) holds dims c * 32 + t * 8 + [0, 8) of rows g and g + 8, that is chunks
-    // 4c + t of qkv_stage.cuh's norm order and, for c < KC / 2, the rotary pairs (c, c + KC / 2).
-    __syncthreads();  // sm_rope
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float x[KC][8];
-#pragma unroll
-      for (int c = 0; c < KC; ++c) unpack8<T>(qv[hf][c], x[c]);
-      if (in.q_norm) {
-        float sum[KC];
-#pragma unroll
-        for (int c = 0; c < KC; ++c) sum[c] = detail::chunk_sum_squares(x[c], 8);
-        // Chunk bits 2 (and 3 for D = 128) inside the thread, then bits 0 and 1 across t.
-        float ss = sum[0] + sum[1];
-        if constexpr (KC == 4) ss = ss + (sum[2] + sum[3]);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-        const float inv_rms = detail::head_inv_rms(ss, D, in.eps);
-        const T* w = static_cast<const T*>(in.q_norm) + t * 8;
-#pragma unroll
-        for (int c = 0; c < KC; ++c)
-#pragma unroll
-          for (int e = 0; e < 8; ++e)
-            x[c][e] = detail::head_norm(x[c][e], inv_rms, static_cast<float>(w[c * 32 + e]), kDTypeOf<T>);
-      }
-#pragma unroll
-      for (int c = 0; c < KC / 2; ++c)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float2 r = detail::rope_pair(x[c][e], x[c + KC / 2][e], sm_rope[c * 32 + t * 8 + e]);
-          x[c][e] = r.x;
-          x[c + KC / 2][e] = r.y;
-        }
-#pragma unroll
-      for (int c = 0; c < KC; ++c) qv[hf][c] = pack8<T>(x[c]);
-    }
-    // The new key and value, by the block whose range holds the last key (q_len == 1: key kv_len - 1).
-    if (kv_len - 1 >= key_begin && kv_len - 1 < key_end) {
-      new_key = kv_len - 1;
-      const int64_t qkv_row = static_cast<int64_t>(q_start) * (Hq + 2 * Hkv);
-      if (warp == 0) {
-        constexpr int kPer = D / 32;
-        const T* krow = static_cast<const T*>(in.qkv) + (qkv_row + Hq + kvh) * D;
-        float x[kPer];
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) x[j] = static_cast<float>(krow[lane + 32 * j]);
-        detail::norm_rope_head_warp(x, sm_row, D, lane, in.k_norm, kDTypeOf<T>, in.eps,
-                                    static_cast<float>(in.positions[q_start]), in.inv_freq, in.scaling, sm_new[0], 0,
-                                    kDTypeOf<T>);
-      } else if (warp == 1) {
-        const T* vrow = static_cast<const T*>(in.qkv) + (qkv_row + Hq + Hkv + kvh) * D;
-        for (int j = lane; j < D / 8; j += 32)
-          *reinterpret_cast<uint4*>(&sm_new[1][j * 8]) = *reinterpret_cast<const uint4*>(vrow + j * 8);
-      }
-      __syncthreads();
-      const int slot = in.slots[q_start];
-      if (rt == 0 && slot >= 0 && tid < 2 * (D / 8)) {  // row tile 0 writes them to the cache
-        const int which = tid / (D / 8), j = tid % (D / 8);
-        T* dst = (which == 0 ? k_cache : v_cache) + (static_cast<int64_t>(slot) * Hkv + kvh) * D + j * 8;
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&sm_new[which][j * 8]);
-      }
-    }
+    for (int c = 0; c < KC; ++c) qv[hf][c] = valid ? ldg_stream(qrow + c * 32) : make_uint4(0, 0, 0, 0);
   }
   uint32_t qa[KS][4];
 #pragma unroll
@@ -260,28 +149,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
       for (int kq = 0; kq < 4; ++kq) vrow[kq] = keys.row(min(key0 + 2 * t + (kq & 1) + (kq >> 1) * 8, last));
     }
-    // (kFused: the new key's rows come from shared memory.)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int key = key0 + g + 8 * hf;
-      const bool ok = key < key_end, fresh = kFused && key == new_key;
+      const bool ok = key0 + g + 8 * hf < key_end;
       const T* p = kbase + row_offset(krow[hf], kv_stride) + t * 8;
 #pragma unroll
-      for (int c = 0; c < KC; ++c)
-        f.k[hf][c] = fresh ? *reinterpret_cast<const uint4*>(&sm_new[0][t * 8 + c * 32])
-                     : ok  ? ldg_stream(p + c * 32)
-                           : make_uint4(0, 0, 0, 0);
+      for (int c = 0; c < KC; ++c) f.k[hf][c] = ok ? ldg_stream(p + c * 32) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int kq = 0; kq < 4; ++kq) {
-      const int key = key0 + 2 * t + (kq & 1) + (kq >> 1) * 8;
-      const bool ok = key < key_end, fresh = kFused && key == new_key;
+      const bool ok = key0 + 2 * t + (kq & 1) + (kq >> 1) * 8 < key_end;
       const T* p = vbase + row_offset(vrow[kq], kv_stride) + g * 8;
 #pragma unroll
-      for (int c = 0; c < VC; ++c)
-        f.v[kq][c] = fresh ? *reinterpret_cast<const uint4*>(&sm_new[1][g * 8 + c * 64])
-                     : ok  ? ldg_stream(p + c * 64)
-                           : make_uint4(0, 0, 0, 0);
+      for (int c = 0; c < VC; ++c) f.v[kq][c] = ok ? ldg_stream(p + c * 64) : make_uint4(0, 0, 0, 0);
     }
   };
 
@@ -646,11 +526,10 @@ double decode_waves(int base_blocks, int max_splits, int sm_count, int blocks_pe
   return static_cast<double>(base_blocks) * max_splits / (std::max(sm_count, 1) * blocks_per_sm);
 }
 
-template <typename T, int D, int kMinBlocks, bool kFused>
+template <typename T, int D, int kMinBlocks>
 void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_splits) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
-  KILN_ASSERT(!kFused || a.max_q_len == 1);
-  auto kernel = attn_decode_kernel<T, D, D <= 64, kMinBlocks, kFused>;
+  auto kernel = attn_decode_kernel<T, D, D <= 64, kMinBlocks>;
   const int splits = decode_num_splits(max_splits, a.max_kv_len);
   // Two splits are merged inside the kernel (a cluster of two blocks), more by the combine pass:
   // measured on the H200 (bench_decode_step, astrai-1b, 1K context), B=64 in two splits took 1.749
@@ -673,35 +552,14 @@ void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_sp
   const dim3 grid(splits, a.Hkv * row_tiles, a.B);
   const dim3 cluster(splits > 1 && merge_in_cluster ? splits : 1);
   detail::launch_programmatic(be, kernel, grid, dim3(kThreads), 0, cluster, static_cast<T*>(a.out), part_o, part_lse,
-                              static_cast<const T*>(a.q), static_cast<T*>(const_cast<void*>(a.k)),
-                              static_cast<T*>(const_cast<void*>(a.v)), a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len,
-                              splits, merge_in_cluster, a.sl, a.input);
+                              static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                              a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len, splits, merge_in_cluster, a.sl);
   if (splits > 1 && !merge_in_cluster) {
     const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.B) * a.max_q_len * a.Hq);
     detail::launch_programmatic(be, attn_combine_kernel<T, D>, dim3(blocks), dim3(kThreads), 0, 1,
                                 static_cast<T*>(a.out), static_cast<const float*>(part_o),
                                 static_cast<const float*>(part_lse), a.q_indptr, a.Hq, a.max_q_len, splits);
   }
-}
-
-template <typename T, bool kFused>
-void launch_decode_stage(CudaBackend& be, const Args& a) {
-  const int row_tiles = (a.max_q_len * a.G + 15) / 16;
-  const int base_blocks = a.B * a.Hkv * row_tiles;
-  const int sms = be.multiprocessor_count();
-  if (a.D != 64) {
-    const int blocks = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 128, false, 2, kFused>));
-    return launch_decode_d<T, 128, 2, kFused>(be, a, base_blocks, decode_max_splits(base_blocks, sms, blocks));
-  }
-  const int blocks3 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 3, kFused>));
-  const int blocks4 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 4, kFused>));
-  const int splits3 = decode_max_splits(base_blocks, sms, blocks3);
-  const int splits4 = decode_max_splits(base_blocks, sms, blocks4);
-  const double waves3 = decode_waves(base_blocks, splits3, sms, blocks3);
-  const double waves4 = decode_waves(base_blocks, splits4, sms, blocks4);
-  if (blocks4 > blocks3 && waves4 <= 1.0 && (waves3 > 1.0 || waves3 < 0.9))
-    return launch_decode_d<T, 64, 4, kFused>(be, a, base_blocks, splits4);
-  launch_decode_d<T, 64, 3, kFused>(be, a, base_blocks, splits3);
 }
 
 }  // namespace
@@ -714,8 +572,22 @@ void launch_decode_stage(CudaBackend& be, const Args& a) {
 // 1.030, 1.154 -> 1.176, 1.529 -> 1.595, 3.398 -> 3.441).
 template <typename T>
 void launch_decode(CudaBackend& be, const Args& a) {
-  if (a.input.qkv) return launch_decode_stage<T, true>(be, a);
-  launch_decode_stage<T, false>(be, a);
+  const int row_tiles = (a.max_q_len * a.G + 15) / 16;
+  const int base_blocks = a.B * a.Hkv * row_tiles;
+  const int sms = be.multiprocessor_count();
+  if (a.D != 64) {
+    const int blocks = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 128, false, 2>));
+    return launch_decode_d<T, 128, 2>(be, a, base_blocks, decode_max_splits(base_blocks, sms, blocks));
+  }
+  const int blocks3 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 3>));
+  const int blocks4 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 4>));
+  const int splits3 = decode_max_splits(base_blocks, sms, blocks3);
+  const int splits4 = decode_max_splits(base_blocks, sms, blocks4);
+  const double waves3 = decode_waves(base_blocks, splits3, sms, blocks3);
+  const double waves4 = decode_waves(base_blocks, splits4, sms, blocks4);
+  if (blocks4 > blocks3 && waves4 <= 1.0 && (waves3 > 1.0 || waves3 < 0.9))
+    return launch_decode_d<T, 64, 4>(be, a, base_blocks, splits4);
+  launch_decode_d<T, 64, 3>(be, a, base_blocks, splits3);
 }
 
 template void launch_decode<__nv_bfloat16>(CudaBackend&, const Args&);

@@ -132,19 +132,6 @@ struct TileRows {
 // ------------------------------------------------------------------------------------------------
 // Host side shared by the files.
 
-// The attention input stage (ops::qkv_rope_cache_write) fused into the decode kernel
-// (ops::qkv_rope_attention_decode); qkv == nullptr: the queries are given, the cache written.
-struct InputStage {
-  const void* qkv = nullptr;  // [T, (Hq + 2 Hkv) * D], the attention dtype
-  const int* positions = nullptr;
-  const int* slots = nullptr;
-  const float* inv_freq = nullptr;  // [D / 2]
-  const void* q_norm = nullptr;     // [D] in the attention dtype, or null
-  const void* k_norm = nullptr;
-  float scaling = 1.0f;
-  float eps = 0.0f;
-};
-
 struct Args {
   void* out;
   const void* q;
@@ -155,7 +142,6 @@ struct Args {
   int B, Hq, Hkv, G, D, max_q_len, max_kv_len;
   int64_t q_rows, kv_rows;  // rows of q [T, Hq, D] and of the pools k, v [S, Hkv, D]
   float sl;                 // scale * log2(e)
-  InputStage input;         // decode path only (max_q_len == 1)
 };
 
 constexpr int kDecodeMaxRowTiles = 4;  // decode path while max_q_len * G <= 64

@@ -54,12 +54,6 @@ void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor 
                           Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm, float eps);
 void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
                        const PagedKV& kv, ops::AttentionBounds bounds, float scale);
-// ops::qkv_rope_attention_decode in the decode kernel; false (nothing done) where the call is not
-// on that kernel's path (dtypes, head_dim, alignment), and the caller runs the two ops.
-bool qkv_rope_attention_decode(CudaBackend& be, Tensor out, Tensor k_cache, Tensor v_cache, Tensor qkv,
-                               Tensor positions, Tensor slots, Tensor inv_freq, float attention_scaling, Tensor q_norm,
-                               Tensor k_norm, float eps, Tensor q_indptr, const PagedKV& kv,
-                               ops::AttentionBounds bounds, float scale);
 void sample(CudaBackend& be, const ops::SamplingBatch& batch);
 void reset_token_counts(CudaBackend& be, Tensor counts_row, Tensor prompt, Tensor output);
 

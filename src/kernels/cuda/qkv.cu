@@ -3,10 +3,8 @@
 // k_cache, v_cache: [S, Hkv, D]; positions, slots: [T] i32; inv_freq: [D/2] f32;
 // q_norm, k_norm: [D] or absent.
 // Per head row: optional RMSNorm (y = x * (1/sqrt(mean(x^2) + eps)) * w, rounded to the output
-// dtype, as rmsnorm_forward; x^2 summed in qkv_stage.cuh's fixed order), then rotary embedding with
-// the same cos/sin table and f32 arithmetic as rope_forward, stored to q_out or to the key cache
-// slot; value rows are copied to the cache. The decode attention kernel fuses the same arithmetic
-// (qkv_stage.cuh), bit for bit.
+// dtype, as rmsnorm_forward), then rotary embedding with the same cos/sin table and f32 arithmetic
+// as rope_forward, stored to q_out or to the key cache slot; value rows are copied to the cache.
 // Launch: grid (T, ceil(heads / 8)), a warp per (token, head), so that every head's load, norm and
 // store chain runs in parallel (a block per token walking its heads was latency-bound: 10 us per
 // layer at B=128); lane i holds elements i, i + 32, ... and computes the (cos, sin) pairs of the
@@ -16,7 +14,6 @@
 #include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
-#include "kernels/cuda/qkv_stage.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -35,6 +32,7 @@ __global__ void __launch_bounds__(kThreads)
   hopper::launch_dependents();  // lets the attention kernel get scheduled under this one
   hopper::grid_dependency_wait();
   const int64_t t = blockIdx.x;
+  const int half = D / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int heads = Hq + 2 * Hkv;
   const int h = blockIdx.y * kWarps + warp;
@@ -42,6 +40,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t in_row = t * static_cast<int64_t>(heads) * D;
   const int slot = slots[t];
   const float pos = static_cast<float>(positions[t]);
+  float* row = rows[warp];
   const bool is_q = h < Hq, is_k = !is_q && h < Hq + Hkv;
   float x[kPerLane];
 #pragma unroll
@@ -59,11 +58,34 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (!is_q && slot < 0) return;
   const DType out_dt = is_q ? q_dt : c_dt;
+  const void* w = is_q ? q_norm : k_norm;
+  if (w) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) ss += x[j] * x[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv_rms = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+    const DType w_dt = is_q ? qn_dt : kn_dt;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i < D) x[j] = detail::round_to(out_dt, __fmul_rn(__fmul_rn(x[j], inv_rms), detail::load1(w, i, w_dt)));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j < D) row[lane + 32 * j] = x[j];
+  __syncwarp();
   void* out = is_q ? q_out : k_cache;
   const int64_t dst = is_q ? (t * Hq + h) * static_cast<int64_t>(D)
                            : (static_cast<int64_t>(slot) * Hkv + (h - Hq)) * static_cast<int64_t>(D);
-  detail::norm_rope_head_warp(x, rows[warp], D, lane, is_q ? q_norm : k_norm, is_q ? qn_dt : kn_dt, eps, pos,
-                              inv_freq, scaling, out, dst, out_dt);
+  for (int i = lane; i < half; i += 32) {
+    const float x0 = row[i], x1 = row[i + half];
+    const float2 r = detail::rope_cos_sin(pos, inv_freq[i], scaling);
+    detail::store1(out, dst + i, out_dt, __fsub_rn(__fmul_rn(x0, r.x), __fmul_rn(x1, r.y)));
+    detail::store1(out, dst + i + half, out_dt, __fadd_rn(__fmul_rn(x1, r.x), __fmul_rn(x0, r.y)));
+  }
 }
 
 }  // namespace
