@@ -779,10 +779,10 @@ TEST(AttentionGpu, DecodeGraphReplayPaged) {
       *be, {{6000, 2500, 0, 4097}, {1, 33, 0, 64}, {65, 5999, 0, 17}, {1234, 1, 0, 3001}});
 }
 
-// Batches of the engine's larger buckets on the astrai-1b heads (24 / 4, D 64), where the decode
-// launcher picks the 4-blocks-per-SM kernel (attention_decode.cu): 64 requests in two splits merged
-// inside the kernel through a cluster, 128 in one split. Requests too short to use every split and
-// a padding request in each round.
+// Batches of the engine's larger buckets on the astrai-1b heads (24 / 4, D 64), each on another
+// decode launch (attention_decode.cu): 32 requests in two splits merged inside the kernel through
+// a cluster, 64 likewise on the 4-blocks-per-SM kernel, 128 in one split on that kernel. Requests
+// too short to use every split and a padding request in each round.
 std::vector<std::vector<int32_t>> decode_rounds(int batch, uint64_t seed) {
   std::vector<std::vector<int32_t>> rounds(4, std::vector<int32_t>(batch));
   uint64_t x = seed;
@@ -798,7 +798,7 @@ std::vector<std::vector<int32_t>> decode_rounds(int batch, uint64_t seed) {
 
 TEST(AttentionGpu, DecodeGraphReplayPagedLargeBatches) {
   KILN_REQUIRE_GPU(be);
-  for (int batch : {64, 128}) {
+  for (int batch : {32, 64, 128}) {
     SCOPED_TRACE("batch " + std::to_string(batch));
     check_decode_graph_replay_paged(*be, decode_rounds(batch, 777 + batch));
   }

@@ -33,12 +33,14 @@ constexpr int kDecodeMinKeysPerSplit = 64;
 // one block per split; 8 is the portable cluster size).
 constexpr int kClusterMergeMaxSplits = 8;
 
-template <typename T, int D, bool kPingPong, int kMinBlocks>
+// kMerge: the splits of a tile are one cluster, merged in the kernel (below); otherwise a single
+// split writes the output and more write partials for the combine pass.
+template <typename T, int D, bool kPingPong, int kMinBlocks, bool kMerge>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse,
                        const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                        const int* __restrict__ q_indptr, PagedArgs kv, int Hq, int Hkv, int G, int max_q_len,
-                       int num_splits, bool merge_in_cluster, float sl) {
+                       int num_splits, float sl) {
   constexpr int KC = D / 32;  // K chunks per row per thread
   constexpr int VC = D / 64;  // V chunks per row per thread
   constexpr int NT = D / 8;   // PV n tiles
@@ -284,6 +286,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int r = tid >> 3;
   const int d0 = (tid & 7) * kDimsPerThread;
   const int R = r0 + r;
+  if (!kMerge && R >= rows) return;  // (cluster ranks stay for the merge's barriers)
   const bool row_valid = R < rows;
   const int i = row_valid ? R / G : 0;
   const int hq = kvh * G + (R - i * G);
@@ -331,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   };
   if (num_splits == 1) {
     if (row_valid) store_out(o);
-  } else if (merge_in_cluster) {
+  } else if constexpr (kMerge) {
     // The splits of this tile are the blocks of one cluster (rank = split). Each publishes its
     // normalised output and log-sum-exp in shared memory; rank s then finishes the rows r with
     // r % num_splits == s, reading every active split's share in split order (weights 2^(lse -
@@ -502,6 +505,7 @@ int decode_blocks_per_sm(CudaBackend& be, const void* kernel) {
 // waves; B=64: 3 (1.94 waves). Grids of two waves and more keep one split: the combine pass costs
 // more there than the last wave's idle slots (measured: three splits at B=256 took 10% longer).
 // Without the length cap this is the most any max_kv_len can ask for (used to size the scratch).
+// (prefer_merged_pair below then trades B=32's three splits for two merged in the kernel.)
 int decode_max_splits(int base_blocks, int sm_count, int blocks_per_sm) {
   const int target = blocks_per_sm * std::max(sm_count, 1);
   const int lo = std::clamp(target / base_blocks, 1, kDecodeMaxSplits);
@@ -521,6 +525,15 @@ int decode_num_splits(int max_splits, int max_kv_len) {
   return std::clamp(by_len, 1, max_splits);
 }
 
+// Two splits merged inside the kernel (a cluster of two blocks) in place of more splits and the
+// combine pass, once two splits make at least half a wave. Measured on the H200 (bench_decode_step,
+// astrai-1b, 1K context, ms per step), B=32: 2 splits merged 1.496, 3 splits and the combine pass
+// 1.531, 2 splits and the combine pass 1.556; merging 3, 4 or 8 splits in clusters was slower at
+// every batch size (B=32: 1.662, 1.628, 1.751).
+int prefer_merged_pair(int max_splits, int base_blocks, int sm_count, int blocks_per_sm) {
+  return max_splits > 2 && 4 * base_blocks >= std::max(sm_count, 1) * blocks_per_sm ? 2 : max_splits;
+}
+
 // Waves of resident blocks a grid of base_blocks x max_splits takes.
 double decode_waves(int base_blocks, int max_splits, int sm_count, int blocks_per_sm) {
   return static_cast<double>(base_blocks) * max_splits / (std::max(sm_count, 1) * blocks_per_sm);
@@ -529,15 +542,14 @@ double decode_waves(int base_blocks, int max_splits, int sm_count, int blocks_pe
 template <typename T, int D, int kMinBlocks>
 void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_splits) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
-  auto kernel = attn_decode_kernel<T, D, D <= 64, kMinBlocks>;
   const int splits = decode_num_splits(max_splits, a.max_kv_len);
-  // Two splits are merged inside the kernel (a cluster of two blocks), more by the combine pass:
-  // measured on the H200 (bench_decode_step, astrai-1b, 1K context), B=64 in two splits took 1.749
-  // ms per step merged in clusters against 1.892 with the combine pass, but B=32 in three splits
-  // 1.659 against 1.529, and in four 1.718 against 1.595. The choice depends on the launch shape
-  // only, never on max_kv_len, so eager calls and graphs captured with larger bounds agree bit
-  // for bit.
+  // Two splits are merged inside the kernel (a cluster of two blocks), more by the combine pass
+  // (prefer_merged_pair): B=64 in two splits took 1.749 ms per step merged in clusters against
+  // 1.892 with the combine pass. The choice depends on the launch shape only, never on max_kv_len,
+  // so eager calls and graphs captured with larger bounds agree bit for bit.
   const bool merge_in_cluster = max_splits == 2;
+  auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, D <= 64, kMinBlocks, true>
+                                 : attn_decode_kernel<T, D, D <= 64, kMinBlocks, false>;
   float* part_o = nullptr;
   float* part_lse = nullptr;
   if (splits > 1 && !merge_in_cluster) {
@@ -553,7 +565,7 @@ void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_sp
   const dim3 cluster(splits > 1 && merge_in_cluster ? splits : 1);
   detail::launch_programmatic(be, kernel, grid, dim3(kThreads), 0, cluster, static_cast<T*>(a.out), part_o, part_lse,
                               static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-                              a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len, splits, merge_in_cluster, a.sl);
+                              a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len, splits, a.sl);
   if (splits > 1 && !merge_in_cluster) {
     const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.B) * a.max_q_len * a.Hq);
     detail::launch_programmatic(be, attn_combine_kernel<T, D>, dim3(blocks), dim3(kThreads), 0, 1,
@@ -576,18 +588,19 @@ void launch_decode(CudaBackend& be, const Args& a) {
   const int base_blocks = a.B * a.Hkv * row_tiles;
   const int sms = be.multiprocessor_count();
   if (a.D != 64) {
-    const int blocks = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 128, false, 2>));
-    return launch_decode_d<T, 128, 2>(be, a, base_blocks, decode_max_splits(base_blocks, sms, blocks));
+    const int blocks = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 128, false, 2, false>));
+    const int splits = decode_max_splits(base_blocks, sms, blocks);
+    return launch_decode_d<T, 128, 2>(be, a, base_blocks, prefer_merged_pair(splits, base_blocks, sms, blocks));
   }
-  const int blocks3 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 3>));
-  const int blocks4 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 4>));
+  const int blocks3 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 3, false>));
+  const int blocks4 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 4, false>));
   const int splits3 = decode_max_splits(base_blocks, sms, blocks3);
   const int splits4 = decode_max_splits(base_blocks, sms, blocks4);
   const double waves3 = decode_waves(base_blocks, splits3, sms, blocks3);
   const double waves4 = decode_waves(base_blocks, splits4, sms, blocks4);
   if (blocks4 > blocks3 && waves4 <= 1.0 && (waves3 > 1.0 || waves3 < 0.9))
-    return launch_decode_d<T, 64, 4>(be, a, base_blocks, splits4);
-  launch_decode_d<T, 64, 3>(be, a, base_blocks, splits3);
+    return launch_decode_d<T, 64, 4>(be, a, base_blocks, prefer_merged_pair(splits4, base_blocks, sms, blocks4));
+  launch_decode_d<T, 64, 3>(be, a, base_blocks, prefer_merged_pair(splits3, base_blocks, sms, blocks3));
 }
 
 template void launch_decode<__nv_bfloat16>(CudaBackend&, const Args&);
