@@ -26,16 +26,19 @@
 //     loads, two steps in flight for D=64) in a layout that feeds mma.sync m16n8k16 without
 //     shared memory (the head dimension is permuted consistently for the QK product and the
 //     output dimension for the PV product). The warps' (m, l, acc) are merged through shared
-//     memory; with one split the block writes `out`, otherwise it writes (acc/l, lse) to scratch
-//     and a combine kernel merges the splits (one block per (row, head); its warps sum
-//     interleaved splits).
+//     memory; with one split the block writes `out`. Two splits are merged in the kernel: the
+//     tile's two blocks form a cluster and each finishes half the rows from both blocks'
+//     (acc/l, lse) in distributed shared memory. More splits write (acc/l, lse) to scratch and a
+//     combine kernel merges them (one block per (row, head); its warps sum interleaved splits).
 //     Paging: a warp reads the page id of its next step's first key one step ahead; a step that
 //     lies in one page (every step when the page size is a multiple of 16) is 16 consecutive pool
 //     rows from there, as cheap as a contiguous cache; a step across a page boundary or on pages
 //     of fewer than 16 keys looks each of its rows up (a page-table read per row).
 //     Splits: num_splits = clamp(S, 1, ceil(max_kv_len / 64)), S the count (from floor(W / base)
 //     to 2W / base) that fills whole waves best, base = B * Hkv * row_tiles, W = SMs * resident decode
-//     blocks per SM (occupancy query: 3 for D=64, 2 for D=128); each block at least 64 keys. Each block computes its key
+//     blocks per SM (occupancy query: 3 or 4 for D=64, two builds, 2 for D=128; attention_decode.cu
+//     picks the build and trades three or more splits for two merged ones where those make half
+//     a wave); each block at least 64 keys. Each block computes its key
 //     range on the device from the true lengths: active = min(num_splits, ceil(n_keys / 64)),
 //     steps = ceil(n_keys / 16), ceil(steps / active) steps per split, so a graph captured with
 //     large bounds still spreads a short context over the splits, and gives bit-identical results
