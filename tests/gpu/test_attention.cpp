@@ -712,12 +712,17 @@ TEST(AttentionGpu, DecodeGraphReplay) {
 // round's lengths (0: a padding request), replayed after rewriting the page tables for the other
 // rounds' lengths and other pages of the pool: each replay must match the CPU twin and be
 // bit-identical to an eager call with tight bounds on the same tables.
-void check_decode_graph_replay_paged(Backend& be, const std::vector<std::vector<int32_t>>& lengths) {
+// heads: the case's Hq, Hkv and D.
+void check_decode_graph_replay_paged(Backend& be, const std::vector<std::vector<int32_t>>& lengths,
+                                     const AttnCase& heads = AttnCase{}) {
   CudaBackend& cbe = static_cast<CudaBackend&>(be);
   constexpr int kPage = 16;
   const int batch = static_cast<int>(lengths[0].size());
   const int max_kv = *std::max_element(lengths[0].begin(), lengths[0].end());
   AttnCase c;
+  c.Hq = heads.Hq;
+  c.Hkv = heads.Hkv;
+  c.D = heads.D;
   for (int32_t len : lengths[0]) c.q_lens.push_back(len > 0 ? 1 : 0);
   c.kv_lens = lengths[0];
   c.page_size = kPage;
@@ -781,8 +786,9 @@ TEST(AttentionGpu, DecodeGraphReplayPaged) {
 
 // Batches of the engine's larger buckets on the astrai-1b heads (24 / 4, D 64), each on another
 // decode launch (attention_decode.cu): 32 requests in two splits merged inside the kernel through
-// a cluster, 64 likewise on the 4-blocks-per-SM kernel, 128 in one split on that kernel. Requests
-// too short to use every split and a padding request in each round.
+// a cluster, 64 likewise on the 4-blocks-per-SM kernel, 128 in one split on that kernel; and 16
+// requests of 32 / 8 heads at D 128 in two merged splits. Requests too short to use every split
+// and a padding request in each round.
 std::vector<std::vector<int32_t>> decode_rounds(int batch, uint64_t seed) {
   std::vector<std::vector<int32_t>> rounds(4, std::vector<int32_t>(batch));
   uint64_t x = seed;
@@ -802,6 +808,12 @@ TEST(AttentionGpu, DecodeGraphReplayPagedLargeBatches) {
     SCOPED_TRACE("batch " + std::to_string(batch));
     check_decode_graph_replay_paged(*be, decode_rounds(batch, 777 + batch));
   }
+  AttnCase d128;
+  d128.Hq = 32;
+  d128.Hkv = 8;
+  d128.D = 128;
+  SCOPED_TRACE("batch 16, D 128");
+  check_decode_graph_replay_paged(*be, decode_rounds(16, 801), d128);
 }
 #endif
 

@@ -29,9 +29,9 @@ struct DecodeFrag {
 
 constexpr int kDecodeMinKeysPerSplit = 64;
 
-// The most splits merged inside the decode kernel, through distributed shared memory (a cluster of
-// one block per split; 8 is the portable cluster size).
-constexpr int kClusterMergeMaxSplits = 8;
+// The splits merged inside the decode kernel, through distributed shared memory (a cluster of one
+// block per split): two (prefer_merged_pair says why).
+constexpr int kClusterMergeMaxSplits = 2;
 
 // kMerge: the splits of a tile are one cluster, merged in the kernel (below); otherwise a single
 // split writes the output and more write partials for the combine pass.
@@ -547,7 +547,7 @@ void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_sp
   // (prefer_merged_pair): B=64 in two splits took 1.749 ms per step merged in clusters against
   // 1.892 with the combine pass. The choice depends on the launch shape only, never on max_kv_len,
   // so eager calls and graphs captured with larger bounds agree bit for bit.
-  const bool merge_in_cluster = max_splits == 2;
+  const bool merge_in_cluster = max_splits == kClusterMergeMaxSplits;
   auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, D <= 64, kMinBlocks, true>
                                  : attn_decode_kernel<T, D, D <= 64, kMinBlocks, false>;
   float* part_o = nullptr;
