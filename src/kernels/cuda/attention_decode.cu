@@ -529,7 +529,7 @@ int decode_num_splits(int max_splits, int max_kv_len) {
 // combine pass, once two splits make at least half a wave. Measured on the H200 (bench_decode_step,
 // astrai-1b, 1K context, ms per step), B=32: 2 splits merged 1.496, 3 splits and the combine pass
 // 1.531, 2 splits and the combine pass 1.556; merging 3, 4 or 8 splits in clusters was slower at
-// every batch size (B=32: 1.662, 1.628, 1.751).
+// every batch size (B=32: 1.662, 1.628, 1.751). The D=128 build follows the same rule unmeasured.
 int prefer_merged_pair(int max_splits, int base_blocks, int sm_count, int blocks_per_sm) {
   return max_splits > 2 && 4 * base_blocks >= std::max(sm_count, 1) * blocks_per_sm ? 2 : max_splits;
 }
