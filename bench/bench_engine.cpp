@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
                         {"device", backend->device().str()},
                         {"params", model->parameter_count()},
                         {"cuda_graphs", options.use_graphs},
+                        {"lookahead", options.lookahead},
                         {"page_size", options.page_size},
                         {"max_step_tokens", options.max_step_tokens}};
 
@@ -196,6 +197,7 @@ int main(int argc, char** argv) {
                                {"steady_seconds", dt},
                                {"all_tokens_per_s", static_cast<double>(all_tokens) / secs(t_submit, end)},
                                {"graph_replays", st.graph_replays},
+                               {"lookahead_steps", st.lookahead_steps},
                                {"engine_step_s", st.step_seconds},
                                {"executor_s", st.executor_seconds},
                                {"device_wait_s", st.device_wait_seconds},

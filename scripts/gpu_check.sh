@@ -13,7 +13,8 @@
 #   profile-prefill: Nsight Compute per-kernel time of single-request prefills (8K, 30K).
 #   peers: llama.cpp (bench/peers/llama_cpp.sh model + bench) beside kiln's bench_engine single-request runs.
 #   engine: the engine, sampler and attention GPU tests, then bench_engine (decode B sweep, online run,
-#           shared-prefix TTFT, single-request latency) beside hf_bench.py's batched decode.
+#           shared-prefix TTFT, single-request latency) beside hf_bench.py's batched decode
+#           (ENGINE_COMPARE_ARGS: a second bench_engine run with those arguments, e.g. --no-lookahead).
 #   train: the training fixtures (tests/reference/make_train_fixtures.py), the training GPU tests,
 #          kiln train on CUDA with the result loaded by transformers, and the training benchmarks
 #          beside hf_bench.py's training figure.
@@ -107,6 +108,13 @@ if [ "$WHAT" = engine ]; then
   timeout ${ENGINE_BENCH_TIMEOUT:-300} "$BUILD/bin/bench_engine" --config $CFG ${ENGINE_BENCH_ARGS:-} > "$OUT/bench_engine.json" \
     2> "$OUT/bench_engine.err" || { status=1; tail -5 "$OUT/bench_engine.err"; }
   cat "$OUT/bench_engine.json"
+  # A second run in the same call, the reference of a change (ENGINE_COMPARE_ARGS, e.g.
+  # "--skip single,online,prefix --no-lookahead").
+  if [ -n "${ENGINE_COMPARE_ARGS:-}" ]; then
+    timeout ${ENGINE_BENCH_TIMEOUT:-300} "$BUILD/bin/bench_engine" --config $CFG $ENGINE_COMPARE_ARGS \
+      > "$OUT/bench_engine_compare.json" 2>> "$OUT/bench_engine.err" || { status=1; tail -5 "$OUT/bench_engine.err"; }
+    cat "$OUT/bench_engine_compare.json"
+  fi
   # Decode projections: cuBLASLt, the fused small-batch kernel and the TMA kernel at each row count
   # given (LINEAR_ROWS, e.g. "1,8,32,128"; LINEAR_SPLITS=1 adds the TMA kernel's K-split sweep).
   if [ -n "${LINEAR_ROWS:-}" ]; then

@@ -15,12 +15,16 @@ void EngineFlags::add(CLI::App* cmd) {
   cmd->add_option("--page-size", options.page_size, "KV page size in tokens")->capture_default_str();
   cmd->add_flag("--no-prefix-cache", no_prefix_cache, "do not reuse the KV of earlier requests' prefixes");
   cmd->add_flag("--no-graphs", no_graphs, "run every step eagerly (no CUDA graph replay)");
+  cmd->add_flag("--no-lookahead", no_lookahead,
+                "launch each decode step only after the one before it has finished (no overlap of the host's "
+                "planning with the device)");
 }
 
 EngineOptions EngineFlags::engine_options() const {
   EngineOptions o = options;
   o.prefix_cache = !no_prefix_cache;
   o.use_graphs = !no_graphs;
+  o.lookahead = !no_lookahead;
   return o;
 }
 

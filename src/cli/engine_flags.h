@@ -15,6 +15,7 @@ struct EngineFlags {
   EngineOptions options;
   bool no_prefix_cache = false;
   bool no_graphs = false;
+  bool no_lookahead = false;
   void add(CLI::App* cmd);
   EngineOptions engine_options() const;
 };

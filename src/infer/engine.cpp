@@ -5,22 +5,12 @@
 #include <cmath>
 #include <new>
 
+#include "infer/engine_internal.h"
 #include "infer/executor.h"
 #include "infer/scheduler.h"
 #include "infer/stop_strings.h"
 
 namespace kiln {
-namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-bool has_penalties(const GenerationRequest& r) {
-  return r.repetition_penalty != 1.0f || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // RequestStream
@@ -64,23 +54,6 @@ void RequestStream::push(EngineEvent e) {
 
 // ---------------------------------------------------------------------------------------------
 // Engine
-
-struct Engine::Live {
-  uint64_t id = 0;
-  GenerationRequest request;
-  std::shared_ptr<RequestStream> stream;
-  std::unique_ptr<StopStringMatcher> text;  // with a tokenizer
-  int32_t generated = 0;
-  int32_t counts_row = -1;
-  uint64_t admission_seen = 0;  // the scheduler's admission stamp at the last admission seen
-  bool stopped_by_string = false;  // the text ends before a stop string: nothing held back is shown
-  std::string stop_string;         // ... which one
-  bool done = false;               // the final event was pushed
-  bool retired = false;            // out of the scheduler (its KV freed)
-  int32_t cached_tokens = 0;       // usage: prefix-cached prompt tokens, kept when it is retired
-  int32_t preemptions = 0;         // usage, kept when it is retired
-  std::optional<uint64_t> admission_version;  // the version at its first admission, kept when retired
-};
 
 Engine::Engine(std::shared_ptr<const Transformer> model, const Tokenizer* tokenizer, std::vector<int32_t> eos_ids,
                const EngineOptions& options)
@@ -309,153 +282,6 @@ void Engine::drain_inbox() {
   }
 }
 
-void Engine::commit_step(const StepPlan& plan, const std::vector<Live*>& sampled,
-                         const std::vector<SampledToken>& out, const std::vector<float>& prompt_logprobs,
-                         uint64_t version) {
-  scheduler_->commit(plan);
-  // Prompt log-probabilities first: they go out before the request's first generated token.
-  size_t at = 0;
-  for (const StepEntry& e : plan.entries) {
-    if (e.score_rows == 0) continue;
-    Live& live = *live_.at(e.seq->id);
-    PendingToken p{&live, std::nullopt, nullptr, {}};
-    p.prompt_logprobs.assign(prompt_logprobs.begin() + at, prompt_logprobs.begin() + at + e.score_rows);
-    at += e.score_rows;
-    pending_.push_back(std::move(p));
-  }
-  KILN_ASSERT(at == prompt_logprobs.size());
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    Live& live = *sampled[i];
-    if (live.done) continue;  // a stop string ended it while this step ran: its token is dropped
-    const GenerationRequest& r = live.request;
-    if (r.max_tokens == 0) {  // a scoring request that generates nothing: its prompt is done
-      retire(live);
-      pending_.push_back(PendingToken{&live, std::nullopt, "length", {}});
-      continue;
-    }
-    const SampledToken& s = out[i];
-    scheduler_->append(scheduler_->find(live.id), s.token);
-    ++generated_total_;
-    ++live.generated;
-    PendingToken p{&live, GeneratedToken{}, nullptr, {}};
-    p.token->id = s.token;
-    p.token->logprob = s.logprob;
-    p.token->top = s.top;
-    p.token->policy_version = version;
-    const bool stop = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), s.token) != r.stop_token_ids.end() ||
-                      (!r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), s.token) != eos_ids_.end());
-    if (stop || live.generated >= r.max_tokens) {
-      p.finish_reason = stop ? "stop" : "length";
-      retire(live);  // not planned again; its events still go out in order
-    }
-    pending_.push_back(std::move(p));
-  }
-  for (Live* live : ended_by_stop_string_) {
-    retire(*live);
-    live_.erase(live->id);
-  }
-  ended_by_stop_string_.clear();
-}
-
-void Engine::deliver_pending() {
-  const double t0 = now_seconds();
-  for (PendingToken& p : pending_) {
-    Live& live = *p.live;
-    if (live.done) continue;
-    if (!p.token) {
-      if (!p.prompt_logprobs.empty()) {
-        EngineEvent e;
-        e.prompt_logprobs = std::move(p.prompt_logprobs);
-        live.stream->push(std::move(e));
-      }
-      if (!p.finish_reason) continue;
-      finish(live, p.finish_reason);
-      retire(live);
-      live_.erase(live.id);
-      continue;
-    }
-    EngineEvent e;
-    e.tokens.push_back(std::move(*p.token));
-    bool by_string = false;
-    // With special tokens in the text, the EOS that ends the request still shows nothing.
-    const bool silent_eos = !live.request.skip_special_tokens && p.finish_reason && !live.request.ignore_eos &&
-                            std::find(eos_ids_.begin(), eos_ids_.end(), e.tokens.back().id) != eos_ids_.end();
-    if (live.text && !silent_eos) {
-      StopStringMatcher::Update u = live.text->push(e.tokens.back().id);
-      e.text = std::move(u.text);
-      live.stopped_by_string = u.stopped;
-      live.stop_string = std::move(u.matched);
-      by_string = u.stopped;
-    }
-    live.stream->push(std::move(e));
-    if (!by_string && !p.finish_reason) continue;
-    finish(live, by_string ? "stop" : p.finish_reason);
-    if (executor_->in_flight() && !live.retired) {
-      ended_by_stop_string_.push_back(&live);  // planned in the step on the device: retired after it
-      continue;
-    }
-    retire(live);  // nothing when it already is
-    live_.erase(live.id);
-  }
-  pending_.clear();
-  deliver_seconds_ += now_seconds() - t0;
-}
-
-void Engine::step() {
-  const double t_start = now_seconds();
-  StepPlan plan = scheduler_->schedule();
-  schedule_seconds_ += now_seconds() - t_start;
-  preemptions_ += static_cast<int64_t>(plan.preempted.size());
-  for (uint64_t id : plan.preempted) {  // a preempted request gives its counts row back
-    Live& live = *live_.at(id);
-    if (live.counts_row >= 0) executor_->release_counts_row(live.counts_row);
-    live.counts_row = -1;
-  }
-  if (plan.empty()) return deliver_pending();
-  const uint64_t version = scheduler_->policy_version();
-  std::vector<ops::SamplingRow> rows;
-  std::vector<Live*> sampled;
-  for (const StepEntry& e : plan.entries) {
-    Live& live = *live_.at(e.seq->id);
-    const GenerationRequest& r = live.request;
-    if (live.admission_seen != e.seq->admission) {  // admitted (again) in this step
-      live.admission_seen = e.seq->admission;
-      hits_total_ += e.start;
-      if (has_penalties(r)) {
-        // Rebuild the request's token counts from its prompt and output so far.
-        if (live.counts_row < 0) live.counts_row = executor_->acquire_counts_row();
-        const std::vector<int32_t> output(e.seq->tokens.begin() + e.seq->prompt_len, e.seq->tokens.end());
-        Status st = executor_->reset_counts(live.counts_row, r.prompt, output);
-        if (!st.ok()) return fail_all(st.message());
-      }
-    }
-    if (!e.wants_logits) continue;
-    ops::SamplingRow row;
-    row.temperature = r.temperature;
-    row.top_k = r.top_k;
-    row.top_p = r.top_p;
-    row.min_p = r.min_p;
-    row.repetition_penalty = r.repetition_penalty;
-    row.frequency_penalty = r.frequency_penalty;
-    row.presence_penalty = r.presence_penalty;
-    row.logprobs = r.logprobs || r.top_logprobs > 0 ? ops::kLogprobsRaw : ops::kLogprobsOff;
-    if (r.behaviour_logprobs) row.logprobs = ops::kLogprobsSampled;  // implies logprobs
-    row.top_logprobs = r.top_logprobs;
-    row.counts_row = live.counts_row;
-    row.seed_lo = static_cast<uint32_t>(r.seed);
-    row.seed_hi = static_cast<uint32_t>(r.seed >> 32);
-    row.position = e.start + e.count;  // the position the new token will take
-    rows.push_back(row);
-    sampled.push_back(&live);
-  }
-  executor_->launch(plan, rows);
-  deliver_pending();  // the previous step's events, while the device runs this one
-  Result<std::vector<SampledToken>> out = executor_->wait();
-  ++steps_;
-  if (!out.ok()) return fail_all(out.status().message());
-  commit_step(plan, sampled, *out, executor_->prompt_logprobs(), version);
-}
-
 int32_t Engine::abort_admitted() {
   deliver_pending();  // tokens already computed go out before the final event
   std::vector<uint64_t> ended;
@@ -471,8 +297,9 @@ int32_t Engine::abort_admitted() {
 }
 
 void Engine::fail_all(const std::string& message) {
+  while (executor_->in_flight()) (void)executor_->wait();  // a step launched ahead of the failed one
   pending_.clear();
-  ended_by_stop_string_.clear();
+  retire_after_step_.clear();
   refuse_updates("the engine stopped after an error: " + message);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -501,6 +328,7 @@ void Engine::publish_stats() {
   s.steps = steps_;
   s.preemptions = preemptions_;
   s.graph_replays = executor_->graph_replays();
+  s.lookahead_steps = lookahead_steps_;
   s.step_seconds = step_seconds_;
   s.schedule_seconds = schedule_seconds_;
   s.deliver_seconds = deliver_seconds_;

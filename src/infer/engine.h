@@ -178,6 +178,9 @@ struct EngineOptions {
   int32_t max_seq_len = 0;         // 0: the model's max_position_embeddings
   bool prefix_cache = true;
   bool use_graphs = true;
+  // Decode steps planned and launched while the step before them runs (their input tokens taken
+  // on the device), so that the host's work between steps overlaps the device's.
+  bool lookahead = true;
   uint64_t policy_version = 0;     // the version of the weights the engine starts with (resume)
   int32_t max_score_rows = 0;      // prompt-scoring positions per step (logit rows); 0: no scoring
 };
@@ -187,6 +190,7 @@ struct EngineStats {
   int32_t kv_pages_used = 0, kv_pages_free = 0, kv_page_size = 0, kv_pages_cached = 0;
   int64_t prompt_tokens = 0, prefix_hit_tokens = 0, generated_tokens = 0;
   int64_t steps = 0, preemptions = 0, graph_replays = 0;
+  int64_t lookahead_steps = 0;  // steps launched before the step before them had finished
   double tokens_per_second = 0.0;  // generated tokens per second over the last few seconds
   // Where the engine thread's time went: whole steps, the executor's part of them, and the
   // executor's wait for the device (step - executor = scheduling and events; executor - wait =
@@ -246,19 +250,30 @@ class Engine final : public EngineApi {
   Status init();
   Status validate(const GenerationRequest& r) const;
   void loop();
+  // Runs steps (engine_step.cpp): a scheduled one, then, while the conditions of lookahead hold,
+  // each next decode step launched before the one before it finishes. Returns with nothing in
+  // flight, so that arrivals, cancels and updates are handled between steps.
   void step();
+  struct StepWork;  // a planned step: plan, sampling rows, the requests sampled, version
+  // Schedules a step and its sampling rows; false when there is nothing to run.
+  bool plan_step(StepWork& work);
+  // Plans the continuation of `current` (in flight) for lookahead; false when it may not run now.
+  bool plan_lookahead(const StepWork& current, StepWork& next, std::vector<int32_t>& continued_from);
+  void launch_step(StepWork& work, const std::vector<int32_t>* continued_from);
   void drain_inbox();
   void finish(Live& live, const std::string& reason, const std::string& error = "");
   // After a step's tokens are back: appends them to their sequences, ends the requests that hit a
-  // stop token or max_tokens (out of the scheduler before the next step is planned), and queues
-  // the tokens' events; drops requests a stop string ended while the step ran.
-  void commit_step(const StepPlan& plan, const std::vector<Live*>& sampled, const std::vector<SampledToken>& out,
-                   const std::vector<float>& prompt_logprobs, uint64_t version);
+  // stop token or max_tokens, queues the tokens' events, and retires the ended requests no step in
+  // flight computes for any more (a request ended earlier has this step's token dropped).
+  void commit_step(const StepWork& work, const std::vector<SampledToken>& out);
   // Pushes the queued events (detokenizing, matching stop strings) while the next step runs on
-  // the device; a stop string ends its request, which leaves the scheduler after that step.
+  // the device; a stop string ends its request, which leaves the scheduler after the steps in
+  // flight.
   void deliver_pending();
-  // Takes a finished request out of the scheduler and the live table.
+  // Takes a finished request out of the scheduler (and the live table, by the caller).
   void retire(Live& live);
+  // Retires `live` now, or once the last step launched for it is committed.
+  void retire_when_free(Live& live);
   // Copies what the final event reports from the scheduler's sequence.
   void remember_usage(Live& live, const Sequence& seq);
   // Ends every request admitted at least once with "abort" (an `abort` update); returns how many.
@@ -304,7 +319,9 @@ class Engine final : public EngineApi {
     std::vector<float> prompt_logprobs;
   };
   std::vector<PendingToken> pending_;  // events of the last step, delivered during the next one
-  std::vector<Live*> ended_by_stop_string_;  // still scheduled: retired after the step in flight
+  std::vector<Live*> retire_after_step_;  // ended, still computed for by a step in flight
+  uint64_t launched_steps_ = 0, committed_steps_ = 0;  // step numbers: every step is committed in order
+  int64_t lookahead_steps_ = 0;
   std::deque<std::pair<double, int64_t>> rate_window_;  // (seconds, generated tokens) samples
   int64_t generated_total_ = 0, prompt_total_ = 0, hits_total_ = 0, steps_ = 0, preemptions_ = 0, updates_done_ = 0;
   double step_seconds_ = 0, schedule_seconds_ = 0, deliver_seconds_ = 0;

@@ -79,10 +79,8 @@ Status Executor::init() {
   section(off_slots_, Tm);
   section(off_pages_, max_pages_per_step_);
   staging_ints_ = at;
-  KILN_ASSIGN_OR_RETURN(staging_host_, pinned_host_empty(be(), {staging_ints_}, DType::i32));
   KILN_ASSIGN_OR_RETURN(staging_dev_, empty(be(), {staging_ints_}, DType::i32));
-  std::memset(staging_host_.ptr<int32_t>(), 0, static_cast<size_t>(staging_ints_) * 4);
-  be().copy(staging_dev_, staging_host_);
+  be().zero(staging_dev_);
 
   const int64_t N = ops::kMaxTopLogprobs;
   KILN_ASSIGN_OR_RETURN(tokens_dev_, empty(be(), {Bm}, DType::i32));
@@ -94,19 +92,26 @@ Status Executor::init() {
   KILN_ASSIGN_OR_RETURN(counts_, empty(be(), {Bm, vocab_}, DType::i32));
   be().zero(counts_);
   KILN_ASSIGN_OR_RETURN(counts_upload_, empty(be(), {2 * static_cast<int64_t>(config_.max_seq_len)}, DType::i32));
-  KILN_ASSIGN_OR_RETURN(tokens_host_, pinned_host_empty(be(), {Bm}, DType::i32));
-  KILN_ASSIGN_OR_RETURN(logprobs_host_, pinned_host_empty(be(), {Bm}, DType::f32));
-  KILN_ASSIGN_OR_RETURN(top_ids_host_, pinned_host_empty(be(), {Bm, N}, DType::i32));
-  KILN_ASSIGN_OR_RETURN(top_logprobs_host_, pinned_host_empty(be(), {Bm, N}, DType::f32));
+  for (HostSide& side : sides_) {
+    KILN_ASSIGN_OR_RETURN(side.staging, pinned_host_empty(be(), {staging_ints_}, DType::i32));
+    std::memset(side.staging.ptr<int32_t>(), 0, static_cast<size_t>(staging_ints_) * 4);
+    KILN_ASSIGN_OR_RETURN(side.tokens, pinned_host_empty(be(), {Bm}, DType::i32));
+    KILN_ASSIGN_OR_RETURN(side.logprobs, pinned_host_empty(be(), {Bm}, DType::f32));
+    KILN_ASSIGN_OR_RETURN(side.top_ids, pinned_host_empty(be(), {Bm, N}, DType::i32));
+    KILN_ASSIGN_OR_RETURN(side.top_logprobs, pinned_host_empty(be(), {Bm, N}, DType::f32));
+    if (SR > 0) {
+      KILN_ASSIGN_OR_RETURN(side.score_logprobs, pinned_host_empty(be(), {SR}, DType::f32));
+    }
+    side.done = be().create_event();
+    side.graph_start = be().create_event();
+    side.graph_end = be().create_event();
+    side.rows.reserve(static_cast<size_t>(Bm));
+  }
   if (SR > 0) {
     KILN_ASSIGN_OR_RETURN(score_logprobs_dev_, empty(be(), {SR}, DType::f32));
-    KILN_ASSIGN_OR_RETURN(score_logprobs_host_, pinned_host_empty(be(), {SR}, DType::f32));
     score_rows_scratch_.resize(static_cast<size_t>(SR));
   }
   for (int32_t r = static_cast<int32_t>(Bm) - 1; r >= 0; --r) free_counts_rows_.push_back(r);
-  done_ = be().create_event();
-  graph_start_ = be().create_event();
-  graph_end_ = be().create_event();
   KILN_RETURN_IF_ERROR(be().synchronize());
 
   if (config_.num_pages == 0) {
@@ -169,8 +174,8 @@ Status Executor::warm_up() {
       plan.entries.push_back(e);
     }
     const std::vector<ops::SamplingRow> rows(seqs.size());
-    const Packed p = pack(plan, rows, shape.q_len == 1 ? bucket_for(shape.requests) : 0);
-    upload(p);
+    const Packed p = pack(sides_[0], plan, rows, shape.q_len == 1 ? bucket_for(shape.requests) : 0);
+    upload(sides_[0], p);
     forward_and_sample(p, true);
     KILN_RETURN_IF_ERROR(be().synchronize());
   }
@@ -190,8 +195,9 @@ int32_t Executor::bucket_for(int32_t batch) const {
   return std::min(b, config_.max_running);
 }
 
-Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket) {
-  int32_t* h = staging_host_.ptr<int32_t>();
+Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std::vector<ops::SamplingRow>& rows,
+                                int32_t bucket) {
+  int32_t* h = side.staging.ptr<int32_t>();
   int32_t* q_indptr = h + off_q_indptr_;
   int32_t* page_indptr = h + off_page_indptr_;
   int32_t* last_page = h + off_last_page_;
@@ -212,8 +218,9 @@ Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::Sam
       score_rows_scratch_[p.score_rows] = p.tokens + (j - e.start);  // the row of position j
       targets[p.score_rows++] = s.tokens[j + 1];
     }
+    const int32_t known = static_cast<int32_t>(s.tokens.size());
     for (int32_t j = e.start; j < e.start + e.count; ++j) {
-      ids[p.tokens] = s.tokens[j];
+      ids[p.tokens] = j < known ? s.tokens[j] : 0;  // a continuation's input: copied on the device
       positions[p.tokens] = j;
       slots[p.tokens] = s.pages[j / ps] * ps + j % ps;
       ++p.tokens;
@@ -286,9 +293,9 @@ Executor::Packed Executor::pack(const StepPlan& plan, const std::vector<ops::Sam
   return p;
 }
 
-void Executor::upload(const Packed& p) {
+void Executor::upload(const HostSide& side, const Packed& p) {
   auto copy_ints = [&](int64_t off, int64_t n) {
-    if (n > 0) be().copy_async(staging_dev_.view().rows(off, off + n), staging_host_.view().rows(off, off + n));
+    if (n > 0) be().copy_async(staging_dev_.view().rows(off, off + n), side.staging.view().rows(off, off + n));
   };
   copy_ints(0, off_ids_);  // the small per-request sections, the sampling parameters and targets
   copy_ints(off_ids_, p.tokens);
@@ -343,9 +350,12 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
   return wait();
 }
 
-void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows) {
-  KILN_ASSERT(!plan.entries.empty() && !in_flight_);
+void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows,
+                      const std::vector<int32_t>* continued_from) {
+  KILN_ASSERT(!plan.entries.empty() && in_flight_ < static_cast<int32_t>(sides_.size()));
+  KILN_ASSERT(!continued_from || (in_flight_ == 1 && continued_from->size() == plan.entries.size()));
   const auto t0 = std::chrono::steady_clock::now();
+  HostSide& side = sides_[next_side_];
   bool decode_only = true, full = false, any_logprobs = false, any_top = false;
   for (const StepEntry& e : plan.entries) decode_only = decode_only && e.count == 1 && e.wants_logits;
   for (const ops::SamplingRow& r : rows) {
@@ -356,10 +366,27 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   const int32_t real_rows = static_cast<int32_t>(rows.size());
   const int32_t bucket = decode_only ? bucket_for(static_cast<int32_t>(plan.entries.size())) : 0;
   bool timed_graph = false;
-  const Packed p = pack(plan, rows, bucket);
+  const Packed p = pack(side, plan, rows, bucket);
   const auto t_packed = std::chrono::steady_clock::now();
   pack_seconds_ += std::chrono::duration<double>(t_packed - t0).count();
-  upload(p);
+  upload(side, p);
+  if (continued_from) {
+    // Entry i's input token is row continued_from[i] of the sampled tokens of the step in flight
+    // (queued before this one, so its sampler has written them): one device copy per run of
+    // consecutive rows (entries are packed one token each, in order).
+    KILN_ASSERT(decode_only);
+    const std::vector<int32_t>& from = *continued_from;
+    const Tensor ids = staging_dev_.view().rows(off_ids_, off_ids_ + static_cast<int64_t>(from.size()));
+    for (size_t i = 0; i < from.size();) {
+      size_t j = i + 1;
+      while (j < from.size() && from[j] == from[j - 1] + 1) ++j;
+      KILN_ASSERT(from[i] >= 0 && from[j - 1] < config_.max_running);
+      KILN_ASSERT(static_cast<int32_t>(plan.entries[i].seq->tokens.size()) == plan.entries[i].start);
+      be().copy_async(ids.rows(static_cast<int64_t>(i), static_cast<int64_t>(j)),
+                      tokens_dev_.view().rows(from[i], from[i] + static_cast<int64_t>(j - i)));
+      i = j;
+    }
+  }
   const auto t_uploaded = std::chrono::steady_clock::now();
   upload_seconds_ += std::chrono::duration<double>(t_uploaded - t_packed).count();
   if (bucket > 0 && config_.use_graphs && graphs_ok_) {
@@ -367,9 +394,9 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
     auto it = graphs_.find(key);
     if (it != graphs_.end()) {
       const auto tl = std::chrono::steady_clock::now();
-      graph_start_->record();
+      side.graph_start->record();
       it->second->replay();
-      graph_end_->record();
+      side.graph_end->record();
       graph_launch_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
       timed_graph = true;
       last_logits_ = ws_.logits.view().rows(0, p.logit_rows);
@@ -386,47 +413,53 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
     forward_and_sample(p, full);
   }
   if (p.score_rows > 0)
-    be().copy_async(score_logprobs_host_.view().rows(0, p.score_rows), score_logprobs_dev_.view().rows(0, p.score_rows));
-  in_flight_score_rows_ = p.score_rows;
+    be().copy_async(side.score_logprobs.view().rows(0, p.score_rows), score_logprobs_dev_.view().rows(0, p.score_rows));
+  side.score_rows = p.score_rows;
   if (real_rows > 0) {
-    be().copy_async(tokens_host_.view().rows(0, real_rows), tokens_dev_.view().rows(0, real_rows));
-    if (any_logprobs) be().copy_async(logprobs_host_.view().rows(0, real_rows), logprobs_dev_.view().rows(0, real_rows));
+    be().copy_async(side.tokens.view().rows(0, real_rows), tokens_dev_.view().rows(0, real_rows));
+    if (any_logprobs) be().copy_async(side.logprobs.view().rows(0, real_rows), logprobs_dev_.view().rows(0, real_rows));
     if (any_top) {
-      be().copy_async(top_ids_host_.view().rows(0, real_rows), top_ids_dev_.view().rows(0, real_rows));
-      be().copy_async(top_logprobs_host_.view().rows(0, real_rows), top_logprobs_dev_.view().rows(0, real_rows));
+      be().copy_async(side.top_ids.view().rows(0, real_rows), top_ids_dev_.view().rows(0, real_rows));
+      be().copy_async(side.top_logprobs.view().rows(0, real_rows), top_logprobs_dev_.view().rows(0, real_rows));
     }
   }
-  done_->record();
+  side.done->record();
   const auto t1 = std::chrono::steady_clock::now();
   issue_seconds_ += std::chrono::duration<double>(t1 - t_packed).count();
   run_seconds_ += std::chrono::duration<double>(t1 - t0).count();
-  in_flight_ = true;
-  in_flight_rows_ = &rows;
-  in_flight_timed_graph_ = timed_graph;
+  side.rows.assign(rows.begin(), rows.end());
+  side.timed_graph = timed_graph;
+  next_side_ = (next_side_ + 1) % static_cast<int32_t>(sides_.size());
+  ++in_flight_;
 }
 
 Result<std::vector<SampledToken>> Executor::wait() {
-  KILN_ASSERT(in_flight_);
-  in_flight_ = false;
-  const std::vector<ops::SamplingRow>& rows = *in_flight_rows_;
-  in_flight_rows_ = nullptr;
+  KILN_ASSERT(in_flight_ > 0);
+  const int32_t n_sides = static_cast<int32_t>(sides_.size());
+  HostSide& side = sides_[(next_side_ - in_flight_ + n_sides) % n_sides];
+  --in_flight_;
+  const std::vector<ops::SamplingRow>& rows = side.rows;
   const int32_t real_rows = static_cast<int32_t>(rows.size());
   const auto t1 = std::chrono::steady_clock::now();
-  KILN_RETURN_IF_ERROR(done_->wait());
+  KILN_RETURN_IF_ERROR(side.done->wait());
   const auto t2 = std::chrono::steady_clock::now();
-  if (in_flight_timed_graph_) graph_device_seconds_ += graph_end_->elapsed_ms(*graph_start_) * 1e-3;
+  if (side.timed_graph) graph_device_seconds_ += side.graph_end->elapsed_ms(*side.graph_start) * 1e-3;
   wait_seconds_ += std::chrono::duration<double>(t2 - t1).count();
   run_seconds_ += std::chrono::duration<double>(t2 - t1).count();
-  const float* scored = in_flight_score_rows_ > 0 ? score_logprobs_host_.ptr<float>() : nullptr;
-  prompt_logprobs_.assign(scored, scored + in_flight_score_rows_);
+  const float* scored = side.score_rows > 0 ? side.score_logprobs.ptr<float>() : nullptr;
+  prompt_logprobs_.assign(scored, scored + side.score_rows);
   std::vector<SampledToken> out(static_cast<size_t>(real_rows));
+  const int32_t* tokens = side.tokens.ptr<int32_t>();
+  const float* logprobs = side.logprobs.ptr<float>();
+  const int32_t* top_ids = side.top_ids.ptr<int32_t>();
+  const float* top_logprobs = side.top_logprobs.ptr<float>();
   for (int32_t i = 0; i < real_rows; ++i) {
     SampledToken& t = out[i];
-    t.token = tokens_host_.ptr<int32_t>()[i];
-    if (rows[i].logprobs != 0 || rows[i].top_logprobs > 0) t.logprob = logprobs_host_.ptr<float>()[i];
+    t.token = tokens[i];
+    if (rows[i].logprobs != 0 || rows[i].top_logprobs > 0) t.logprob = logprobs[i];
     for (int32_t k = 0; k < rows[i].top_logprobs; ++k) {
-      const int32_t id = top_ids_host_.ptr<int32_t>()[i * ops::kMaxTopLogprobs + k];
-      if (id >= 0) t.top.emplace_back(id, top_logprobs_host_.ptr<float>()[i * ops::kMaxTopLogprobs + k]);
+      const int32_t id = top_ids[i * ops::kMaxTopLogprobs + k];
+      if (id >= 0) t.top.emplace_back(id, top_logprobs[i * ops::kMaxTopLogprobs + k]);
     }
   }
   return out;

@@ -9,13 +9,17 @@
 // score rows, whose log-probabilities of their next prompt token come from the cross-entropy op
 // on the same logits: log_softmax of the raw model output). Inputs move to the device with one set of
 // asynchronous copies from pinned memory; the sampled tokens (and log-probs when asked) come back the
-// same way, waited for with an event. Pure decode steps are padded to a batch-size bucket (1, 2, 4,
+// same way, waited for with an event. Two steps may be in flight: a decode step launched while the
+// step before it runs takes its input tokens from that step's samples on the device (launch's
+// `continued_from`), so the host plans and issues it without waiting; each step in flight has its
+// own pinned staging and output buffers. Pure decode steps are padded to a batch-size bucket (1, 2, 4,
 // ... up to max_running) with rows that write no KV and requests with no queries (the padding rule
 // of kernels/ops.h), so that on CUDA they replay a graph captured once per (batch bucket, context
 // bucket, sampler mode), bit-exact against the same step run eagerly, without allocating.
 // Thread safety: none; the engine thread drives it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <tuple>
@@ -60,12 +64,17 @@ class Executor {
   // `position` already set); returns one SampledToken per such entry, in plan order.
   Result<std::vector<SampledToken>> run(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows);
   // run() in two halves, so that the caller works while the device runs the step: launch() packs,
-  // copies and issues it (the sampled tokens' copy back included); wait() waits for it and returns
-  // the tokens. One step in flight at a time; nothing else may touch the executor in between, and
-  // `rows` must stay alive (unchanged) until wait() returns: wait() reads their log-prob requests.
-  void launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows);
+  // copies and issues it (the sampled tokens' copy back included); wait() waits for the oldest step
+  // in flight and returns its tokens. At most two steps in flight; nothing else may touch the
+  // executor in between (counts rows, reset_counts).
+  // continued_from (a continuation of the one step in flight): entry i's input token (its last,
+  // tokens[start], which the host does not know yet: tokens.size() == start) is the token that step
+  // samples in its row continued_from[i]; the entry computes one token and wants logits.
+  void launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows,
+              const std::vector<int32_t>* continued_from = nullptr);
   Result<std::vector<SampledToken>> wait();
-  bool in_flight() const { return in_flight_; }
+  bool in_flight() const { return in_flight_ > 0; }
+  int32_t steps_in_flight() const { return in_flight_; }
   // After wait(): the log-probabilities of the step's score rows, in plan order (entry by entry,
   // position by position): log p(tokens[j + 1] | tokens[0..j]) for each scored position j.
   const std::vector<float>& prompt_logprobs() const { return prompt_logprobs_; }
@@ -101,15 +110,25 @@ class Executor {
   // (every page index 0), so that scratch buffers and GEMM plans exist before the free memory is
   // measured.
   Status warm_up();
-  // Fills the host staging buffer for `plan`, padding a pure decode step to `bucket` rows when > 0.
+  // The host side of a step in flight: pinned staging of its inputs and pinned copies of its
+  // outputs, the event its copies back complete on, and what wait() needs to read them.
+  struct HostSide {
+    TensorBuffer staging;
+    TensorBuffer tokens, logprobs, top_ids, top_logprobs, score_logprobs;
+    std::unique_ptr<Event> done, graph_start, graph_end;
+    std::vector<ops::SamplingRow> rows;  // the step's sampling rows (their log-prob requests)
+    int32_t score_rows = 0;
+    bool timed_graph = false;
+  };
+  // Fills `side`'s staging buffer for `plan`, padding a pure decode step to `bucket` rows when > 0.
   struct Packed {
     int32_t tokens = 0, requests = 0, logit_rows = 0, pages = 0, max_q = 0, max_kv = 0;
     int32_t sampled_rows = 0, score_rows = 0;  // with score rows: logit rows [0, sampled) sample,
                                                // [sampled, sampled + score) score the prompt
     bool trim = false;
   };
-  Packed pack(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
-  void upload(const Packed& p);
+  Packed pack(HostSide& side, const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
+  void upload(const HostSide& side, const Packed& p);
   ForwardBatch batch_view(const Packed& p) const;
   ops::SamplingBatch sampling_view(int32_t rows, bool full) const;
   void forward_and_sample(const Packed& p, bool full);
@@ -125,21 +144,23 @@ class Executor {
   int32_t max_pages_per_step_ = 0;
   KVCache cache_;
   ForwardWorkspace ws_;
-  // The packed step inputs: host staging (pinned) and device buffer, same layout (offsets below).
-  TensorBuffer staging_host_, staging_dev_;
+  // The packed step inputs: host staging (pinned, one per side) and device buffer, same layout
+  // (offsets below).
+  TensorBuffer staging_dev_;
   int64_t off_q_indptr_ = 0, off_page_indptr_ = 0, off_last_page_ = 0, off_last_rows_ = 0, off_logit_rows_ = 0,
           off_params_ = 0, off_targets_ = 0, off_ids_ = 0, off_positions_ = 0, off_slots_ = 0, off_pages_ = 0,
           staging_ints_ = 0;
   int32_t max_logit_rows_ = 0;  // max_running + max_score_rows
   // Sampler buffers.
   TensorBuffer tokens_dev_, logprobs_dev_, top_ids_dev_, top_logprobs_dev_, sampler_ws_, counts_;
-  TensorBuffer tokens_host_, logprobs_host_, top_ids_host_, top_logprobs_host_;
   TensorBuffer counts_upload_;  // [max_seq_len] i32 device: ids for reset_counts
-  TensorBuffer score_logprobs_dev_, score_logprobs_host_;  // [max_score_rows] f32
+  TensorBuffer score_logprobs_dev_;  // [max_score_rows] f32
   std::vector<int32_t> score_rows_scratch_;  // [max_score_rows]: pack's score rows before they move
   std::vector<float> prompt_logprobs_;
   std::vector<int32_t> free_counts_rows_;
-  std::unique_ptr<Event> done_;
+  std::array<HostSide, 2> sides_;
+  int32_t next_side_ = 0;  // the side the next launch uses; the oldest in flight is next_side_ - in_flight_
+  int32_t in_flight_ = 0;
   Tensor last_logits_;
   struct GraphKey {
     int32_t batch, context;
@@ -153,10 +174,6 @@ class Executor {
   int64_t graph_replays_ = 0;
   double run_seconds_ = 0, wait_seconds_ = 0, pack_seconds_ = 0, issue_seconds_ = 0, upload_seconds_ = 0;
   double graph_launch_seconds_ = 0, graph_device_seconds_ = 0;
-  std::unique_ptr<Event> graph_start_, graph_end_;
-  bool in_flight_ = false, in_flight_timed_graph_ = false;
-  int32_t in_flight_score_rows_ = 0;
-  const std::vector<ops::SamplingRow>* in_flight_rows_ = nullptr;  // the caller's rows of the launched step
 };
 
 }  // namespace kiln

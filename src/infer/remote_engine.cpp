@@ -113,7 +113,7 @@ json options_json(const EngineOptions& o) {
           {"kv_memory", o.kv_memory},       {"kv_memory_fraction", o.kv_memory_fraction},
           {"max_seq_len", o.max_seq_len},   {"prefix_cache", o.prefix_cache},
           {"use_graphs", o.use_graphs},     {"policy_version", o.policy_version},
-          {"max_score_rows", o.max_score_rows}};
+          {"max_score_rows", o.max_score_rows}, {"lookahead", o.lookahead}};
 }
 
 EngineOptions options_from(const json& j) {
@@ -129,13 +129,14 @@ EngineOptions options_from(const json& j) {
   j.at("use_graphs").get_to(o.use_graphs);
   j.at("policy_version").get_to(o.policy_version);
   j.at("max_score_rows").get_to(o.max_score_rows);
+  j.at("lookahead").get_to(o.lookahead);
   return o;
 }
 
 json stats_json(const EngineStats& s) {
   return {s.running, s.waiting, s.kv_pages_used, s.kv_pages_free, s.kv_page_size, s.kv_pages_cached,
           s.prompt_tokens, s.prefix_hit_tokens, s.generated_tokens, s.steps, s.preemptions, s.graph_replays,
-          s.tokens_per_second, s.policy_version, s.weight_updates, s.cross_version_hits};
+          s.tokens_per_second, s.policy_version, s.weight_updates, s.cross_version_hits, s.lookahead_steps};
 }
 
 EngineStats stats_from(const json& j) {
@@ -156,6 +157,7 @@ EngineStats stats_from(const json& j) {
   j.at(13).get_to(s.policy_version);
   j.at(14).get_to(s.weight_updates);
   j.at(15).get_to(s.cross_version_hits);
+  j.at(16).get_to(s.lookahead_steps);
   return s;
 }
 

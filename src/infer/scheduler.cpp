@@ -239,6 +239,33 @@ StepPlan Scheduler::schedule() {
   return plan;
 }
 
+bool Scheduler::plan_continuation(const StepPlan& current, const std::vector<char>& keep, StepPlan& next) {
+  KILN_ASSERT(keep.size() == current.entries.size());
+  if (!waiting_.empty() || running_.size() != current.entries.size()) return false;
+  for (size_t i = 0; i < current.entries.size(); ++i) {
+    const StepEntry& e = current.entries[i];
+    if (e.count != 1 || !e.wants_logits || e.score_rows != 0 || !e.seq->running) return false;
+    if (keep[i] && (e.seq->computed != e.start || e.start + 1 != static_cast<int32_t>(e.seq->tokens.size())))
+      return false;
+  }
+  StepPlan plan;
+  for (size_t i = 0; i < current.entries.size(); ++i) {
+    if (!keep[i]) continue;
+    Sequence* seq = current.entries[i].seq;
+    if (!reserve(seq, seq->computed + 2, plan, false)) return false;
+    StepEntry e;
+    e.seq = seq;
+    e.start = e.score_begin = seq->computed + 1;
+    e.count = 1;
+    e.wants_logits = true;
+    plan.entries.push_back(e);
+    ++plan.tokens;
+  }
+  if (plan.empty()) return false;
+  next = std::move(plan);
+  return true;
+}
+
 void Scheduler::commit(const StepPlan& plan) {
   for (const StepEntry& e : plan.entries) {
     KILN_ASSERT(e.seq->computed == e.start);

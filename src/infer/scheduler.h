@@ -112,6 +112,15 @@ class Scheduler {
   Sequence* find(uint64_t id);
 
   StepPlan schedule();
+  // The step after `current` (planned, its tokens not appended yet) when `current` is a step of
+  // decodes only that holds every running sequence and nothing waits: the entries keep[i] marks
+  // each compute the token `current` samples for them (tokens[start] once appended), with pages
+  // reserved for it (evicting cached pages, never preempting). This is the plan schedule() would
+  // make after committing `current` with those sequences still running, so a step can be planned
+  // and launched before the one before it finishes. False (`next` untouched; pages reserved so
+  // far stay with their sequences, which need them next) when the conditions do not hold, no entry
+  // is kept, or pages run out.
+  bool plan_continuation(const StepPlan& current, const std::vector<char>& keep, StepPlan& next);
   // After the step ran: every entry's tokens are computed; full pages go to the radix cache.
   void commit(const StepPlan& plan);
   // Appends a token sampled for a sequence (after commit).

@@ -71,8 +71,9 @@ class EngineTest : public ::testing::Test {
     return drain(**s);
   }
 
-  // Random requests; some share prefixes so that the radix cache has work.
-  std::vector<GenerationRequest> random_requests(int n, uint64_t seed) {
+  // Random requests; some share prefixes so that the radix cache has work. stop_ids > 0: each has
+  // that many stop token ids (spread over the vocabulary), so that many end early.
+  std::vector<GenerationRequest> random_requests(int n, uint64_t seed, int32_t stop_ids = 0) {
     const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
     std::vector<int32_t> shared(40);
     for (int32_t& t : shared) t = 3 + static_cast<int32_t>(rng::uniform(seed, 999 + (&t - shared.data())) * (vocab - 3));
@@ -97,6 +98,7 @@ class EngineTest : public ::testing::Test {
       r.logprobs = true;
       r.top_logprobs = u(15) < 0.3 ? 3 : 0;
       r.ignore_eos = u(16) < 0.5;
+      for (int32_t k = 0; k < stop_ids; ++k) r.stop_token_ids.push_back(3 + k * (vocab - 3) / stop_ids);
       out.push_back(r);
     }
     return out;
@@ -104,8 +106,8 @@ class EngineTest : public ::testing::Test {
 
   // Runs every request through one engine, arriving in waves, and compares with each run alone.
   void check_equivalence(const EngineOptions& options, int n, uint64_t seed, int64_t* preemptions = nullptr,
-                         int64_t* hits = nullptr) {
-    std::vector<GenerationRequest> reqs = random_requests(n, seed);
+                         int64_t* hits = nullptr, int32_t stop_ids = 0, EngineStats* stats = nullptr) {
+    std::vector<GenerationRequest> reqs = random_requests(n, seed, stop_ids);
     std::vector<Outcome> reference;
     for (const GenerationRequest& r : reqs) reference.push_back(alone(r));
     std::unique_ptr<Engine> e = engine(options);
@@ -138,9 +140,15 @@ class EngineTest : public ::testing::Test {
       EXPECT_EQ(got.usage.completion_tokens, static_cast<int32_t>(got.ids.size()));
       for (uint64_t v : got.versions) EXPECT_EQ(v, 0u);
     }
-    const EngineStats st = e->stats();
+    EngineStats st = e->stats();
+    // The engine publishes its stats after the step whose events it delivered last.
+    for (int i = 0; i < 1000 && (st.running > 0 || st.waiting > 0); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      st = e->stats();
+    }
     if (preemptions) *preemptions = st.preemptions;
     if (hits) *hits = st.prefix_hit_tokens;
+    if (stats) *stats = st;
   }
 
   void TearDown() override { model_.reset(); }
@@ -205,6 +213,34 @@ TEST_F(EngineTest, PreemptionDoesNotChangeOutputs) {
   int64_t preemptions = 0;
   check_equivalence(o, 16, 37, &preemptions);
   EXPECT_GT(preemptions, 0);
+}
+
+// Lookahead (each decode step launched before the tokens of the step before it are known, its
+// input tokens copied on the device) changes no output: requests that stop tokens end in the
+// middle of a chain, max_tokens, penalties, a pool small enough to preempt; against each request
+// alone, with lookahead on and off. The engine counts the steps it launched ahead.
+TEST_F(EngineTest, LookaheadChangesNoOutput) {
+  load("tiny-llama");
+  for (bool lookahead : {true, false}) {
+    for (int64_t kv_tokens : {2048, 96}) {
+      EngineOptions o;
+      o.max_running = 8;
+      o.max_step_tokens = 48;
+      o.page_size = 4;
+      o.kv_tokens = kv_tokens;
+      o.lookahead = lookahead;
+      EngineStats st;
+      int64_t preemptions = 0;
+      check_equivalence(o, 24, 53, &preemptions, nullptr, /*stop_ids=*/16, &st);
+      if (lookahead)
+        EXPECT_GT(st.lookahead_steps, 0) << "kv " << kv_tokens;
+      else
+        EXPECT_EQ(st.lookahead_steps, 0);
+      if (kv_tokens < 100) EXPECT_GT(preemptions, 0);
+      EXPECT_EQ(st.running, 0);
+      EXPECT_EQ(st.kv_pages_used, st.kv_pages_cached) << "pages of finished requests left in use";
+    }
+  }
 }
 
 TEST_F(EngineTest, GreedyContinuationEqualsTransformers) {

@@ -440,5 +440,73 @@ TEST(Scheduler, PreemptedScoringSequenceScoresOnlyWhatWasNotDelivered) {
   EXPECT_EQ(e.seq->preemptions, 1);
 }
 
+// Lookahead: the continuation of a decode step, planned before that step is committed, is the
+// plan schedule() makes after committing it (with the requests it ends removed), pages included.
+TEST(Scheduler, ContinuationIsTheNextScheduledStep) {
+  Scheduler a(small_config(64, 4, 4, 64)), b(small_config(64, 4, 4, 64));
+  for (Scheduler* s : {&a, &b})
+    for (uint64_t id = 1; id <= 3; ++id) s->add(id, iota_tokens(2 + 3 * static_cast<int32_t>(id), 10 * static_cast<int32_t>(id)));
+  finish_step(a, a.schedule());  // the prompts
+  finish_step(b, b.schedule());
+  for (int step = 0; step < 6; ++step) {
+    const StepPlan pa = a.schedule(), pb = b.schedule();
+    ASSERT_EQ(pa.entries.size(), pb.entries.size());
+    // Request 2 ends at step 3 (its token of that step is its last): it is not continued.
+    const bool ends = step == 3;
+    std::vector<char> keep(pa.entries.size(), 1);
+    if (ends) keep[1] = 0;
+    StepPlan next;
+    ASSERT_TRUE(a.plan_continuation(pa, keep, next)) << "step " << step;
+    const int32_t token = 100 + step;
+    finish_step(a, pa, token);
+    finish_step(b, pb, token);
+    if (ends) EXPECT_TRUE(b.remove(2));
+    const StepPlan want = b.schedule();
+    ASSERT_EQ(next.entries.size(), want.entries.size()) << "step " << step;
+    EXPECT_EQ(next.tokens, want.tokens);
+    for (size_t i = 0; i < want.entries.size(); ++i) {
+      const StepEntry &x = next.entries[i], &y = want.entries[i];
+      EXPECT_EQ(x.seq->id, y.seq->id);
+      EXPECT_EQ(x.start, y.start);
+      EXPECT_EQ(x.count, 1);
+      EXPECT_TRUE(x.wants_logits);
+      EXPECT_EQ(x.seq->tokens, y.seq->tokens);
+      EXPECT_EQ(x.seq->pages.size(), y.seq->pages.size());  // the new token's page reserved
+    }
+    // Both run the planned step; a drops request 2 once its extra row is done, as the engine does.
+    finish_step(a, next, 200 + step);
+    finish_step(b, want, 200 + step);
+    if (ends) EXPECT_TRUE(a.remove(2));
+    EXPECT_EQ(a.running_count(), b.running_count());
+  }
+}
+
+TEST(Scheduler, NoContinuationWhenSomethingWaitsOrPagesRunOut) {
+  Scheduler s(small_config(5, 4, 4, 64));
+  s.add(1, iota_tokens(3));
+  finish_step(s, s.schedule());
+  StepPlan p = s.schedule();
+  StepPlan next;
+  s.add(2, iota_tokens(2, 50));  // waits: admission needs a scheduled step
+  EXPECT_FALSE(s.plan_continuation(p, {1}, next));
+  EXPECT_TRUE(next.empty());
+  finish_step(s, p);
+  finish_step(s, s.schedule());  // 2 admitted (a prompt chunk: not a decode-only step)
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_FALSE(s.plan_continuation(p, {0, 0}, next));  // nothing kept
+  // The pool (5 pages of 4) runs out: request 1 grows to its sixth page over the steps.
+  int planned = 0;
+  for (int step = 0; step < 20; ++step) {
+    if (!s.plan_continuation(p, {1, 1}, next)) break;
+    ++planned;
+    finish_step(s, p);
+    p = next;
+  }
+  EXPECT_GT(planned, 0);
+  EXPECT_LT(planned, 20);
+  EXPECT_EQ(s.running_count(), 2);  // a continuation never preempts
+}
+
 }  // namespace
 }  // namespace kiln
