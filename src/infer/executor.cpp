@@ -74,19 +74,17 @@ Status Executor::init() {
   section(off_logit_rows_, max_logit_rows_);
   section(off_params_, Bm * ops::kSamplingRowWords);
   section(off_targets_, std::max<int64_t>(SR, 1));
-  section(off_ids_, Tm);
-  section(off_positions_, Tm);
-  section(off_slots_, Tm);
-  section(off_pages_, max_pages_per_step_);
-  staging_ints_ = at;
+  off_tokens_ = at;  // then ids, positions and slots of T tokens and the page lists (pack)
+  staging_ints_ = at + 3 * Tm + max_pages_per_step_;
   KILN_ASSIGN_OR_RETURN(staging_dev_, empty(be(), {staging_ints_}, DType::i32));
   be().zero(staging_dev_);
 
   const int64_t N = ops::kMaxTopLogprobs;
-  KILN_ASSIGN_OR_RETURN(tokens_dev_, empty(be(), {Bm}, DType::i32));
-  KILN_ASSIGN_OR_RETURN(logprobs_dev_, empty(be(), {Bm}, DType::f32));
-  KILN_ASSIGN_OR_RETURN(top_ids_dev_, empty(be(), {Bm, N}, DType::i32));
-  KILN_ASSIGN_OR_RETURN(top_logprobs_dev_, empty(be(), {Bm, N}, DType::f32));
+  off_out_logprobs_ = Bm;
+  off_out_top_ids_ = 2 * Bm;
+  off_out_top_logprobs_ = 2 * Bm + Bm * N;
+  output_words_ = 2 * Bm + 2 * Bm * N;
+  KILN_ASSIGN_OR_RETURN(outputs_dev_, empty(be(), {output_words_}, DType::i32));
   const int64_t sampler_words = (ops::sampling_workspace_bytes(Bm, vocab_) + 3) / 4;
   KILN_ASSIGN_OR_RETURN(sampler_ws_, empty(be(), {std::max<int64_t>(sampler_words, 1)}, DType::i32));
   KILN_ASSIGN_OR_RETURN(counts_, empty(be(), {Bm, vocab_}, DType::i32));
@@ -95,10 +93,7 @@ Status Executor::init() {
   for (HostSide& side : sides_) {
     KILN_ASSIGN_OR_RETURN(side.staging, pinned_host_empty(be(), {staging_ints_}, DType::i32));
     std::memset(side.staging.ptr<int32_t>(), 0, static_cast<size_t>(staging_ints_) * 4);
-    KILN_ASSIGN_OR_RETURN(side.tokens, pinned_host_empty(be(), {Bm}, DType::i32));
-    KILN_ASSIGN_OR_RETURN(side.logprobs, pinned_host_empty(be(), {Bm}, DType::f32));
-    KILN_ASSIGN_OR_RETURN(side.top_ids, pinned_host_empty(be(), {Bm, N}, DType::i32));
-    KILN_ASSIGN_OR_RETURN(side.top_logprobs, pinned_host_empty(be(), {Bm, N}, DType::f32));
+    KILN_ASSIGN_OR_RETURN(side.outputs, pinned_host_empty(be(), {output_words_}, DType::i32));
     if (SR > 0) {
       KILN_ASSIGN_OR_RETURN(side.score_logprobs, pinned_host_empty(be(), {SR}, DType::f32));
     }
@@ -203,13 +198,16 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
   int32_t* last_page = h + off_last_page_;
   int32_t* last_rows = h + off_last_rows_;
   int32_t* logit_rows = h + off_logit_rows_;
-  int32_t* ids = h + off_ids_;
-  int32_t* positions = h + off_positions_;
-  int32_t* slots = h + off_slots_;
-  int32_t* pages = h + off_pages_;
   int32_t* targets = h + off_targets_;
   const int32_t ps = config_.page_size;
   Packed p;
+  int32_t real_tokens = 0;
+  for (const StepEntry& e : plan.entries) real_tokens += e.count;
+  p.padded_tokens = bucket > 0 ? bucket : padded_tokens(real_tokens);
+  int32_t* ids = h + off_tokens_;
+  int32_t* positions = ids + p.padded_tokens;
+  int32_t* slots = positions + p.padded_tokens;
+  int32_t* pages = slots + p.padded_tokens;
   q_indptr[0] = page_indptr[0] = last_rows[0] = 0;
   for (const StepEntry& e : plan.entries) {
     const Sequence& s = *e.seq;
@@ -294,30 +292,34 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
 }
 
 void Executor::upload(const HostSide& side, const Packed& p) {
-  auto copy_ints = [&](int64_t off, int64_t n) {
-    if (n > 0) be().copy_async(staging_dev_.view().rows(off, off + n), side.staging.view().rows(off, off + n));
-  };
-  copy_ints(0, off_ids_);  // the small per-request sections, the sampling parameters and targets
-  copy_ints(off_ids_, p.tokens);
-  copy_ints(off_positions_, p.tokens);
-  copy_ints(off_slots_, p.tokens);
-  copy_ints(off_pages_, p.pages);
+  // One copy: the per-request sections, the sampling parameters and targets, then the token rows
+  // (ids, positions, slots of padded_tokens rows) and the page lists right after them.
+  KILN_ASSERT(p.tokens == p.padded_tokens);
+  const int64_t n = off_tokens_ + 3 * static_cast<int64_t>(p.padded_tokens) + p.pages;
+  be().copy_async(staging_dev_.view().rows(0, n), side.staging.view().rows(0, n));
 }
 
 ForwardBatch Executor::batch_view(const Packed& p) const {
   const Tensor d = staging_dev_.view();
+  const int64_t T = p.padded_tokens, ids = off_tokens_, positions = ids + T, slots = positions + T, pages = slots + T;
   ForwardBatch b;
-  b.ids = d.rows(off_ids_, off_ids_ + p.tokens);
-  b.positions = d.rows(off_positions_, off_positions_ + p.tokens);
-  b.slots = d.rows(off_slots_, off_slots_ + p.tokens);
+  b.ids = d.rows(ids, ids + T);
+  b.positions = d.rows(positions, positions + T);
+  b.slots = d.rows(slots, slots + T);
   b.q_indptr = d.rows(off_q_indptr_, off_q_indptr_ + p.requests + 1);
   b.kv = PagedKV{d.rows(off_page_indptr_, off_page_indptr_ + p.requests + 1),
-                 d.rows(off_pages_, off_pages_ + max_pages_per_step_),
+                 d.rows(pages, pages + max_pages_per_step_),
                  d.rows(off_last_page_, off_last_page_ + p.requests), config_.page_size};
   b.logit_rows = d.rows(off_logit_rows_, off_logit_rows_ + p.logit_rows);
   b.bounds = {p.requests, p.max_q, p.max_kv};
   if (p.trim) b.last_rows_indptr = d.rows(off_last_rows_, off_last_rows_ + p.requests + 1);
   return b;
+}
+
+Tensor Executor::output_view(const TensorBuffer& buffer, int64_t offset, int64_t n, DType dtype) {
+  Tensor t = buffer.view().rows(offset, offset + n);
+  t.dtype = dtype;  // i32 and f32 words alike
+  return t;
 }
 
 ops::SamplingBatch Executor::sampling_view(int32_t rows, bool full) const {
@@ -326,10 +328,11 @@ ops::SamplingBatch Executor::sampling_view(int32_t rows, bool full) const {
   s.params = staging_dev_.view().rows(off_params_, off_params_ + rows * ops::kSamplingRowWords)
                  .view({rows, ops::kSamplingRowWords});
   s.counts = counts_;
-  s.tokens = tokens_dev_.view().rows(0, rows);
-  s.logprobs = logprobs_dev_.view().rows(0, rows);
-  s.top_ids = top_ids_dev_.view().rows(0, rows);
-  s.top_logprobs = top_logprobs_dev_.view().rows(0, rows);
+  const int64_t N = ops::kMaxTopLogprobs;
+  s.tokens = output_view(outputs_dev_, 0, rows, DType::i32);
+  s.logprobs = output_view(outputs_dev_, off_out_logprobs_, rows, DType::f32);
+  s.top_ids = output_view(outputs_dev_, off_out_top_ids_, rows * N, DType::i32).view({rows, N});
+  s.top_logprobs = output_view(outputs_dev_, off_out_top_logprobs_, rows * N, DType::f32).view({rows, N});
   s.workspace = sampler_ws_;
   s.full = full;
   return s;
@@ -376,14 +379,14 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
     // consecutive rows (entries are packed one token each, in order).
     KILN_ASSERT(decode_only);
     const std::vector<int32_t>& from = *continued_from;
-    const Tensor ids = staging_dev_.view().rows(off_ids_, off_ids_ + static_cast<int64_t>(from.size()));
+    const Tensor ids = staging_dev_.view().rows(off_tokens_, off_tokens_ + static_cast<int64_t>(from.size()));
     for (size_t i = 0; i < from.size();) {
       size_t j = i + 1;
       while (j < from.size() && from[j] == from[j - 1] + 1) ++j;
       KILN_ASSERT(from[i] >= 0 && from[j - 1] < config_.max_running);
       KILN_ASSERT(static_cast<int32_t>(plan.entries[i].seq->tokens.size()) == plan.entries[i].start);
       be().copy_async(ids.rows(static_cast<int64_t>(i), static_cast<int64_t>(j)),
-                      tokens_dev_.view().rows(from[i], from[i] + static_cast<int64_t>(j - i)));
+                      output_view(outputs_dev_, from[i], static_cast<int64_t>(j - i), DType::i32));
       i = j;
     }
   }
@@ -415,13 +418,11 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   if (p.score_rows > 0)
     be().copy_async(side.score_logprobs.view().rows(0, p.score_rows), score_logprobs_dev_.view().rows(0, p.score_rows));
   side.score_rows = p.score_rows;
-  if (real_rows > 0) {
-    be().copy_async(side.tokens.view().rows(0, real_rows), tokens_dev_.view().rows(0, real_rows));
-    if (any_logprobs) be().copy_async(side.logprobs.view().rows(0, real_rows), logprobs_dev_.view().rows(0, real_rows));
-    if (any_top) {
-      be().copy_async(side.top_ids.view().rows(0, real_rows), top_ids_dev_.view().rows(0, real_rows));
-      be().copy_async(side.top_logprobs.view().rows(0, real_rows), top_logprobs_dev_.view().rows(0, real_rows));
-    }
+  if (real_rows > 0) {  // one copy: the outputs' sections up to the last one the rows ask for
+    const int64_t n = any_top        ? off_out_top_logprobs_ + real_rows * int64_t(ops::kMaxTopLogprobs)
+                      : any_logprobs ? off_out_logprobs_ + real_rows
+                                     : real_rows;
+    be().copy_async(side.outputs.view().rows(0, n), outputs_dev_.view().rows(0, n));
   }
   side.done->record();
   const auto t1 = std::chrono::steady_clock::now();
@@ -449,10 +450,10 @@ Result<std::vector<SampledToken>> Executor::wait() {
   const float* scored = side.score_rows > 0 ? side.score_logprobs.ptr<float>() : nullptr;
   prompt_logprobs_.assign(scored, scored + side.score_rows);
   std::vector<SampledToken> out(static_cast<size_t>(real_rows));
-  const int32_t* tokens = side.tokens.ptr<int32_t>();
-  const float* logprobs = side.logprobs.ptr<float>();
-  const int32_t* top_ids = side.top_ids.ptr<int32_t>();
-  const float* top_logprobs = side.top_logprobs.ptr<float>();
+  const int32_t* tokens = side.outputs.ptr<int32_t>();
+  const float* logprobs = reinterpret_cast<const float*>(tokens + off_out_logprobs_);
+  const int32_t* top_ids = tokens + off_out_top_ids_;
+  const float* top_logprobs = reinterpret_cast<const float*>(tokens + off_out_top_logprobs_);
   for (int32_t i = 0; i < real_rows; ++i) {
     SampledToken& t = out[i];
     t.token = tokens[i];

@@ -114,7 +114,7 @@ class Executor {
   // outputs, the event its copies back complete on, and what wait() needs to read them.
   struct HostSide {
     TensorBuffer staging;
-    TensorBuffer tokens, logprobs, top_ids, top_logprobs, score_logprobs;
+    TensorBuffer outputs, score_logprobs;  // outputs: the layout of outputs_dev_
     std::unique_ptr<Event> done, graph_start, graph_end;
     std::vector<ops::SamplingRow> rows;  // the step's sampling rows (their log-prob requests)
     int32_t score_rows = 0;
@@ -125,12 +125,15 @@ class Executor {
     int32_t tokens = 0, requests = 0, logit_rows = 0, pages = 0, max_q = 0, max_kv = 0;
     int32_t sampled_rows = 0, score_rows = 0;  // with score rows: logit rows [0, sampled) sample,
                                                // [sampled, sampled + score) score the prompt
+    int32_t padded_tokens = 0;  // token rows with padding (ids, positions and slots sections)
     bool trim = false;
   };
   Packed pack(HostSide& side, const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
   void upload(const HostSide& side, const Packed& p);
   ForwardBatch batch_view(const Packed& p) const;
   ops::SamplingBatch sampling_view(int32_t rows, bool full) const;
+  // n words of `buffer` from `offset`, as `dtype` (i32 or f32).
+  static Tensor output_view(const TensorBuffer& buffer, int64_t offset, int64_t n, DType dtype);
   void forward_and_sample(const Packed& p, bool full);
   int32_t bucket_for(int32_t batch) const;
   // The attention bound of a decode step whose longest context is kv_len: powers of two from 1024
@@ -144,15 +147,21 @@ class Executor {
   int32_t max_pages_per_step_ = 0;
   KVCache cache_;
   ForwardWorkspace ws_;
-  // The packed step inputs: host staging (pinned, one per side) and device buffer, same layout
-  // (offsets below).
+  // The packed step inputs: host staging (pinned, one per side) and device buffer, same layout:
+  // fixed sections (offsets below), then from off_tokens_ the ids, positions and slots of a step's
+  // padded token rows and its page lists, so that one copy moves a step's inputs (a captured
+  // graph's views are fixed: its steps have the bucket's token count).
   TensorBuffer staging_dev_;
   int64_t off_q_indptr_ = 0, off_page_indptr_ = 0, off_last_page_ = 0, off_last_rows_ = 0, off_logit_rows_ = 0,
-          off_params_ = 0, off_targets_ = 0, off_ids_ = 0, off_positions_ = 0, off_slots_ = 0, off_pages_ = 0,
-          staging_ints_ = 0;
+          off_params_ = 0, off_targets_ = 0, off_tokens_ = 0, staging_ints_ = 0;
   int32_t max_logit_rows_ = 0;  // max_running + max_score_rows
   // Sampler buffers.
-  TensorBuffer tokens_dev_, logprobs_dev_, top_ids_dev_, top_logprobs_dev_, sampler_ws_, counts_;
+  // The sampler's outputs in one i32 buffer, so that one copy brings back what a step asks for:
+  // tokens [max_running] | log-probs [max_running] f32 | top ids [max_running, kMaxTopLogprobs] |
+  // top log-probs [max_running, kMaxTopLogprobs] f32.
+  TensorBuffer outputs_dev_;
+  int64_t off_out_logprobs_ = 0, off_out_top_ids_ = 0, off_out_top_logprobs_ = 0, output_words_ = 0;
+  TensorBuffer sampler_ws_, counts_;
   TensorBuffer counts_upload_;  // [max_seq_len] i32 device: ids for reset_counts
   TensorBuffer score_logprobs_dev_;  // [max_score_rows] f32
   std::vector<int32_t> score_rows_scratch_;  // [max_score_rows]: pack's score rows before they move
