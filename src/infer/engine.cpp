@@ -255,14 +255,7 @@ void Engine::retire(Live& live) {
   scheduler_->remove(live.id);
 }
 
-void Engine::drain_inbox() {
-  std::vector<std::pair<uint64_t, std::unique_ptr<Live>>> arrivals;
-  std::vector<uint64_t> cancels;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    arrivals.swap(inbox_);
-    cancels.swap(cancels_);
-  }
+void Engine::queue_arrivals(std::vector<std::pair<uint64_t, std::unique_ptr<Live>>>& arrivals) {
   for (auto& [id, live] : arrivals) {
     if (live->request.max_tokens == 0 && live->request.prompt_logprobs_from == 0) {
       finish(*live, "length");
@@ -272,6 +265,17 @@ void Engine::drain_inbox() {
     prompt_total_ += static_cast<int64_t>(live->request.prompt.size());
     live_.emplace(id, std::move(live));
   }
+}
+
+void Engine::drain_inbox() {
+  std::vector<std::pair<uint64_t, std::unique_ptr<Live>>> arrivals;
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arrivals.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  queue_arrivals(arrivals);
   if (!cancels.empty()) deliver_pending();  // a cancelled request's earlier tokens go out first
   for (uint64_t id : cancels) {
     auto it = live_.find(id);

@@ -257,10 +257,17 @@ class Engine final : public EngineApi {
   struct StepWork;  // a planned step: plan, sampling rows, the requests sampled, version
   // Schedules a step and its sampling rows; false when there is nothing to run.
   bool plan_step(StepWork& work);
+  // The sampling rows of work.plan's entries from `first` on, admission bookkeeping included
+  // (penalty counts rebuilt); false after a failure ended everything.
+  bool plan_rows(StepWork& work, size_t first);
   // Plans the continuation of `current` (in flight) for lookahead; false when it may not run now.
   bool plan_lookahead(const StepWork& current, StepWork& next, std::vector<int32_t>& continued_from);
   void launch_step(StepWork& work, const std::vector<int32_t>* continued_from);
+  // Takes the queued arrivals and cancels: arrivals go to the scheduler, cancels end their
+  // requests (nothing may be in flight).
   void drain_inbox();
+  // Arrivals into the scheduler's queue (a request that asks for nothing ends at once).
+  void queue_arrivals(std::vector<std::pair<uint64_t, std::unique_ptr<Live>>>& arrivals);
   void finish(Live& live, const std::string& reason, const std::string& error = "");
   // After a step's tokens are back: appends them to their sequences, ends the requests that hit a
   // stop token or max_tokens, queues the tokens' events, and retires the ended requests no step in

@@ -1,12 +1,13 @@
 // The engine's steps: planning, launching, committing a step's tokens and delivering their
 // events, with lookahead (the next decode step planned and launched while the current one runs).
 //
-// Lookahead: after a step of decodes only (every running request, nothing waiting, no arrival,
-// cancel or update pending) is launched, the step after it is planned at once from its plan
-// (Scheduler::plan_continuation) for every request whose last token it cannot be (max_tokens),
-// and launched behind it; its input tokens are the first step's samples, copied on the device
-// (Executor::launch's continued_from). It is the step schedule() would plan after committing the
-// first, so results are identical with and without lookahead. A request that the first step ends
+// Lookahead: after a step of decodes only (every running request; no cancel or update pending) is
+// launched, the step after it is planned at once from its plan (Scheduler::plan_continuation):
+// the decode of every request whose last token the first step cannot give (max_tokens), then the
+// admissions of waiting requests (new arrivals included); it is launched behind the first. Its
+// decodes' input tokens are the first step's samples, copied on the device (Executor::launch's
+// continued_from). It is the step schedule() would plan after committing the first, so outputs
+// are those without lookahead. A request that the first step ends
 // (a stop token) or a stop string ends has a row in the second whose token is dropped; it leaves
 // the scheduler (its pages and counts row freed) once no step in flight computes for it. The chain
 // goes on while the conditions hold; step() returns with nothing in flight.
@@ -142,7 +143,12 @@ bool Engine::plan_step(StepWork& work) {
   }
   if (work.plan.empty()) return false;
   work.version = scheduler_->policy_version();
-  for (const StepEntry& e : work.plan.entries) {
+  return plan_rows(work, 0);
+}
+
+bool Engine::plan_rows(StepWork& work, size_t first) {
+  for (size_t i = first; i < work.plan.entries.size(); ++i) {
+    const StepEntry& e = work.plan.entries[i];
     Live& live = *live_.at(e.seq->id);
     const GenerationRequest& r = live.request;
     if (live.admission_seen != e.seq->admission) {  // admitted (again) in this step
@@ -183,10 +189,13 @@ bool Engine::plan_step(StepWork& work) {
 
 bool Engine::plan_lookahead(const StepWork& current, StepWork& next, std::vector<int32_t>& continued_from) {
   if (!options_.lookahead || current.sampled.size() != current.plan.entries.size()) return false;
+  std::vector<std::pair<uint64_t, std::unique_ptr<Live>>> arrivals;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || !inbox_.empty() || !cancels_.empty() || !updates_.empty() || flush_requested_) return false;
+    if (stopping_ || !cancels_.empty() || !updates_.empty() || flush_requested_) return false;
+    arrivals.swap(inbox_);  // admitted by the step planned here, as the next scheduled one would
   }
+  queue_arrivals(arrivals);
   // Kept: requests still running after `current` unless its token ends them (unknown yet). Its
   // token is the last by max_tokens when they have generated max_tokens - 1 before it.
   std::vector<char> keep(current.sampled.size());
@@ -208,7 +217,8 @@ bool Engine::plan_lookahead(const StepWork& current, StepWork& next, std::vector
     next.sampled.push_back(current.sampled[i]);
     continued_from.push_back(static_cast<int32_t>(i));
   }
-  return true;
+  // Admissions after the continued entries.
+  return plan_rows(next, continued_from.size());
 }
 
 void Engine::launch_step(StepWork& work, const std::vector<int32_t>* continued_from) {
@@ -226,6 +236,7 @@ void Engine::step() {
   while (true) {
     StepWork next;
     const bool ahead = plan_lookahead(current, next, continued_from);
+    if (!executor_->in_flight()) return;  // a failure while planning it ended everything
     if (ahead) launch_step(next, &continued_from);
     deliver_pending();  // the previous step's events, while the device runs this one
     Result<std::vector<SampledToken>> out = executor_->wait();

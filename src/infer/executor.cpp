@@ -356,7 +356,7 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
 void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows,
                       const std::vector<int32_t>* continued_from) {
   KILN_ASSERT(!plan.entries.empty() && in_flight_ < static_cast<int32_t>(sides_.size()));
-  KILN_ASSERT(!continued_from || (in_flight_ == 1 && continued_from->size() == plan.entries.size()));
+  KILN_ASSERT(!continued_from || (in_flight_ == 1 && continued_from->size() <= plan.entries.size()));
   const auto t0 = std::chrono::steady_clock::now();
   HostSide& side = sides_[next_side_];
   bool decode_only = true, full = false, any_logprobs = false, any_top = false;
@@ -376,15 +376,15 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   if (continued_from) {
     // Entry i's input token is row continued_from[i] of the sampled tokens of the step in flight
     // (queued before this one, so its sampler has written them): one device copy per run of
-    // consecutive rows (entries are packed one token each, in order).
-    KILN_ASSERT(decode_only);
+    // consecutive rows (the continued entries come first, one token each: token row i).
     const std::vector<int32_t>& from = *continued_from;
     const Tensor ids = staging_dev_.view().rows(off_tokens_, off_tokens_ + static_cast<int64_t>(from.size()));
     for (size_t i = 0; i < from.size();) {
       size_t j = i + 1;
       while (j < from.size() && from[j] == from[j - 1] + 1) ++j;
       KILN_ASSERT(from[i] >= 0 && from[j - 1] < config_.max_running);
-      KILN_ASSERT(static_cast<int32_t>(plan.entries[i].seq->tokens.size()) == plan.entries[i].start);
+      for (size_t k = i; k < j; ++k)
+        KILN_ASSERT(plan.entries[k].count == 1 && static_cast<int32_t>(plan.entries[k].seq->tokens.size()) == plan.entries[k].start);
       be().copy_async(ids.rows(static_cast<int64_t>(i), static_cast<int64_t>(j)),
                       output_view(outputs_dev_, from[i], static_cast<int64_t>(j - i), DType::i32));
       i = j;

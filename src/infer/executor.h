@@ -67,9 +67,10 @@ class Executor {
   // copies and issues it (the sampled tokens' copy back included); wait() waits for the oldest step
   // in flight and returns its tokens. At most two steps in flight; nothing else may touch the
   // executor in between (counts rows, reset_counts).
-  // continued_from (a continuation of the one step in flight): entry i's input token (its last,
-  // tokens[start], which the host does not know yet: tokens.size() == start) is the token that step
-  // samples in its row continued_from[i]; the entry computes one token and wants logits.
+  // continued_from (a continuation of the one step in flight): for i < continued_from.size(),
+  // entry i's input token (its last, tokens[start], which the host does not know yet:
+  // tokens.size() == start) is the token that step samples in its row continued_from[i]; such an
+  // entry computes one token. The entries after them are planned as usual.
   void launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows,
               const std::vector<int32_t>* continued_from = nullptr);
   Result<std::vector<SampledToken>> wait();

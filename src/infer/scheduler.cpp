@@ -157,49 +157,22 @@ int32_t Scheduler::fit_chunk(const Sequence& seq, int32_t chunk, int32_t score_b
   return begin - seq.computed + score_budget;  // cut where the step's score rows run out (maybe 0)
 }
 
-StepPlan Scheduler::schedule() {
-  StepPlan plan;
-  int32_t budget = config_.max_step_tokens;
-  auto add_entry = [&](Sequence* seq, int32_t count) {
-    StepEntry e;
-    e.seq = seq;
-    e.start = seq->computed;
-    e.count = count;
-    e.wants_logits = seq->computed + count == static_cast<int32_t>(seq->tokens.size());
-    std::tie(e.score_begin, e.score_rows) = scored_positions(*seq, e.start, count);
-    plan.entries.push_back(e);
-    plan.tokens += count;
-    plan.score_rows += e.score_rows;
-    budget -= count;
-  };
+void Scheduler::add_entry(StepPlan& plan, Sequence* seq, int32_t count, int32_t& budget) {
+  StepEntry e;
+  e.seq = seq;
+  e.start = seq->computed;
+  e.count = count;
+  e.wants_logits = seq->computed + count == static_cast<int32_t>(seq->tokens.size());
+  std::tie(e.score_begin, e.score_rows) = scored_positions(*seq, e.start, count);
+  plan.entries.push_back(e);
+  plan.tokens += count;
+  plan.score_rows += e.score_rows;
+  budget -= count;
+}
 
-  // 1. Decodes: every running sequence with one token left, oldest first.
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Sequence* seq = running_[i];
-    const int32_t left = static_cast<int32_t>(seq->tokens.size()) - seq->computed;
-    if (left != 1) continue;
-    if (!reserve(seq, seq->computed + 1, plan, true)) {
-      preempt(seq, plan);  // it is the newest: it waits and recomputes later
-      break;               // everyone older is planned; nobody newer is left
-    }
-    add_entry(seq, 1);
-  }
-  // 2. Chunks of running sequences with more than one token left.
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    Sequence* seq = running_[i];
-    const int32_t left = static_cast<int32_t>(seq->tokens.size()) - seq->computed;
-    if (left <= 1) continue;
-    const int32_t chunk = fit_chunk(*seq, std::min(left, budget), config_.max_score_rows - plan.score_rows);
-    if (chunk == 0) continue;  // its next positions score the prompt and this step has no rows left
-    if (!reserve(seq, seq->computed + chunk, plan, true)) {
-      preempt(seq, plan);
-      break;
-    }
-    add_entry(seq, chunk);
-  }
-  // 3. Admissions in arrival order.
-  for (auto it = waiting_.begin();
-       it != waiting_.end() && budget > 0 && static_cast<int32_t>(running_.size()) < config_.max_running;) {
+void Scheduler::admit_waiting(StepPlan& plan, int32_t& budget, int32_t leaving) {
+  for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 &&
+                                   static_cast<int32_t>(running_.size()) - leaving < config_.max_running;) {
     Sequence* seq = *it;
     if (!admission_open_ && seq->admission == 0) {  // closed: only preempted sequences come back
       ++it;
@@ -234,14 +207,45 @@ StepPlan Scheduler::schedule() {
     seq->admission = ++admissions_;
     seq->kv_version = version_;
     running_.push_back(seq);
-    add_entry(seq, chunk);
+    add_entry(plan, seq, chunk, budget);
   }
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int32_t budget = config_.max_step_tokens;
+  // 1. Decodes: every running sequence with one token left, oldest first.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence* seq = running_[i];
+    const int32_t left = static_cast<int32_t>(seq->tokens.size()) - seq->computed;
+    if (left != 1) continue;
+    if (!reserve(seq, seq->computed + 1, plan, true)) {
+      preempt(seq, plan);  // it is the newest: it waits and recomputes later
+      break;               // everyone older is planned; nobody newer is left
+    }
+    add_entry(plan, seq, 1, budget);
+  }
+  // 2. Chunks of running sequences with more than one token left.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* seq = running_[i];
+    const int32_t left = static_cast<int32_t>(seq->tokens.size()) - seq->computed;
+    if (left <= 1) continue;
+    const int32_t chunk = fit_chunk(*seq, std::min(left, budget), config_.max_score_rows - plan.score_rows);
+    if (chunk == 0) continue;  // its next positions score the prompt and this step has no rows left
+    if (!reserve(seq, seq->computed + chunk, plan, true)) {
+      preempt(seq, plan);
+      break;
+    }
+    add_entry(plan, seq, chunk, budget);
+  }
+  // 3. Admissions in arrival order.
+  admit_waiting(plan, budget);
   return plan;
 }
 
 bool Scheduler::plan_continuation(const StepPlan& current, const std::vector<char>& keep, StepPlan& next) {
   KILN_ASSERT(keep.size() == current.entries.size());
-  if (!waiting_.empty() || running_.size() != current.entries.size()) return false;
+  if (running_.size() != current.entries.size()) return false;
   for (size_t i = 0; i < current.entries.size(); ++i) {
     const StepEntry& e = current.entries[i];
     if (e.count != 1 || !e.wants_logits || e.score_rows != 0 || !e.seq->running) return false;
@@ -261,6 +265,8 @@ bool Scheduler::plan_continuation(const StepPlan& current, const std::vector<cha
     plan.entries.push_back(e);
     ++plan.tokens;
   }
+  int32_t budget = config_.max_step_tokens - plan.tokens;
+  admit_waiting(plan, budget, static_cast<int32_t>(std::count(keep.begin(), keep.end(), 0)));
   if (plan.empty()) return false;
   next = std::move(plan);
   return true;

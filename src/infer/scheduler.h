@@ -113,13 +113,14 @@ class Scheduler {
 
   StepPlan schedule();
   // The step after `current` (planned, its tokens not appended yet) when `current` is a step of
-  // decodes only that holds every running sequence and nothing waits: the entries keep[i] marks
-  // each compute the token `current` samples for them (tokens[start] once appended), with pages
-  // reserved for it (evicting cached pages, never preempting). This is the plan schedule() would
-  // make after committing `current` with those sequences still running, so a step can be planned
-  // and launched before the one before it finishes. False (`next` untouched; pages reserved so
-  // far stay with their sequences, which need them next) when the conditions do not hold, no entry
-  // is kept, or pages run out.
+  // decodes only that holds every running sequence: first the entries keep[i] marks, each
+  // computing the token `current` samples for it (tokens[start] once appended), with pages
+  // reserved for it (evicting cached pages, never preempting); then admissions as schedule()
+  // makes them. This is the plan schedule() would make after committing `current` with those
+  // sequences still running, so a step can be planned and launched before the one before it
+  // finishes. False (`next` untouched; pages reserved so far stay with their sequences, which
+  // need them next) when the conditions do not hold, pages run out for a kept entry, or the plan
+  // is empty.
   bool plan_continuation(const StepPlan& current, const std::vector<char>& keep, StepPlan& next);
   // After the step ran: every entry's tokens are computed; full pages go to the radix cache.
   void commit(const StepPlan& plan);
@@ -153,6 +154,11 @@ class Scheduler {
   // Gives `seq` pages for its first `tokens` tokens; evicts, then preempts the newest running
   // sequence other than `seq` (recording it in `plan`). False when even that is not enough.
   bool reserve(Sequence* seq, int32_t tokens, StepPlan& plan, bool may_preempt);
+  // Appends an entry computing `count` tokens of `seq` from seq->computed (budget -= count).
+  void add_entry(StepPlan& plan, Sequence* seq, int32_t count, int32_t& budget);
+  // Step 3 of a plan: admissions in arrival order under `budget` (never preempting); `leaving`
+  // running sequences (ended, out once a step in flight is done) do not count against max_running.
+  void admit_waiting(StepPlan& plan, int32_t& budget, int32_t leaving = 0);
   void preempt(Sequence* victim, StepPlan& plan);
   void offer_full_pages(Sequence* seq);
   void release_pages(Sequence* seq);

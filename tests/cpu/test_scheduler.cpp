@@ -441,20 +441,24 @@ TEST(Scheduler, PreemptedScoringSequenceScoresOnlyWhatWasNotDelivered) {
 }
 
 // Lookahead: the continuation of a decode step, planned before that step is committed, is the
-// plan schedule() makes after committing it (with the requests it ends removed), pages included.
+// plan schedule() makes after committing it (with the requests it ends removed): the decodes with
+// their new pages, then the admissions of waiting requests (an arrival at step 2).
 TEST(Scheduler, ContinuationIsTheNextScheduledStep) {
   Scheduler a(small_config(64, 4, 4, 64)), b(small_config(64, 4, 4, 64));
   for (Scheduler* s : {&a, &b})
     for (uint64_t id = 1; id <= 3; ++id) s->add(id, iota_tokens(2 + 3 * static_cast<int32_t>(id), 10 * static_cast<int32_t>(id)));
   finish_step(a, a.schedule());  // the prompts
   finish_step(b, b.schedule());
-  for (int step = 0; step < 6; ++step) {
-    const StepPlan pa = a.schedule(), pb = b.schedule();
-    ASSERT_EQ(pa.entries.size(), pb.entries.size());
+  StepPlan pa = a.schedule();
+  for (int step = 0; step < 8; ++step) {
+    const StepPlan pb = b.schedule();
+    ASSERT_EQ(pa.entries.size(), pb.entries.size()) << "step " << step;
     // Request 2 ends at step 3 (its token of that step is its last): it is not continued.
     const bool ends = step == 3;
     std::vector<char> keep(pa.entries.size(), 1);
     if (ends) keep[1] = 0;
+    if (step == 2)
+      for (Scheduler* s : {&a, &b}) s->add(4, iota_tokens(6, 400));
     StepPlan next;
     ASSERT_TRUE(a.plan_continuation(pa, keep, next)) << "step " << step;
     const int32_t token = 100 + step;
@@ -468,33 +472,49 @@ TEST(Scheduler, ContinuationIsTheNextScheduledStep) {
       const StepEntry &x = next.entries[i], &y = want.entries[i];
       EXPECT_EQ(x.seq->id, y.seq->id);
       EXPECT_EQ(x.start, y.start);
-      EXPECT_EQ(x.count, 1);
-      EXPECT_TRUE(x.wants_logits);
+      EXPECT_EQ(x.count, y.count);
+      EXPECT_EQ(x.wants_logits, y.wants_logits);
       EXPECT_EQ(x.seq->tokens, y.seq->tokens);
       EXPECT_EQ(x.seq->pages.size(), y.seq->pages.size());  // the new token's page reserved
     }
-    // Both run the planned step; a drops request 2 once its extra row is done, as the engine does.
-    finish_step(a, next, 200 + step);
+    if (step == 2) EXPECT_EQ(next.entries.back().count, 6);  // the arrival's prompt, admitted
+    // b runs its step; a commits the continuation and drops request 2 once its extra row is
+    // done, as the engine does; then a plans a step the way the engine would next.
     finish_step(b, want, 200 + step);
+    a.commit(next);
+    for (const StepEntry& e : next.entries)
+      if (e.wants_logits) a.append(e.seq, 200 + step);
     if (ends) EXPECT_TRUE(a.remove(2));
     EXPECT_EQ(a.running_count(), b.running_count());
+    pa = a.schedule();
+    finish_step(b, b.schedule(), 300 + step);  // b too: both are at the same point again
+    a.commit(pa);
+    for (const StepEntry& e : pa.entries)
+      if (e.wants_logits) a.append(e.seq, 300 + step);
+    pa = a.schedule();
   }
 }
 
-TEST(Scheduler, NoContinuationWhenSomethingWaitsOrPagesRunOut) {
+TEST(Scheduler, NoContinuationOfPrefillsOrWhenPagesRunOut) {
   Scheduler s(small_config(5, 4, 4, 64));
   s.add(1, iota_tokens(3));
-  finish_step(s, s.schedule());
-  StepPlan p = s.schedule();
+  StepPlan p = s.schedule();  // the prompt: not a decode step
   StepPlan next;
-  s.add(2, iota_tokens(2, 50));  // waits: admission needs a scheduled step
   EXPECT_FALSE(s.plan_continuation(p, {1}, next));
   EXPECT_TRUE(next.empty());
   finish_step(s, p);
-  finish_step(s, s.schedule());  // 2 admitted (a prompt chunk: not a decode-only step)
+  p = s.schedule();
+  s.add(2, iota_tokens(2, 50));  // admitted by the continuation, after request 1's decode
+  ASSERT_TRUE(s.plan_continuation(p, {1}, next));
+  ASSERT_EQ(next.entries.size(), 2u);
+  EXPECT_EQ(next.entries[0].seq->id, 1u);
+  EXPECT_EQ(next.entries[1].seq->id, 2u);
+  EXPECT_EQ(next.entries[1].count, 2);
+  finish_step(s, p);
+  finish_step(s, next);
   p = s.schedule();
   ASSERT_EQ(p.entries.size(), 2u);
-  EXPECT_FALSE(s.plan_continuation(p, {0, 0}, next));  // nothing kept
+  EXPECT_FALSE(s.plan_continuation(p, {0, 0}, next));  // nothing kept, nothing waiting
   // The pool (5 pages of 4) runs out: request 1 grows to its sixth page over the steps.
   int planned = 0;
   for (int step = 0; step < 20; ++step) {
