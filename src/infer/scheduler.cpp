@@ -170,9 +170,9 @@ void Scheduler::add_entry(StepPlan& plan, Sequence* seq, int32_t count, int32_t&
   budget -= count;
 }
 
-void Scheduler::admit_waiting(StepPlan& plan, int32_t& budget, int32_t leaving) {
-  for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 &&
-                                   static_cast<int32_t>(running_.size()) - leaving < config_.max_running;) {
+void Scheduler::admit_waiting(StepPlan& plan, int32_t& budget) {
+  for (auto it = waiting_.begin();
+       it != waiting_.end() && budget > 0 && static_cast<int32_t>(running_.size()) < config_.max_running;) {
     Sequence* seq = *it;
     if (!admission_open_ && seq->admission == 0) {  // closed: only preempted sequences come back
       ++it;
@@ -265,8 +265,10 @@ bool Scheduler::plan_continuation(const StepPlan& current, const std::vector<cha
     plan.entries.push_back(e);
     ++plan.tokens;
   }
+  // Sequences that `current` ends still count against max_running until they leave: every running
+  // sequence may hold one of the executor's per-request rows (penalty counts) until then.
   int32_t budget = config_.max_step_tokens - plan.tokens;
-  admit_waiting(plan, budget, static_cast<int32_t>(std::count(keep.begin(), keep.end(), 0)));
+  admit_waiting(plan, budget);
   if (plan.empty()) return false;
   next = std::move(plan);
   return true;

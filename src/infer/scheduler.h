@@ -116,8 +116,9 @@ class Scheduler {
   // decodes only that holds every running sequence: first the entries keep[i] marks, each
   // computing the token `current` samples for it (tokens[start] once appended), with pages
   // reserved for it (evicting cached pages, never preempting); then admissions as schedule()
-  // makes them. This is the plan schedule() would make after committing `current` with those
-  // sequences still running, so a step can be planned and launched before the one before it
+  // makes them (the sequences `current` ends still count against max_running). This is the plan
+  // schedule() would make after committing `current` with those sequences still running (or one
+  // with fewer admissions), so a step can be planned and launched before the one before it
   // finishes. False (`next` untouched; pages reserved so far stay with their sequences, which
   // need them next) when the conditions do not hold, pages run out for a kept entry, or the plan
   // is empty.
@@ -156,9 +157,8 @@ class Scheduler {
   bool reserve(Sequence* seq, int32_t tokens, StepPlan& plan, bool may_preempt);
   // Appends an entry computing `count` tokens of `seq` from seq->computed (budget -= count).
   void add_entry(StepPlan& plan, Sequence* seq, int32_t count, int32_t& budget);
-  // Step 3 of a plan: admissions in arrival order under `budget` (never preempting); `leaving`
-  // running sequences (ended, out once a step in flight is done) do not count against max_running.
-  void admit_waiting(StepPlan& plan, int32_t& budget, int32_t leaving = 0);
+  // Step 3 of a plan: admissions in arrival order under `budget` (never preempting).
+  void admit_waiting(StepPlan& plan, int32_t& budget);
   void preempt(Sequence* victim, StepPlan& plan);
   void offer_full_pages(Sequence* seq);
   void release_pages(Sequence* seq);

@@ -216,15 +216,21 @@ TEST_F(EngineTest, PreemptionDoesNotChangeOutputs) {
 }
 
 // Lookahead (each decode step launched before the tokens of the step before it are known, its
-// input tokens copied on the device) changes no output: requests that stop tokens end in the
-// middle of a chain, max_tokens, penalties, a pool small enough to preempt; against each request
-// alone, with lookahead on and off. The engine counts the steps it launched ahead.
+// input tokens copied on the device; waiting requests admitted by it) changes no output: requests
+// that stop tokens end in the middle of a chain, max_tokens, penalties, a pool small enough to
+// preempt, a running limit that keeps requests waiting; against each request alone, with
+// lookahead on and off. The engine counts the steps it launched ahead.
 TEST_F(EngineTest, LookaheadChangesNoOutput) {
   load("tiny-llama");
+  struct Case {
+    int32_t max_running;
+    int64_t kv_tokens;
+  };
   for (bool lookahead : {true, false}) {
-    for (int64_t kv_tokens : {2048, 96}) {
+    for (const Case c : {Case{8, 2048}, Case{8, 96}, Case{2, 2048}}) {
+      const int64_t kv_tokens = c.kv_tokens;
       EngineOptions o;
-      o.max_running = 8;
+      o.max_running = c.max_running;
       o.max_step_tokens = 48;
       o.page_size = 4;
       o.kv_tokens = kv_tokens;
@@ -232,11 +238,14 @@ TEST_F(EngineTest, LookaheadChangesNoOutput) {
       EngineStats st;
       int64_t preemptions = 0;
       check_equivalence(o, 24, 53, &preemptions, nullptr, /*stop_ids=*/16, &st);
-      if (lookahead)
+      if (lookahead) {
         EXPECT_GT(st.lookahead_steps, 0) << "kv " << kv_tokens;
-      else
+      } else {
         EXPECT_EQ(st.lookahead_steps, 0);
-      if (kv_tokens < 100) EXPECT_GT(preemptions, 0);
+      }
+      if (kv_tokens < 100) {
+        EXPECT_GT(preemptions, 0);
+      }
       EXPECT_EQ(st.running, 0);
       EXPECT_EQ(st.kv_pages_used, st.kv_pages_cached) << "pages of finished requests left in use";
     }
