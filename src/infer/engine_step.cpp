@@ -11,7 +11,14 @@
 // (a stop token) or a stop string ends has a row in the second whose token is dropped; it leaves
 // the scheduler (its pages and counts row freed) once no step in flight computes for it. The chain
 // goes on while the conditions hold; step() returns with nothing in flight.
+//
+// Pacing: a request that arrives while a step runs is admitted by the next step planned, and with a
+// step always queued that would be one step later than without lookahead. So the next step is
+// planned once the device has about kLookaheadLead of the current one left (from the replayed
+// steps' measured device time), late enough for most arrivals and early enough for the host to
+// plan, pack and launch it before the device runs dry.
 #include <algorithm>
+#include <thread>
 
 #include "infer/engine_internal.h"
 #include "infer/executor.h"
@@ -228,24 +235,39 @@ void Engine::launch_step(StepWork& work, const std::vector<int32_t>* continued_f
   if (continued_from) ++lookahead_steps_;
 }
 
+void Engine::pace_lookahead(double current_start) const {
+  if (!(decode_step_seconds_ > 0.0)) return;
+  const double target = current_start + decode_step_seconds_ * (1.0 - kLookaheadLead);
+  const double wait = target - now_seconds();
+  if (wait > 0.0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+}
+
 void Engine::step() {
   StepWork current;
   if (!plan_step(current)) return deliver_pending();
   launch_step(current, nullptr);
+  double current_start = now_seconds();  // when the device started it (nothing was queued before it)
+  decode_step_seconds_ = 0.0;            // unknown until a step of this chain was waited for
   std::vector<int32_t> continued_from;
   while (true) {
+    deliver_pending();  // the previous step's events, while the device runs this one
+    pace_lookahead(current_start);
     StepWork next;
     const bool ahead = plan_lookahead(current, next, continued_from);
     if (!executor_->in_flight()) return;  // a failure while planning it ended everything
     if (ahead) launch_step(next, &continued_from);
-    deliver_pending();  // the previous step's events, while the device runs this one
     Result<std::vector<SampledToken>> out = executor_->wait();
+    const double finished = now_seconds();
     ++steps_;
     if (!out.ok()) return fail_all(out.status().message());
+    // The device time of this step when it was a replay: the next one of a chain has its shape
+    // (or a smaller batch), so it paces the next planning.
+    decode_step_seconds_ = executor_->last_graph_seconds();
     commit_step(current, *out);
     if (!ahead) return;
     publish_stats();
     current = std::move(next);
+    current_start = finished;  // it was queued: it started when the one before it ended
   }
 }
 

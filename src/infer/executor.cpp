@@ -444,7 +444,8 @@ Result<std::vector<SampledToken>> Executor::wait() {
   const auto t1 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(side.done->wait());
   const auto t2 = std::chrono::steady_clock::now();
-  if (side.timed_graph) graph_device_seconds_ += side.graph_end->elapsed_ms(*side.graph_start) * 1e-3;
+  last_graph_seconds_ = side.timed_graph ? side.graph_end->elapsed_ms(*side.graph_start) * 1e-3 : 0.0;
+  graph_device_seconds_ += last_graph_seconds_;
   wait_seconds_ += std::chrono::duration<double>(t2 - t1).count();
   run_seconds_ += std::chrono::duration<double>(t2 - t1).count();
   const float* scored = side.score_rows > 0 ? side.score_logprobs.ptr<float>() : nullptr;

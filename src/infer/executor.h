@@ -99,6 +99,8 @@ class Executor {
   // Graph replays: host time in the launch call, and device time between events around it.
   double graph_launch_seconds() const { return graph_launch_seconds_; }
   double graph_device_seconds() const { return graph_device_seconds_; }
+  // The device time of the graph replay of the step wait() returned last (0: it ran eagerly).
+  double last_graph_seconds() const { return last_graph_seconds_; }
   // The KV storage, for tests (per layer [slots, Hkv, D]).
   const KVCache& kv_cache() const { return cache_; }
   // Test hook: the logits of the last step ([rows, vocab] f32 on the device).
@@ -183,7 +185,7 @@ class Executor {
   bool graphs_ok_ = true;
   int64_t graph_replays_ = 0;
   double run_seconds_ = 0, wait_seconds_ = 0, pack_seconds_ = 0, issue_seconds_ = 0, upload_seconds_ = 0;
-  double graph_launch_seconds_ = 0, graph_device_seconds_ = 0;
+  double graph_launch_seconds_ = 0, graph_device_seconds_ = 0, last_graph_seconds_ = 0;
 };
 
 }  // namespace kiln
