@@ -263,9 +263,9 @@ class Engine final : public EngineApi {
   // Plans the continuation of `current` (in flight) for lookahead; false when it may not run now.
   bool plan_lookahead(const StepWork& current, StepWork& next, std::vector<int32_t>& continued_from);
   void launch_step(StepWork& work, const std::vector<int32_t>* continued_from);
-  // Sleeps until the step that started on the device at `current_start` has about kLookaheadLead
-  // of its device time left (engine_step.cpp says why).
-  void pace_lookahead(double current_start) const;
+  // Sleeps until `current`, started on the device at `current_start`, has about kLookaheadLead of
+  // its device time left, when a step may be launched ahead of it (engine_step.cpp says why).
+  void pace_lookahead(const StepWork& current, double current_start) const;
   static constexpr double kLookaheadLead = 0.25;
   // Takes the queued arrivals and cancels: arrivals go to the scheduler, cancels end their
   // requests (nothing may be in flight).

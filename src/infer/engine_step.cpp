@@ -7,10 +7,10 @@
 // admissions of waiting requests (new arrivals included); it is launched behind the first. Its
 // decodes' input tokens are the first step's samples, copied on the device (Executor::launch's
 // continued_from). It is the step schedule() would plan after committing the first, so outputs
-// are those without lookahead. A request that the first step ends
-// (a stop token) or a stop string ends has a row in the second whose token is dropped; it leaves
-// the scheduler (its pages and counts row freed) once no step in flight computes for it. The chain
-// goes on while the conditions hold; step() returns with nothing in flight.
+// are those without lookahead. A request that the first step ends (a stop token) or a stop string
+// ends has a row in the second whose token is dropped; it leaves the scheduler (its pages and
+// counts row freed) once no step in flight computes for it. The chain goes on while the conditions
+// hold; step() returns with nothing in flight.
 //
 // Pacing: a request that arrives while a step runs is admitted by the next step planned, and with a
 // step always queued that would be one step later than without lookahead. So the next step is
@@ -235,8 +235,10 @@ void Engine::launch_step(StepWork& work, const std::vector<int32_t>* continued_f
   if (continued_from) ++lookahead_steps_;
 }
 
-void Engine::pace_lookahead(double current_start) const {
-  if (!(decode_step_seconds_ > 0.0)) return;
+void Engine::pace_lookahead(const StepWork& current, double current_start) const {
+  // Only where a step may follow ahead: decodes only, after a replayed step of the chain.
+  if (!options_.lookahead || current.sampled.size() != current.plan.entries.size() || !(decode_step_seconds_ > 0.0))
+    return;
   const double target = current_start + decode_step_seconds_ * (1.0 - kLookaheadLead);
   const double wait = target - now_seconds();
   if (wait > 0.0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
@@ -251,7 +253,7 @@ void Engine::step() {
   std::vector<int32_t> continued_from;
   while (true) {
     deliver_pending();  // the previous step's events, while the device runs this one
-    pace_lookahead(current_start);
+    pace_lookahead(current, current_start);
     StepWork next;
     const bool ahead = plan_lookahead(current, next, continued_from);
     if (!executor_->in_flight()) return;  // a failure while planning it ended everything
