@@ -203,11 +203,12 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
   Packed p;
   int32_t real_tokens = 0;
   for (const StepEntry& e : plan.entries) real_tokens += e.count;
-  p.padded_tokens = bucket > 0 ? bucket : padded_tokens(real_tokens);
+  // The token rows with padding: p.tokens once packed (the sections' length).
+  const int32_t T = bucket > 0 ? bucket : padded_tokens(real_tokens);
   int32_t* ids = h + off_tokens_;
-  int32_t* positions = ids + p.padded_tokens;
-  int32_t* slots = positions + p.padded_tokens;
-  int32_t* pages = slots + p.padded_tokens;
+  int32_t* positions = ids + T;
+  int32_t* slots = positions + T;
+  int32_t* pages = slots + T;
   q_indptr[0] = page_indptr[0] = last_rows[0] = 0;
   for (const StepEntry& e : plan.entries) {
     const Sequence& s = *e.seq;
@@ -250,8 +251,8 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
     for (int32_t r = p.logit_rows; r < padded; ++r) logit_rows[r] = 0;
     p.logit_rows = padded;
     p.trim = false;
-    for (int32_t t = p.tokens, end = padded_tokens(p.tokens); t < end; ++t) ids[t] = 0, positions[t] = 0, slots[t] = -1;
-    p.tokens = padded_tokens(p.tokens);
+    for (int32_t t = p.tokens; t < T; ++t) ids[t] = 0, positions[t] = 0, slots[t] = -1;
+    p.tokens = T;
     return p;
   }
   if (bucket > 0) {
@@ -265,6 +266,7 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
       std::memcpy(h + off_params_ + b * ops::kSamplingRowWords, &greedy, sizeof(greedy));
     }
     for (int32_t b = 0; b < bucket; ++b) logit_rows[b] = b;
+    KILN_ASSERT(p.tokens == p.requests);  // one token each
     p.tokens = p.requests = p.logit_rows = bucket;
     p.max_q = 1;
     p.max_kv = context_bucket(p.max_kv);
@@ -286,22 +288,21 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
   }
   p.logit_rows = bucket_for(p.logit_rows);
   // Padding rows (no request, no KV write) up to the padded token count.
-  for (int32_t t = p.tokens, end = padded_tokens(p.tokens); t < end; ++t) ids[t] = 0, positions[t] = 0, slots[t] = -1;
-  p.tokens = padded_tokens(p.tokens);
+  for (int32_t t = p.tokens; t < T; ++t) ids[t] = 0, positions[t] = 0, slots[t] = -1;
+  p.tokens = T;
   return p;
 }
 
 void Executor::upload(const HostSide& side, const Packed& p) {
   // One copy: the per-request sections, the sampling parameters and targets, then the token rows
-  // (ids, positions, slots of padded_tokens rows) and the page lists right after them.
-  KILN_ASSERT(p.tokens == p.padded_tokens);
-  const int64_t n = off_tokens_ + 3 * static_cast<int64_t>(p.padded_tokens) + p.pages;
+  // (ids, positions, slots of p.tokens rows) and the page lists right after them.
+  const int64_t n = off_tokens_ + 3 * static_cast<int64_t>(p.tokens) + p.pages;
   be().copy_async(staging_dev_.view().rows(0, n), side.staging.view().rows(0, n));
 }
 
 ForwardBatch Executor::batch_view(const Packed& p) const {
   const Tensor d = staging_dev_.view();
-  const int64_t T = p.padded_tokens, ids = off_tokens_, positions = ids + T, slots = positions + T, pages = slots + T;
+  const int64_t T = p.tokens, ids = off_tokens_, positions = ids + T, slots = positions + T, pages = slots + T;
   ForwardBatch b;
   b.ids = d.rows(ids, ids + T);
   b.positions = d.rows(positions, positions + T);

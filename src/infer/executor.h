@@ -75,7 +75,6 @@ class Executor {
               const std::vector<int32_t>* continued_from = nullptr);
   Result<std::vector<SampledToken>> wait();
   bool in_flight() const { return in_flight_ > 0; }
-  int32_t steps_in_flight() const { return in_flight_; }
   // After wait(): the log-probabilities of the step's score rows, in plan order (entry by entry,
   // position by position): log p(tokens[j + 1] | tokens[0..j]) for each scored position j.
   const std::vector<float>& prompt_logprobs() const { return prompt_logprobs_; }
@@ -125,10 +124,9 @@ class Executor {
   };
   // Fills `side`'s staging buffer for `plan`, padding a pure decode step to `bucket` rows when > 0.
   struct Packed {
-    int32_t tokens = 0, requests = 0, logit_rows = 0, pages = 0, max_q = 0, max_kv = 0;
+    int32_t tokens = 0, requests = 0, logit_rows = 0, pages = 0, max_q = 0, max_kv = 0;  // tokens: padded rows
     int32_t sampled_rows = 0, score_rows = 0;  // with score rows: logit rows [0, sampled) sample,
                                                // [sampled, sampled + score) score the prompt
-    int32_t padded_tokens = 0;  // token rows with padding (ids, positions and slots sections)
     bool trim = false;
   };
   Packed pack(HostSide& side, const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
