@@ -133,4 +133,53 @@ TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
   }
 }
 
+// The decode MLP in one kernel (gate/up, SwiGLU, down, residual add) against the CPU twin (the same
+// ops in f32, act rounded to bf16 like the kernel's): act against the twin's act, and the residual
+// against the twin's down projection of the kernel's own act (so that a bf16 rounding of act that
+// differs between the two does not count twice); rows on both sides of each BM tile, shapes whose
+// down tiles are cut into many parts (some empty) or have fewer blocks than tiles' parts; a second
+// call gives the same bits (and the sync buffer is left zeroed: checked too).
+TEST(CudaFusedKernels, DecodeMlpMatchesCpu) {
+  KILN_REQUIRE_GPU(gpu);
+  if (!ops::mlp_residual_valid(*gpu, 1, 64, 64, DType::bf16)) GTEST_SKIP() << "needs a Hopper GPU (sm_90)";
+  auto cpu = make_cpu_backend();
+  struct Case { int64_t M, H, I; };
+  for (const Case& c : {Case{1, 1536, 6912}, Case{5, 256, 512}, Case{16, 1536, 6912}, Case{17, 4096, 1024},
+                        Case{32, 1536, 6912}, Case{33, 64, 128}, Case{64, 1536, 6912}, Case{48, 8192, 320}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << c.M << " H=" << c.H << " I=" << c.I);
+    ASSERT_TRUE(ops::mlp_residual_valid(*gpu, c.M, c.H, c.I, DType::bf16));
+    auto dev = [&](Tensor t) { return std::move(to_device(*gpu, t)).value(); };
+    TensorBuffer x = random_host({c.M, c.H}, DType::bf16, 31);
+    TensorBuffer wgu = random_host({2 * c.I, c.H}, DType::bf16, 32, 0.05f);
+    TensorBuffer wd = random_host({c.H, c.I}, DType::bf16, 33, 0.05f);
+    TensorBuffer r = random_host({c.M, c.H}, DType::f32, 34);
+    TensorBuffer act = host_empty({c.M, c.I}, DType::bf16);
+    TensorBuffer rc = host_empty({c.M, c.H}, DType::f32);  // (the twin's residual: act is what is compared)
+    std::copy(r.ptr<float>(), r.ptr<float>() + c.M * c.H, rc.ptr<float>());
+    TensorBuffer sync_host = host_empty({ops::mlp_sync_ints(c.H, c.I)}, DType::i32);
+    ops::mlp_residual_forward(*cpu, rc, x, wgu, wd, act, sync_host);
+
+    TensorBuffer dx = dev(x), dwgu = dev(wgu), dwd = dev(wd);
+    TensorBuffer dsync = std::move(empty(*gpu, {ops::mlp_sync_ints(c.H, c.I)}, DType::i32)).value();
+    gpu->zero(dsync);
+    std::vector<float> first;
+    for (int call = 0; call < 2; ++call) {
+      TensorBuffer dr = dev(r);
+      TensorBuffer dact = std::move(empty(*gpu, {c.M, c.I}, DType::bf16)).value();
+      ops::fill_constant(*gpu, dact, NAN);
+      ops::mlp_residual_forward(*gpu, dr, dx, dwgu, dwd, dact, dsync);
+      EXPECT_CLOSE(to_f32(*gpu, dact), to_f32(*cpu, act), 1e-2);
+      TensorBuffer want = host_empty({c.M, c.H}, DType::f32);
+      std::copy(r.ptr<float>(), r.ptr<float>() + c.M * c.H, want.ptr<float>());
+      ops::linear_residual_forward(*cpu, want, to_host(*gpu, dact), wd);
+      EXPECT_CLOSE(to_f32(*gpu, dr), to_f32(*cpu, want), 1e-3);
+      const std::vector<float> got = to_f32(*gpu, dr);
+      if (call == 0) first = got;
+      else EXPECT_EQ(got, first);
+      const std::vector<float> sync_after = to_f32(*gpu, dsync);
+      EXPECT_TRUE(std::all_of(sync_after.begin(), sync_after.end(), [](float v) { return v == 0.0f; }));
+    }
+  }
+}
+
 }  // namespace kiln::test
