@@ -105,36 +105,6 @@ void linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor w, Tensor b
   cpu::linear_swiglu_forward(out, x, w, bias);
 }
 
-int64_t mlp_sync_ints(int64_t H, int64_t I) { return I / 32 + H / 64 + 1; }
-
-bool mlp_residual_valid(Backend& be, int64_t M, int64_t H, int64_t I, DType w_dtype) {
-#ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::mlp_residual_valid(cuda_backend(be), M, H, I, w_dtype);
-#endif
-  (void)w_dtype;
-  return be.device().is_cpu() && M >= 1 && M <= kMlpMaxRows && H > 0 && I > 0;
-}
-
-bool mlp_residual_preferred(Backend& be, int64_t M, int64_t H, int64_t I, DType w_dtype) {
-#ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::mlp_residual_preferred(cuda_backend(be), M, H, I, w_dtype);
-#endif
-  (void)be, (void)M, (void)H, (void)I, (void)w_dtype;
-  return false;  // the CPU runs the fused layers (the same twins)
-}
-
-void mlp_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w_gate_up, Tensor w_down, Tensor act,
-                          Tensor sync) {
-#ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda())
-    return cuda::mlp_residual_forward(cuda_backend(be), residual, x, w_gate_up, w_down, act, sync);
-#endif
-  KILN_ASSERT(be.device().is_cpu());
-  (void)sync;
-  cpu::linear_swiglu_forward(act, x, w_gate_up, Tensor{});
-  cpu::linear_residual_forward(residual, act, w_down, Tensor{});
-}
-
 void gemm(Backend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda()) return cuda::gemm(cuda_backend(be), c, a, trans_a, b, trans_b, alpha, beta);

@@ -78,21 +78,6 @@ void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w
 void linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor w, Tensor bias = {});
 void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, Tensor bias = {});
 
-// The MLP of a decode step as one op (no biases):
-//   act[M, I] = silu(g) * u, [g | u] = x @ w_gate_up^T   (act in w's dtype: written on the way)
-//   residual[M, H] += act @ w_down^T                       (residual f32)
-// x: [M, H] the normed rows (w's dtype), w_gate_up: [2I, H], w_down: [H, I]. `sync` is i32 of at least
-// mlp_sync_ints(H, I) elements, zeroed once and left zeroed by every call; calls that share it run
-// one after another on one stream. CUDA (Hopper, bf16, at most kMlpMaxRows rows, H and I multiples
-// of 64): one persistent kernel, deterministic (mlp_decode.cu). CPU: the two fused layers' twins.
-constexpr int32_t kMlpMaxRows = 64;
-int64_t mlp_sync_ints(int64_t H, int64_t I);
-bool mlp_residual_valid(Backend& be, int64_t M, int64_t H, int64_t I, DType w_dtype);
-// Whether, by measurement, the one kernel beats the fused / separate layers it replaces.
-bool mlp_residual_preferred(Backend& be, int64_t M, int64_t H, int64_t I, DType w_dtype);
-void mlp_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w_gate_up, Tensor w_down, Tensor act,
-                          Tensor sync);
-
 // General matrix product for the backward passes: C = alpha * op(A) @ op(B) + beta * C, row-major,
 // op(X) = X^T when trans_X. A: [M, K] (or [K, M]), B: [K, N] (or [N, K]), C: [M, N].
 void gemm(Backend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);

@@ -131,8 +131,6 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   KILN_ASSIGN_OR_RETURN(ws.logits, empty(backend_, {R, c.vocab_size}, DType::f32));
   KILN_ASSIGN_OR_RETURN(ws.last_q, empty(backend_, {R, c.num_attention_heads * D}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.last_residual, empty(backend_, {R, H}, DType::f32));
-  KILN_ASSIGN_OR_RETURN(ws.mlp_sync, empty(backend_, {ops::mlp_sync_ints(H, c.intermediate_size)}, DType::i32));
-  backend_.zero(ws.mlp_sync);
   return ws;
 }
 
@@ -166,7 +164,6 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   Tensor gate_up = ws.gate_up.view().rows(0, T), act = ws.act.view().rows(0, T);
 
   const bool trim_last_layer = batch.last_rows_indptr.data != nullptr;
-  const int64_t H = c.hidden_size;
   int64_t rows = T;  // rows the current layer's attention output and MLP run on
   Tensor q_indptr = batch.q_indptr;
   ops::AttentionBounds attention_bounds = batch.bounds;
@@ -200,23 +197,16 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     if (bias.data) ops::bias_add_forward(be, resid, bias);
   };
 
-  // The MLP as one kernel where that is measured faster (ops::mlp_residual_preferred): its norm
-  // stays a kernel of its own, the rest (gate/up, SwiGLU, down, the residual add) is one launch.
-  const int64_t I = c.intermediate_size;
-  auto one_kernel_mlp = [&](const LayerWeights& L, int64_t n) {
-    return !L.gate_up_bias.data && !L.down_bias.data && ops::mlp_residual_preferred(be, n, H, I, dtype_);
-  };
-  bool hidden_pending = false;  // (separate path) the last MLP's output is in `hidden`, not yet in x
   ops::embedding_forward(be, residual, embed_tokens_, batch.ids);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = layers_[i];
     if (fused) {
       norm_project(qkv, residual, L.input_norm, L.qkv_proj, L.qkv_bias, normed);
     } else {
-      if (hidden_pending)
-        ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
-      else
+      if (i == 0)
         ops::rmsnorm_forward(be, normed, residual, L.input_norm, eps);
+      else
+        ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
       ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
     }
     ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
@@ -239,26 +229,15 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
                            attention_bounds, scale);
     if (fused) {
       project_add(residual, attn, L.o_proj, L.o_bias);
-      if (one_kernel_mlp(L, rows)) {
-        ops::rmsnorm_forward(be, normed, residual, L.post_norm, eps);
-        ops::mlp_residual_forward(be, residual, normed, L.gate_up_proj, L.down_proj, act, ws.mlp_sync);
-        continue;
-      }
       norm_mlp_in(act, residual, L.post_norm, L.gate_up_proj, L.gate_up_bias, normed, gate_up);
       project_add(residual, act, L.down_proj, L.down_bias);
       continue;
     }
     ops::linear_forward(be, proj, attn, L.o_proj, L.o_bias);
     ops::add_rmsnorm_forward(be, normed, residual, proj, L.post_norm, eps);
-    if (one_kernel_mlp(L, rows)) {
-      ops::mlp_residual_forward(be, residual, normed, L.gate_up_proj, L.down_proj, act, ws.mlp_sync);
-      hidden_pending = false;
-      continue;
-    }
     ops::linear_forward(be, gate_up, normed, L.gate_up_proj, L.gate_up_bias);
     ops::swiglu_forward(be, act, gate_up);
     ops::linear_forward(be, hidden, act, L.down_proj, L.down_bias);
-    hidden_pending = true;
   }
   Tensor logits = ws.logits.view().rows(0, R);
   if (fused) {
@@ -270,10 +249,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     norm_project(logits, final_residual, final_norm_, lm_head_, Tensor{}, ws.gathered.view().rows(0, R));
     return logits;
   }
-  if (hidden_pending)
-    ops::add_rmsnorm_forward(be, normed, residual, hidden, final_norm_, eps);
-  else
-    ops::rmsnorm_forward(be, normed, residual, final_norm_, eps);
+  ops::add_rmsnorm_forward(be, normed, residual, hidden, final_norm_, eps);
   Tensor final_rows = normed;
   if (!trim_last_layer) {  // gather the logit rows
     final_rows = ws.gathered.view().rows(0, R);

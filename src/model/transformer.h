@@ -72,7 +72,6 @@ struct ForwardWorkspace {
   int64_t max_tokens = 0, max_logit_rows = 0;
   TensorBuffer hidden, residual, normed, qkv, q, attn, proj, gate_up, act, gathered, logits;
   TensorBuffer last_q, last_residual;  // [R, Hq*D], [R, H] f32: the final layer's trimmed rows
-  TensorBuffer mlp_sync;  // i32, zeroed: ops::mlp_residual_forward's sync buffer (its calls are sequential)
 };
 
 struct ModelLoadOptions {

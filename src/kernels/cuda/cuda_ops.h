@@ -42,11 +42,6 @@ bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype);
 bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype);
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
                         int k_splits = 0);
-// The decode MLP in one persistent kernel (mlp_decode.cu; ops.h: mlp_residual_forward).
-bool mlp_residual_valid(CudaBackend& be, int64_t M, int64_t H, int64_t I, DType dtype);
-bool mlp_residual_preferred(CudaBackend& be, int64_t M, int64_t H, int64_t I, DType dtype);
-void mlp_residual_forward(CudaBackend& be, Tensor residual, Tensor x, Tensor w_gate_up, Tensor w_down, Tensor act,
-                          Tensor sync);
 void swiglu_forward(CudaBackend& be, Tensor out, Tensor gate_up);
 void softmax_forward(CudaBackend& be, Tensor y, Tensor x);
 void log_softmax_forward(CudaBackend& be, Tensor y, Tensor x);
