@@ -263,9 +263,10 @@ class Engine final : public EngineApi {
   // Plans the continuation of `current` (in flight) for lookahead; false when it may not run now.
   bool plan_lookahead(const StepWork& current, StepWork& next, std::vector<int32_t>& continued_from);
   void launch_step(StepWork& work, const std::vector<int32_t>* continued_from);
-  // Sleeps until `current`, started on the device at `current_start`, has about kLookaheadLead of
-  // its device time left, when a step may be launched ahead of it (engine_step.cpp says why).
-  void pace_lookahead(const StepWork& current, double current_start) const;
+  // Sleeps until `current`, started on the device at `current_start` and expected to take
+  // `step_seconds` there (0: unknown), has about kLookaheadLead of that left, when a step may be
+  // launched ahead of it (engine_step.cpp says why).
+  void pace_lookahead(const StepWork& current, double current_start, double step_seconds) const;
   static constexpr double kLookaheadLead = 0.25;
   // Takes the queued arrivals and cancels: arrivals go to the scheduler, cancels end their
   // requests (nothing may be in flight).
@@ -333,7 +334,6 @@ class Engine final : public EngineApi {
   std::vector<Live*> retire_after_step_;  // ended, still computed for by a step in flight
   uint64_t launched_steps_ = 0, committed_steps_ = 0;  // step numbers: every step is committed in order
   int64_t lookahead_steps_ = 0;
-  double decode_step_seconds_ = 0;  // device time of the last step waited for, if replayed (pacing)
   std::deque<std::pair<double, int64_t>> rate_window_;  // (seconds, generated tokens) samples
   int64_t generated_total_ = 0, prompt_total_ = 0, hits_total_ = 0, steps_ = 0, preemptions_ = 0, updates_done_ = 0;
   double step_seconds_ = 0, schedule_seconds_ = 0, deliver_seconds_ = 0;

@@ -235,11 +235,11 @@ void Engine::launch_step(StepWork& work, const std::vector<int32_t>* continued_f
   if (continued_from) ++lookahead_steps_;
 }
 
-void Engine::pace_lookahead(const StepWork& current, double current_start) const {
+void Engine::pace_lookahead(const StepWork& current, double current_start, double step_seconds) const {
   // Only where a step may follow ahead: decodes only, after a replayed step of the chain.
-  if (!options_.lookahead || current.sampled.size() != current.plan.entries.size() || !(decode_step_seconds_ > 0.0))
+  if (!options_.lookahead || current.sampled.size() != current.plan.entries.size() || !(step_seconds > 0.0))
     return;
-  const double target = current_start + decode_step_seconds_ * (1.0 - kLookaheadLead);
+  const double target = current_start + step_seconds * (1.0 - kLookaheadLead);
   const double wait = target - now_seconds();
   if (wait > 0.0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
 }
@@ -249,11 +249,11 @@ void Engine::step() {
   if (!plan_step(current)) return deliver_pending();
   launch_step(current, nullptr);
   double current_start = now_seconds();  // when the device started it (nothing was queued before it)
-  decode_step_seconds_ = 0.0;            // unknown until a step of this chain was waited for
+  double step_seconds = 0.0;             // device time of the chain's last replayed step (0: none yet)
   std::vector<int32_t> continued_from;
   while (true) {
     deliver_pending();  // the previous step's events, while the device runs this one
-    pace_lookahead(current, current_start);
+    pace_lookahead(current, current_start, step_seconds);
     StepWork next;
     const bool ahead = plan_lookahead(current, next, continued_from);
     if (!executor_->in_flight()) return;  // a failure while planning it ended everything
@@ -264,7 +264,7 @@ void Engine::step() {
     if (!out.ok()) return fail_all(out.status().message());
     // The device time of this step when it was a replay: the next one of a chain has its shape
     // (or a smaller batch), so it paces the next planning.
-    decode_step_seconds_ = executor_->last_graph_seconds();
+    step_seconds = executor_->last_graph_seconds();
     commit_step(current, *out);
     if (!ahead) return;
     publish_stats();

@@ -228,22 +228,21 @@ TEST_F(EngineTest, LookaheadChangesNoOutput) {
   };
   for (bool lookahead : {true, false}) {
     for (const Case c : {Case{8, 2048}, Case{8, 96}, Case{2, 2048}}) {
-      const int64_t kv_tokens = c.kv_tokens;
       EngineOptions o;
       o.max_running = c.max_running;
       o.max_step_tokens = 48;
       o.page_size = 4;
-      o.kv_tokens = kv_tokens;
+      o.kv_tokens = c.kv_tokens;
       o.lookahead = lookahead;
       EngineStats st;
       int64_t preemptions = 0;
       check_equivalence(o, 24, 53, &preemptions, nullptr, /*stop_ids=*/16, &st);
       if (lookahead) {
-        EXPECT_GT(st.lookahead_steps, 0) << "kv " << kv_tokens;
+        EXPECT_GT(st.lookahead_steps, 0) << "kv " << c.kv_tokens << " running " << c.max_running;
       } else {
         EXPECT_EQ(st.lookahead_steps, 0);
       }
-      if (kv_tokens < 100) {
+      if (c.kv_tokens < 100) {
         EXPECT_GT(preemptions, 0);
       }
       EXPECT_EQ(st.running, 0);
