@@ -1,7 +1,8 @@
 // The fused small-batch linear layers: CUDA (bf16 weights, kiln's tensor-core kernel up to 32 rows,
 // the TMA streaming kernel up to 128) against the CPU twin on the same inputs, over batch sizes on
-// both sides of each tile, odd output counts, widths off the kernels' k steps, every K split of the
-// TMA kernel; plus determinism (two runs give the same bits).
+// both sides of each tile, odd output counts (SwiGLU's wide blocks of 32 outputs among them), widths
+// off the kernels' k steps, every K split of the TMA kernel; plus determinism (two runs give the
+// same bits).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,7 +23,7 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
   for (const Case& c : {Case{1, 16, 32, false}, Case{3, 37, 96, true}, Case{8, 2048, 1536, false},
                         Case{9, 100, 6912, true}, Case{16, 1536, 1536, false}, Case{17, 24, 64, true},
                         Case{32, 200, 512, false}, Case{31, 13, 32, true}, Case{16, 40000, 256, true},
-                        Case{5, 33800, 96, false}}) {
+                        Case{5, 33800, 96, false}, Case{1, 6912, 1536, true}, Case{8, 4232, 64, true}}) {
     SCOPED_TRACE(testing::Message() << "M=" << c.M << " N=" << c.N << " K=" << c.K << " bias=" << c.bias);
     ASSERT_TRUE(ops::fused_linear_valid(*gpu, ops::FusedLinear::norm, c.M, c.K, DType::bf16));
     auto& cuda_be = static_cast<CudaBackend&>(*gpu);

@@ -9,8 +9,8 @@
 // and of batch row g; words 0-1 feed the chunk's first k16 product and words 2-3 its second (mma's k
 // slots {2t, 2t+1, 2t+8, 2t+9} of both operands then hold the same physical k).
 //
-// Block: kWarps warps over the same RG x 16 weight rows (SwiGLU: 16 gate rows and the 16 up rows of
-// the same outputs), each warp a contiguous range of K; weight loads run a chunk group ahead in a
+// Block: kWarps warps over the same RG x 16 weight rows (SwiGLU: 16 or 32 gate rows and the up rows
+// of the same outputs), each warp a contiguous range of K; weight loads run a chunk group ahead in a
 // register double buffer and bypass L1 (the batch rows, re-read by every block, stay in it); at most
 // 128 registers, two blocks per SM. Long-K narrow matrices (down: fewer row tiles than two per SM)
 // split K over a cluster of two blocks. The warps' partial sums meet
@@ -295,6 +295,17 @@ void launch_for_tiles(CudaBackend& be, void* y, DType y_dt, const void* x, const
   const int out_rows = kEpi == Epilogue::swiglu ? N / 2 : N;
   const int tiles16 = (out_rows + 15) / 16;
   constexpr int RG = kEpi == Epilogue::swiglu ? 2 : 1;
+  // SwiGLU at one batch tile: two gate and two up row groups per block where that still gives
+  // every SM a block, so the matrix streams in one wave of blocks instead of two that each pay a
+  // block's ramp and drain. Measured (graph-replayed, astrai-1b: 6912 outputs, 432 or 216 blocks on
+  // 132 SMs of two slots): gate/up 16.8 -> 14.7 us per layer at one row (bench_linear); decode
+  // step B=1 1.002 -> 0.947 ms, B=8 1.161 -> 1.068 (bench_decode_step, 1K); llama-1b (8192
+  // outputs: 512 or 256 blocks) B=1 0.945 both, B=8 1.083 -> 1.046.
+  if constexpr (kEpi == Epilogue::swiglu && MT == 1) {
+    const int wide_blocks = (tiles16 + 1) / 2;
+    if (wide_blocks >= be.multiprocessor_count())
+      return launch_kernel<MT, 4, 1, kNorm, kEpi>(be, wide_blocks, y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps);
+  }
   auto run = [&](auto ks) {
     launch_kernel<MT, RG, decltype(ks)::value, kNorm, kEpi>(be, tiles16, y, y_dt, x, w, norm_w, bias, b_dt, M, N,
                                                             K, eps);

@@ -321,11 +321,13 @@ bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype) {
 
 // Measured on the H200 (bench_linear, graph replay, astrai-1b shape over 24 layers' weights;
 // docs/perf-notes.md): gate/up + SwiGLU after the norm kernel 17.2 against cuBLASLt's 18.1 us at 64
-// rows (17.8 / 17.5 at 32, 20.8 / 20.1 at 128); every other projection is faster on cuBLASLt or
-// the fused small-batch kernel.
+// rows (17.0 / 17.6 at 16 and 32, 20.8 / 20.1 at 128); every other projection is faster on
+// cuBLASLt or the fused small-batch kernel. In the decode step (bench_decode_step, 1K, ms per
+// step) taking it from 17 rows: B=32 1.475 against 1.489 from 33 rows; from 9 rows B=16 1.346
+// against 1.347 (no gain), so 17.
 bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype) {
   (void)N;
-  return linear_tma_valid(be, M, K, dtype) && epilogue == TmaEpilogue::swiglu && M > 32 && M <= 64;
+  return linear_tma_valid(be, M, K, dtype) && epilogue == TmaEpilogue::swiglu && M > 16 && M <= 64;
 }
 
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
