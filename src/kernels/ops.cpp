@@ -89,6 +89,28 @@ void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w
   cpu::norm_linear_swiglu_forward(out, x, norm_w, eps, w, bias);
 }
 
+bool norm_linear_qkv_rope_preferred(Backend& be, int64_t M, int64_t N, int64_t K, int64_t head_dim, DType w_dtype) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::norm_linear_qkv_rope_preferred(cuda_backend(be), M, N, K, head_dim, w_dtype);
+#endif
+  return fused_linear_preferred(be, FusedLinear::norm, M, N, K, w_dtype) && head_dim > 0 && head_dim % 2 == 0 &&
+         N % head_dim == 0;
+}
+
+void norm_linear_qkv_rope_forward(Backend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor x,
+                                  Tensor norm_w, float eps, Tensor w, Tensor bias, Tensor positions, Tensor slots,
+                                  Tensor inv_freq, float attention_scaling) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda())
+    return cuda::norm_linear_qkv_rope_forward(cuda_backend(be), q_out, k_cache, v_cache, qkv, x, norm_w, eps, w, bias,
+                                              positions, slots, inv_freq, attention_scaling);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::norm_linear_forward(qkv, x, norm_w, eps, w, bias);
+  qkv_rope_cache_write(be, q_out, k_cache, v_cache, qkv, positions, slots, inv_freq, attention_scaling, Tensor{},
+                       Tensor{}, eps);
+}
+
 void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, Tensor bias) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda()) return cuda::linear_residual_forward(cuda_backend(be), residual, x, w, bias);

@@ -78,6 +78,19 @@ void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w
 void linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor w, Tensor bias = {});
 void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, Tensor bias = {});
 
+// The attention block's input stage fused into its projection, for decode steps:
+// norm_linear_forward(qkv, x, norm_w, eps, w, bias) then qkv_rope_cache_write(q_out, k_cache, v_cache,
+// qkv, positions, slots, inv_freq, attention_scaling) without q/k norms, with the same arithmetic
+// (the projection rounded to q_out's dtype, then rotated in f32). q_out, k_cache and v_cache share
+// one dtype; w: [(Hq + 2 Hkv) * D, K]. qkv [M, (Hq + 2 Hkv) * D] is scratch: the CPU twin computes
+// the projection there, the CUDA kernel writes q, k and v from its accumulators and leaves it alone
+// (each thread holds a rotation pair: weight rows d and d + D/2 of a head share a tile, D % 16 == 0).
+// _preferred: valid and, by measurement, the better choice (CPU: wherever norm_linear is).
+bool norm_linear_qkv_rope_preferred(Backend& be, int64_t M, int64_t N, int64_t K, int64_t head_dim, DType w_dtype);
+void norm_linear_qkv_rope_forward(Backend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor x,
+                                  Tensor norm_w, float eps, Tensor w, Tensor bias, Tensor positions, Tensor slots,
+                                  Tensor inv_freq, float attention_scaling);
+
 // General matrix product for the backward passes: C = alpha * op(A) @ op(B) + beta * C, row-major,
 // op(X) = X^T when trans_X. A: [M, K] (or [K, M]), B: [K, N] (or [N, K]), C: [M, N].
 void gemm(Backend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);

@@ -169,7 +169,8 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   ops::AttentionBounds attention_bounds = batch.bounds;
 
   // Steps of a few rows (decode) run the fused small-batch layers: the norms folded into the
-  // projections that read them, SwiGLU into gate/up, the residual adds into o and down.
+  // projections that read them, SwiGLU into gate/up, the residual adds into o and down, and (for
+  // models without q/k norms) the rotation and the KV write into q/k/v.
   const bool fused = uses_fused_layers(T);
   // The projections of that path: each on the fused kernel where it is the faster choice
   // (ops::fused_linear_preferred), else on the separate ops with the same result. The residual
@@ -200,17 +201,25 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   ops::embedding_forward(be, residual, embed_tokens_, batch.ids);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = layers_[i];
-    if (fused) {
-      norm_project(qkv, residual, L.input_norm, L.qkv_proj, L.qkv_bias, normed);
+    if (fused && !L.q_norm.data && !L.k_norm.data &&
+        ops::norm_linear_qkv_rope_preferred(be, T, L.qkv_proj.size(0), L.qkv_proj.size(1), D, dtype_)) {
+      // The projection writes q, k and v after the rotation itself (no q/k norms to apply).
+      ops::norm_linear_qkv_rope_forward(be, q, cache.k[i], cache.v[i], qkv, residual, L.input_norm, eps, L.qkv_proj,
+                                        L.qkv_bias, batch.positions, batch.slots, rope_.inv_freq,
+                                        rope_.attention_scaling);
     } else {
-      if (i == 0)
-        ops::rmsnorm_forward(be, normed, residual, L.input_norm, eps);
-      else
-        ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
-      ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
+      if (fused) {
+        norm_project(qkv, residual, L.input_norm, L.qkv_proj, L.qkv_bias, normed);
+      } else {
+        if (i == 0)
+          ops::rmsnorm_forward(be, normed, residual, L.input_norm, eps);
+        else
+          ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
+        ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
+      }
+      ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
+                                rope_.attention_scaling, L.q_norm, L.k_norm, eps);
     }
-    ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
-                              rope_.attention_scaling, L.q_norm, L.k_norm, eps);
     if (trim_last_layer && i == c.num_hidden_layers - 1) {
       // Only the logit rows go on: gather their queries and residuals (row gathers), attend as the
       // last query of each request, and run the rest of the layer on R rows.

@@ -1,4 +1,6 @@
-// qkv_rope_cache_write: CUDA against the CPU twin on random bf16 and f32 inputs.
+// qkv_rope_cache_write: CUDA against the CPU twin on random bf16 and f32 inputs; the decode path's
+// projection with that stage fused in (norm_linear_qkv_rope_forward): bit for bit the separate CUDA
+// ops, and close to the CPU twin.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -39,6 +41,58 @@ TEST(CudaFusedKernels, QkvRopeCacheWrite) {
     EXPECT_CLOSE(to_f32(*gpu, d_q), to_f32(*cpu, q), tol);
     EXPECT_CLOSE(to_f32(*gpu, d_kc), to_f32(*cpu, kc), tol);
     EXPECT_EQ(to_f32(*gpu, d_vc), to_f32(*cpu, vc));
+  }
+}
+
+TEST(CudaFusedKernels, NormLinearQkvRopeMatchesSeparateOps) {
+  KILN_REQUIRE_GPU(gpu);
+  auto cpu = make_cpu_backend();
+  const float eps = 1e-5f;
+  // M rows (1, 2 and 4 batch tiles of the kernel), heads, head_dim, width K (4096: K split over a
+  // cluster of two blocks), bias.
+  struct Case { int64_t M, Hq, Hkv, D, K; bool bias; };
+  for (const Case& c : {Case{1, 24, 4, 64, 1536, false}, Case{8, 4, 2, 128, 64, true}, Case{5, 3, 1, 32, 96, true},
+                        Case{3, 2, 2, 16, 32, false}, Case{13, 4, 2, 64, 256, true}, Case{32, 2, 1, 64, 64, false},
+                        Case{2, 8, 2, 64, 4096, true}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << c.M << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D << " K=" << c.K);
+    const int64_t N = (c.Hq + 2 * c.Hkv) * c.D, S = 2 * c.M + 5, half = c.D / 2;
+    ASSERT_TRUE(ops::norm_linear_qkv_rope_preferred(*cpu, c.M, N, c.K, c.D, DType::f32));
+    TensorBuffer x = random_host({c.M, c.K}, DType::f32, 31), g = random_host({c.K}, DType::bf16, 32);
+    TensorBuffer w = random_host({N, c.K}, DType::bf16, 33, 0.05f), b = random_host({N}, DType::bf16, 34);
+    TensorBuffer inv = host_empty({half}, DType::f32);
+    for (int64_t i = 0; i < half; ++i) inv.ptr<float>()[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / c.D));
+    std::vector<int32_t> pos(c.M), slot(c.M);
+    for (int64_t t = 0; t < c.M; ++t) pos[t] = static_cast<int32_t>(t * 977 % 30011), slot[t] = static_cast<int32_t>(S - 1 - 2 * t);
+    if (c.M > 1) slot[1] = -1;  // a padding row: nothing written to the cache
+    TensorBuffer positions = host_ints(pos), slots = host_ints(slot);
+    const Tensor bias = c.bias ? b.view() : Tensor{};
+
+    // The CPU twin.
+    TensorBuffer q = host_empty({c.M, c.Hq, c.D}, DType::bf16), qkv = host_empty({c.M, N}, DType::f32);
+    TensorBuffer kc = random_host({S, c.Hkv, c.D}, DType::bf16, 35), vc = random_host({S, c.Hkv, c.D}, DType::bf16, 36);
+    ops::norm_linear_qkv_rope_forward(*cpu, q, kc, vc, qkv, x, g, eps, w, bias, positions, slots, inv, 1.0f);
+
+    auto dev = [&](Tensor t) { return std::move(to_device(*gpu, t)).value(); };
+    TensorBuffer dx = dev(x), dg = dev(g), dw = dev(w), db = dev(b), dinv = dev(inv), dpos = dev(positions),
+                 dslots = dev(slots);
+    const Tensor dbias = c.bias ? db.view() : Tensor{};
+    // CUDA, fused and separate (norm_linear_forward, then qkv_rope_cache_write).
+    TensorBuffer dq = std::move(empty(*gpu, {c.M, c.Hq, c.D}, DType::bf16)).value();
+    TensorBuffer dq2 = std::move(empty(*gpu, {c.M, c.Hq, c.D}, DType::bf16)).value();
+    TensorBuffer dqkv = std::move(empty(*gpu, {c.M, N}, DType::bf16)).value();
+    ops::fill_constant(*gpu, dq, NAN);
+    ops::fill_constant(*gpu, dq2, NAN);
+    TensorBuffer dkc = dev(random_host({S, c.Hkv, c.D}, DType::bf16, 35)), dvc = dev(random_host({S, c.Hkv, c.D}, DType::bf16, 36));
+    TensorBuffer dkc2 = dev(random_host({S, c.Hkv, c.D}, DType::bf16, 35)), dvc2 = dev(random_host({S, c.Hkv, c.D}, DType::bf16, 36));
+    ops::norm_linear_qkv_rope_forward(*gpu, dq, dkc, dvc, dqkv, dx, dg, eps, dw, dbias, dpos, dslots, dinv, 1.0f);
+    ops::norm_linear_forward(*gpu, dqkv, dx, dg, eps, dw, dbias);
+    ops::qkv_rope_cache_write(*gpu, dq2, dkc2, dvc2, dqkv, dpos, dslots, dinv, 1.0f, Tensor{}, Tensor{}, eps);
+    EXPECT_EQ(to_f32(*gpu, dq), to_f32(*gpu, dq2));
+    EXPECT_EQ(to_f32(*gpu, dkc), to_f32(*gpu, dkc2));
+    EXPECT_EQ(to_f32(*gpu, dvc), to_f32(*gpu, dvc2));
+    EXPECT_CLOSE(to_f32(*gpu, dq), to_f32(*cpu, q), 1e-2);
+    EXPECT_CLOSE(to_f32(*gpu, dkc), to_f32(*cpu, kc), 1e-2);
+    EXPECT_CLOSE(to_f32(*gpu, dvc), to_f32(*cpu, vc), 1e-2);
   }
 }
 

@@ -1,6 +1,7 @@
 // Small-batch linear layers with their neighbours fused (ops.h: norm_linear_forward,
-// norm_linear_swiglu_forward, linear_residual_forward): the decode path, where a step's few rows make
-// every projection a matrix-vector product bound by reading the weights once.
+// norm_linear_swiglu_forward, linear_residual_forward, norm_linear_qkv_rope_forward): the decode path,
+// where a step's few rows make every projection a matrix-vector product bound by reading the weights
+// once.
 //
 // y^T = W x^T on tensor cores: W [N, K] (row-major) is mma's A operand, 16 weight rows per tile; the
 // batch rows of x [M, K] are its B operand, MT n8 tiles (M <= 8 MT). The k dimension is permuted
@@ -16,7 +17,8 @@
 // split K over a cluster of two blocks. The warps' partial sums meet
 // in shared memory, the cluster's through distributed shared memory, always added in a fixed order:
 // no atomics, so results are deterministic and a replayed graph is bit-exact. Epilogue per output: times the
-// batch row's 1 / rms when normed, plus bias, then stored, added to the f32 residual, or SwiGLU.
+// batch row's 1 / rms when normed, plus bias, then stored, added to the f32 residual, or SwiGLU; or,
+// for q/k/v, rounded, rotated and written to q and the KV cache (rope_row says how the rows pair).
 // Norm prologue: x is the f32 residual stream; each thread multiplies its x chunk by the norm weight
 // and rounds it to the weight dtype, and sums x^2 of its chunks; the block adds those up at the end.
 // Launched programmatically (programmatic_launch.cuh): the first two stages' weight loads are issued
@@ -41,7 +43,30 @@ using T = __nv_bfloat16;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
-enum class Epilogue { store, add_residual, swiglu };
+enum class Epilogue { store, add_residual, swiglu, qkv_rope };
+
+// Where the qkv_rope epilogue puts the attention block's inputs (ops.h: norm_linear_qkv_rope_forward):
+// q [M, Hq, D], the key and value caches [S, Hkv, D] at each row's slot (a negative slot: not
+// written), all of dtype dt; the rotation's positions [M] and frequencies [D / 2].
+struct RopeOut {
+  void* q = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  DType dt = DType::bf16;
+  const int32_t* positions = nullptr;
+  const int32_t* slots = nullptr;
+  const float* inv_freq = nullptr;
+  float scaling = 1.0f;
+  int Hq = 0, Hkv = 0, D = 0;
+};
+
+// The qkv_rope epilogue's weight rows: block b holds dims 8 jj + r (r < 8) of head b / (D / 16),
+// jj = b % (D / 16), in its tile rows r, and their rotation partners D / 2 further in rows r + 8, so
+// that the rows g and g + 8 a thread sums are a pair of the rotation.
+__device__ __forceinline__ int rope_row(int block, int r, int D) {
+  const int per_head = D / 16, head = block / per_head, jj = block % per_head;
+  return head * D + 8 * jj + (r & 7) + (r >= 8 ? D / 2 : 0);
+}
 
 // MT: n8 batch tiles; RG: 16-row weight groups per block (SwiGLU: RG/2 gate groups, then the RG/2
 // up groups of the same outputs); KS: blocks of a cluster splitting K, their sums added through
@@ -63,7 +88,7 @@ template <int MT, int RG, int KS, bool kNorm, Epilogue kEpi>
 __global__ void __launch_bounds__(kThreads, 2)
     fused_linear_kernel(void* __restrict__ y, DType y_dt, const void* __restrict__ x, const T* __restrict__ w,
                         const T* __restrict__ norm_w, const void* __restrict__ bias, DType b_dt, int M, int N, int K,
-                        float eps) {
+                        float eps, RopeOut rope) {
   using L = Tile<MT, RG, kNorm>;
   constexpr int U = L::U;
   constexpr int kRows = RG * 16;
@@ -89,7 +114,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool up = kEpi == Epilogue::swiglu && rg >= OG;
-      const int j = n0 + (up ? rg - OG : rg) * 16 + g + 8 * h;
+      const int j = kEpi == Epilogue::qkv_rope ? rope_row(blockIdx.x, g + 8 * h, rope.D)
+                                               : n0 + (up ? rg - OG : rg) * 16 + g + 8 * h;
       wok[rg][h] = j < out_rows;
       const int row = (up ? out_rows : 0) + (wok[rg][h] ? j : 0);
       wrow[rg][h] = w + static_cast<int64_t>(row) * K + t * 8;
@@ -247,6 +273,43 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   };
 
+  if constexpr (kEpi == Epilogue::qkv_rope) {
+    // One thread per (batch row m, rotation pair p): the projection rounded to the outputs' dtype,
+    // then rotated in f32 (q and k heads) or copied (v heads), as qkv_rope_cache_write does.
+    for (int idx = threadIdx.x + rank * kThreads; idx < kCols * 8; idx += KS * kThreads) {
+      const int m = idx / 8, p = idx % 8;
+      if (m >= M) continue;
+      const float scale = kNorm ? 1.0f / sqrtf(total(part_ss, m) / static_cast<float>(K) + eps) : 1.0f;
+      const int half = rope.D / 2, f0 = rope_row(blockIdx.x, p, rope.D), head = f0 / rope.D, i = f0 % rope.D;
+      float x0 = total(&part[0][0], p * (kCols + 1) + m) * scale;
+      float x1 = total(&part[0][0], (p + 8) * (kCols + 1) + m) * scale;
+      if (bias) {
+        x0 += detail::load1(bias, f0, b_dt);
+        x1 += detail::load1(bias, f0 + half, b_dt);
+      }
+      x0 = detail::round_to(rope.dt, x0);
+      x1 = detail::round_to(rope.dt, x1);
+      const int slot = rope.slots[m];
+      if (head >= rope.Hq + rope.Hkv) {
+        if (slot < 0) continue;
+        const int64_t dst = (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq - rope.Hkv)) * rope.D + i;
+        detail::store1(rope.v_cache, dst, rope.dt, x0);
+        detail::store1(rope.v_cache, dst + half, rope.dt, x1);
+        continue;
+      }
+      const bool is_q = head < rope.Hq;
+      if (!is_q && slot < 0) continue;
+      const float2 r = detail::rope_cos_sin(static_cast<float>(rope.positions[m]), rope.inv_freq[i], rope.scaling);
+      void* out = is_q ? rope.q : rope.k_cache;
+      const int64_t dst = is_q ? (static_cast<int64_t>(m) * rope.Hq + head) * rope.D + i
+                               : (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq)) * rope.D + i;
+      detail::store1(out, dst, rope.dt, __fsub_rn(__fmul_rn(x0, r.x), __fmul_rn(x1, r.y)));
+      detail::store1(out, dst + half, rope.dt, __fadd_rn(__fmul_rn(x1, r.x), __fmul_rn(x0, r.y)));
+    }
+    if constexpr (KS > 1) cg::this_cluster().sync();
+    return;
+  }
+
   // One thread per (batch row m, output j of the block): outputs j fastest for contiguous stores.
   constexpr int kOuts = 16 * OG;
   for (int idx = threadIdx.x + rank * kThreads; idx < kCols * kOuts; idx += KS * kThreads) {
@@ -275,10 +338,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 template <int MT, int RG, int KS, bool kNorm, Epilogue kEpi>
 void launch_kernel(const CudaBackend& be, int row_blocks, void* y, DType y_dt, const void* x, const T* w,
-                   const T* norm_w, const void* bias, DType b_dt, int M, int N, int K, float eps) {
+                   const T* norm_w, const void* bias, DType b_dt, int M, int N, int K, float eps, const RopeOut& rope) {
   detail::launch_programmatic(be, fused_linear_kernel<MT, RG, KS, kNorm, kEpi>,
                               dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(KS)), dim3(kThreads), 0,
-                              dim3(1, static_cast<unsigned>(KS)), y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps);
+                              dim3(1, static_cast<unsigned>(KS)), y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps, rope);
 }
 
 // Blocks of a cluster splitting K: two for long-K matrices that fill fewer than two blocks per SM
@@ -291,7 +354,7 @@ int k_splits(int row_blocks, int K, int sm_count) {
 
 template <int MT, bool kNorm, Epilogue kEpi>
 void launch_for_tiles(CudaBackend& be, void* y, DType y_dt, const void* x, const T* w, const T* norm_w,
-                      const void* bias, DType b_dt, int M, int N, int K, float eps) {
+                      const void* bias, DType b_dt, int M, int N, int K, float eps, const RopeOut& rope) {
   const int out_rows = kEpi == Epilogue::swiglu ? N / 2 : N;
   const int tiles16 = (out_rows + 15) / 16;
   constexpr int RG = kEpi == Epilogue::swiglu ? 2 : 1;
@@ -304,11 +367,12 @@ void launch_for_tiles(CudaBackend& be, void* y, DType y_dt, const void* x, const
   if constexpr (kEpi == Epilogue::swiglu && MT == 1) {
     const int wide_blocks = (tiles16 + 1) / 2;
     if (wide_blocks >= be.multiprocessor_count())
-      return launch_kernel<MT, 4, 1, kNorm, kEpi>(be, wide_blocks, y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps);
+      return launch_kernel<MT, 4, 1, kNorm, kEpi>(be, wide_blocks, y, y_dt, x, w, norm_w, bias, b_dt, M, N, K, eps,
+                                                  rope);
   }
   auto run = [&](auto ks) {
     launch_kernel<MT, RG, decltype(ks)::value, kNorm, kEpi>(be, tiles16, y, y_dt, x, w, norm_w, bias, b_dt, M, N,
-                                                            K, eps);
+                                                            K, eps, rope);
   };
   if (k_splits(tiles16, K, be.multiprocessor_count()) == 1) run(std::integral_constant<int, 1>{});
   else run(std::integral_constant<int, 2>{});
@@ -321,7 +385,8 @@ bool kernel_valid(int64_t M, int64_t K, DType w_dtype) {
 }
 
 template <bool kNorm, Epilogue kEpi>
-void launch(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor norm_w, Tensor bias, float eps) {
+void launch(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor norm_w, Tensor bias, float eps,
+            const RopeOut& rope = {}) {
   detail::check_float(be, y);
   detail::check_float(be, x);
   detail::check_float(be, w);
@@ -339,9 +404,12 @@ void launch(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor norm_w, Tensor
   const T* wt = static_cast<const T*>(w.data);
   const T* nt = static_cast<const T*>(norm_w.data);
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
-  if (M <= 8) launch_for_tiles<1, kNorm, kEpi>(be, y.data, y.dtype, x.data, wt, nt, bias.data, bias.dtype, m, n, k, eps);
-  else if (M <= 16) launch_for_tiles<2, kNorm, kEpi>(be, y.data, y.dtype, x.data, wt, nt, bias.data, bias.dtype, m, n, k, eps);
-  else launch_for_tiles<4, kNorm, kEpi>(be, y.data, y.dtype, x.data, wt, nt, bias.data, bias.dtype, m, n, k, eps);
+  if (M <= 8)
+    launch_for_tiles<1, kNorm, kEpi>(be, y.data, y.dtype, x.data, wt, nt, bias.data, bias.dtype, m, n, k, eps, rope);
+  else if (M <= 16)
+    launch_for_tiles<2, kNorm, kEpi>(be, y.data, y.dtype, x.data, wt, nt, bias.data, bias.dtype, m, n, k, eps, rope);
+  else
+    launch_for_tiles<4, kNorm, kEpi>(be, y.data, y.dtype, x.data, wt, nt, bias.data, bias.dtype, m, n, k, eps, rope);
 }
 
 // Measured on the H200 against cuBLASLt plus the separate norm / SwiGLU kernels (bench_linear:
@@ -399,6 +467,38 @@ void norm_linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor norm_w, flo
 void norm_linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
                                 Tensor bias) {
   launch<true, Epilogue::swiglu>(be, out, x, w, norm_w, bias, eps);
+}
+
+bool norm_linear_qkv_rope_preferred(CudaBackend& be, int64_t M, int64_t N, int64_t K, int64_t D, DType w_dtype) {
+  return kernel_preferred(be, ops::FusedLinear::norm, M, N, K, w_dtype) && D > 0 && D % 16 == 0 && N % D == 0;
+}
+
+void norm_linear_qkv_rope_forward(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor x,
+                                  Tensor norm_w, float eps, Tensor w, Tensor bias, Tensor positions, Tensor slots,
+                                  Tensor inv_freq, float attention_scaling) {
+  detail::check_float(be, q_out);
+  detail::check_i32(be, positions);
+  detail::check_i32(be, slots);
+  KILN_ASSERT(q_out.ndim() == 3 && k_cache.ndim() == 3 && v_cache.shape == k_cache.shape);
+  KILN_ASSERT(k_cache.dtype == q_out.dtype && v_cache.dtype == q_out.dtype);
+  const int64_t M = q_out.size(0), Hq = q_out.size(1), D = q_out.size(2), Hkv = k_cache.size(1);
+  KILN_ASSERT(D % 16 == 0 && k_cache.size(2) == D && w.size(0) == (Hq + 2 * Hkv) * D);
+  KILN_ASSERT(qkv.ndim() == 2 && qkv.size(0) == M && qkv.size(1) == w.size(0));
+  KILN_ASSERT(positions.numel() == M && slots.numel() == M);
+  KILN_ASSERT(inv_freq.dtype == DType::f32 && inv_freq.numel() == D / 2);
+  RopeOut rope;
+  rope.q = q_out.data;
+  rope.k_cache = k_cache.data;
+  rope.v_cache = v_cache.data;
+  rope.dt = q_out.dtype;
+  rope.positions = positions.ptr<const int32_t>();
+  rope.slots = slots.ptr<const int32_t>();
+  rope.inv_freq = inv_freq.ptr<const float>();
+  rope.scaling = attention_scaling;
+  rope.Hq = static_cast<int>(Hq);
+  rope.Hkv = static_cast<int>(Hkv);
+  rope.D = static_cast<int>(D);
+  launch<true, Epilogue::qkv_rope>(be, qkv, x, w, norm_w, bias, eps, rope);
 }
 
 void linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor w, Tensor bias) {
