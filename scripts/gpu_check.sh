@@ -3,7 +3,7 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|train|profile|profile-decode|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|ab|train|profile|profile-decode|all]
 #   attention: the attention GPU tests and bench_attention per prefill variant (D 64 and 128,
 #           16-row pages and one contiguous page), a table of ms and TFLOP/s per case.
 #   decode: the decode path's GPU tests, bench_decode_step (a step with and without programmatic
@@ -36,6 +36,11 @@
 #          bench_rl's sync GRPO loop with the engine in the trainer's process and in a second
 #          process sharing the GPU (mpirun -np 2; weights sent as MPI messages at every update:
 #          NCCL cannot connect a GPU to itself).
+#   ab: a change against its reference in one call: bench_decode_step of this build and of REF_BUILD
+#          (default build-ref, unpacked from .carry/gpu-ref.tar.xz, which scripts/build_ref_for_gpu.sh
+#          makes from a revision) alternated AB_REPEATS times (2) on AB_SHAPES (astrai-1b) at
+#          AB_BATCHES (1,8,32,128) and AB_CONTEXTS (1024); with AB_ENGINE=1 also bench_engine's decode
+#          sweep and single-request latencies of each.
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -321,6 +326,33 @@ if [ "$WHAT" = rl ]; then
   timeout 400 "$BUILD/bin/bench_rl" --config bench/configs/llama-1b-shape.config.json ${RL_BENCH_ARGS:-} \
     > "$OUT/bench_rl.json" 2> "$LOGS/bench_rl.err" || { status=1; tail -5 "$LOGS/bench_rl.err"; }
   cat "$OUT/bench_rl.json"
+fi
+if [ "$WHAT" = ab ]; then
+  REF=${REF_BUILD:-build-ref}
+  [ -f .carry/gpu-ref.tar.xz ] && tar -xJf .carry/gpu-ref.tar.xz
+  [ -x "$REF/bin/bench_decode_step" ] || { echo "no reference build in $REF (scripts/build_ref_for_gpu.sh REV)"; exit 1; }
+  for shape in ${AB_SHAPES:-astrai-1b}; do
+    for rep in $(seq ${AB_REPEATS:-2}); do
+      for b in "$BUILD" "$REF"; do
+        timeout ${AB_TIMEOUT:-200} "$b/bin/bench_decode_step" --config bench/configs/$shape-shape.config.json \
+          --batches ${AB_BATCHES:-1,8,32,128} --contexts ${AB_CONTEXTS:-1024} > "$OUT/ab_$shape.json" 2> /tmp/ab.err \
+          || { status=1; tail -3 /tmp/ab.err; continue; }
+        python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print(sys.argv[2], " ".join("B=%d C=%d %.3f (serial %.3f)" % (x["batch"], x["context"], x["layers_ms"],
+      x["layers_serial_ms"]) for x in r["runs"]))' "$OUT/ab_$shape.json" "$shape $b" || status=1
+      done
+    done
+  done
+  for b in ${AB_ENGINE:+"$BUILD" "$REF"}; do
+    timeout ${AB_TIMEOUT:-200} "$b/bin/bench_engine" --config bench/configs/astrai-1b-shape.config.json \
+      --skip online,prefix > "$OUT/ab_engine.json" 2> /tmp/ab.err || { status=1; tail -3 /tmp/ab.err; continue; }
+    python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print(sys.argv[2], "decode tok/s", [(x["batch"], round(x["tokens_per_s"])) for x in r["decode"]],
+      "single ms/token", [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r["single"]])' \
+      "$OUT/ab_engine.json" "engine $b" || status=1
+  done
 fi
 if [ "$WHAT" = profile ]; then
   # Per-kernel times of training steps (Nsight Compute, durations only; first-choice GEMM algorithms).
