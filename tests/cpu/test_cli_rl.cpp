@@ -327,8 +327,8 @@ class CliRlRemoteEngines : public ::testing::Test {
 };
 
 TEST_F(CliRlRemoteEngines, SyncRunEqualsTheInProcessRun) {
-  // One BLAS thread, as mpirun() gives the ranks: OpenBLAS sums in another order with more threads
-  // (the statically linked library does at these sizes), and the runs are compared bit for bit.
+  // One BLAS thread, as mpirun() gives the ranks: with more, OpenBLAS may sum in another order (it
+  // did on the 2-core CPU machine), and the runs are compared bit for bit.
   const Shell local = shell("OPENBLAS_NUM_THREADS=1 " + kiln_binary() + " " + rl_args(tmp_, "local", ""));
   ASSERT_EQ(local.code, 0) << local.output;
   const std::string rollouts = read_file(tmp_.sub("local.rollouts.jsonl"));
