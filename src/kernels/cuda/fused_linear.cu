@@ -303,8 +303,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       void* out = is_q ? rope.q : rope.k_cache;
       const int64_t dst = is_q ? (static_cast<int64_t>(m) * rope.Hq + head) * rope.D + i
                                : (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq)) * rope.D + i;
-      detail::store1(out, dst, rope.dt, __fsub_rn(__fmul_rn(x0, r.x), __fmul_rn(x1, r.y)));
-      detail::store1(out, dst + half, rope.dt, __fadd_rn(__fmul_rn(x1, r.x), __fmul_rn(x0, r.y)));
+      const float2 rot = detail::rope_rotate(x0, x1, r);
+      detail::store1(out, dst, rope.dt, rot.x);
+      detail::store1(out, dst + half, rope.dt, rot.y);
     }
     if constexpr (KS > 1) cg::this_cluster().sync();
     return;

@@ -78,6 +78,13 @@ __device__ __forceinline__ float2 rope_cos_sin(float pos, float inv_freq, float 
   return make_float2(__fmul_rn(static_cast<float>(c), scaling), __fmul_rn(static_cast<float>(s), scaling));
 }
 
+// The rotation of the pair (x0, x1) = (x[i], x[i + D/2]) by cs = rope_cos_sin(...): (x0 c - x1 s,
+// x1 c + x0 s), each product and sum rounded in f32 (no fused multiply-add), as the CPU twin does.
+__device__ __forceinline__ float2 rope_rotate(float x0, float x1, float2 cs) {
+  return make_float2(__fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y)),
+                     __fadd_rn(__fmul_rn(x1, cs.x), __fmul_rn(x0, cs.y)));
+}
+
 // v rounded to dt's precision (identity for f32).
 __device__ __forceinline__ float round_to(DType dt, float v) {
   switch (dt) {

@@ -83,8 +83,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = lane; i < half; i += 32) {
     const float x0 = row[i], x1 = row[i + half];
     const float2 r = detail::rope_cos_sin(pos, inv_freq[i], scaling);
-    detail::store1(out, dst + i, out_dt, __fsub_rn(__fmul_rn(x0, r.x), __fmul_rn(x1, r.y)));
-    detail::store1(out, dst + i + half, out_dt, __fadd_rn(__fmul_rn(x1, r.x), __fmul_rn(x0, r.y)));
+    const float2 rot = detail::rope_rotate(x0, x1, r);
+    detail::store1(out, dst + i, out_dt, rot.x);
+    detail::store1(out, dst + i + half, out_dt, rot.y);
   }
 }
 

@@ -35,8 +35,9 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i0 = (t * heads + h) * D + i, i1 = i0 + half;
     const float x0 = detail::load1(x, i0, dt), x1 = detail::load1(x, i1, dt);
     const float2 r = cs[i];
-    detail::store1(x, i0, dt, __fsub_rn(__fmul_rn(x0, r.x), __fmul_rn(x1, r.y)));
-    detail::store1(x, i1, dt, __fadd_rn(__fmul_rn(x1, r.x), __fmul_rn(x0, r.y)));
+    const float2 rot = detail::rope_rotate(x0, x1, r);
+    detail::store1(x, i0, dt, rot.x);
+    detail::store1(x, i1, dt, rot.y);
   }
 }
 
