@@ -9,8 +9,7 @@
 // i.e. paged_kv_slot() of kernels/paged_kv.h, kv_len = paged_kv_len() (a request with no pages has
 // none). Every page size >= 1 works; j / page_size is a multiply-high and shifts by host-computed
 // constants (PageDivisor: a plain shift for a power of two). The page table is read once per key
-// of a K/V tile (prefill), once per 16-key step (decode; per row only in steps that cross a page
-// boundary or on pages of fewer than 16 keys) or once per page (generic), never per element.
+// of a K/V tile (prefill and decode) or once per page (generic), never per element.
 // The softmax is computed online in f32 in the log2 domain (s * scale * log2 e, ex2.approx);
 // products on tensor cores take bf16/f16 operands with f32 accumulation; P is rounded to the input
 // type for the PV product, except in the (memory-bound) decode kernel, where bf16 P is carried as
@@ -21,22 +20,21 @@
 //     split-KV "flash decoding". The rows of one kv head's query group are packed as
 //     R = i * G + (h % G) and cut in tiles of 16 rows (one mma M tile), so K/V are read once per
 //     GQA group. Grid (splits, Hkv * row_tiles, B), 4 warps per block. Each block takes one
-//     contiguous key range of its split; its warps take interleaved 16-key steps (starting at
-//     multiples of 16), loading K/V rows straight from global memory into registers (16-byte
-//     loads, two steps in flight for D=64) in a layout that feeds mma.sync m16n8k16 without
-//     shared memory (the head dimension is permuted consistently for the QK product and the
-//     output dimension for the PV product). The warps' (m, l, acc) are merged through shared
+//     contiguous key range of its split and streams its K/V rows through a ring of shared-memory
+//     stages of 64 keys filled by cp.async (six stages at 2 blocks per SM, or three at 4 where the
+//     grid fills the SMs; D=128 three at 2), several stages in flight per block; warp w computes the
+//     keys 16w.. of each stage on mma.sync m16n8k16 (K and V by ldmatrix from swizzled tiles, Q in
+//     registers). Stages holding only keys cached before the step are copied before the wait for
+//     the kernel that wrote q (programmatic launch). The warps' (m, l, acc) are merged through shared
 //     memory; with one split the block writes `out`. Two splits are merged in the kernel: the
 //     tile's two blocks form a cluster and each finishes half the rows from both blocks'
 //     (acc/l, lse) in distributed shared memory. More splits write (acc/l, lse) to scratch and a
 //     combine kernel merges them (one block per (row, head); its warps sum interleaved splits).
-//     Paging: a warp reads the page id of its next step's first key one step ahead; a step that
-//     lies in one page (every step when the page size is a multiple of 16) is 16 consecutive pool
-//     rows from there, as cheap as a contiguous cache; a step across a page boundary or on pages
-//     of fewer than 16 keys looks each of its rows up (a page-table read per row).
+//     Paging: each copying thread looks up the pages of its rows of the next stage a stage ahead
+//     (a page-table read per row, whatever the page size).
 //     Splits: num_splits = clamp(S, 1, ceil(max_kv_len / 64)), S the count (from floor(W / base)
 //     to 2W / base) that fills whole waves best, base = B * Hkv * row_tiles, W = SMs * resident decode
-//     blocks per SM (occupancy query: 3 or 4 for D=64, two builds, 2 for D=128; attention_decode.cu
+//     blocks per SM (occupancy query: 2 or 4 for D=64, two builds, 2 for D=128; attention_decode.cu
 //     picks the build and trades three or more splits for two merged ones where those make half
 //     a wave); each block at least 64 keys. Each block computes its key
 //     range on the device from the true lengths: active = min(num_splits, ceil(n_keys / 64)),
@@ -280,7 +278,7 @@ using namespace attn;
 bool attention_device_has_wgmma(CudaBackend& be) { return state_of(be).has_wgmma; }
 
 void attention_allow_smem(CudaBackend& be, const void* kernel, int bytes) {
-  if (bytes <= 48 * 1024) return;
+  if (bytes <= 0) return;  // (static + dynamic beyond 48 KB needs the attribute too)
   AttentionState& st = state_of(be);
   int& limit = st.smem_limit[kernel];
   if (limit >= bytes) return;

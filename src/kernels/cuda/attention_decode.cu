@@ -12,19 +12,26 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // 1. Decode / short-query split-KV kernel.
 //
-// Fragment layouts (g = lane / 4, t = lane % 4; mma m16n8k16 A row-major, B "col", C 16x8):
-//  QK: S[16 rows x 16 keys] as two n8 tiles; n tile nt holds keys key0 + nt*8 + n. Thread (g,t)
-//      loads K rows key0+g and key0+8+g, the 16-byte chunks at dims c*32 + t*8 (c < D/32). K-step
-//      j (j < D/16) uses words (j%2)*2, (j%2)*2+1 of chunk j/2 as b0, b1; Q's A fragment uses the
-//      same dims (rows g, g+8), so the head dimension is permuted identically on both sides.
-//  PV: P is S's C fragment reused as the A fragment (k = key). Output n tile i, column n maps to
-//      dim (i/8)*64 + n*8 + i%8, so thread (g,t) needs V at dims vc*64 + g*8 + [0,8) (one 16-byte
-//      chunk vc < D/64) of keys key0 + 2t, 2t+1, 2t+8, 2t+9; b0/b1 pair two keys per dim via
-//      byte_perm. Thread (g,t) then owns out rows g, g+8 at dims (i/8)*64 + (2t+e)*8 + i%8.
-template <int D>
-struct DecodeFrag {
-  uint4 k[2][D / 32];  // K rows key0+g, key0+8+g
-  uint4 v[4][D / 64];  // V rows key0+2t, +2t+1, +2t+8, +2t+9
+// A block takes 16 query rows (the G heads of one request's queries that share a KV head) and one
+// split of their keys. Its K/V rows stream through a ring of NS shared-memory stages of
+// kStageKeys keys, filled by cp.async from the paged pool (each thread copies one 16-byte chunk of
+// every RS-th row, looking up its own rows' pages a stage ahead), so that NS - 1 stages of every
+// block are in flight while one is computed: a decode step is bound by reading the cache, and a
+// block of a few warps keeps more bytes in flight this way than in registers. Warp w computes the
+// 16 keys w * 16.. of each stage (mma m16n8k16: Q in registers, K and V by ldmatrix from the
+// swizzled tiles), keeping its own running max, sum and output; the warps' states meet at the end.
+//
+// Fragment layouts (g = lane / 4, t = lane % 4): Q's A fragment holds rows g, g + 8 at dims
+// 16 kk + 2t (+1, +8, +9); S [16 rows x 16 keys] is two n8 tiles; P (S's C fragment) is PV's A
+// fragment; output n tile i holds dims 8 i + 2t, 8 i + 2t + 1 of rows g, g + 8.
+constexpr int kStageKeys = kWarps * 16;
+
+template <int D, int NS>
+struct DecodeRing {
+  static constexpr int kTileElems = kStageKeys * D;  // one K or V tile of a stage
+  static constexpr int kAccStride = D + 4;           // floats per row of the merge tiles
+  // The ring; after the loop the same bytes hold the warps' outputs and the block's (cluster merge).
+  static constexpr int kSmem = std::max(NS * 2 * kTileElems * 2, (kWarps + 1) * 16 * kAccStride * 4);
 };
 
 constexpr int kDecodeMinKeysPerSplit = 64;
@@ -35,34 +42,41 @@ constexpr int kClusterMergeMaxSplits = 2;
 
 // kMerge: the splits of a tile are one cluster, merged in the kernel (below); otherwise a single
 // split writes the output and more write partials for the combine pass.
-template <typename T, int D, bool kPingPong, int kMinBlocks, bool kMerge>
+template <typename T, int D, int NS, int kMinBlocks, bool kMerge>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse,
                        const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                        const int* __restrict__ q_indptr, PagedArgs kv, int Hq, int Hkv, int G, int max_q_len,
                        int num_splits, float sl) {
-  constexpr int KC = D / 32;  // K chunks per row per thread
-  constexpr int VC = D / 64;  // V chunks per row per thread
-  constexpr int NT = D / 8;   // PV n tiles
-  constexpr int KS = D / 16;  // QK k steps
-  constexpr int kPad = 4;
-  __shared__ __align__(16) float sm_acc[kWarps][16][D + kPad];
+  using Ring = DecodeRing<D, NS>;
+  constexpr int NT = D / 8;           // PV n tiles
+  constexpr int KS = D / 16;          // QK k steps
+  constexpr int NC = D / 8;           // 16-byte chunks per K/V row
+  constexpr int RS = kThreads / NC;   // rows one pass of the block's copies covers
+  constexpr int kPasses = kStageKeys / RS;
+  constexpr int kAcc = Ring::kAccStride;
+  static_assert(kThreads % NC == 0 && RS % 8 == 0 && kStageKeys % RS == 0, "copy mapping");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* const ring = reinterpret_cast<T*>(smem_raw);  // stage s: K tile, then V tile
+  auto sm_acc = reinterpret_cast<float (*)[16][kAcc]>(smem_raw);                      // [kWarps], after the loop
+  auto sm_part = reinterpret_cast<float (*)[kAcc]>(smem_raw + kWarps * 16 * kAcc * 4);  // cluster merge
   __shared__ float sm_m[kWarps][16];
   __shared__ float sm_l[kWarps][16];
-  __shared__ __align__(16) float sm_part[16][D + kPad];  // this split's output (cluster merge)
   __shared__ float sm_lse[16];
   hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
-  hopper::grid_dependency_wait();  // for the kernel that wrote q and the new key (programmatic launch)
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y % Hkv;
   const int rt = blockIdx.y / Hkv;
   const int b = blockIdx.z;
-  const int q_start = q_indptr[b];
+  const int q_start = q_indptr[b];  // (the step's inputs: copied before the step's first kernel)
   const int q_len = q_indptr[b + 1] - q_start;
   const int rows = q_len * G;
   const int r0 = rt * 16;
-  if (r0 >= rows) return;  // every block of a request without queries (padding) exits here
+  if (r0 >= rows) {  // every block of a request without queries (padding) exits here
+    hopper::grid_dependency_wait();
+    return;
+  }
   const int kv_len = request_kv_len(kv, b);
   const PagedKeys keys = request_keys(kv, b);
 
@@ -78,6 +92,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int key_begin = split * steps_per_split * 16;
   const int key_end = min(n_keys, key_begin + steps_per_split * 16);
   const int n_steps = key_end > key_begin ? (key_end - key_begin + 15) / 16 : 0;
+  const int n_stages = (n_steps + kWarps - 1) / kWarps;
 
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
@@ -86,9 +101,50 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int t = lane & 3;
   const int kv_stride = Hkv * D;  // elements per pool row (row * kv_stride: one widening multiply)
 
+  // Copies: thread tid brings chunk tc of the stage rows tr0 + i * RS (i < kPasses); the page ids
+  // of those rows' keys are read one stage ahead (pid), so that the page-table latency hides behind
+  // a stage of compute. Rows past the split's keys are zero-filled (never read from the pool).
+  const int tr0 = tid / NC, tc = tid % NC;
+  const T* const k_chunk = k_cache + static_cast<int64_t>(kvh) * D + tc * 8;
+  const T* const v_chunk = v_cache + static_cast<int64_t>(kvh) * D + tc * 8;
+  int pid[kPasses];
+  auto fetch_pages = [&](int stage) {
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int key = key_begin + stage * kStageKeys + tr0 + i * RS;
+      pid[i] = key < key_end ? keys.page_id(keys.page(key)) : 0;
+    }
+  };
+  auto issue = [&](int stage) {  // one commit group per stage, empty past the last
+    if (stage < n_stages) {
+      T* const sk = ring + (stage % NS) * 2 * Ring::kTileElems;
+      T* const sv = sk + Ring::kTileElems;
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const int r = tr0 + i * RS;
+        const int key = key_begin + stage * kStageKeys + r;
+        const bool ok = key < key_end;
+        const int row = pid[i] * keys.size + (key - keys.page(key) * keys.size);
+        const int64_t off = ok ? row_offset(row, kv_stride) : 0;
+        cp_async16(smem_u32(sk + swz<D>(r, tc)), k_chunk + off, ok);
+        cp_async16(smem_u32(sv + swz<D>(r, tc)), v_chunk + off, ok);
+      }
+      fetch_pages(stage + 1);
+    }
+    cp_async_commit();
+  };
+  // The first NS - 1 stages. Those holding only keys cached before this step (below delta) are
+  // issued before the wait for the kernel that wrote q and the new keys, so that they overlap its
+  // tail (the pool rows of older keys and the page table are not written during the step).
+  fetch_pages(0);
+  int issued = 0;
+  while (issued < NS - 1 && key_begin + (issued + 1) * kStageKeys <= delta) issue(issued++);
+  hopper::grid_dependency_wait();
+  while (issued < NS - 1) issue(issued++);
+
   // This thread's query rows (tile rows g and g+8), their key limits, and Q's A fragments.
   int lim[2];
-  uint4 qv[2][KC];
+  uint32_t qa[KS][4];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int R = r0 + g + 8 * hf;
@@ -96,18 +152,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const int hq = kvh * G + (R - i * G);
     const bool valid = R < rows;
     lim[hf] = valid ? min(key_end, delta + i + 1) : 0;
-    const T* qrow = q + (static_cast<int64_t>(q_start + (valid ? i : 0)) * Hq + hq) * D + t * 8;
+    const T* qrow = q + (static_cast<int64_t>(q_start + (valid ? i : 0)) * Hq + hq) * D + 2 * t;
 #pragma unroll
-    for (int c = 0; c < KC; ++c) qv[hf][c] = valid ? ldg_stream(qrow + c * 32) : make_uint4(0, 0, 0, 0);
-  }
-  uint32_t qa[KS][4];
-#pragma unroll
-  for (int j = 0; j < KS; ++j) {
-    const int c = j / 2, w = (j % 2) * 2;
-    qa[j][0] = word(qv[0][c], w);
-    qa[j][1] = word(qv[1][c], w);
-    qa[j][2] = word(qv[0][c], w + 1);
-    qa[j][3] = word(qv[1][c], w + 1);
+    for (int kk = 0; kk < KS; ++kk) {
+      qa[kk][hf] = valid ? *reinterpret_cast<const uint32_t*>(qrow + kk * 16) : 0u;
+      qa[kk][2 + hf] = valid ? *reinterpret_cast<const uint32_t*>(qrow + kk * 16 + 8) : 0u;
+    }
   }
 
   float acc[NT][4];
@@ -116,67 +166,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
 
-  const T* kbase = k_cache + static_cast<int64_t>(kvh) * D;
-  const T* vbase = v_cache + static_cast<int64_t>(kvh) * D;
-
-  // Page id of the first key of this warp's next step, read one step ahead (steps are loaded in
-  // the order warp, warp + 4, ...), so that the page-table latency hides behind a step of compute.
-  int next_pid = 0;
-  auto prefetch_page = [&](int step) {
-    if (step < n_steps) next_pid = keys.page_id(keys.page(key_begin + step * 16));
-  };
-  prefetch_page(warp);
-
-  // Keys key0 .. key0 + 15 of a step (key0 is a multiple of 16). When they lie in one page (always
-  // when the page size is a multiple of 16) they are consecutive pool rows from that page's row of
-  // key0; otherwise (small pages, or a step across a page boundary) each row is looked up, keys
-  // past the step's range as the last key of the range (in bounds; nothing is loaded for them), so
-  // that no lookup depends on a per-lane branch.
-  auto load = [&](DecodeFrag<D>& f, int step) {
-    const int key0 = key_begin + step * 16;
-    const int p0 = keys.page(key0);
-    const int in0 = key0 - p0 * keys.size;
-    const int row0 = next_pid * keys.size + in0;
-    prefetch_page(step + kWarps);
-    int krow[2], vrow[4];  // pool rows of this thread's K rows (key0 + g + 8 hf) and V rows
-    if (in0 + 16 <= keys.size) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) krow[hf] = row0 + g + 8 * hf;
-#pragma unroll
-      for (int kq = 0; kq < 4; ++kq) vrow[kq] = row0 + 2 * t + (kq & 1) + (kq >> 1) * 8;
-    } else {
-      const int last = key_end - 1;
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) krow[hf] = keys.row(min(key0 + g + 8 * hf, last));
-#pragma unroll
-      for (int kq = 0; kq < 4; ++kq) vrow[kq] = keys.row(min(key0 + 2 * t + (kq & 1) + (kq >> 1) * 8, last));
-    }
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const bool ok = key0 + g + 8 * hf < key_end;
-      const T* p = kbase + row_offset(krow[hf], kv_stride) + t * 8;
-#pragma unroll
-      for (int c = 0; c < KC; ++c) f.k[hf][c] = ok ? ldg_stream(p + c * 32) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int kq = 0; kq < 4; ++kq) {
-      const bool ok = key0 + 2 * t + (kq & 1) + (kq >> 1) * 8 < key_end;
-      const T* p = vbase + row_offset(vrow[kq], kv_stride) + g * 8;
-#pragma unroll
-      for (int c = 0; c < VC; ++c) f.v[kq][c] = ok ? ldg_stream(p + c * 64) : make_uint4(0, 0, 0, 0);
-    }
-  };
-
-  auto compute = [&](const DecodeFrag<D>& f, int step) {
+  // This warp's 16 keys of a stage: key0 = key_begin + step * 16 (step = stage * kWarps + warp).
+  auto compute = [&](const T* sk, const T* sv, int step) {
     const int key0 = key_begin + step * 16;
     float s[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-    for (int j = 0; j < KS; ++j) {
-      const int c = j / 2, w = (j % 2) * 2;
-      Mma<T>::mma(s[0], qa[j], word(f.k[0][c], w), word(f.k[0][c], w + 1));
-      Mma<T>::mma(s[1], qa[j], word(f.k[1][c], w), word(f.k[1][c], w + 1));
+    for (int kk = 0; kk < KS; ++kk) {
+      uint32_t bk[4];
+      const int r = warp * 16 + (lane & 7) + (lane >> 4) * 8;
+      ldmatrix_x4(bk, smem_u32(sk + swz<D>(r, 2 * kk + ((lane >> 3) & 1))));
+      Mma<T>::mma(s[0], qa[kk], bk[0], bk[1]);
+      Mma<T>::mma(s[1], qa[kk], bk[2], bk[3]);
     }
     // Mask keys at or past each row's limit (causal position and end of this split).
 #pragma unroll
@@ -227,38 +229,31 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       }
     }
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      const int vc = i / 8, wi = (i % 8) / 2;
-      const uint32_t sel = (i & 1) ? 0x7632u : 0x5410u;
-      const uint32_t b0 = __byte_perm(word(f.v[0][vc], wi), word(f.v[1][vc], wi), sel);
-      const uint32_t b1 = __byte_perm(word(f.v[2][vc], wi), word(f.v[3][vc], wi), sel);
-      Mma<T>::mma(acc[i], pa, b0, b1);
-      if constexpr (kSplitP) Mma<T>::mma(acc[i], pl, b0, b1);
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t bv[4];
+      const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      ldmatrix_x4_trans(bv, smem_u32(sv + swz<D>(r, 2 * dp + (lane >> 4))));
+      Mma<T>::mma(acc[2 * dp], pa, bv[0], bv[1]);
+      Mma<T>::mma(acc[2 * dp + 1], pa, bv[2], bv[3]);
+      if constexpr (kSplitP) {
+        Mma<T>::mma(acc[2 * dp], pl, bv[0], bv[1]);
+        Mma<T>::mma(acc[2 * dp + 1], pl, bv[2], bv[3]);
+      }
     }
   };
 
-  if constexpr (kPingPong) {
-    // Two register buffers: the loads of the next step are in flight while this one computes.
-    DecodeFrag<D> fa, fb;
-    int st = warp;
-    if (st < n_steps) load(fa, st);
-    while (st < n_steps) {
-      const int st2 = st + kWarps;
-      if (st2 < n_steps) load(fb, st2);
-      compute(fa, st);
-      if (st2 >= n_steps) break;
-      const int st3 = st2 + kWarps;
-      if (st3 < n_steps) load(fa, st3);
-      compute(fb, st2);
-      st = st3;
-    }
-  } else {
-    for (int st = warp; st < n_steps; st += kWarps) {
-      DecodeFrag<D> fa;
-      load(fa, st);
-      compute(fa, st);
-    }
+  // Stage s is complete once at most NS - 2 later groups are pending; the barrier also says every
+  // warp is done with stage s - 1, whose buffer the copies of stage s + NS - 1 then refill.
+  for (int st = 0; st < n_stages; ++st) {
+    cp_async_wait<NS - 2>();
+    __syncthreads();
+    issue(st + NS - 1);
+    const int step = st * kWarps + warp;
+    const T* sk = ring + (st % NS) * 2 * Ring::kTileElems;
+    if (step < n_steps) compute(sk, sk + Ring::kTileElems, step);
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring's bytes become the merge tiles
 
   // Merge the four warps' states through shared memory.
 #pragma unroll
@@ -271,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = g + 8 * (e >> 1);
-      const int dim = (i / 8) * 64 + (2 * t + (e & 1)) * 8 + (i % 8);
+      const int dim = i * 8 + 2 * t + (e & 1);
       sm_acc[warp][row][dim] = acc[i][e];
     }
   if (t == 0) {
@@ -487,13 +482,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Resident blocks per SM of a decode kernel on the backend's device (queried once per backend).
-int decode_blocks_per_sm(CudaBackend& be, const void* kernel) {
+// Resident blocks per SM of a decode kernel with `smem` bytes of dynamic shared memory on the
+// backend's device (queried once per backend; the kernel's shared-memory limit is raised first).
+int decode_blocks_per_sm(CudaBackend& be, const void* kernel, int smem) {
   AttentionState& st = state_of(be);
   auto it = st.blocks_per_sm.find(kernel);
   if (it != st.blocks_per_sm.end()) return it->second;
+  attention_allow_smem(be, kernel, smem);
   int n = 0;
-  with_device(st.device, [&] { CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0)); });
+  with_device(st.device, [&] { CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem)); });
   n = std::max(n, 1);
   st.blocks_per_sm.emplace(kernel, n);
   return n;
@@ -501,11 +498,11 @@ int decode_blocks_per_sm(CudaBackend& be, const void* kernel) {
 
 // Splits so that the decode grid fills whole waves of resident blocks, within two waves: from
 // floor(W / base) (at least 1) up to 2W / base, the count whose last wave is fullest (fewest splits
-// on ties). B=32 (base 128, W 396): 3 splits, one full wave, where ceil(W / base) = 4 made 1.3
-// waves; B=64: 3 (1.94 waves). Grids of two waves and more keep one split: the combine pass costs
-// more there than the last wave's idle slots (measured: three splits at B=256 took 10% longer).
-// Without the length cap this is the most any max_kv_len can ask for (used to size the scratch).
-// (prefer_merged_pair below then trades B=32's three splits for two merged in the kernel.)
+// on ties). astrai-1b (4 KV heads) B=32 on the 2-block build (base 128, W 264): 2 splits, one
+// wave (merged in the kernel); B=64: 1 (0.97 waves); B=128 on the 4-block build (W 528): 1. Grids
+// of two waves and more keep one split: the combine pass costs more there than the last wave's
+// idle slots (measured: three splits at B=256 took 10% longer). Without the length cap this is the
+// most any max_kv_len can ask for (used to size the scratch).
 int decode_max_splits(int base_blocks, int sm_count, int blocks_per_sm) {
   const int target = blocks_per_sm * std::max(sm_count, 1);
   const int lo = std::clamp(target / base_blocks, 1, kDecodeMaxSplits);
@@ -534,12 +531,7 @@ int prefer_merged_pair(int max_splits, int base_blocks, int sm_count, int blocks
   return max_splits > 2 && 4 * base_blocks >= std::max(sm_count, 1) * blocks_per_sm ? 2 : max_splits;
 }
 
-// Waves of resident blocks a grid of base_blocks x max_splits takes.
-double decode_waves(int base_blocks, int max_splits, int sm_count, int blocks_per_sm) {
-  return static_cast<double>(base_blocks) * max_splits / (std::max(sm_count, 1) * blocks_per_sm);
-}
-
-template <typename T, int D, int kMinBlocks>
+template <typename T, int D, int NS, int kMinBlocks>
 void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_splits) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int splits = decode_num_splits(max_splits, a.max_kv_len);
@@ -548,8 +540,10 @@ void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_sp
   // 1.892 with the combine pass. The choice depends on the launch shape only, never on max_kv_len,
   // so eager calls and graphs captured with larger bounds agree bit for bit.
   const bool merge_in_cluster = max_splits == kClusterMergeMaxSplits;
-  auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, D <= 64, kMinBlocks, true>
-                                 : attn_decode_kernel<T, D, D <= 64, kMinBlocks, false>;
+  auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, NS, kMinBlocks, true>
+                                 : attn_decode_kernel<T, D, NS, kMinBlocks, false>;
+  constexpr int smem = DecodeRing<D, NS>::kSmem;
+  attention_allow_smem(be, kernel_key(kernel), smem);
   float* part_o = nullptr;
   float* part_lse = nullptr;
   if (splits > 1 && !merge_in_cluster) {
@@ -563,9 +557,10 @@ void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_sp
   }
   const dim3 grid(splits, a.Hkv * row_tiles, a.B);
   const dim3 cluster(splits > 1 && merge_in_cluster ? splits : 1);
-  detail::launch_programmatic(be, kernel, grid, dim3(kThreads), 0, cluster, static_cast<T*>(a.out), part_o, part_lse,
-                              static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-                              a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len, splits, a.sl);
+  detail::launch_programmatic(be, kernel, grid, dim3(kThreads), smem, cluster, static_cast<T*>(a.out), part_o,
+                              part_lse, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
+                              static_cast<const T*>(a.v), a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len, splits,
+                              a.sl);
   if (splits > 1 && !merge_in_cluster) {
     const unsigned blocks = static_cast<unsigned>(static_cast<int64_t>(a.B) * a.max_q_len * a.Hq);
     detail::launch_programmatic(be, attn_combine_kernel<T, D>, dim3(blocks), dim3(kThreads), 0, 1,
@@ -574,33 +569,47 @@ void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_sp
   }
 }
 
+// The builds of a head dimension: NS ring stages at kMinBlocks blocks per SM.
+template <typename T, int D, int NS, int kMinBlocks>
+struct DecodeBuild {
+  static int blocks_per_sm(CudaBackend& be) {
+    return decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, D, NS, kMinBlocks, false>),
+                                DecodeRing<D, NS>::kSmem);
+  }
+  static void launch(CudaBackend& be, const Args& a, int base_blocks, int max_splits) {
+    launch_decode_d<T, D, NS, kMinBlocks>(be, a, base_blocks, max_splits);
+  }
+};
+
+template <typename Build>
+void launch_build(CudaBackend& be, const Args& a, int base_blocks) {
+  const int sms = be.multiprocessor_count();
+  const int blocks = Build::blocks_per_sm(be);
+  const int splits = decode_max_splits(base_blocks, sms, blocks);
+  Build::launch(be, a, base_blocks, prefer_merged_pair(splits, base_blocks, sms, blocks));
+}
+
 }  // namespace
 
-// D=128 runs 2 blocks per SM (no spills). D=64 has two builds: 3 blocks per SM (<= 170 registers,
-// no spills) and 4 (128 registers, a few spilled bytes). The 4-block build is taken where it puts
-// the grid in one wave and the 3-block build needs more, or fills under 90% of its one wave:
-// measured (bench_decode_step, astrai-1b, 1K context, ms per step 3 -> 4 blocks) B=64 1.885 ->
-// 1.749 and B=128 2.426 -> 2.272, where B=1 / 8 / 32 / 256 were 1-2% slower with 4 (1.011 ->
-// 1.030, 1.154 -> 1.176, 1.529 -> 1.595, 3.398 -> 3.441).
+// D=64 has two builds: six ring stages at 2 blocks per SM (96 KB each: five stages, 80 KB, in
+// flight per block) for grids that leave resident slots empty, and three stages at 4 blocks per SM
+// once one split of the tiles fills 90% of a wave of those. Measured (bench_decode_step, astrai-1b,
+// 1K context, ms per step with programmatic launch, B = 1 / 8 / 32 / 64 / 128 / 256; the register-
+// pipelined kernel before the ring: 0.918 / 1.047 / 1.477 / 1.751 / 2.275 / 3.430): six stages at 2
+// blocks 0.918 / 1.034 / 1.465 / 1.635 / 2.260 / 3.458, three at 4 blocks 1.209 / 1.297 / 1.513 /
+// 1.661 / 2.160 / 3.309, four at 3 blocks 1.204 / 1.302 / 1.469 / 1.767 / 2.363 / 3.351. (The smaller
+// builds lose 0.3 ms per step at B <= 8 with programmatic launch only, serial launches being equal:
+// not understood.) D=128: three stages (96 KB) at 2 blocks per SM.
 template <typename T>
 void launch_decode(CudaBackend& be, const Args& a) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int base_blocks = a.B * a.Hkv * row_tiles;
-  const int sms = be.multiprocessor_count();
-  if (a.D != 64) {
-    const int blocks = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 128, false, 2, false>));
-    const int splits = decode_max_splits(base_blocks, sms, blocks);
-    return launch_decode_d<T, 128, 2>(be, a, base_blocks, prefer_merged_pair(splits, base_blocks, sms, blocks));
-  }
-  const int blocks3 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 3, false>));
-  const int blocks4 = decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, 64, true, 4, false>));
-  const int splits3 = decode_max_splits(base_blocks, sms, blocks3);
-  const int splits4 = decode_max_splits(base_blocks, sms, blocks4);
-  const double waves3 = decode_waves(base_blocks, splits3, sms, blocks3);
-  const double waves4 = decode_waves(base_blocks, splits4, sms, blocks4);
-  if (blocks4 > blocks3 && waves4 <= 1.0 && (waves3 > 1.0 || waves3 < 0.9))
-    return launch_decode_d<T, 64, 4>(be, a, base_blocks, prefer_merged_pair(splits4, base_blocks, sms, blocks4));
-  launch_decode_d<T, 64, 3>(be, a, base_blocks, prefer_merged_pair(splits3, base_blocks, sms, blocks3));
+  if (a.D != 64) return launch_build<DecodeBuild<T, 128, 3, 2>>(be, a, base_blocks);
+  using Deep = DecodeBuild<T, 64, 6, 2>;
+  using Wide = DecodeBuild<T, 64, 3, 4>;
+  const int64_t wide_slots = static_cast<int64_t>(Wide::blocks_per_sm(be)) * be.multiprocessor_count();
+  if (10 * static_cast<int64_t>(base_blocks) >= 9 * wide_slots) return launch_build<Wide>(be, a, base_blocks);
+  launch_build<Deep>(be, a, base_blocks);
 }
 
 template void launch_decode<__nv_bfloat16>(CudaBackend&, const Args&);

@@ -46,6 +46,14 @@ __device__ __forceinline__ void store2(__half* p, float a, float b) {
   *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
 }
 
+// Element offset of 16-byte chunk c of row r in a swizzled [rows][D] tile (conflict-free ldmatrix;
+// the prefill and decode kernels' K/V tiles). For D = 64 this is exactly the hardware 128-byte
+// swizzle (chunk ^= row % 8 within 1024-byte atoms), the layout of the wgmma tiles.
+template <int D>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * D + ((c ^ (r & 7)) << 3);
+}
+
 // ------------------------------------------------------------------------------------------------
 // The paged view (kernels/paged_kv.h) as the kernels take it: a kernel argument by value.
 //

@@ -23,14 +23,6 @@ struct PrefillCfg {
 };
 
 
-// Element offset of 16-byte chunk c of row r in a swizzled [rows][D] tile (conflict-free ldmatrix).
-// For D = 64 this is exactly the hardware 128-byte swizzle (chunk ^= row % 8 within 1024-byte
-// atoms), the layout of the wgmma tiles (wg_off below).
-template <int D>
-__device__ __forceinline__ int swz(int r, int c) {
-  return r * D + ((c ^ (r & 7)) << 3);
-}
-
 template <typename T, int D, int MT, int BN, int NW, bool kQRegs, bool kLazy>
 __global__ void __launch_bounds__(NW * 32, (NW == 8 && D > 64) ? 1 : 2)
     attn_prefill_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k_cache,
