@@ -26,16 +26,12 @@ namespace {
 // fragment; output n tile i holds dims 8 i + 2t, 8 i + 2t + 1 of rows g, g + 8.
 constexpr int kStageKeys = kWarps * 16;
 
-// Three stages: two in flight while one is computed (more in flight measured no faster; the block
-// count per SM matters more, and the host sets it through the shared memory it asks for).
-constexpr int kStages = 3;
-
-template <int D>
+template <int D, int NS>
 struct DecodeRing {
   static constexpr int kTileElems = kStageKeys * D;  // one K or V tile of a stage
   static constexpr int kAccStride = D + 4;           // floats per row of the merge tiles
   // The ring; after the loop the same bytes hold the warps' outputs and the block's (cluster merge).
-  static constexpr int kSmem = std::max(kStages * 2 * kTileElems * 2, (kWarps + 1) * 16 * kAccStride * 4);
+  static constexpr int kSmem = std::max(NS * 2 * kTileElems * 2, (kWarps + 1) * 16 * kAccStride * 4);
 };
 
 constexpr int kDecodeMinKeysPerSplit = 64;
@@ -46,14 +42,13 @@ constexpr int kClusterMergeMaxSplits = 2;
 
 // kMerge: the splits of a tile are one cluster, merged in the kernel (below); otherwise a single
 // split writes the output and more write partials for the combine pass.
-template <typename T, int D, bool kMerge>
-__global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
+template <typename T, int D, int NS, int kMinBlocks, bool kMerge>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse,
                        const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                        const int* __restrict__ q_indptr, PagedArgs kv, int Hq, int Hkv, int G, int max_q_len,
                        int num_splits, float sl) {
-  using Ring = DecodeRing<D>;
-  constexpr int NS = kStages;
+  using Ring = DecodeRing<D, NS>;
   constexpr int NT = D / 8;           // PV n tiles
   constexpr int KS = D / 16;          // QK k steps
   constexpr int NC = D / 8;           // 16-byte chunks per K/V row
@@ -487,30 +482,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The dynamic shared memory to ask for so that `blocks` decode blocks share an SM (at least the
-// kernel's own `min_bytes`; beyond them as much as leaves no room for one more block), and how many
-// are then resident (occupancy query), on the backend's device; computed once per backend.
-std::pair<int, int> decode_fit(CudaBackend& be, const void* kernel, int min_bytes, int blocks) {
+// Resident blocks per SM of a decode kernel with `smem` bytes of dynamic shared memory on the
+// backend's device (queried once per backend; the kernel's shared-memory limit is raised first).
+int decode_blocks_per_sm(CudaBackend& be, const void* kernel, int smem) {
   AttentionState& st = state_of(be);
-  const std::pair<const void*, int> key{kernel, blocks};
-  auto it = st.decode_fit.find(key);
-  if (it != st.decode_fit.end()) return it->second;
-  int per_sm = 0, reserved = 0, optin = 0, n = 0;
-  cudaFuncAttributes fa{};
-  with_device(st.device, [&] {
-    CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, st.device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, st.device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, st.device));
-    CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-  });
-  const int room = optin - static_cast<int>(fa.sharedSizeBytes);
-  const int fill = (per_sm / std::max(blocks, 1) - reserved - static_cast<int>(fa.sharedSizeBytes)) / 128 * 128;
-  const int smem = std::min(std::max(fill, min_bytes), std::max(room, min_bytes));
+  auto it = st.blocks_per_sm.find(kernel);
+  if (it != st.blocks_per_sm.end()) return it->second;
   attention_allow_smem(be, kernel, smem);
+  int n = 0;
   with_device(st.device, [&] { CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem)); });
-  const std::pair<int, int> fit{smem, std::max(n, 1)};
-  st.decode_fit.emplace(key, fit);
-  return fit;
+  n = std::max(n, 1);
+  st.blocks_per_sm.emplace(kernel, n);
+  return n;
 }
 
 // Splits so that the decode grid fills whole waves of resident blocks, within two waves: from
@@ -548,8 +531,8 @@ int prefer_merged_pair(int max_splits, int base_blocks, int sm_count, int blocks
   return max_splits > 2 && 4 * base_blocks >= std::max(sm_count, 1) * blocks_per_sm ? 2 : max_splits;
 }
 
-template <typename T, int D>
-void launch_decode_d(CudaBackend& be, const Args& a, int max_splits, int smem) {
+template <typename T, int D, int NS, int kMinBlocks>
+void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_splits) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int splits = decode_num_splits(max_splits, a.max_kv_len);
   // Two splits are merged inside the kernel (a cluster of two blocks), more by the combine pass
@@ -557,7 +540,9 @@ void launch_decode_d(CudaBackend& be, const Args& a, int max_splits, int smem) {
   // 1.892 with the combine pass. The choice depends on the launch shape only, never on max_kv_len,
   // so eager calls and graphs captured with larger bounds agree bit for bit.
   const bool merge_in_cluster = max_splits == kClusterMergeMaxSplits;
-  auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, true> : attn_decode_kernel<T, D, false>;
+  auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, NS, kMinBlocks, true>
+                                 : attn_decode_kernel<T, D, NS, kMinBlocks, false>;
+  constexpr int smem = DecodeRing<D, NS>::kSmem;
   attention_allow_smem(be, kernel_key(kernel), smem);
   float* part_o = nullptr;
   float* part_lse = nullptr;
@@ -584,33 +569,47 @@ void launch_decode_d(CudaBackend& be, const Args& a, int max_splits, int smem) {
   }
 }
 
-// The decode kernel at `blocks` resident blocks per SM (set through its shared-memory request,
-// fitted to the merging build, whose static shared memory is the larger).
-template <typename T, int D>
-void launch_at(CudaBackend& be, const Args& a, int base_blocks, int blocks) {
+// The builds of a head dimension: NS ring stages at kMinBlocks blocks per SM.
+template <typename T, int D, int NS, int kMinBlocks>
+struct DecodeBuild {
+  static int blocks_per_sm(CudaBackend& be) {
+    return decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, D, NS, kMinBlocks, false>),
+                                DecodeRing<D, NS>::kSmem);
+  }
+  static void launch(CudaBackend& be, const Args& a, int base_blocks, int max_splits) {
+    launch_decode_d<T, D, NS, kMinBlocks>(be, a, base_blocks, max_splits);
+  }
+};
+
+template <typename Build>
+void launch_build(CudaBackend& be, const Args& a, int base_blocks) {
   const int sms = be.multiprocessor_count();
-  const auto [smem, resident] =
-      decode_fit(be, kernel_key(attn_decode_kernel<T, D, true>), DecodeRing<D>::kSmem, blocks);
-  const int splits = decode_max_splits(base_blocks, sms, resident);
-  launch_decode_d<T, D>(be, a, prefer_merged_pair(splits, base_blocks, sms, resident), smem);
+  const int blocks = Build::blocks_per_sm(be);
+  const int splits = decode_max_splits(base_blocks, sms, blocks);
+  Build::launch(be, a, base_blocks, prefer_merged_pair(splits, base_blocks, sms, blocks));
 }
 
 }  // namespace
 
-// Blocks per SM, set through the shared memory each block asks for: 4 (D=64) once one split of the
-// tiles fills 90% of a wave of those, else 2, where grids leave slots empty; D=128 always 2 (its
-// ring's 96 KB). Measured before this one kernel (bench_decode_step, astrai-1b, 1K, ms per step with
-// programmatic launch, B = 1 / 8 / 32 / 64 / 128 / 256; docs/perf-notes.md): 2 blocks (96 KB, two
-// stages ahead) 0.924 / 1.037 / 1.442 / 1.612 at B <= 64, 4 blocks 2.160 at B=128 and 3.309 at 256;
-// 4 blocks at B <= 8 took 1.21 / 1.30 ms (with programmatic launch only; not understood) and 3
-// blocks per SM was the best nowhere.
+// D=64 has two builds: six ring stages at 2 blocks per SM (96 KB each: five stages, 80 KB, in
+// flight per block) for grids that leave resident slots empty, and three stages at 4 blocks per SM
+// once one split of the tiles fills 90% of a wave of those. Measured (bench_decode_step, astrai-1b,
+// 1K context, ms per step with programmatic launch, B = 1 / 8 / 32 / 64 / 128 / 256; the register-
+// pipelined kernel before the ring: 0.918 / 1.047 / 1.477 / 1.751 / 2.275 / 3.430): six stages at 2
+// blocks 0.918 / 1.034 / 1.465 / 1.635 / 2.260 / 3.458, three at 4 blocks 1.209 / 1.297 / 1.513 /
+// 1.661 / 2.160 / 3.309, four at 3 blocks 1.204 / 1.302 / 1.469 / 1.767 / 2.363 / 3.351. (The smaller
+// builds lose 0.3 ms per step at B <= 8 with programmatic launch only, serial launches being equal:
+// not understood.) D=128: three stages (96 KB) at 2 blocks per SM.
 template <typename T>
 void launch_decode(CudaBackend& be, const Args& a) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int base_blocks = a.B * a.Hkv * row_tiles;
-  if (a.D != 64) return launch_at<T, 128>(be, a, base_blocks, 2);
-  const int64_t wide_slots = 4 * static_cast<int64_t>(be.multiprocessor_count());
-  launch_at<T, 64>(be, a, base_blocks, 10 * static_cast<int64_t>(base_blocks) >= 9 * wide_slots ? 4 : 2);
+  if (a.D != 64) return launch_build<DecodeBuild<T, 128, 3, 2>>(be, a, base_blocks);
+  using Deep = DecodeBuild<T, 64, 6, 2>;
+  using Wide = DecodeBuild<T, 64, 3, 4>;
+  const int64_t wide_slots = static_cast<int64_t>(Wide::blocks_per_sm(be)) * be.multiprocessor_count();
+  if (10 * static_cast<int64_t>(base_blocks) >= 9 * wide_slots) return launch_build<Wide>(be, a, base_blocks);
+  launch_build<Deep>(be, a, base_blocks);
 }
 
 template void launch_decode<__nv_bfloat16>(CudaBackend&, const Args&);
