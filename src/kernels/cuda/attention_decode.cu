@@ -597,9 +597,10 @@ void launch_build(CudaBackend& be, const Args& a, int base_blocks) {
 // 1K context, ms per step with programmatic launch, B = 1 / 8 / 32 / 64 / 128 / 256; the register-
 // pipelined kernel before the ring: 0.918 / 1.047 / 1.477 / 1.751 / 2.275 / 3.430): six stages at 2
 // blocks 0.918 / 1.034 / 1.465 / 1.635 / 2.260 / 3.458, three at 4 blocks 1.209 / 1.297 / 1.513 /
-// 1.661 / 2.160 / 3.309, four at 3 blocks 1.204 / 1.302 / 1.469 / 1.767 / 2.363 / 3.351. (The smaller
-// builds lose 0.3 ms per step at B <= 8 with programmatic launch only, serial launches being equal:
-// not understood.) D=128: three stages (96 KB) at 2 blocks per SM.
+// 1.661 / 2.160 / 3.309, four at 3 blocks 1.204 / 1.302 / 1.469 / 1.767 / 2.363 / 3.351. (The 3- and
+// 4-block builds lose 0.3 ms per step at B <= 8 with programmatic launch only, serial launches being
+// equal; so did a 2-block kernel compiled with a 4-block launch bound: docs/perf-notes.md, "Decode
+// attention through a shared-memory ring".) D=128: three stages (96 KB) at 2 blocks per SM.
 template <typename T>
 void launch_decode(CudaBackend& be, const Args& a) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
