@@ -532,7 +532,7 @@ int prefer_merged_pair(int max_splits, int base_blocks, int sm_count, int blocks
 }
 
 template <typename T, int D, int NS, int kMinBlocks>
-void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_splits) {
+void launch_decode_d(CudaBackend& be, const Args& a, int max_splits) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int splits = decode_num_splits(max_splits, a.max_kv_len);
   // Two splits are merged inside the kernel (a cluster of two blocks), more by the combine pass
@@ -569,24 +569,20 @@ void launch_decode_d(CudaBackend& be, const Args& a, int base_blocks, int max_sp
   }
 }
 
-// The builds of a head dimension: NS ring stages at kMinBlocks blocks per SM.
+// Resident blocks per SM of the build with NS ring stages at (at least) kMinBlocks blocks per SM.
 template <typename T, int D, int NS, int kMinBlocks>
-struct DecodeBuild {
-  static int blocks_per_sm(CudaBackend& be) {
-    return decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, D, NS, kMinBlocks, false>),
-                                DecodeRing<D, NS>::kSmem);
-  }
-  static void launch(CudaBackend& be, const Args& a, int base_blocks, int max_splits) {
-    launch_decode_d<T, D, NS, kMinBlocks>(be, a, base_blocks, max_splits);
-  }
-};
+int build_blocks_per_sm(CudaBackend& be) {
+  return decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, D, NS, kMinBlocks, false>),
+                              DecodeRing<D, NS>::kSmem);
+}
 
-template <typename Build>
+// That build, its splits chosen for its resident blocks.
+template <typename T, int D, int NS, int kMinBlocks>
 void launch_build(CudaBackend& be, const Args& a, int base_blocks) {
   const int sms = be.multiprocessor_count();
-  const int blocks = Build::blocks_per_sm(be);
+  const int blocks = build_blocks_per_sm<T, D, NS, kMinBlocks>(be);
   const int splits = decode_max_splits(base_blocks, sms, blocks);
-  Build::launch(be, a, base_blocks, prefer_merged_pair(splits, base_blocks, sms, blocks));
+  launch_decode_d<T, D, NS, kMinBlocks>(be, a, prefer_merged_pair(splits, base_blocks, sms, blocks));
 }
 
 }  // namespace
@@ -605,12 +601,10 @@ template <typename T>
 void launch_decode(CudaBackend& be, const Args& a) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int base_blocks = a.B * a.Hkv * row_tiles;
-  if (a.D != 64) return launch_build<DecodeBuild<T, 128, 3, 2>>(be, a, base_blocks);
-  using Deep = DecodeBuild<T, 64, 6, 2>;
-  using Wide = DecodeBuild<T, 64, 3, 4>;
-  const int64_t wide_slots = static_cast<int64_t>(Wide::blocks_per_sm(be)) * be.multiprocessor_count();
-  if (10 * static_cast<int64_t>(base_blocks) >= 9 * wide_slots) return launch_build<Wide>(be, a, base_blocks);
-  launch_build<Deep>(be, a, base_blocks);
+  if (a.D != 64) return launch_build<T, 128, 3, 2>(be, a, base_blocks);
+  const int64_t wide_slots = static_cast<int64_t>(build_blocks_per_sm<T, 64, 3, 4>(be)) * be.multiprocessor_count();
+  if (10 * static_cast<int64_t>(base_blocks) >= 9 * wide_slots) return launch_build<T, 64, 3, 4>(be, a, base_blocks);
+  launch_build<T, 64, 6, 2>(be, a, base_blocks);
 }
 
 template void launch_decode<__nv_bfloat16>(CudaBackend&, const Args&);
