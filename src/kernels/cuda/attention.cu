@@ -21,22 +21,23 @@
 //     R = i * G + (h % G) and cut in tiles of 16 rows (one mma M tile), so K/V are read once per
 //     GQA group. Grid (splits, Hkv * row_tiles, B), 4 warps per block. Each block takes one
 //     contiguous key range of its split and streams its K/V rows through a ring of shared-memory
-//     stages of 64 keys filled by cp.async (six stages at 2 blocks per SM, or three at 4 where the
-//     grid fills the SMs; D=128 three at 2), several stages in flight per block; warp w computes the
-//     keys 16w.. of each stage on mma.sync m16n8k16 (K and V by ldmatrix from swizzled tiles, Q in
-//     registers). Stages holding only keys cached before the step are copied before the wait for
-//     the kernel that wrote q (programmatic launch). The warps' (m, l, acc) are merged through shared
-//     memory; with one split the block writes `out`. Two splits are merged in the kernel: the
-//     tile's two blocks form a cluster and each finishes half the rows from both blocks'
+//     stages of 64 keys filled by cp.async (three stages, two in flight while one is computed; 2
+//     or 4 blocks per SM, set by the shared memory a block asks for, which leaves room for the
+//     neighbouring kernels' blocks); warp w computes the keys 16w.. of each stage on mma.sync
+//     m16n8k16 (K and V by ldmatrix from swizzled tiles, Q in registers). Stages holding only keys
+//     cached before the step are copied before the wait for the kernel that wrote q (programmatic
+//     launch). The warps' (m, l, acc) are merged through shared memory; with one split the block
+//     writes `out`. Two splits are merged in the kernel: the tile's two blocks form a cluster and
+//     each finishes half the rows from both blocks'
 //     (acc/l, lse) in distributed shared memory. More splits write (acc/l, lse) to scratch and a
 //     combine kernel merges them (one block per (row, head); its warps sum interleaved splits).
 //     Paging: each copying thread looks up the pages of its rows of the next stage a stage ahead
 //     (a page-table read per row, whatever the page size).
 //     Splits: num_splits = clamp(S, 1, ceil(max_kv_len / 64)), S the count (from floor(W / base)
-//     to 2W / base) that fills whole waves best, base = B * Hkv * row_tiles, W = SMs * resident decode
-//     blocks per SM (occupancy query: 2 or 4 for D=64, two builds, 2 for D=128; attention_decode.cu
-//     picks the build and trades three or more splits for two merged ones where those make half
-//     a wave); each block at least 64 keys. Each block computes its key
+//     to 2W / base) that fills whole waves best, base = B * Hkv * row_tiles, W = SMs * resident
+//     decode blocks per SM (2 or 4 for D=64, 2 for D=128; attention_decode.cu picks them and trades
+//     three or more splits for two merged ones where those make half a wave); each block at least
+//     64 keys. Each block computes its key
 //     range on the device from the true lengths: active = min(num_splits, ceil(n_keys / 64)),
 //     steps = ceil(n_keys / 16), ceil(steps / active) steps per split, so a graph captured with
 //     large bounds still spreads a short context over the splits, and gives bit-identical results

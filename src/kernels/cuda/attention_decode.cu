@@ -26,12 +26,16 @@ namespace {
 // fragment; output n tile i holds dims 8 i + 2t, 8 i + 2t + 1 of rows g, g + 8.
 constexpr int kStageKeys = kWarps * 16;
 
-template <int D, int NS>
+// Three stages: two in flight while one is computed (more in flight measured no faster; the block
+// count per SM matters more, and the host sets it through the shared memory it asks for).
+constexpr int kStages = 3;
+
+template <int D>
 struct DecodeRing {
   static constexpr int kTileElems = kStageKeys * D;  // one K or V tile of a stage
   static constexpr int kAccStride = D + 4;           // floats per row of the merge tiles
   // The ring; after the loop the same bytes hold the warps' outputs and the block's (cluster merge).
-  static constexpr int kSmem = std::max(NS * 2 * kTileElems * 2, (kWarps + 1) * 16 * kAccStride * 4);
+  static constexpr int kSmem = std::max(kStages * 2 * kTileElems * 2, (kWarps + 1) * 16 * kAccStride * 4);
 };
 
 constexpr int kDecodeMinKeysPerSplit = 64;
@@ -42,13 +46,17 @@ constexpr int kClusterMergeMaxSplits = 2;
 
 // kMerge: the splits of a tile are one cluster, merged in the kernel (below); otherwise a single
 // split writes the output and more write partials for the combine pass.
-template <typename T, int D, int NS, int kMinBlocks, bool kMerge>
-__global__ void __launch_bounds__(kThreads, kMinBlocks)
+// At most 128 registers for D=64, so that 4 blocks fit an SM (the host asks for 2 or 4 through the
+// shared memory; a register cap, not __launch_bounds__, whose block hint was once suspected of
+// slowing small batches: perf-notes says what did).
+template <typename T, int D, bool kMerge>
+__global__ void __maxnreg__(D == 64 ? 128 : 255)
     attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse,
                        const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                        const int* __restrict__ q_indptr, PagedArgs kv, int Hq, int Hkv, int G, int max_q_len,
                        int num_splits, float sl) {
-  using Ring = DecodeRing<D, NS>;
+  using Ring = DecodeRing<D>;
+  constexpr int NS = kStages;
   constexpr int NT = D / 8;           // PV n tiles
   constexpr int KS = D / 16;          // QK k steps
   constexpr int NC = D / 8;           // 16-byte chunks per K/V row
@@ -482,24 +490,46 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Resident blocks per SM of a decode kernel with `smem` bytes of dynamic shared memory on the
-// backend's device (queried once per backend; the kernel's shared-memory limit is raised first).
-int decode_blocks_per_sm(CudaBackend& be, const void* kernel, int smem) {
+// Shared memory of each SM left to the neighbouring kernels' blocks. Under programmatic launch the
+// blocks of the kernel before (q/k/v) are still resident when the decode blocks arrive, and the
+// next kernel's arrive while they run; a decode grid sized for slots those blocks hold waits for
+// them in a second wave. Asking 112 KB per block for 2 per SM (no room left) cost 0.27 ms per
+// step at B = 1 and 8 (astrai-1b, 1K: 1.186 / 1.303 against 0.918 / 1.037), serial launches equal;
+// with this much left it costs nothing (docs/perf-notes.md).
+constexpr int kNeighbourSmem = 32 * 1024;
+
+// The dynamic shared memory to ask for so that `blocks` decode blocks share an SM with
+// kNeighbourSmem to spare (at least the kernel's own `min_bytes`; beyond them as much as leaves no
+// room for one more block), and how many are then resident (occupancy query), on the backend's
+// device; computed once per backend.
+std::pair<int, int> decode_fit(CudaBackend& be, const void* kernel, int min_bytes, int blocks) {
   AttentionState& st = state_of(be);
-  auto it = st.blocks_per_sm.find(kernel);
-  if (it != st.blocks_per_sm.end()) return it->second;
+  const std::pair<const void*, int> key{kernel, blocks};
+  auto it = st.decode_fit.find(key);
+  if (it != st.decode_fit.end()) return it->second;
+  int per_sm = 0, reserved = 0, optin = 0, n = 0;
+  cudaFuncAttributes fa{};
+  with_device(st.device, [&] {
+    CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, st.device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, st.device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, st.device));
+    CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+  });
+  const int room = optin - static_cast<int>(fa.sharedSizeBytes);
+  const int fill =
+      ((per_sm - kNeighbourSmem) / std::max(blocks, 1) - reserved - static_cast<int>(fa.sharedSizeBytes)) / 128 * 128;
+  const int smem = std::min(std::max(fill, min_bytes), std::max(room, min_bytes));
   attention_allow_smem(be, kernel, smem);
-  int n = 0;
   with_device(st.device, [&] { CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem)); });
-  n = std::max(n, 1);
-  st.blocks_per_sm.emplace(kernel, n);
-  return n;
+  const std::pair<int, int> fit{smem, std::max(n, 1)};
+  st.decode_fit.emplace(key, fit);
+  return fit;
 }
 
 // Splits so that the decode grid fills whole waves of resident blocks, within two waves: from
 // floor(W / base) (at least 1) up to 2W / base, the count whose last wave is fullest (fewest splits
-// on ties). astrai-1b (4 KV heads) B=32 on the 2-block build (base 128, W 264): 2 splits, one
-// wave (merged in the kernel); B=64: 1 (0.97 waves); B=128 on the 4-block build (W 528): 1. Grids
+// on ties). astrai-1b (4 KV heads) B=32 at 2 blocks per SM (base 128, W 264): 2 splits, one
+// wave (merged in the kernel); B=64: 1 (0.97 waves); B=128 at 4 per SM (W 528): 1. Grids
 // of two waves and more keep one split: the combine pass costs more there than the last wave's
 // idle slots (measured: three splits at B=256 took 10% longer). Without the length cap this is the
 // most any max_kv_len can ask for (used to size the scratch).
@@ -526,13 +556,13 @@ int decode_num_splits(int max_splits, int max_kv_len) {
 // combine pass, once two splits make at least half a wave. Measured on the H200 (bench_decode_step,
 // astrai-1b, 1K context, ms per step), B=32: 2 splits merged 1.496, 3 splits and the combine pass
 // 1.531, 2 splits and the combine pass 1.556; merging 3, 4 or 8 splits in clusters was slower at
-// every batch size (B=32: 1.662, 1.628, 1.751). The D=128 build follows the same rule unmeasured.
+// every batch size (B=32: 1.662, 1.628, 1.751). D=128 follows the same rule unmeasured.
 int prefer_merged_pair(int max_splits, int base_blocks, int sm_count, int blocks_per_sm) {
   return max_splits > 2 && 4 * base_blocks >= std::max(sm_count, 1) * blocks_per_sm ? 2 : max_splits;
 }
 
-template <typename T, int D, int NS, int kMinBlocks>
-void launch_decode_d(CudaBackend& be, const Args& a, int max_splits) {
+template <typename T, int D>
+void launch_decode_d(CudaBackend& be, const Args& a, int max_splits, int smem) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int splits = decode_num_splits(max_splits, a.max_kv_len);
   // Two splits are merged inside the kernel (a cluster of two blocks), more by the combine pass
@@ -540,9 +570,7 @@ void launch_decode_d(CudaBackend& be, const Args& a, int max_splits) {
   // 1.892 with the combine pass. The choice depends on the launch shape only, never on max_kv_len,
   // so eager calls and graphs captured with larger bounds agree bit for bit.
   const bool merge_in_cluster = max_splits == kClusterMergeMaxSplits;
-  auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, NS, kMinBlocks, true>
-                                 : attn_decode_kernel<T, D, NS, kMinBlocks, false>;
-  constexpr int smem = DecodeRing<D, NS>::kSmem;
+  auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, true> : attn_decode_kernel<T, D, false>;
   attention_allow_smem(be, kernel_key(kernel), smem);
   float* part_o = nullptr;
   float* part_lse = nullptr;
@@ -569,42 +597,35 @@ void launch_decode_d(CudaBackend& be, const Args& a, int max_splits) {
   }
 }
 
-// Resident blocks per SM of the build with NS ring stages at (at least) kMinBlocks blocks per SM.
-template <typename T, int D, int NS, int kMinBlocks>
-int build_blocks_per_sm(CudaBackend& be) {
-  return decode_blocks_per_sm(be, kernel_key(attn_decode_kernel<T, D, NS, kMinBlocks, false>),
-                              DecodeRing<D, NS>::kSmem);
-}
-
-// That build, its splits chosen for its resident blocks.
-template <typename T, int D, int NS, int kMinBlocks>
-void launch_build(CudaBackend& be, const Args& a, int base_blocks) {
+// The decode kernel at `blocks` resident blocks per SM (set through its shared-memory request,
+// fitted to the merging instance, whose static shared memory is the larger).
+template <typename T, int D>
+void launch_at(CudaBackend& be, const Args& a, int base_blocks, int blocks) {
   const int sms = be.multiprocessor_count();
-  const int blocks = build_blocks_per_sm<T, D, NS, kMinBlocks>(be);
-  const int splits = decode_max_splits(base_blocks, sms, blocks);
-  launch_decode_d<T, D, NS, kMinBlocks>(be, a, prefer_merged_pair(splits, base_blocks, sms, blocks));
+  const auto [smem, resident] =
+      decode_fit(be, kernel_key(attn_decode_kernel<T, D, true>), DecodeRing<D>::kSmem, blocks);
+  const int splits = decode_max_splits(base_blocks, sms, resident);
+  launch_decode_d<T, D>(be, a, prefer_merged_pair(splits, base_blocks, sms, resident), smem);
 }
 
 }  // namespace
 
-// D=64 has two builds: six ring stages at 2 blocks per SM (96 KB each: five stages, 80 KB, in
-// flight per block) for grids that leave resident slots empty, and three stages at 4 blocks per SM
-// once one split of the tiles fills 90% of a wave of those. Measured (bench_decode_step, astrai-1b,
-// 1K context, ms per step with programmatic launch, B = 1 / 8 / 32 / 64 / 128 / 256; the register-
-// pipelined kernel before the ring: 0.918 / 1.047 / 1.477 / 1.751 / 2.275 / 3.430): six stages at 2
-// blocks 0.918 / 1.034 / 1.465 / 1.635 / 2.260 / 3.458, three at 4 blocks 1.209 / 1.297 / 1.513 /
-// 1.661 / 2.160 / 3.309, four at 3 blocks 1.204 / 1.302 / 1.469 / 1.767 / 2.363 / 3.351. (The 3- and
-// 4-block builds lose 0.3 ms per step at B <= 8 with programmatic launch only, serial launches being
-// equal; so did a 2-block kernel compiled with a 4-block launch bound: docs/perf-notes.md, "Decode
-// attention through a shared-memory ring".) D=128: three stages (96 KB) at 2 blocks per SM.
+// Blocks per SM, set through the shared memory each block asks for: 4 (D=64) once one split of the
+// tiles fills 90% of a wave of those, else 2, where grids leave slots empty; D=128 always 2 (its
+// ring's 96 KB). At 4 per SM the blocks take the whole register file, so no neighbour's block shares
+// the SM; at those batches (B >= 119 for astrai-1b) that measured no loss (B = 128 and 256 below).
+// Measured against the two builds before (six stages at 2 per SM, three at
+// 4; bench_decode_step, astrai-1b, ms per step with programmatic launch, two alternations in one
+// call, docs/perf-notes.md): B = 1 / 8 / 32 / 64 / 128 / 256 at 1K 0.918 / 1.037 / 1.443 / 1.605 /
+// 2.160 / 3.258 against 0.919 / 1.035 / 1.467 / 1.639 / 2.163 / 3.292; B = 1 / 8 at 30K 1.191 /
+// 2.388 against 1.189 / 2.420. 3 blocks per SM was the best nowhere.
 template <typename T>
 void launch_decode(CudaBackend& be, const Args& a) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int base_blocks = a.B * a.Hkv * row_tiles;
-  if (a.D != 64) return launch_build<T, 128, 3, 2>(be, a, base_blocks);
-  const int64_t wide_slots = static_cast<int64_t>(build_blocks_per_sm<T, 64, 3, 4>(be)) * be.multiprocessor_count();
-  if (10 * static_cast<int64_t>(base_blocks) >= 9 * wide_slots) return launch_build<T, 64, 3, 4>(be, a, base_blocks);
-  launch_build<T, 64, 6, 2>(be, a, base_blocks);
+  if (a.D != 64) return launch_at<T, 128>(be, a, base_blocks, 2);
+  const int64_t wide_slots = 4 * static_cast<int64_t>(be.multiprocessor_count());
+  launch_at<T, 64>(be, a, base_blocks, 10 * static_cast<int64_t>(base_blocks) >= 9 * wide_slots ? 4 : 2);
 }
 
 template void launch_decode<__nv_bfloat16>(CudaBackend&, const Args&);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <utility>
 
 #include "backend/cuda_backend.h"
 #include "kernels/cuda/attention_internal.h"
@@ -163,7 +164,8 @@ struct AttentionState {
   bool has_wgmma = false;                    // sm_90: the wgmma kernels are built for sm_90a only
   int env_prefill_variant = -1;              // KILN_ATTN_PREFILL_VARIANT, -1 if unset or invalid
   std::map<const void*, int> smem_limit;     // kernel -> dynamic shared-memory limit set on the device
-  std::map<const void*, int> blocks_per_sm;  // decode kernel -> resident blocks per SM
+  // Decode kernel and wanted blocks per SM -> (dynamic shared memory to request, resident blocks).
+  std::map<std::pair<const void*, int>, std::pair<int, int>> decode_fit;
 };
 
 // The backend's state, created on its first call (attention.cu).
