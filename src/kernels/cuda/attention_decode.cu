@@ -5,6 +5,7 @@
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
+#include "kernels/ops.h"
 
 namespace kiln::cuda::attn {
 namespace {
@@ -597,35 +598,72 @@ void launch_decode_d(CudaBackend& be, const Args& a, int max_splits, int smem) {
   }
 }
 
-// The decode kernel at `blocks` resident blocks per SM (set through its shared-memory request,
-// fitted to the merging instance, whose static shared memory is the larger).
+// A decode grid at some blocks per SM: the shared memory each block asks for (decode_fit), the
+// blocks then resident per SM, and the splits before the length cap.
+struct DecodeLayout {
+  int smem = 0;
+  int blocks_per_sm = 0;
+  int max_splits = 0;
+};
+
 template <typename T, int D>
-void launch_at(CudaBackend& be, const Args& a, int base_blocks, int blocks) {
+DecodeLayout decode_layout(CudaBackend& be, int base_blocks, int blocks) {
   const int sms = be.multiprocessor_count();
   const auto [smem, resident] =
       decode_fit(be, kernel_key(attn_decode_kernel<T, D, true>), DecodeRing<D>::kSmem, blocks);
   const int splits = decode_max_splits(base_blocks, sms, resident);
-  launch_decode_d<T, D>(be, a, prefer_merged_pair(splits, base_blocks, sms, resident), smem);
+  return {smem, resident, prefer_merged_pair(splits, base_blocks, sms, resident)};
+}
+
+// Blocks per SM: of 2, 3 and 4 (those the shared memory allows: D=128's 96 KB ring only 2), the
+// one whose grid (base_blocks times its splits) fills its waves of resident slots best; on equal
+// fill the fewer waves, then the fewer blocks per SM. Like the splits, it depends on the launch
+// shape only. At 4 per SM the blocks take the whole register file, so no block of the kernel
+// before can stay beside them: that count is left out where the q/k/v projection before is the
+// fused small-batch kernel (at most ops::kNormLinearMaxRows rows), whose blocks are still resident
+// under programmatic launch (B=8 on 4 per SM in two full waves took 1.313 ms against 1.021 on 2 per
+// SM; from 40 rows on it measured no loss). Measured (bench_decode_step, astrai-1b, 1K, ms
+// per step with programmatic launch, two alternations in one call; each count forced; the best
+// is the rule's choice everywhere):
+//   B      40     48     64     80     96     112    128    160    192
+//   2    1.702  1.565  1.604  1.989  2.033  2.106  2.202  2.606  2.812
+//   3    1.543  1.552  1.794  1.789  1.885  2.220  2.341  2.494  2.740
+//   4    1.569  1.575  1.648  1.992  1.962  2.073  2.159  2.718  2.838
+// (the rule before, 4 per SM once one split filled 90% of their wave and else 2, took 1.702 /
+// 1.564 / 1.605 / 1.988 / 2.032 / 2.104 / 2.160 / 2.719 / 2.839).
+template <typename T, int D>
+DecodeLayout choose_decode_layout(CudaBackend& be, int base_blocks, int64_t rows) {
+  const int64_t sms = be.multiprocessor_count();
+  const int max_blocks = rows > ops::kNormLinearMaxRows ? 4 : 3;
+  DecodeLayout best{};
+  int64_t best_blocks = 0, best_slots = 1, best_waves = 1;  // fill = blocks / (waves * slots)
+  for (int blocks = 2; blocks <= max_blocks; ++blocks) {
+    const DecodeLayout l = decode_layout<T, D>(be, base_blocks, blocks);
+    if (l.blocks_per_sm != blocks) continue;
+    const int64_t grid = static_cast<int64_t>(base_blocks) * l.max_splits;
+    const int64_t slots = sms * blocks;
+    const int64_t waves = (grid + slots - 1) / slots;
+    const int64_t lhs = grid * best_waves * best_slots, rhs = best_blocks * waves * slots;
+    if (best.blocks_per_sm == 0 || lhs > rhs || (lhs == rhs && waves < best_waves))
+      best = l, best_blocks = grid, best_slots = slots, best_waves = waves;
+  }
+  if (best.blocks_per_sm == 0) best = decode_layout<T, D>(be, base_blocks, 2);  // what the device gives
+  return best;
 }
 
 }  // namespace
 
-// Blocks per SM, set through the shared memory each block asks for: 4 (D=64) once one split of the
-// tiles fills 90% of a wave of those, else 2, where grids leave slots empty; D=128 always 2 (its
-// ring's 96 KB). At 4 per SM the blocks take the whole register file, so no neighbour's block shares
-// the SM; at those batches (B >= 119 for astrai-1b) that measured no loss (B = 128 and 256 below).
-// Measured against the two builds before (six stages at 2 per SM, three at
-// 4; bench_decode_step, astrai-1b, ms per step with programmatic launch, two alternations in one
-// call, docs/perf-notes.md): B = 1 / 8 / 32 / 64 / 128 / 256 at 1K 0.918 / 1.037 / 1.443 / 1.605 /
-// 2.160 / 3.258 against 0.919 / 1.035 / 1.467 / 1.639 / 2.163 / 3.292; B = 1 / 8 at 30K 1.191 /
-// 2.388 against 1.189 / 2.420. 3 blocks per SM was the best nowhere.
 template <typename T>
 void launch_decode(CudaBackend& be, const Args& a) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int base_blocks = a.B * a.Hkv * row_tiles;
-  if (a.D != 64) return launch_at<T, 128>(be, a, base_blocks, 2);
-  const int64_t wide_slots = 4 * static_cast<int64_t>(be.multiprocessor_count());
-  launch_at<T, 64>(be, a, base_blocks, 10 * static_cast<int64_t>(base_blocks) >= 9 * wide_slots ? 4 : 2);
+  const int64_t rows = static_cast<int64_t>(a.B) * a.max_q_len;
+  if (a.D == 64) {
+    const DecodeLayout l = choose_decode_layout<T, 64>(be, base_blocks, rows);
+    return launch_decode_d<T, 64>(be, a, l.max_splits, l.smem);
+  }
+  const DecodeLayout l = choose_decode_layout<T, 128>(be, base_blocks, rows);
+  launch_decode_d<T, 128>(be, a, l.max_splits, l.smem);
 }
 
 template void launch_decode<__nv_bfloat16>(CudaBackend&, const Args&);
