@@ -22,7 +22,7 @@
 //     GQA group. Grid (splits, Hkv * row_tiles, B), 4 warps per block. Each block takes one
 //     contiguous key range of its split and streams its K/V rows through a ring of shared-memory
 //     stages of 64 keys filled by cp.async (three stages, two in flight while one is computed; 2
-//     or 4 blocks per SM, set by the shared memory a block asks for, which leaves room for the
+//     to 4 blocks per SM, set by the shared memory a block asks for, which leaves room for the
 //     neighbouring kernels' blocks); warp w computes the keys 16w.. of each stage on mma.sync
 //     m16n8k16 (K and V by ldmatrix from swizzled tiles, Q in registers). Stages holding only keys
 //     cached before the step are copied before the wait for the kernel that wrote q (programmatic
@@ -35,7 +35,7 @@
 //     (a page-table read per row, whatever the page size).
 //     Splits: num_splits = clamp(S, 1, ceil(max_kv_len / 64)), S the count (from floor(W / base)
 //     to 2W / base) that fills whole waves best, base = B * Hkv * row_tiles, W = SMs * resident
-//     decode blocks per SM (2 or 4 for D=64, 2 for D=128; attention_decode.cu picks them and trades
+//     decode blocks per SM (2, 3 or 4 for D=64, 2 for D=128; attention_decode.cu picks them and trades
 //     three or more splits for two merged ones where those make half a wave); each block at least
 //     64 keys. Each block computes its key
 //     range on the device from the true lengths: active = min(num_splits, ceil(n_keys / 64)),

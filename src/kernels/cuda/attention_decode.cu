@@ -47,7 +47,7 @@ constexpr int kClusterMergeMaxSplits = 2;
 
 // kMerge: the splits of a tile are one cluster, merged in the kernel (below); otherwise a single
 // split writes the output and more write partials for the combine pass.
-// At most 128 registers for D=64, so that 4 blocks fit an SM (the host asks for 2 or 4 through the
+// At most 128 registers for D=64, so that 4 blocks fit an SM (the host asks for 2, 3 or 4 through the
 // shared memory; a register cap, not __launch_bounds__, whose block hint was once suspected of
 // slowing small batches: perf-notes says what did).
 template <typename T, int D, bool kMerge>
@@ -630,7 +630,10 @@ DecodeLayout decode_layout(CudaBackend& be, int base_blocks, int blocks) {
 //   3    1.543  1.552  1.794  1.789  1.885  2.220  2.341  2.494  2.740
 //   4    1.569  1.575  1.648  1.992  1.962  2.073  2.159  2.718  2.838
 // (the rule before, 4 per SM once one split filled 90% of their wave and else 2, took 1.702 /
-// 1.564 / 1.605 / 1.988 / 2.032 / 2.104 / 2.160 / 2.719 / 2.839).
+// 1.564 / 1.605 / 1.988 / 2.032 / 2.104 / 2.160 / 2.719 / 2.839). Against that rule in another
+// call: equal at B = 1 to 32, 64, 128 and 256 but for B=24 (1.460 against 1.428: 3 per SM, four
+// splits and the combine pass, where 2 per SM merged two); at 30K B=24 5.446 against 6.210;
+// llama-1b 1K B = 48 / 96 1.465 / 1.926 against 1.563 / 1.985.
 template <typename T, int D>
 DecodeLayout choose_decode_layout(CudaBackend& be, int base_blocks, int64_t rows) {
   const int64_t sms = be.multiprocessor_count();
