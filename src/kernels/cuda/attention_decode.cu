@@ -638,19 +638,19 @@ template <typename T, int D>
 DecodeLayout choose_decode_layout(CudaBackend& be, int base_blocks, int64_t rows) {
   const int64_t sms = be.multiprocessor_count();
   const int max_blocks = rows > ops::kNormLinearMaxRows ? 4 : 3;
-  DecodeLayout best{};
-  int64_t best_blocks = 0, best_slots = 1, best_waves = 1;  // fill = blocks / (waves * slots)
-  for (int blocks = 2; blocks <= max_blocks; ++blocks) {
+  // fill = grid / (waves * slots); 2 per SM (or what the device gives for it) is the start.
+  auto grid_of = [&](const DecodeLayout& l) { return static_cast<int64_t>(base_blocks) * l.max_splits; };
+  DecodeLayout best = decode_layout<T, D>(be, base_blocks, 2);
+  int64_t best_grid = grid_of(best), best_slots = sms * best.blocks_per_sm;
+  int64_t best_waves = (best_grid + best_slots - 1) / best_slots;
+  for (int blocks = 3; blocks <= max_blocks; ++blocks) {
     const DecodeLayout l = decode_layout<T, D>(be, base_blocks, blocks);
     if (l.blocks_per_sm != blocks) continue;
-    const int64_t grid = static_cast<int64_t>(base_blocks) * l.max_splits;
-    const int64_t slots = sms * blocks;
-    const int64_t waves = (grid + slots - 1) / slots;
-    const int64_t lhs = grid * best_waves * best_slots, rhs = best_blocks * waves * slots;
-    if (best.blocks_per_sm == 0 || lhs > rhs || (lhs == rhs && waves < best_waves))
-      best = l, best_blocks = grid, best_slots = slots, best_waves = waves;
+    const int64_t grid = grid_of(l), slots = sms * blocks, waves = (grid + slots - 1) / slots;
+    const int64_t lhs = grid * best_waves * best_slots, rhs = best_grid * waves * slots;
+    if (lhs > rhs || (lhs == rhs && waves < best_waves))
+      best = l, best_grid = grid, best_slots = slots, best_waves = waves;
   }
-  if (best.blocks_per_sm == 0) best = decode_layout<T, D>(be, base_blocks, 2);  // what the device gives
   return best;
 }
 
