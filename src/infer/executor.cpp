@@ -273,6 +273,7 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
     p.trim = false;
     return p;
   }
+  const int32_t sampled = p.logit_rows;
   if (p.logit_rows == 0) {  // a step of prefill chunks only: the forward still wants one row
     logit_rows[0] = p.tokens - 1;
     last_rows[p.requests] = 1;
@@ -280,9 +281,11 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
   }
   p.trim = p.max_q > 1;  // a single row per request gains nothing from trimming
   // Logit rows padded to a power of two (copies of row 0, sampled greedily and ignored), so the
-  // final layer's and the head's GEMM shapes repeat too.
+  // final layer's and the head's GEMM shapes repeat too. Every row no request samples gets these
+  // parameters, the lone row of a step of prefill chunks too: what a step before left there names
+  // a counts row that another request may own by now, and sampling it would count a token there.
   const ops::SamplingRow greedy;
-  for (int32_t r = p.logit_rows, end = bucket_for(p.logit_rows); r < end; ++r) {
+  for (int32_t r = sampled, end = bucket_for(p.logit_rows); r < end; ++r) {
     logit_rows[r] = 0;
     std::memcpy(h + off_params_ + r * ops::kSamplingRowWords, &greedy, sizeof(greedy));
   }

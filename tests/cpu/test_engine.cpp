@@ -215,6 +215,45 @@ TEST_F(EngineTest, PreemptionDoesNotChangeOutputs) {
   EXPECT_GT(preemptions, 0);
 }
 
+// A step of prefill chunks alone samples no request, yet its forward computes one logit row: that
+// row must not be sampled with the parameters a previous step left behind, whose counts row (the
+// penalties' token counts) may by then belong to another request. Here A ends, B takes A's counts
+// row and its prompt is chunked: B's tokens and the log-probabilities of its penalised sampler are
+// bitwise those of B alone, one chunk, on a fresh engine.
+TEST_F(EngineTest, PrefillOnlyStepsLeaveTheCountsOfOthersAlone) {
+  load("tiny-llama", /*batch_invariant=*/true);
+  GenerationRequest a;
+  a.prompt = {5, 6, 7};
+  a.max_tokens = 4;
+  a.frequency_penalty = 0.5f;
+  a.ignore_eos = true;
+  GenerationRequest b;
+  for (int32_t t = 0; t < 20; ++t) b.prompt.push_back(10 + 7 * t);
+  b.max_tokens = 8;
+  b.temperature = 1.0f;
+  b.frequency_penalty = 1.5f;
+  b.presence_penalty = 1.0f;
+  b.behaviour_logprobs = true;  // log-probabilities under the penalised distribution
+  b.seed = 7;
+  b.ignore_eos = true;
+  const Outcome want = alone(b);
+  EngineOptions o;
+  o.max_running = 1;      // B runs after A and takes its counts row
+  o.max_step_tokens = 8;  // B's prompt in chunks of 8, 8, 4: two steps sample nothing
+  o.page_size = 4;
+  o.kv_tokens = 512;
+  o.prefix_cache = false;
+  std::unique_ptr<Engine> e = engine(o);
+  ASSERT_TRUE(e);
+  Result<std::shared_ptr<RequestStream>> sa = e->submit(a);
+  Result<std::shared_ptr<RequestStream>> sb = e->submit(b);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  EXPECT_EQ(drain(**sa).ids.size(), 4u);
+  const Outcome got = drain(**sb);
+  EXPECT_EQ(got.ids, want.ids);
+  EXPECT_EQ(got.logprobs, want.logprobs);
+}
+
 // Lookahead (each decode step launched before the tokens of the step before it are known, its
 // input tokens copied on the device; waiting requests admitted by it) changes no output: requests
 // that stop tokens end in the middle of a chain, max_tokens, penalties, a pool small enough to
