@@ -39,6 +39,22 @@ void add_rmsnorm_forward(Backend& be, Tensor y, Tensor residual, Tensor x, Tenso
   cpu::add_rmsnorm_forward(y, residual, x, w, eps, residual_in);
 }
 
+void linear_k_split_forward(Backend& be, Tensor partials, Tensor x, Tensor w) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::linear_k_split_forward(cuda_backend(be), partials, x, w);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  cpu::linear_k_split_forward(partials, x, w);
+}
+
+int32_t linear_k_split_parts(Backend& be, int64_t M, int64_t N, int64_t K, DType w_dtype) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::linear_k_split_parts(M, N, K, w_dtype);
+#endif
+  (void)be, (void)M, (void)N, (void)K, (void)w_dtype;
+  return 0;
+}
+
 void rope_forward(Backend& be, Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda()) return cuda::rope_forward(cuda_backend(be), x, positions, inv_freq, attention_scaling);

@@ -35,8 +35,20 @@ void rmsnorm_forward(Backend& be, Tensor y, Tensor x, Tensor w, float eps);
 // residual_in (same shape and dtype as residual) defaults to residual itself (residual += x); given,
 // the sum goes to a new tensor and residual_in is kept (training keeps every layer's input).
 // Fuses the transformer's residual add with the next norm (one pass over memory).
+// x may also be [S, ..., H]: S partial products (linear_k_split_forward), summed in f32 in order
+// s = 0, 1, ..., S - 1 and then added to residual_in (one rounding to residual's dtype).
 void add_rmsnorm_forward(Backend& be, Tensor y, Tensor residual, Tensor x, Tensor w, float eps,
                          Tensor residual_in = {});
+
+// A projection split along K into S parts whose f32 products a consumer adds up
+// (add_rmsnorm_forward): partials[s] = x[:, s K/S : (s + 1) K/S] @ w[:, s K/S : (s + 1) K/S]^T.
+// x: [M, K], w: [N, K] (x's dtype), partials: [S, M, N] f32, K % S == 0. The decode step runs the
+// MLP's down projection so: the split-K reduction, the residual add and the next norm in one kernel.
+void linear_k_split_forward(Backend& be, Tensor partials, Tensor x, Tensor w);
+// The parts the decode step splits an [M, K] x [N, K]^T projection into for that (0: it is not
+// split; at most kMaxKSplitParts). The CPU backend never splits (its products are not split-K).
+constexpr int32_t kMaxKSplitParts = 4;
+int32_t linear_k_split_parts(Backend& be, int64_t M, int64_t N, int64_t K, DType w_dtype);
 
 // Rotary embedding in place, Hugging Face "rotate half" convention: for pair i < D/2 of each head,
 //   (x[i], x[i + D/2]) <- (x[i] c - x[i + D/2] s, x[i + D/2] c + x[i] s),  angle = pos * inv_freq[i]

@@ -131,6 +131,8 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   KILN_ASSIGN_OR_RETURN(ws.logits, empty(backend_, {R, c.vocab_size}, DType::f32));
   KILN_ASSIGN_OR_RETURN(ws.last_q, empty(backend_, {R, c.num_attention_heads * D}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.last_residual, empty(backend_, {R, H}, DType::f32));
+  const int64_t split_rows = std::min<int64_t>(T, ops::kFusedLinearMaxRows);
+  KILN_ASSIGN_OR_RETURN(ws.down_partials, empty(backend_, {ops::kMaxKSplitParts * split_rows * H}, DType::f32));
   return ws;
 }
 
@@ -198,17 +200,34 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     if (bias.data) ops::bias_add_forward(be, resid, bias);
   };
 
+  // Where cuBLASLt runs the down projection (steps of 9 to 128 rows), it is split along K into f32
+  // products that the next norm adds into the residual (the split-K reduction, the residual add and
+  // the norm in one kernel); the next layer's q/k/v projection then reads the normed rows.
+  const LayerWeights& L0 = layers_[0];
+  const int64_t H = c.hidden_size;
+  const bool qkv_reads_normed =
+      !preferred(ops::FusedLinear::norm, residual, L0.qkv_proj, false) &&
+      (L0.q_norm.data || L0.k_norm.data ||
+       !ops::norm_linear_qkv_rope_preferred(be, T, L0.qkv_proj.size(0), L0.qkv_proj.size(1), D, dtype_));
+  const int32_t down_parts =
+      fused && qkv_reads_normed && !L0.down_bias.data && !preferred(ops::FusedLinear::residual, act, L0.down_proj, false)
+          ? ops::linear_k_split_parts(be, T, H, c.intermediate_size, dtype_)
+          : 0;
+  bool input_normed = false;  // `normed` holds this layer's input norm (the previous layer's down projection wrote it)
+
   ops::embedding_forward(be, residual, embed_tokens_, batch.ids);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = layers_[i];
-    if (fused && !L.q_norm.data && !L.k_norm.data &&
+    if (fused && !input_normed && !L.q_norm.data && !L.k_norm.data &&
         ops::norm_linear_qkv_rope_preferred(be, T, L.qkv_proj.size(0), L.qkv_proj.size(1), D, dtype_)) {
       // The projection writes q, k and v after the rotation itself (no q/k norms to apply).
       ops::norm_linear_qkv_rope_forward(be, q, cache.k[i], cache.v[i], qkv, residual, L.input_norm, eps, L.qkv_proj,
                                         L.qkv_bias, batch.positions, batch.slots, rope_.inv_freq,
                                         rope_.attention_scaling);
     } else {
-      if (fused) {
+      if (fused && input_normed) {
+        ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
+      } else if (fused) {
         norm_project(qkv, residual, L.input_norm, L.qkv_proj, L.qkv_bias, normed);
       } else {
         if (i == 0)
@@ -239,7 +258,15 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     if (fused) {
       project_add(residual, attn, L.o_proj, L.o_bias);
       norm_mlp_in(act, residual, L.post_norm, L.gate_up_proj, L.gate_up_bias, normed, gate_up);
-      project_add(residual, act, L.down_proj, L.down_bias);
+      if (down_parts > 0) {
+        Tensor partials = ws.down_partials.view().rows(0, down_parts * rows * H).view({down_parts, rows, H});
+        ops::linear_k_split_forward(be, partials, act, L.down_proj);
+        const Tensor next_norm = i + 1 < c.num_hidden_layers ? layers_[i + 1].input_norm : final_norm_;
+        ops::add_rmsnorm_forward(be, normed, residual, partials, next_norm, eps);
+        input_normed = true;
+      } else {
+        project_add(residual, act, L.down_proj, L.down_bias);
+      }
       continue;
     }
     ops::linear_forward(be, proj, attn, L.o_proj, L.o_bias);
@@ -249,6 +276,15 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     ops::linear_forward(be, hidden, act, L.down_proj, L.down_bias);
   }
   Tensor logits = ws.logits.view().rows(0, R);
+  if (fused && input_normed) {  // the last down projection's kernel wrote the final norm's rows
+    Tensor final_rows = normed;
+    if (!trim_last_layer) {  // gather the logit rows
+      final_rows = ws.gathered.view().rows(0, R);
+      ops::embedding_forward(be, final_rows, normed, batch.logit_rows);
+    }
+    ops::linear_forward(be, logits, final_rows, lm_head_);
+    return logits;
+  }
   if (fused) {
     Tensor final_residual = residual;
     if (!trim_last_layer) {  // gather the logit rows

@@ -195,6 +195,24 @@ TEST_F(CpuKernels, AddRmsnormNormReadsTheRoundedResidual) {
   expect_close(read(y), ref, 1e-5, 1e-6 * max_abs(ref), "add_rmsnorm bf16 residual");
 }
 
+TEST_F(CpuKernels, AddRmsnormAddsPartialSumsInOrder) {
+  // x as S = 3 partial products [S, R, H]: their f32 sum (in order) is added to the residual.
+  const int64_t H = 37, R = 5, S = 3;
+  TensorBuffer res = test::random_host(Shape{R, H}, DType::f32, 11);
+  TensorBuffer parts = test::random_host(Shape{S, R, H}, DType::f32, 12);
+  TensorBuffer w = test::random_host(Shape{H}, DType::f32, 13);
+  TensorBuffer y = filled(Shape{R, H}, DType::f32, kNaN);
+  const std::vector<float> r0 = read(res), pv = read(parts);
+  ops::add_rmsnorm_forward(*be, y, res, parts, w, 1e-6f);
+  const std::vector<float> r1 = read(res);
+  for (int64_t i = 0; i < R * H; ++i) {
+    const float sum = (pv[i] + pv[R * H + i]) + pv[2 * R * H + i];
+    ASSERT_EQ(r1[i], r0[i] + sum) << i;
+  }
+  const std::vector<double> ref = rmsnorm_ref(r1, read(w), H, 1e-6);
+  expect_close(read(y), ref, 1e-5, 1e-6 * max_abs(ref), "add_rmsnorm of partial sums");
+}
+
 // ---------------------------------------------------------------------------------------------
 // rope
 
@@ -403,6 +421,32 @@ TEST_F(CpuKernels, LinearF32WithAndWithoutBias) {
   ops::linear_forward(*be, y, x, w, bias);
   linear_ref(read(x), read(w), &bv, 6, N, K, &ref, &mag);
   expect_within_mag(read(y), ref, mag, 1e-5, "linear with bias");
+}
+
+TEST_F(CpuKernels, LinearKSplitPartsAreTheProductsOfTheKSlices) {
+  const int64_t M = 5, K = 36, N = 11;
+  for (int64_t S : {1, 3, 4}) {
+    TensorBuffer x = test::random_host(Shape{M, K}, DType::bf16, 40 + S);
+    TensorBuffer w = test::random_host(Shape{N, K}, DType::bf16, 50 + S);
+    TensorBuffer parts = filled(Shape{S, M, N}, DType::f32, kNaN);
+    ops::linear_k_split_forward(*be, parts, x, w);
+    const std::vector<float> xv = read(x), wv = read(w), got = read(parts);
+    const int64_t part = K / S;
+    for (int64_t s = 0; s < S; ++s) {
+      // The slice's product in double, from the slices copied out.
+      std::vector<float> xs(M * part), ws(N * part);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < part; ++k) xs[m * part + k] = xv[m * K + s * part + k];
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < part; ++k) ws[n * part + k] = wv[n * K + s * part + k];
+      std::vector<double> ref, mag;
+      linear_ref(xs, ws, nullptr, M, N, part, &ref, &mag);
+      const std::vector<float> slice(got.begin() + s * M * N, got.begin() + (s + 1) * M * N);
+      const std::string what = "k split part " + std::to_string(s) + " of " + std::to_string(S);
+      expect_within_mag(slice, ref, mag, 1e-5, what.c_str());
+    }
+  }
+  EXPECT_EQ(ops::linear_k_split_parts(*be, 32, 1536, 6912, DType::f32), 0) << "the CPU never splits";
 }
 
 TEST_F(CpuKernels, LinearLowPrecision) {

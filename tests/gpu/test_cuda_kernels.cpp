@@ -159,6 +159,64 @@ TEST(CudaKernels, AddRmsNorm) {
   }
 }
 
+TEST(CudaKernels, AddRmsNormOfPartialSums) {
+  // The K-split down projection's reduction: S f32 partial products added in order into the f32
+  // residual, then the norm (linear_k_split_forward's consumer), against the CPU twin.
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 250;
+  for (int64_t H : {37, 1536, 2048}) {
+    for (int64_t rows : {1, 9, 128}) {
+      for (int64_t S : {2, 4}) {
+        SCOPED_TRACE("H=" + std::to_string(H) + " rows=" + std::to_string(rows) + " S=" + std::to_string(S));
+        TensorBuffer res = random_host(Shape{rows, H}, kF32, seed++);
+        TensorBuffer parts = random_host(Shape{S, rows, H}, kF32, seed++);
+        TensorBuffer w = random_host(Shape{H}, kBF16, seed++);
+        TensorBuffer d_res = upload(*be, res), d_parts = upload(*be, parts), d_w = upload(*be, w);
+        TensorBuffer y = host_empty(Shape{rows, H}, kBF16);
+        cpu::add_rmsnorm_forward(y, res, parts, w, 1e-5f, Tensor{});
+        TensorBuffer d_y = device_empty(*be, Shape{rows, H}, kBF16);
+        ops::add_rmsnorm_forward(*be, d_y, d_res, d_parts, d_w, 1e-5f);
+        // The same f32 additions in the same order: identical residuals.
+        EXPECT_EQ(max_abs_diff(to_f32(*be, d_res), to_f32(*be, res)), 0.0);
+        EXPECT_CLOSE(to_f32(*be, d_y), to_f32(*be, y), tol_for(kBF16));
+      }
+    }
+  }
+}
+
+TEST(CudaKernels, LinearKSplit) {
+  // Strided-batched cuBLASLt over the K slices against the CPU twin, at the decode step's shapes
+  // (astrai-1b's and llama-1b's down projections) and odd ones; and the slices sum to the product.
+  KILN_REQUIRE_GPU(be);
+  uint64_t seed = 270;
+  struct Case {
+    int64_t M, N, K, S;
+  };
+  for (const Case& c : {Case{9, 1536, 6912, 4}, Case{32, 1536, 6912, 4}, Case{128, 1536, 6912, 4},
+                        Case{64, 2048, 8192, 4}, Case{3, 40, 96, 3}, Case{17, 33, 64, 2}}) {
+    SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                 " S=" + std::to_string(c.S));
+    TensorBuffer x = random_host(Shape{c.M, c.K}, kBF16, seed++);
+    TensorBuffer w = random_host(Shape{c.N, c.K}, kBF16, seed++, 0.05f);
+    TensorBuffer parts = host_empty(Shape{c.S, c.M, c.N}, kF32);
+    cpu::linear_k_split_forward(parts, x, w);
+    TensorBuffer d_x = upload(*be, x), d_w = upload(*be, w);
+    TensorBuffer d_parts = device_empty(*be, Shape{c.S, c.M, c.N}, kF32);
+    ops::linear_k_split_forward(*be, d_parts, d_x, d_w);
+    EXPECT_CLOSE(to_f32(*be, d_parts), to_f32(*be, parts), 1e-5);
+    // Sum of the parts against the whole product (f32 output).
+    TensorBuffer whole = host_empty(Shape{c.M, c.N}, kF32);
+    cpu::linear_forward(whole, x, w, Tensor{});
+    const std::vector<float> p = to_f32(*be, d_parts);
+    std::vector<float> sum(static_cast<size_t>(c.M * c.N), 0.0f);
+    for (int64_t s = 0; s < c.S; ++s)
+      for (int64_t i = 0; i < c.M * c.N; ++i) sum[i] += p[s * c.M * c.N + i];
+    EXPECT_CLOSE(sum, to_f32(*be, whole), 1e-5);
+  }
+  EXPECT_EQ(ops::linear_k_split_parts(*be, 32, 1536, 6912, kBF16), 4);
+  EXPECT_EQ(ops::linear_k_split_parts(*be, 32, 6912, 1536, kBF16), 0) << "only long-K projections split";
+}
+
 TEST(CudaKernels, Rope) {
   KILN_REQUIRE_GPU(be);
   uint64_t seed = 300;

@@ -7,9 +7,11 @@
 // launched after the previous one has finished, when repeated, and when replayed from a CUDA graph.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda_backend.h"
+#include "kernels/ops.h"
 #include "kernels/rng.h"
 #include "model/config.h"
 #include "model/transformer.h"
@@ -92,7 +94,7 @@ struct Rig {
   ForwardWorkspace ws;
 };
 
-Rig make_rig(Backend& be, const ModelConfig& config) {
+Rig make_rig(Backend& be, const ModelConfig& config, int64_t max_rows) {
   Rig r;
   Result<std::unique_ptr<Transformer>> m = Transformer::random(be, config, 11);
   KILN_ASSERT(m.ok());
@@ -102,7 +104,7 @@ Rig make_rig(Backend& be, const ModelConfig& config) {
     ops::fill_normal(be, r.cache.k[l], 1.0f, 100 + l);
     ops::fill_normal(be, r.cache.v[l], 1.0f, 200 + l);
   }
-  r.ws = std::move(r.model->make_workspace(8, 8)).value();
+  r.ws = std::move(r.model->make_workspace(max_rows, max_rows)).value();
   return r;
 }
 
@@ -119,16 +121,19 @@ std::vector<float> real_rows(const std::vector<float>& logits, int64_t rows, int
   return std::vector<float>(logits.begin(), logits.begin() + rows * vocab);
 }
 
-void check_case(const Case& c) {
+const std::vector<Step> kSmallSteps = {{{1, 17, 300, 64, 65, 1000, 2, 2500}, 8}, {{2500}, 1}, {{40, 0, 129, 0}, 4}};
+
+void check_case(const Case& c, const std::vector<Step>& steps = kSmallSteps) {
   SCOPED_TRACE(c.name);
   KILN_REQUIRE_GPU(be);
   CudaBackend& cbe = static_cast<CudaBackend&>(*be);
   ASSERT_TRUE(cbe.programmatic_launch());  // the default
   const ModelConfig config = config_of(c);
-  Rig gpu = make_rig(*be, config);
+  int32_t max_rows = 1;
+  for (const Step& s : steps) max_rows = std::max({max_rows, s.token_rows, static_cast<int32_t>(s.kv_lens.size())});
+  Rig gpu = make_rig(*be, config, max_rows);
   std::unique_ptr<Backend> cpu = make_cpu_backend();
-  Rig ref = make_rig(*cpu, config);
-  const std::vector<Step> steps = {{{1, 17, 300, 64, 65, 1000, 2, 2500}, 8}, {{2500}, 1}, {{40, 0, 129, 0}, 4}};
+  Rig ref = make_rig(*cpu, config, max_rows);
   for (size_t si = 0; si < steps.size(); ++si) {
     SCOPED_TRACE(testing::Message() << "step " << si);
     const Step& s = steps[si];
@@ -192,6 +197,20 @@ TEST(DecodeLayersGpu, Qwen3NormsTiedMlpBiasNoGroups) {
 // cluster), head_dim 128 and a group of 8.
 TEST(DecodeLayersGpu, HeadDim128GroupOf8WideMlp) {
   check_case({"d128 g8", 512, 8, 1, 128, 3072, 5000, 2, false, false, false, false, false});
+}
+
+// Steps of 9 to 128 rows run the projections on cuBLASLt, and the MLP's long-K down projection
+// (here 4x the hidden size) split along K into f32 products that the next layer's input norm (the
+// final norm after the last layer) adds into the residual (ops::linear_k_split_forward).
+TEST(DecodeLayersGpu, BatchedStepsSplitTheDownProjection) {
+  KILN_REQUIRE_GPU(be);
+  ASSERT_EQ(ops::linear_k_split_parts(*be, 24, 256, 1024, DType::bf16), 4);
+  ASSERT_EQ(ops::linear_k_split_parts(*be, 100, 256, 1024, DType::bf16), 4);
+  std::vector<int32_t> lens24, lens90;
+  for (int32_t i = 0; i < 24; ++i) lens24.push_back(1 + (i * 37) % 200);
+  for (int32_t i = 0; i < 90; ++i) lens90.push_back(i % 7 == 3 ? 0 : 1 + (i * 53) % 80);  // and padding requests
+  check_case({"batched d64 g4", 256, 8, 2, 64, 1024, 700, 3, false, false, false, false, false},
+             {{lens24, 24}, {lens90, 100}});
 }
 
 }  // namespace

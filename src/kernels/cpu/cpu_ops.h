@@ -13,6 +13,7 @@ namespace kiln::cpu {
 void embedding_forward(Tensor out, Tensor table, Tensor ids);
 void rmsnorm_forward(Tensor y, Tensor x, Tensor w, float eps);
 void add_rmsnorm_forward(Tensor y, Tensor residual, Tensor x, Tensor w, float eps, Tensor residual_in);
+void linear_k_split_forward(Tensor partials, Tensor x, Tensor w);
 void rope_forward(Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling);
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor bias);
 void linear_forward_row_invariant(Tensor y, Tensor x, Tensor w, Tensor bias);

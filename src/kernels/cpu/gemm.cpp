@@ -135,6 +135,30 @@ void linear_forward(Tensor y, Tensor x, Tensor w, Tensor bias) {
   if (y.dtype != DType::f32) detail::store_f32(y, 0, M * N, yf);
 }
 
+void linear_k_split_forward(Tensor partials, Tensor x, Tensor w) {
+  detail::check_float(partials);
+  detail::check_float(x);
+  detail::check_float(w);
+  KILN_ASSERT(x.ndim() == 2 && w.ndim() == 2 && partials.ndim() == 3 && partials.dtype == DType::f32);
+  const int64_t S = partials.size(0), M = x.size(0), K = x.size(1), N = w.size(0);
+  KILN_ASSERT(S >= 1 && K % S == 0 && w.size(1) == K && partials.size(1) == M && partials.size(2) == N);
+  KILN_ASSERT(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX);
+  const int64_t part = K / S;
+  const std::vector<float> xf = detail::to_f32(x), wf = detail::to_f32(w);
+  float* out = partials.ptr<float>();
+  for (int64_t s = 0; s < S; ++s) {
+    float* ps = out + s * M * N;
+    if (part == 0) {
+      std::fill(ps, ps + M * N, 0.0f);
+      continue;
+    }
+    // ps[M, N] = x[:, s part : (s + 1) part] @ w[:, same]^T, both read in place with leading dimension K.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(part), 1.0f, xf.data() + s * part, static_cast<int>(K), wf.data() + s * part,
+                static_cast<int>(K), 0.0f, ps, static_cast<int>(N));
+  }
+}
+
 void gemm(Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta) {
   detail::check_float(c);
   detail::check_float(a);

@@ -17,6 +17,8 @@ void add_rmsnorm_forward(CudaBackend& be, Tensor y, Tensor residual, Tensor x, T
 void rope_forward(CudaBackend& be, Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling);
 void linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor bias);
 void gemm(CudaBackend& be, Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);
+void linear_k_split_forward(CudaBackend& be, Tensor partials, Tensor x, Tensor w);
+int32_t linear_k_split_parts(int64_t M, int64_t N, int64_t K, DType w_dtype);
 void bias_add_forward(CudaBackend& be, Tensor y, Tensor bias);
 bool fused_linear_valid(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t K, DType w_dtype);
 bool fused_linear_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t N, int64_t K, DType w_dtype);

@@ -2,7 +2,8 @@
 //   rmsnorm:      y = x * (1 / sqrt(mean(x^2) + eps)) * w
 //   add_rmsnorm:  residual = residual_in + x (stored in residual's dtype; residual_in is residual
 //                 itself unless given); y = rmsnorm(residual) * w, where the norm reads the stored
-//                 (rounded) residual. One kernel serves both (residual may be null), so the residual
+//                 (rounded) residual. x may be [S, rows, H] partial sums (linear_k_split_forward),
+//                 added up in f32 in order first: the split-K reduction in the same pass. One kernel serves both (residual may be null), so the residual
 //                 add and the norm share one pass over memory.
 // x, residual, y: [..., H] viewed as [rows, H] (f32/bf16/f16, each its own dtype); w: [H] (any float
 // dtype). y may alias x.
@@ -28,8 +29,8 @@ constexpr int kBlock = 256;
 
 template <int kThreads, int N>
 __global__ void __launch_bounds__(kBlock)
-    rmsnorm_kernel(void* y, DType y_dt, const void* x, DType x_dt, void* residual, const void* residual_in, DType r_dt,
-                   const void* w, DType w_dt, int64_t rows, int64_t H, float eps) {
+    rmsnorm_kernel(void* y, DType y_dt, const void* x, DType x_dt, int x_parts, int64_t x_part_stride, void* residual,
+                   const void* residual_in, DType r_dt, const void* w, DType w_dt, int64_t rows, int64_t H, float eps) {
   constexpr int kRowsPerBlock = kBlock / kThreads;
   constexpr int kCache = 32 / N;  // chunks of N values held in registers per thread
   __shared__ float smem[32];
@@ -48,6 +49,12 @@ __global__ void __launch_bounds__(kBlock)
   // Loads chunk [i, i + N) of the (updated) row into v and returns its sum of squares.
   auto load_chunk = [&](int64_t i, float (&v)[N]) {
     load_vec<N>(x, base + i, x_dt, v);
+    for (int part = 1; part < x_parts; ++part) {  // partial sums, added in order (f32)
+      float p[N];
+      load_vec<N>(x, part * x_part_stride + base + i, x_dt, p);
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] += p[k];
+    }
     if (residual) {
       float r[N];
       load_vec<N>(residual_in, base + i, r_dt, r);
@@ -98,19 +105,24 @@ void launch_rmsnorm(CudaBackend& be, Tensor y, Tensor x, Tensor residual, Tensor
   detail::check_float(be, y);
   detail::check_float(be, x);
   detail::check_float(be, w);
-  KILN_ASSERT(x.ndim() >= 1 && y.shape == x.shape);
-  const int64_t H = x.size(-1);
-  KILN_ASSERT(w.ndim() == 1 && w.size(0) == H);
   const bool has_residual = residual.data != nullptr;
+  // x: like y, or (with a residual) [S, ...y's shape] of S partial sums.
+  const bool partial_sums = has_residual && x.ndim() == y.ndim() + 1;
+  const int x_parts = partial_sums ? static_cast<int>(x.size(0)) : 1;
+  KILN_ASSERT(y.ndim() >= 1 && (partial_sums ? x.numel() == x_parts * y.numel() && x.size(-1) == y.size(-1)
+                                             : x.shape == y.shape));
+  const int64_t H = y.size(-1);
+  KILN_ASSERT(w.ndim() == 1 && w.size(0) == H);
   if (has_residual) {
     detail::check_float(be, residual);
-    KILN_ASSERT(residual.shape == x.shape);
+    KILN_ASSERT(residual.shape == y.shape);
     if (residual_in.data == nullptr) residual_in = residual;
     detail::check_float(be, residual_in);
-    KILN_ASSERT(residual_in.shape == x.shape && residual_in.dtype == residual.dtype);
+    KILN_ASSERT(residual_in.shape == y.shape && residual_in.dtype == residual.dtype);
   }
-  if (H == 0 || x.numel() == 0) return;
-  const int64_t rows = x.numel() / H;
+  if (H == 0 || y.numel() == 0) return;
+  const int64_t rows = y.numel() / H;
+  const int64_t x_part_stride = y.numel();
   KILN_ASSERT(rows < (int64_t(1) << 31));
 
   const bool vec = H % 8 == 0 && detail::aligned16(y.data) && detail::aligned16(x.data) && detail::aligned16(w.data) &&
@@ -120,7 +132,8 @@ void launch_rmsnorm(CudaBackend& be, Tensor y, Tensor x, Tensor residual, Tensor
   const DType r_dt = has_residual ? residual.dtype : x.dtype;
 #define KILN_LAUNCH_RMSNORM(THREADS, N)                                                                       \
   detail::launch_programmatic(be, rmsnorm_kernel<THREADS, N>, dim3(grid), dim3(kBlock), 0, 1, y.data, y.dtype,     \
-                              x.data, x.dtype, residual.data, residual_in.data, r_dt, w.data, w.dtype, rows, H, eps)
+                              x.data, x.dtype, x_parts, x_part_stride, residual.data, residual_in.data, r_dt, w.data, \
+                              w.dtype, rows, H, eps)
   if (warp_per_row) {
     if (vec) KILN_LAUNCH_RMSNORM(32, 8);
     else KILN_LAUNCH_RMSNORM(32, 1);
