@@ -132,7 +132,9 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   KILN_ASSIGN_OR_RETURN(ws.last_q, empty(backend_, {R, c.num_attention_heads * D}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.last_residual, empty(backend_, {R, H}, DType::f32));
   const int64_t split_rows = std::min<int64_t>(T, ops::kFusedLinearMaxRows);
-  KILN_ASSIGN_OR_RETURN(ws.down_partials, empty(backend_, {ops::kMaxKSplitParts * split_rows * H}, DType::f32));
+  if (ops::linear_k_split_parts(backend_, split_rows, H, c.intermediate_size, dtype_) > 0) {
+    KILN_ASSIGN_OR_RETURN(ws.down_partials, empty(backend_, {ops::kMaxKSplitParts * split_rows * H}, DType::f32));
+  }
   return ws;
 }
 

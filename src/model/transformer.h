@@ -72,8 +72,9 @@ struct ForwardWorkspace {
   int64_t max_tokens = 0, max_logit_rows = 0;
   TensorBuffer hidden, residual, normed, qkv, q, attn, proj, gate_up, act, gathered, logits;
   TensorBuffer last_q, last_residual;  // [R, Hq*D], [R, H] f32: the final layer's trimmed rows
-  // The down projection's K-split f32 products, [ops::kMaxKSplitParts * min(T, 128) * H]: steps of
-  // up to 128 rows add them up in the next norm (ops::linear_k_split_forward).
+  // The down projection's K-split f32 products, [ops::kMaxKSplitParts * min(T, 128) * H], where the
+  // backend splits it (ops::linear_k_split_parts): steps of up to 128 rows add them up in the next
+  // norm.
   TensorBuffer down_partials;
 };
 
