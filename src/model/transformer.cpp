@@ -278,16 +278,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     ops::linear_forward(be, hidden, act, L.down_proj, L.down_bias);
   }
   Tensor logits = ws.logits.view().rows(0, R);
-  if (fused && input_normed) {  // the last down projection's kernel wrote the final norm's rows
-    Tensor final_rows = normed;
-    if (!trim_last_layer) {  // gather the logit rows
-      final_rows = ws.gathered.view().rows(0, R);
-      ops::embedding_forward(be, final_rows, normed, batch.logit_rows);
-    }
-    ops::linear_forward(be, logits, final_rows, lm_head_);
-    return logits;
-  }
-  if (fused) {
+  if (fused && !input_normed) {
     Tensor final_residual = residual;
     if (!trim_last_layer) {  // gather the logit rows
       final_residual = ws.last_residual.view().rows(0, R);
@@ -296,7 +287,8 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     norm_project(logits, final_residual, final_norm_, lm_head_, Tensor{}, ws.gathered.view().rows(0, R));
     return logits;
   }
-  ops::add_rmsnorm_forward(be, normed, residual, hidden, final_norm_, eps);
+  // The final norm's rows: written by the last down projection's kernel (fused path), else here.
+  if (!fused) ops::add_rmsnorm_forward(be, normed, residual, hidden, final_norm_, eps);
   Tensor final_rows = normed;
   if (!trim_last_layer) {  // gather the logit rows
     final_rows = ws.gathered.view().rows(0, R);
