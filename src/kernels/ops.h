@@ -147,9 +147,20 @@ void kv_cache_write(Backend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tenso
 // qkv:     [T, (Hq + 2 Hkv) * D]  each row: Hq query heads, then Hkv key heads, then Hkv value heads
 // q_out:   [T, Hq, D];  k_cache, v_cache: [S, Hkv, D];  positions, slots: [T] i32 (slot < 0: no write)
 // inv_freq: [D/2] f32; q_norm, k_norm: [D] or absent (data == nullptr)
+// cos_sin: absent, or rope_cos_sin_table's output for these positions, inv_freq and scaling (the
+// CUDA kernel then reads its pairs instead of computing them; the CPU twin computes the same values).
 void qkv_rope_cache_write(Backend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor positions,
                           Tensor slots, Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm,
-                          float eps);
+                          float eps, Tensor cos_sin = {});
+
+// The rotary embedding's (cos, sin) pairs of a step's tokens, computed once for every layer's
+// qkv_rope_cache_write: table[t, i] = (c, s) of positions[t] * inv_freq[i], times attention_scaling,
+// with rope_forward's arithmetic. table: [T, D/2, 2] f32; positions: [T] i32; inv_freq: [D/2] f32.
+void rope_cos_sin_table(Backend& be, Tensor table, Tensor positions, Tensor inv_freq, float attention_scaling);
+// Whether qkv_rope_cache_write reads such a table on this backend for a step of T tokens. CUDA:
+// steps past the decode sizes (prefill), where every layer would otherwise compute a double-precision
+// cos and sin per head and pair; the CPU computes each token's pairs once per call anyway.
+bool qkv_rope_reads_table(Backend& be, int64_t T);
 
 // Host-side sizes of an attention call. The kernels read each request's true lengths from the
 // device arrays; these bounds fix the launch shape (so a captured CUDA graph can be replayed for

@@ -132,6 +132,9 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   KILN_ASSIGN_OR_RETURN(ws.last_q, empty(backend_, {R, c.num_attention_heads * D}, dtype_));
   KILN_ASSIGN_OR_RETURN(ws.last_residual, empty(backend_, {R, H}, DType::f32));
   const int64_t split_rows = std::min<int64_t>(T, ops::kFusedLinearMaxRows);
+  if (ops::qkv_rope_reads_table(backend_, T)) {
+    KILN_ASSIGN_OR_RETURN(ws.rope_table, empty(backend_, {T, D / 2, 2}, DType::f32));
+  }
   if (ops::linear_k_split_parts(backend_, split_rows, H, c.intermediate_size, dtype_) > 0) {
     KILN_ASSIGN_OR_RETURN(ws.down_partials, empty(backend_, {ops::kMaxKSplitParts * split_rows * H}, DType::f32));
   }
@@ -217,6 +220,12 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
           : 0;
   bool input_normed = false;  // `normed` holds this layer's input norm (the previous layer's down projection wrote it)
 
+  Tensor rope_table;  // the step's rotary pairs, once for every layer (where the backend reads them)
+  if (ops::qkv_rope_reads_table(be, T)) {
+    rope_table = ws.rope_table.view().rows(0, T);
+    ops::rope_cos_sin_table(be, rope_table, batch.positions, rope_.inv_freq, rope_.attention_scaling);
+  }
+
   ops::embedding_forward(be, residual, embed_tokens_, batch.ids);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = layers_[i];
@@ -239,7 +248,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
         ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
       }
       ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
-                                rope_.attention_scaling, L.q_norm, L.k_norm, eps);
+                                rope_.attention_scaling, L.q_norm, L.k_norm, eps, rope_table);
     }
     if (trim_last_layer && i == c.num_hidden_layers - 1) {
       // Only the logit rows go on: gather their queries and residuals (row gathers), attend as the

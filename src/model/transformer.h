@@ -76,6 +76,9 @@ struct ForwardWorkspace {
   // backend splits it (ops::linear_k_split_parts): steps of up to 128 rows add them up in the next
   // norm.
   TensorBuffer down_partials;
+  // The step's rotary (cos, sin) pairs, [T, head_dim / 2, 2] f32, where the backend's
+  // qkv_rope_cache_write reads them (ops::qkv_rope_reads_table): computed once for every layer.
+  TensorBuffer rope_table;
 };
 
 struct ModelLoadOptions {

@@ -41,6 +41,48 @@ TEST(CudaFusedKernels, QkvRopeCacheWrite) {
     EXPECT_CLOSE(to_f32(*gpu, d_q), to_f32(*cpu, q), tol);
     EXPECT_CLOSE(to_f32(*gpu, d_kc), to_f32(*cpu, kc), tol);
     EXPECT_EQ(to_f32(*gpu, d_vc), to_f32(*cpu, vc));
+
+    // With the step's (cos, sin) table (rope_cos_sin_table, as prefill steps run it): the same bits.
+    TensorBuffer d_table = std::move(empty(*gpu, {c.T, half, 2}, DType::f32)).value();
+    ops::rope_cos_sin_table(*gpu, d_table, d_pos, d_inv, 1.0f);
+    TensorBuffer d_kc2 = dev(random_host({S, c.Hkv, c.D}, c.dt, 24)), d_vc2 = dev(random_host({S, c.Hkv, c.D}, c.dt, 25));
+    TensorBuffer d_q2 = std::move(empty(*gpu, {c.T, c.Hq, c.D}, c.dt)).value();
+    ops::qkv_rope_cache_write(*gpu, d_q2, d_kc2, d_vc2, d_qkv, d_pos, d_slots, d_inv, 1.0f,
+                              c.norms ? d_qn.view() : Tensor{}, c.norms ? d_kn.view() : Tensor{}, 1e-6f, d_table);
+    EXPECT_EQ(to_f32(*gpu, d_q2), to_f32(*gpu, d_q));
+    EXPECT_EQ(to_f32(*gpu, d_kc2), to_f32(*gpu, d_kc));
+    EXPECT_EQ(to_f32(*gpu, d_vc2), to_f32(*gpu, d_vc));
+  }
+}
+
+TEST(CudaFusedKernels, RopeCosSinTableMatchesTheCpuTwin) {
+  // Positions up to 32K and two scalings: the double-precision cos/sin rounded to f32 on both sides.
+  KILN_REQUIRE_GPU(gpu);
+  auto cpu = make_cpu_backend();
+  for (int64_t D : {64, 128, 18}) {
+    const int64_t T = 333, half = D / 2;
+    TensorBuffer inv = host_empty({half}, DType::f32);
+    for (int64_t i = 0; i < half; ++i) inv.ptr<float>()[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / D));
+    std::vector<int32_t> pos(T);
+    for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t * 97 % 32768);
+    TensorBuffer positions = host_ints(pos);
+    for (float scaling : {1.0f, 0.8f}) {
+      SCOPED_TRACE(testing::Message() << "D=" << D << " scaling=" << scaling);
+      TensorBuffer table = host_empty({T, half, 2}, DType::f32);
+      ops::rope_cos_sin_table(*cpu, table, positions, inv, scaling);
+      TensorBuffer d_pos = std::move(to_device(*gpu, positions)).value(), d_inv = std::move(to_device(*gpu, inv)).value();
+      TensorBuffer d_table = std::move(empty(*gpu, {T, half, 2}, DType::f32)).value();
+      ops::rope_cos_sin_table(*gpu, d_table, d_pos, d_inv, scaling);
+      EXPECT_CLOSE(to_f32(*gpu, d_table), to_f32(*cpu, table), 1e-6);
+      // Against cos and sin in double of the f32 angle.
+      const float* got = table.ptr<float>();
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = static_cast<float>(pos[t]) * inv.ptr<float>()[i];
+          ASSERT_NEAR(got[2 * (t * half + i)], std::cos(angle) * scaling, 1e-6);
+          ASSERT_NEAR(got[2 * (t * half + i) + 1], std::sin(angle) * scaling, 1e-6);
+        }
+    }
   }
 }
 

@@ -33,6 +33,7 @@ void fill_constant(Tensor t, float value);
 void kv_cache_write(Tensor k_cache, Tensor v_cache, Tensor k, Tensor v, Tensor slots);
 void qkv_rope_cache_write(Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor positions, Tensor slots,
                           Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm, float eps);
+void rope_cos_sin_table(Tensor table, Tensor positions, Tensor inv_freq, float attention_scaling);
 void attention_forward(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, const PagedKV& kv,
                        ops::AttentionBounds bounds, float scale);
 void sample(const ops::SamplingBatch& batch);

@@ -14,6 +14,23 @@
 
 namespace kiln::cpu {
 
+void rope_cos_sin_table(Tensor table, Tensor positions, Tensor inv_freq, float attention_scaling) {
+  detail::check_i32(positions);
+  detail::check_float(inv_freq);
+  KILN_ASSERT(table.dtype == DType::f32 && table.ndim() == 3 && table.size(2) == 2);
+  const int64_t T = table.size(0), half = table.size(1);
+  KILN_ASSERT(positions.numel() == T && inv_freq.numel() == half);
+  const std::vector<float> freq = detail::to_f32(inv_freq);
+  const int32_t* pos = positions.ptr<const int32_t>();
+  float* out = table.ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {  // rope_forward's pairs
+      const float angle = static_cast<float>(pos[t]) * freq[i];
+      out[2 * (t * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling;
+      out[2 * (t * half + i) + 1] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling;
+    }
+}
+
 void rope_forward(Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling) {
   detail::check_float(x);
   detail::check_i32(positions);

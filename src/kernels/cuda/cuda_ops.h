@@ -57,7 +57,8 @@ void fill_normal(CudaBackend& be, Tensor t, float std, uint64_t seed);
 void fill_constant(CudaBackend& be, Tensor t, float value);
 void kv_cache_write(CudaBackend& be, Tensor k_cache, Tensor v_cache, Tensor k, Tensor v, Tensor slots);
 void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor positions, Tensor slots,
-                          Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm, float eps);
+                          Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm, float eps, Tensor cos_sin);
+void rope_cos_sin_table(CudaBackend& be, Tensor table, Tensor positions, Tensor inv_freq, float attention_scaling);
 void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
                        const PagedKV& kv, ops::AttentionBounds bounds, float scale);
 void sample(CudaBackend& be, const ops::SamplingBatch& batch);

@@ -8,7 +8,9 @@
 // Launch: grid (T, ceil(heads / 8)), a warp per (token, head), so that every head's load, norm and
 // store chain runs in parallel (a block per token walking its heads was latency-bound: 10 us per
 // layer at B=128); lane i holds elements i, i + 32, ... and computes the (cos, sin) pairs of the
-// frequencies it stores. A negative slot skips the token's cache writes (as kv_cache_write does).
+// frequencies it stores, or reads them from the step's table (rope_cos_sin_table: prefill steps,
+// where every head of every layer would recompute the same double-precision cos and sin). A
+// negative slot skips the token's cache writes (as kv_cache_write does).
 // Launched programmatically (programmatic_launch.cuh): it waits for the projection at its start.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hopper_util.cuh"
@@ -26,8 +28,8 @@ constexpr int kPerLane = kMaxHeadDim / 32;
 __global__ void __launch_bounds__(kThreads)
     qkv_rope_cache_kernel(void* q_out, DType q_dt, void* k_cache, void* v_cache, DType c_dt, const void* qkv,
                           DType in_dt, const int32_t* positions, const int32_t* slots, const float* inv_freq,
-                          float scaling, const void* q_norm, DType qn_dt, const void* k_norm, DType kn_dt, int Hq,
-                          int Hkv, int D, float eps) {
+                          float scaling, const float2* cos_sin, const void* q_norm, DType qn_dt, const void* k_norm,
+                          DType kn_dt, int Hq, int Hkv, int D, float eps) {
   __shared__ float rows[kWarps][kMaxHeadDim];
   hopper::launch_dependents();  // lets the attention kernel get scheduled under this one
   hopper::grid_dependency_wait();
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
                            : (static_cast<int64_t>(slot) * Hkv + (h - Hq)) * static_cast<int64_t>(D);
   for (int i = lane; i < half; i += 32) {
     const float x0 = row[i], x1 = row[i + half];
-    const float2 r = detail::rope_cos_sin(pos, inv_freq[i], scaling);
+    const float2 r = cos_sin ? cos_sin[t * half + i] : detail::rope_cos_sin(pos, inv_freq[i], scaling);
     const float2 rot = detail::rope_rotate(x0, x1, r);
     detail::store1(out, dst + i, out_dt, rot.x);
     detail::store1(out, dst + i + half, out_dt, rot.y);
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor positions,
                           Tensor slots, Tensor inv_freq, float attention_scaling, Tensor q_norm, Tensor k_norm,
-                          float eps) {
+                          float eps, Tensor cos_sin) {
   detail::check_float(be, q_out);
   detail::check_float(be, qkv);
   detail::check_float(be, k_cache);
@@ -111,7 +113,7 @@ void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor 
   detail::launch_programmatic(
       be, qkv_rope_cache_kernel, grid, dim3(kThreads), 0, 1, q_out.data, q_out.dtype, k_cache.data, v_cache.data, k_cache.dtype, qkv.data, qkv.dtype,
       positions.ptr<const int32_t>(), slots.ptr<const int32_t>(), inv_freq.ptr<const float>(), attention_scaling,
-      q_norm.data, q_norm.dtype, k_norm.data, k_norm.dtype, static_cast<int>(Hq), static_cast<int>(Hkv),
+      static_cast<const float2*>(cos_sin.data), q_norm.data, q_norm.dtype, k_norm.data, k_norm.dtype, static_cast<int>(Hq), static_cast<int>(Hkv),
       static_cast<int>(D), eps);
 }
 

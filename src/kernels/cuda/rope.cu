@@ -11,7 +11,9 @@
 // then rotate every pair of every head of the token (consecutive threads touch consecutive i, so the
 // accesses coalesce).
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
+#include "kernels/cuda/programmatic_launch.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -41,7 +43,33 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// table[t * half + i] = (c, s) of token t's pair i (rope_cos_sin_table). Launched programmatically:
+// waits for whatever wrote the positions.
+__global__ void __launch_bounds__(kThreads)
+    rope_table_kernel(float2* table, const int32_t* positions, const float* inv_freq, int64_t T, int64_t half,
+                      float scaling) {
+  hopper::launch_dependents();
+  hopper::grid_dependency_wait();
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < T * half;
+       e += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t t = e / half, i = e - t * half;
+    table[e] = detail::rope_cos_sin(static_cast<float>(positions[t]), inv_freq[i], scaling);
+  }
+}
+
 }  // namespace
+
+void rope_cos_sin_table(CudaBackend& be, Tensor table, Tensor positions, Tensor inv_freq, float attention_scaling) {
+  detail::check_i32(be, positions);
+  KILN_ASSERT(table.device == be.device() && inv_freq.device == be.device() && inv_freq.dtype == DType::f32);
+  KILN_ASSERT(table.dtype == DType::f32 && table.ndim() == 3 && table.size(2) == 2);
+  const int64_t T = table.size(0), half = table.size(1);
+  KILN_ASSERT(positions.numel() == T && inv_freq.numel() == half);
+  if (T == 0 || half == 0) return;
+  detail::launch_programmatic(be, rope_table_kernel, detail::grid_for(be, T * half, kThreads), dim3(kThreads), 0, 1,
+                              static_cast<float2*>(table.data), positions.ptr<const int32_t>(),
+                              inv_freq.ptr<const float>(), T, half, attention_scaling);
+}
 
 void rope_forward(CudaBackend& be, Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling) {
   detail::check_float(be, x);
