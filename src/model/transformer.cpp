@@ -210,15 +210,16 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   // the norm in one kernel); the next layer's q/k/v projection then reads the normed rows.
   const LayerWeights& L0 = layers_[0];
   const int64_t H = c.hidden_size;
-  const bool qkv_reads_normed =
-      !preferred(ops::FusedLinear::norm, residual, L0.qkv_proj, false) &&
-      (L0.q_norm.data || L0.k_norm.data ||
-       !ops::norm_linear_qkv_rope_preferred(be, T, L0.qkv_proj.size(0), L0.qkv_proj.size(1), D, dtype_));
-  const int32_t down_parts =
-      fused && qkv_reads_normed && !L0.down_bias.data && !preferred(ops::FusedLinear::residual, act, L0.down_proj, false)
-          ? ops::linear_k_split_parts(be, T, H, c.intermediate_size, dtype_)
-          : 0;
-  bool input_normed = false;  // `normed` holds this layer's input norm (the previous layer's down projection wrote it)
+  int32_t down_parts = 0;
+  if (fused && !L0.down_bias.data && !preferred(ops::FusedLinear::residual, act, L0.down_proj, false)) {
+    const bool qkv_reads_normed =  // rather than folding the norm into its own kernel
+        !preferred(ops::FusedLinear::norm, residual, L0.qkv_proj, false) &&
+        (L0.q_norm.data || L0.k_norm.data ||
+         !ops::norm_linear_qkv_rope_preferred(be, T, L0.qkv_proj.size(0), L0.qkv_proj.size(1), D, dtype_));
+    if (qkv_reads_normed) down_parts = ops::linear_k_split_parts(be, T, H, c.intermediate_size, dtype_);
+  }
+  // Whether `normed` holds this layer's input norm (the previous layer's down projection wrote it).
+  bool input_normed = false;
 
   Tensor rope_table;  // the step's rotary pairs, once for every layer (where the backend reads them)
   if (ops::qkv_rope_reads_table(be, T)) {

@@ -408,7 +408,7 @@ void linear_k_split_forward(CudaBackend& be, Tensor partials, Tensor x, Tensor w
   KILN_ASSERT(x.ndim() == 2 && w.ndim() == 2 && partials.ndim() == 3 && x.dtype == w.dtype && partials.dtype == DType::f32);
   const int64_t S = partials.size(0), M = x.size(0), K = x.size(1), N = w.size(0);
   KILN_ASSERT(S >= 1 && K % S == 0 && w.size(1) == K && partials.size(1) == M && partials.size(2) == N);
-  if (S == 0 || M == 0 || N == 0) return;
+  if (M == 0 || N == 0) return;
   const int64_t part = K / S;
   // Column-major: partials[s]^T (N x M) = w[:, s part : (s + 1) part] (N x part) x[:, same]^T.
   Problem p;

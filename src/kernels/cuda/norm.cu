@@ -2,9 +2,10 @@
 //   rmsnorm:      y = x * (1 / sqrt(mean(x^2) + eps)) * w
 //   add_rmsnorm:  residual = residual_in + x (stored in residual's dtype; residual_in is residual
 //                 itself unless given); y = rmsnorm(residual) * w, where the norm reads the stored
-//                 (rounded) residual. x may be [S, rows, H] partial sums (linear_k_split_forward),
-//                 added up in f32 in order first: the split-K reduction in the same pass. One kernel serves both (residual may be null), so the residual
-//                 add and the norm share one pass over memory.
+//                 (rounded) residual. One kernel serves both (residual may be null), so the residual
+//                 add and the norm share one pass over memory. With a residual, x may be
+//                 [S, rows, H] partial sums (linear_k_split_forward), added up in f32 in order
+//                 first: a split-K reduction in the same pass.
 // x, residual, y: [..., H] viewed as [rows, H] (f32/bf16/f16, each its own dtype); w: [H] (any float
 // dtype). y may alias x.
 //

@@ -108,13 +108,14 @@ void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor 
   KILN_ASSERT(inv_freq.dtype == DType::f32 && inv_freq.numel() == D / 2);
   KILN_ASSERT(!q_norm.data || q_norm.numel() == D);
   KILN_ASSERT(!k_norm.data || k_norm.numel() == D);
+  KILN_ASSERT(!cos_sin.data || (cos_sin.device == be.device() && cos_sin.numel() == T * D));
   if (T == 0) return;
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((Hq + 2 * Hkv + kWarps - 1) / kWarps));
   detail::launch_programmatic(
       be, qkv_rope_cache_kernel, grid, dim3(kThreads), 0, 1, q_out.data, q_out.dtype, k_cache.data, v_cache.data, k_cache.dtype, qkv.data, qkv.dtype,
       positions.ptr<const int32_t>(), slots.ptr<const int32_t>(), inv_freq.ptr<const float>(), attention_scaling,
-      static_cast<const float2*>(cos_sin.data), q_norm.data, q_norm.dtype, k_norm.data, k_norm.dtype, static_cast<int>(Hq), static_cast<int>(Hkv),
-      static_cast<int>(D), eps);
+      static_cast<const float2*>(cos_sin.data), q_norm.data, q_norm.dtype, k_norm.data, k_norm.dtype,
+      static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), eps);
 }
 
 }  // namespace kiln::cuda
