@@ -339,6 +339,27 @@ bool run_matmul(CudaBackend& be, const Problem& p) {
   return plan.fused_bias;
 }
 
+// y[M, N] = x[M, k] @ w[N, k]^T with x's and w's rows ld elements apart, in the column-major terms
+// above: y^T (N x M) = w x^T, cuBLASLt's A = w (transposed), B = x.
+Problem linear_problem(const void* w, const void* x, DType ab_dt, void* y, DType y_dt, int64_t M, int64_t N, int64_t k,
+                       int64_t ld) {
+  Problem p;
+  p.m = N;
+  p.n = M;
+  p.k = k;
+  p.trans_a = true;
+  p.a = w;
+  p.lda = ld;
+  p.trans_b = false;
+  p.b = x;
+  p.ldb = ld;
+  p.ab_dt = ab_dt;
+  p.d = y;
+  p.ldd = N;
+  p.d_dt = y_dt;
+  return p;
+}
+
 constexpr int kThreads = 256;
 
 // t *= s (t = 0 when s == 0, so NaN/garbage is not read), for the K == 0 products.
@@ -381,20 +402,7 @@ void linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor bias) 
     return;
   }
 
-  Problem p;
-  p.m = N;
-  p.n = M;
-  p.k = K;
-  p.trans_a = true;
-  p.a = w.data;
-  p.lda = K;
-  p.trans_b = false;
-  p.b = x.data;
-  p.ldb = K;
-  p.ab_dt = x.dtype;
-  p.d = y.data;
-  p.ldd = N;
-  p.d_dt = y.dtype;
+  Problem p = linear_problem(w.data, x.data, x.dtype, y.data, y.dtype, M, N, K, K);
   const bool fusable = has_bias && bias.dtype == y.dtype && detail::aligned16(bias.data);
   p.bias = fusable ? bias.data : nullptr;
   const bool fused = run_matmul(be, p);
@@ -410,20 +418,8 @@ void linear_k_split_forward(CudaBackend& be, Tensor partials, Tensor x, Tensor w
   KILN_ASSERT(S >= 1 && K % S == 0 && w.size(1) == K && partials.size(1) == M && partials.size(2) == N);
   if (M == 0 || N == 0) return;
   const int64_t part = K / S;
-  // Column-major: partials[s]^T (N x M) = w[:, s part : (s + 1) part] (N x part) x[:, same]^T.
-  Problem p;
-  p.m = N;
-  p.n = M;
-  p.k = part;
-  p.trans_a = true;
-  p.a = w.data;
-  p.lda = K;
-  p.b = x.data;
-  p.ldb = K;
-  p.ab_dt = x.dtype;
-  p.d = partials.data;
-  p.ldd = N;
-  p.d_dt = DType::f32;
+  // partials[s] = x[:, s part : (s + 1) part] @ w[:, same]^T: S products at strides of part columns.
+  Problem p = linear_problem(w.data, x.data, x.dtype, partials.data, DType::f32, M, N, part, K);
   p.batch = S;
   p.stride_a = part;
   p.stride_b = part;
