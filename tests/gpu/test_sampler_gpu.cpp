@@ -258,9 +258,11 @@ TEST(CudaSampler, GraphReplayEqualsEager) {
   // for rows that asked then): compare tokens and counts, and the log-probs of rows that ask.
   EXPECT_EQ(changed.tokens, want.tokens);
   EXPECT_TRUE(changed.counts == want.counts);
-  for (int64_t b = 0; b < c.B; ++b)
-    if (c.rows[b].logprobs || c.rows[b].top_logprobs > 0)
+  for (int64_t b = 0; b < c.B; ++b) {
+    if (c.rows[b].logprobs || c.rows[b].top_logprobs > 0) {
       EXPECT_TRUE(logprob_close(changed.logprobs[b], want.logprobs[b])) << "row " << b;
+    }
+  }
 }
 
 TEST(CudaSampler, ResetTokenCountsMatchesCpu) {
