@@ -174,7 +174,9 @@ void run_interleaving(uint64_t seed, int64_t operations, const std::vector<Weigh
       EXPECT_EQ(ack->version, next);
       EXPECT_FALSE(ack->zero_copy);
       EXPECT_EQ(engine.policy_version(), next);
-      if (mode == WeightUpdateMode::sync) EXPECT_EQ(ack->kept + ack->aborted, 0);
+      if (mode == WeightUpdateMode::sync) {
+        EXPECT_EQ(ack->kept + ack->aborted, 0);
+      }
       tally.aborted += ack->aborted;
       version = next;
       ++tally.updates;
@@ -213,10 +215,14 @@ void run_interleaving(uint64_t seed, int64_t operations, const std::vector<Weigh
     ASSERT_TRUE(f.error.empty()) << f.error;
     ASSERT_EQ(r.versions.size(), r.ids.size());
     EXPECT_EQ(f.usage.completion_tokens, static_cast<int32_t>(r.ids.size()));
-    if (f.finish_reason == "length") EXPECT_EQ(static_cast<int32_t>(r.ids.size()), r.request.max_tokens);
+    if (f.finish_reason == "length") {
+      EXPECT_EQ(static_cast<int32_t>(r.ids.size()), r.request.max_tokens);
+    }
     for (size_t i = 0; i < r.versions.size(); ++i) {
       EXPECT_TRUE(models.count(r.versions[i])) << "token version " << r.versions[i] << " was never published";
-      if (i > 0) EXPECT_LE(r.versions[i - 1], r.versions[i]);
+      if (i > 0) {
+        EXPECT_LE(r.versions[i - 1], r.versions[i]);
+      }
     }
     if (!r.versions.empty()) {
       EXPECT_LE(f.admission_version, r.versions.front());

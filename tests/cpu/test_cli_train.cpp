@@ -336,7 +336,9 @@ TEST(CliTrain, ProgressBarWithEtaOnATerminalPlainLinesOtherwise) {
     EXPECT_EQ(std::stoi(m[4]), static_cast<int>(std::lround(100.0 * done / kSteps))) << shown;
     // The time left: a duration once a step has set the rate ("?" before), none after the last step.
     EXPECT_TRUE(std::regex_match(m[5].str(), std::regex(R"(\d+s|\d+m\d\ds|\d+h\d\dm)"))) << shown;
-    if (done == kSteps) EXPECT_EQ(m[5].str(), "0s") << shown;
+    if (done == kSteps) {
+      EXPECT_EQ(m[5].str(), "0s") << shown;
+    }
     std::snprintf(want, sizeof want, "%.4f", losses[static_cast<size_t>(done - 1)]);
     EXPECT_EQ(m[6].str(), want) << shown;
   }

@@ -185,7 +185,9 @@ TEST_F(EngineTest, BatchInvariantBackendIsBitwiseAlone) {
       o.prefix_cache = cache;
       int64_t preemptions = 0;
       check_equivalence(o, 24, 29, &preemptions);
-      if (!cache) EXPECT_GT(preemptions, 0) << m;
+      if (!cache) {
+        EXPECT_GT(preemptions, 0) << m;
+      }
     }
   }
 }
@@ -370,8 +372,12 @@ TEST_F(EngineTest, PromptLogprobsEqualTransformersUnderEveryBudgetCacheAndPreemp
         EXPECT_EQ(got.usage.completion_tokens, from == 5 ? 4 : 0);
       }
       for (auto& s : others) EXPECT_EQ(drain(*s).ids.size(), 6u);
-      if (kv_tokens < 4096) EXPECT_GT(e->stats().preemptions, 0) << m;
-      if (rows == 64) EXPECT_GT(e->stats().prefix_hit_tokens, 0) << m;
+      if (kv_tokens < 4096) {
+        EXPECT_GT(e->stats().preemptions, 0) << m;
+      }
+      if (rows == 64) {
+        EXPECT_GT(e->stats().prefix_hit_tokens, 0) << m;
+      }
     }
   }
 }

@@ -302,8 +302,9 @@ TEST(LossOptimCpu, CrossEntropyRlOptionsMatchDoubleReference) {
                 EXPECT_EQ(got.entropy[2], 0.0f);
               }
               for (int64_t v = 0; v < V; ++v) EXPECT_EQ(got.logits_after[2 * V + v], 0.0f);
-              if (with_scales)  // row 3 has scale 0: a zero gradient row, its loss still the unscaled loss
+              if (with_scales) {  // row 3 has scale 0: a zero gradient row, its loss still the unscaled loss
                 for (int64_t v = 0; v < V; ++v) EXPECT_EQ(got.logits_after[3 * V + v], 0.0f);
+              }
             }
           }
         }

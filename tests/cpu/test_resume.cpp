@@ -155,7 +155,9 @@ TEST(Resume, KillNineAtARandomMomentThenResumeIsBitwiseEqual) {
       EXPECT_EQ(e.path().filename().string().rfind(".checkpoint-", 0), std::string::npos) << "leftover " << e.path();
       checkpoints += e.path().filename().string().rfind("checkpoint-", 0) == 0;
     }
-    if (std::string(extra).find("--keep-last 2") != std::string::npos) EXPECT_EQ(checkpoints, 2);
+    if (std::string(extra).find("--keep-last 2") != std::string::npos) {
+      EXPECT_EQ(checkpoints, 2);
+    }
   }
 }
 

@@ -464,7 +464,9 @@ TEST(Scheduler, ContinuationIsTheNextScheduledStep) {
     const int32_t token = 100 + step;
     finish_step(a, pa, token);
     finish_step(b, pb, token);
-    if (ends) EXPECT_TRUE(b.remove(2));
+    if (ends) {
+      EXPECT_TRUE(b.remove(2));
+    }
     const StepPlan want = b.schedule();
     ASSERT_EQ(next.entries.size(), want.entries.size()) << "step " << step;
     EXPECT_EQ(next.tokens, want.tokens);
@@ -477,14 +479,18 @@ TEST(Scheduler, ContinuationIsTheNextScheduledStep) {
       EXPECT_EQ(x.seq->tokens, y.seq->tokens);
       EXPECT_EQ(x.seq->pages.size(), y.seq->pages.size());  // the new token's page reserved
     }
-    if (step == 2) EXPECT_EQ(next.entries.back().count, 6);  // the arrival's prompt, admitted
+    if (step == 2) {  // the arrival's prompt, admitted
+      EXPECT_EQ(next.entries.back().count, 6);
+    }
     // b runs its step; a commits the continuation and drops request 2 once its extra row is
     // done, as the engine does; then a plans a step the way the engine would next.
     finish_step(b, want, 200 + step);
     a.commit(next);
     for (const StepEntry& e : next.entries)
       if (e.wants_logits) a.append(e.seq, 200 + step);
-    if (ends) EXPECT_TRUE(a.remove(2));
+    if (ends) {
+      EXPECT_TRUE(a.remove(2));
+    }
     EXPECT_EQ(a.running_count(), b.running_count());
     pa = a.schedule();
     finish_step(b, b.schedule(), 300 + step);  // b too: both are at the same point again

@@ -167,7 +167,9 @@ TEST(CudaSampler, SampledLogprobsMatchCpu) {
       const SamplerOutputs g = run_sampler(*be, c), h = run_sampler(*cpu, c);
       expect_same(c, g, h, what);
       for (int64_t b = 0; b < c.B; ++b)
-        if (!(c.rows[b].temperature > 0.0f)) EXPECT_EQ(g.logprobs[b], 0.0f) << what << " greedy row " << b;
+        if (!(c.rows[b].temperature > 0.0f)) {
+          EXPECT_EQ(g.logprobs[b], 0.0f) << what << " greedy row " << b;
+        }
       if (::testing::Test::HasFailure()) return;
       c.counts = h.counts;
       for (ops::SamplingRow& r : c.rows) r.position += 1;
