@@ -11,6 +11,7 @@
 #include <fstream>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 #include "kernels/rng.h"
@@ -179,6 +180,15 @@ std::string testdata_dir() {
 std::string kiln_binary() {
   const char* env = std::getenv("KILN_BINARY");
   return env && *env ? env : KILN_BINARY;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) {
+    ADD_FAILURE() << "cannot open " << path;
+    return "";
+  }
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 TempDir::TempDir() {

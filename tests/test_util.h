@@ -65,6 +65,10 @@ PagedTables scattered_pages(const std::vector<int32_t>& kv_lens, int32_t page_si
 std::string testdata_dir();
 std::string kiln_binary();
 
+// The bytes of a file; a file that cannot be opened is a test failure (and gives ""), so that two
+// missing files never compare equal unnoticed.
+std::string read_file(const std::string& path);
+
 // A fresh scratch folder under the system's temporary directory, removed with everything in it when
 // the object goes.
 struct TempDir {

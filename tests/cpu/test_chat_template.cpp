@@ -16,15 +16,8 @@
 namespace kiln {
 namespace {
 
+using test::read_file;
 using ojson = nlohmann::ordered_json;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << "cannot open " << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // A special token in tokenizer_config.json: a string or {"content": ...}.
 std::string token_string(const ojson& cfg, const char* key) {

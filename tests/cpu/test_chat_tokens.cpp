@@ -19,16 +19,9 @@
 namespace kiln {
 namespace {
 
+using test::read_file;
 using Json = nlohmann::ordered_json;
 using Spans = std::vector<std::pair<size_t, size_t>>;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "missing " << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string data(const std::string& rel) { return test::testdata_dir() + "/" + rel; }
 

@@ -25,11 +25,6 @@ namespace fs = std::filesystem;
 namespace kiln::test {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // Rows of rule-following ids (learnable, so the losses move) for tiny-llama.
 std::string training_jsonl(int rows, int length) {
   std::string s;
