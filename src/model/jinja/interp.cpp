@@ -2,7 +2,7 @@
 // ImmutableSandboxedEnvironment has them under transformers: scopes (a for-loop iteration and a macro
 // call get their own; if/else does not), the loop object, undefined values, attribute-then-item lookup,
 // Python operators, and the globals range, dict, namespace, raise_exception and strftime_now (the
-// filters, tests and methods are in builtins.cpp), and transformers' {% generation %} call block with
+// methods are in builtins.cpp, the filters and tests in filters.cpp), and transformers' {% generation %} call block with
 // its span tracking. Also ChatTemplate and apply_chat_template (the public API in
 // model/chat_template.h).
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Internal to the chat-template interpreter (interp.cpp: evaluation, statements, globals and the
-// public API; builtins.cpp: Python string helpers, methods, filters and tests): the scope frames,
-// the interpreter's state and the lookups both files share. Not part of kiln's API.
+// public API; builtins.cpp: methods; filters.cpp: filters and tests): the scope frames, the
+// interpreter's state and the lookups those files share. Not part of kiln's API.
 #pragma once
 
 #include <cstdint>
