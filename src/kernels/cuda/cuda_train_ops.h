@@ -28,4 +28,10 @@ void sgd_step(CudaBackend& be, Tensor params, Tensor grads, Tensor params_lowp, 
               int64_t decay_end);
 double sum_squares(CudaBackend& be, Tensor x);
 
+namespace detail {
+// out[c] += sum over g < G of partial[g * stride + c] for c < ncols, in double in a fixed order: the
+// deterministic reduction of per-block weight-gradient partial rows (backward.cu; qkv_train.cu).
+void column_sum_add(CudaBackend& be, float* out, const float* partial, int64_t G, int64_t ncols, int64_t stride);
+}  // namespace detail
+
 }  // namespace kiln::cuda
