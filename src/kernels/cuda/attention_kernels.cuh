@@ -192,6 +192,14 @@ const void* kernel_key(Kernel* kernel) {
 // attention_ws.cu).
 template <typename T>
 void launch_decode(CudaBackend& be, const Args& a);
+// The most splits the decode kernel writes for the combine pass to merge.
+constexpr int kDecodeMaxSplits = 256;
+// The combine pass (attention_combine.cu): out [rows, Hq, D] (rows of q_indptr's requests; rows
+// past a request's queries untouched) from part_o [B, max_q_len, Hq, splits, D] f32 and part_lse
+// [B, max_q_len, Hq, splits] (base-2 log-sum-exp, -inf for an empty split). D is 64 or 128.
+template <typename T>
+void launch_decode_combine(CudaBackend& be, T* out, const float* part_o, const float* part_lse, const int* q_indptr,
+                           int B, int max_q_len, int Hq, int D, int splits);
 template <typename T>
 void launch_prefill_mma(CudaBackend& be, const Args& a);
 template <typename T>
