@@ -1,12 +1,14 @@
-// Backward passes of the model's row-wise and elementwise ops, CUDA twins of kernels/cpu/backward.cpp (math and shapes in kernels/train_ops.h and there).
+// Backward passes of the model's row-wise and elementwise ops, CUDA twins of
+// kernels/cpu/backward.cpp (math and shapes in kernels/train_ops.h and there; the training
+// attention-input stage is qkv_train.cu).
 // Activations f32, bf16 or f16 (each tensor its own dtype), f32 arithmetic, f32 weight gradients
 // accumulated (+=).
 //
-// Weight gradients (rmsnorm dw, bias db, q/k norm weights) are sums over many rows. They are
-// deterministic for a given GPU: each block sums a fixed, contiguous range of rows into an f32
-// partial row of a scratch [blocks, H] buffer (from the backend's caching allocator), and
-// column_sum_kernel then adds the partials of every column in a fixed order, in double, to the
-// gradient. No atomics, so equal inputs give equal bits run after run.
+// Weight gradients (rmsnorm dw, bias db, and qkv_train.cu's q/k norm weights) are sums over many
+// rows. They are deterministic for a given GPU: each block sums a fixed, contiguous range of rows
+// into an f32 partial row of a scratch [blocks, H] buffer (from the backend's caching allocator),
+// and column_sum_kernel (detail::column_sum_add) then adds the partials of every column in a fixed
+// order, in double, to the gradient. No atomics, so equal inputs give equal bits run after run.
 //
 //   rmsnorm_backward: dy, x, dx: [rows, H]; w: [H]; dw: [H] f32. A group of threads per row (a warp
 //     when H <= 1024, the 256-thread block otherwise), rows strided over the groups of a block and
