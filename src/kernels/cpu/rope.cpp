@@ -13,6 +13,16 @@
 #include "kernels/cpu/cpu_ops.h"
 
 namespace kiln::cpu {
+namespace {
+
+// The (c, s) of one pair: the angle and scaling of the header comment.
+void pair_cos_sin(int32_t pos, float freq, float attention_scaling, float& c, float& s) {
+  const float angle = static_cast<float>(pos) * freq;
+  c = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling;
+  s = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling;
+}
+
+}  // namespace
 
 void rope_cos_sin_table(Tensor table, Tensor positions, Tensor inv_freq, float attention_scaling) {
   detail::check_i32(positions);
@@ -24,11 +34,8 @@ void rope_cos_sin_table(Tensor table, Tensor positions, Tensor inv_freq, float a
   const int32_t* pos = positions.ptr<const int32_t>();
   float* out = table.ptr<float>();
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < half; ++i) {  // rope_forward's pairs
-      const float angle = static_cast<float>(pos[t]) * freq[i];
-      out[2 * (t * half + i)] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling;
-      out[2 * (t * half + i) + 1] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling;
-    }
+    for (int64_t i = 0; i < half; ++i)  // rope_forward's pairs
+      pair_cos_sin(pos[t], freq[i], attention_scaling, out[2 * (t * half + i)], out[2 * (t * half + i) + 1]);
 }
 
 void rope_forward(Tensor x, Tensor positions, Tensor inv_freq, float attention_scaling) {
@@ -47,11 +54,7 @@ void rope_forward(Tensor x, Tensor positions, Tensor inv_freq, float attention_s
   std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
   std::vector<float> row(static_cast<size_t>(D));
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(pos[t]) * freq[i];
-      cos_t[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling;
-      sin_t[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling;
-    }
+    for (int64_t i = 0; i < half; ++i) pair_cos_sin(pos[t], freq[i], attention_scaling, cos_t[i], sin_t[i]);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t offset = (t * heads + h) * D;
       detail::load_f32(x, offset, D, row.data());

@@ -418,13 +418,13 @@ void linear_k_split_forward(CudaBackend& be, Tensor partials, Tensor x, Tensor w
   KILN_ASSERT(S >= 1 && K % S == 0 && w.size(1) == K && partials.size(1) == M && partials.size(2) == N);
   if (M == 0 || N == 0) return;
   const int64_t part = K / S;
+  if (part == 0) return fill_constant(be, partials, 0.0f);
   // partials[s] = x[:, s part : (s + 1) part] @ w[:, same]^T: S products at strides of part columns.
   Problem p = linear_problem(w.data, x.data, x.dtype, partials.data, DType::f32, M, N, part, K);
   p.batch = S;
   p.stride_a = part;
   p.stride_b = part;
   p.stride_d = M * N;
-  if (part == 0) return fill_constant(be, partials, 0.0f);
   run_matmul(be, p);
 }
 
