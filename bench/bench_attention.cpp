@@ -1,14 +1,15 @@
-// Attention kernel benchmark (CUDA, bf16): decode (one query, B=1, split-KV path) and causal
-// prefill (tensor-core path) for Hq=24, Hkv=4, D=64 by default, with every compiled prefill
-// variant (kernels/cuda/attention_internal.h). The context lives in a paged cache
-// (kernels/paged_kv.h) of --page-size rows per page (default 16), its pages in a fixed shuffled
-// order of the pool; --page-size 0 puts it in one page of the whole pool (contiguous rows, the
-// single-request generator's layout). Prints JSON: decode microseconds per call and
-// achieved GB/s (K+V bytes read); per prefill case (q_len = kv_len = L, plus a chunked case of
-// q_len queries over kv_len keys) and variant, milliseconds, TFLOP/s (4 * D * Hq * causal (query,
-// key) pairs) and the error against variant 0 (the original kernel) on the same inputs: max abs
-// difference and relative L2 error; a variant whose relative error exceeds 1e-2 (or that leaves
-// non-finite values: the output is poisoned with NaN first) is marked invalid.
+// Attention kernel benchmark (CUDA, bf16): decode (one query for each of --decode-batch requests of
+// the same context, split-KV path) and causal prefill (tensor-core path) for Hq=24, Hkv=4, D=64 by
+// default, with every compiled prefill variant (kernels/cuda/attention_internal.h). Each context
+// lives in a paged cache (kernels/paged_kv.h) of --page-size rows per page (default 16), its pages
+// in a fixed shuffled order of the pool; --page-size 0 puts each request's context in one page
+// (contiguous rows, the single-request generator's layout). Prints JSON: decode microseconds per
+// call and achieved GB/s (the K+V bytes of every request); per prefill case (q_len = kv_len = L,
+// plus a chunked case of q_len queries over kv_len keys; one request) and variant, milliseconds,
+// TFLOP/s (4 * D * Hq * causal (query, key) pairs) and the error against variant 0 (the original
+// kernel) on the same inputs: max abs difference and relative L2 error; a variant whose relative
+// error exceeds 1e-2 (or that leaves non-finite values: the output is poisoned with NaN first) is
+// marked invalid.
 // Timing: cudaEvents around `repeats` calls (chosen so that a sample takes >= ~1 ms) after
 // warm-up, median over `samples` such measurements.
 #include <CLI/CLI.hpp>
@@ -33,7 +34,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln attention benchmark"};
-  int hq = 24, hkv = 4, d = 64, samples = 11, page_size = 16;
+  int hq = 24, hkv = 4, d = 64, samples = 11, page_size = 16, decode_batch = 1;
   double min_sample_ms = 1.0;
   std::vector<int> decode_lens = {1024, 8192, 30000};
   std::vector<int> prefill_lens = {1024, 8192, 30000};
@@ -44,12 +45,15 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", d, "head dimension (64 or 128 use the fast paths)");
   app.add_option("--page-size", page_size, "KV cache rows per page (0: the whole pool as one page)");
   app.add_option("--decode", decode_lens, "decode context lengths");
-  app.add_option("--prefill", prefill_lens, "prefill lengths (q_len = kv_len)");
-  app.add_option("--chunked", chunked, "chunked prefill cases as q_len kv_len pairs (empty: none)");
+  app.add_option("--decode-batch", decode_batch, "requests per decode call, each with its own pages");
+  app.add_option("--prefill", prefill_lens, "prefill lengths (q_len = kv_len; 0: no prefill cases)");
+  app.add_option("--chunked", chunked, "chunked prefill cases as q_len kv_len pairs (0: none)");
   app.add_option("--variants", variants, "prefill variants to run (default: all)");
   app.add_option("--samples", samples, "timed samples (median reported)");
   app.add_option("--min-sample-ms", min_sample_ms, "calls per sample are chosen to take at least this long");
   CLI11_PARSE(app, argc, argv);
+  for (std::vector<int>* list : {&prefill_lens, &chunked})
+    if (*list == std::vector<int>{0}) list->clear();
 
 #ifndef KILN_WITH_CUDA
   std::printf("{\"error\": \"kiln was built without CUDA\"}\n");
@@ -69,6 +73,10 @@ int main(int argc, char** argv) {
   cudaStream_t stream = be.stream();
   if (page_size < 0) {
     std::printf("{\"error\": \"--page-size must be >= 0\"}\n");
+    return 1;
+  }
+  if (decode_batch < 1) {
+    std::printf("{\"error\": \"--decode-batch must be >= 1\"}\n");
     return 1;
   }
   if (chunked.size() % 2 != 0) {
@@ -109,12 +117,15 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMemcpy(t.view().data, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     return t;
   };
-  // The pool: n_pages pages of `ps` rows (ps = max_len for --page-size 0: one page).
+  // The pool: n_pages pages of `ps` rows (ps = max_len for --page-size 0: one page per request),
+  // request_pages of them for each of the decode_batch requests.
   const int ps = page_size > 0 ? page_size : max_len;
-  const int n_pages = (max_len + ps - 1) / ps;
+  const int request_pages = (max_len + ps - 1) / ps;
+  const int n_pages = request_pages * decode_batch;
   const int64_t pool_rows = static_cast<int64_t>(n_pages) * ps;
-  TensorBuffer q = alloc(Shape{max_len, hq, d}, 1);
-  TensorBuffer out = alloc(Shape{max_len, hq, d}, 2);
+  const int q_rows = std::max(max_len, decode_batch);
+  TensorBuffer q = alloc(Shape{q_rows, hq, d}, 1);
+  TensorBuffer out = alloc(Shape{q_rows, hq, d}, 2);
   TensorBuffer k = alloc(Shape{pool_rows, hkv, d}, 3);
   TensorBuffer v = alloc(Shape{pool_rows, hkv, d}, 4);
   auto alloc_i32 = [&](int64_t n) {
@@ -122,18 +133,18 @@ int main(int argc, char** argv) {
     KILN_ASSERT(r.ok());
     return std::move(r).value();
   };
-  TensorBuffer qi = alloc_i32(2), page_indptr = alloc_i32(2), page_indices = alloc_i32(n_pages),
-               last_page_len = alloc_i32(1);
-  // The request's pages: the pool's pages in a fixed pseudo-random order (seeded Fisher-Yates).
+  TensorBuffer qi = alloc_i32(decode_batch + 1), page_indptr = alloc_i32(decode_batch + 1),
+               page_indices = alloc_i32(n_pages), last_page_len = alloc_i32(decode_batch);
+  // The pool's pages in a fixed pseudo-random order (seeded Fisher-Yates); request b owns entries
+  // b * request_pages.. of it.
+  std::vector<int32_t> order(static_cast<size_t>(n_pages));
+  for (int i = 0; i < n_pages; ++i) order[i] = i;
   {
-    std::vector<int32_t> order(static_cast<size_t>(n_pages));
-    for (int i = 0; i < n_pages; ++i) order[i] = i;
     uint64_t x = 0x2545f4914f6cdd1dull;
     for (int i = n_pages - 1; i > 0; --i) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
       std::swap(order[i], order[static_cast<int>((x >> 33) % static_cast<uint64_t>(i + 1))]);
     }
-    CUDA_CHECK(cudaMemcpy(page_indices.view().data, order.data(), order.size() * 4, cudaMemcpyHostToDevice));
   }
   const PagedKV paged{page_indptr, page_indices, last_page_len, ps};
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -142,17 +153,27 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
 
-  // One request of q_len queries over kv_len keys: its first ceil(kv_len / ps) pages.
-  auto set_lengths = [&](int q_len, int kv_len) {
+  // `batch` requests of q_len queries over kv_len keys each: the first ceil(kv_len / ps) of each
+  // request's pages. Prefill cases run one request.
+  int batch = 1;
+  auto set_lengths = [&](int requests, int q_len, int kv_len) {
+    batch = requests;
     const int pages = (kv_len + ps - 1) / ps;
-    const int32_t qh[2] = {0, q_len}, ph[2] = {0, pages}, lh[1] = {kv_len - (pages - 1) * ps};
-    CUDA_CHECK(cudaMemcpy(qi.view().data, qh, sizeof(qh), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(page_indptr.view().data, ph, sizeof(ph), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(last_page_len.view().data, lh, sizeof(lh), cudaMemcpyHostToDevice));
+    std::vector<int32_t> qh(requests + 1), ph(requests + 1), lh(requests, kv_len - (pages - 1) * ps), list;
+    for (int b = 0; b <= requests; ++b) {
+      qh[b] = b * q_len;
+      ph[b] = b * pages;
+      const auto first = order.begin() + static_cast<int64_t>(b) * request_pages;
+      if (b < requests) list.insert(list.end(), first, first + pages);
+    }
+    CUDA_CHECK(cudaMemcpy(page_indices.view().data, list.data(), list.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(qi.view().data, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(page_indptr.view().data, ph.data(), ph.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(last_page_len.view().data, lh.data(), lh.size() * 4, cudaMemcpyHostToDevice));
   };
   auto call = [&](int q_len, int kv_len) {
-    Tensor qt = q.view().rows(0, q_len), ot = out.view().rows(0, q_len);
-    const ops::AttentionBounds bounds{1, q_len, kv_len};
+    Tensor qt = q.view().rows(0, batch * q_len), ot = out.view().rows(0, batch * q_len);
+    const ops::AttentionBounds bounds{batch, q_len, kv_len};
     cuda::attention_forward(be, ot, qt, k, v, qi, paged, bounds, scale);
   };
   auto elapsed_ms = [&](int reps, int q_len, int kv_len) {
@@ -200,18 +221,18 @@ int main(int argc, char** argv) {
   std::printf("\n  ],\n  \"decode\": [");
   for (size_t i = 0; i < decode_lens.size(); ++i) {
     const int n = decode_lens[i];
-    set_lengths(1, n);
+    set_lengths(decode_batch, 1, n);
     const double ms = time_call(1, n);
-    const double bytes = 2.0 * n * hkv * d * 2.0;  // K and V, bf16
-    std::printf("%s\n    {\"kv_len\": %d, \"us\": %.2f, \"gb_per_s\": %.1f}", i ? "," : "", n, ms * 1e3,
-                bytes / (ms * 1e-3) / 1e9);
+    const double bytes = 2.0 * n * hkv * d * 2.0 * decode_batch;  // K and V, bf16
+    std::printf("%s\n    {\"batch\": %d, \"kv_len\": %d, \"us\": %.2f, \"gb_per_s\": %.1f}", i ? "," : "",
+                decode_batch, n, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
   }
   std::fflush(stdout);
   std::printf("\n  ],\n  \"prefill\": [");
   std::vector<std::string> best;
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     const Case c = cases[ci];
-    set_lengths(c.q_len, c.kv_len);
+    set_lengths(1, c.q_len, c.kv_len);
     // Causal (query, key) pairs: query i sits at position kv_len - q_len + i.
     const double pairs =
         static_cast<double>(c.q_len) * (c.kv_len - c.q_len) + static_cast<double>(c.q_len) * (c.q_len + 1) / 2.0;
