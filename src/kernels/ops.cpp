@@ -273,6 +273,30 @@ void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor
   cpu::attention_forward(out, q, k_cache, v_cache, q_indptr, kv, bounds, scale);
 }
 
+bool attention_decode_rope_preferred(Backend& be, Tensor q, Tensor k_cache, AttentionBounds bounds) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::attention_decode_rope_preferred(q, k_cache, bounds);
+#endif
+  (void)be, (void)q, (void)k_cache, (void)bounds;
+  return false;
+}
+
+void attention_decode_rope_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor qkv,
+                                   Tensor positions, Tensor slots, Tensor inv_freq, float attention_scaling,
+                                   Tensor q_norm, Tensor k_norm, float eps, Tensor q_indptr, const PagedKV& kv,
+                                   AttentionBounds bounds, float scale) {
+  KILN_ASSERT(kv.page_size > 0 && bounds.max_q_len <= 1);
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda() && cuda::attention_decode_rope_supported(q, k_cache, bounds))
+    return cuda::attention_decode_rope_forward(cuda_backend(be), out, q, k_cache, v_cache, qkv, positions, slots,
+                                               inv_freq, attention_scaling, q_norm, k_norm, eps, q_indptr, kv, bounds,
+                                               scale);
+#endif
+  qkv_rope_cache_write(be, q, k_cache, v_cache, qkv, positions, slots, inv_freq, attention_scaling, q_norm, k_norm,
+                       eps);
+  attention_forward(be, out, q, k_cache, v_cache, q_indptr, kv, bounds, scale);
+}
+
 namespace {
 
 // Shapes and dtypes of a sampling call (what the host knows); per-row parameters are the engine's.

@@ -183,4 +183,20 @@ struct AttentionBounds {
 void attention_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
                        const PagedKV& kv, AttentionBounds bounds, float scale);
 
+// A decode step's attention with its input stage folded in: the same as qkv_rope_cache_write(q,
+// k_cache, v_cache, qkv, positions, slots, inv_freq, attention_scaling, q_norm, k_norm, eps) then
+// attention_forward(out, q, k_cache, v_cache, q_indptr, paged, bounds, scale), bit for bit, for
+// steps whose requests have at most one query each (bounds.max_q_len <= 1; request b's query is
+// token q_indptr[b] of qkv, positions and slots). q [T, Hq, D] is scratch: the CPU twin writes it,
+// the CUDA kernel leaves it alone (each attention block rotates its own query heads, and the one
+// whose share of the keys holds the new key writes it and the value), so no kernel runs between
+// the projection and the attention. _preferred: the backend has that kernel for these shapes (CUDA:
+// bf16 or f16, head_dim 64 or 128, at most 16 query heads per KV head) and it is the faster choice
+// for these bounds (by measurement); elsewhere the call runs the two ops.
+bool attention_decode_rope_preferred(Backend& be, Tensor q, Tensor k_cache, AttentionBounds bounds);
+void attention_decode_rope_forward(Backend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor qkv,
+                                   Tensor positions, Tensor slots, Tensor inv_freq, float attention_scaling,
+                                   Tensor q_norm, Tensor k_norm, float eps, Tensor q_indptr, const PagedKV& paged,
+                                   AttentionBounds bounds, float scale);
+
 }  // namespace kiln::ops

@@ -230,6 +230,10 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   ops::embedding_forward(be, residual, embed_tokens_, batch.ids);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& L = layers_[i];
+    // Where the rotation and the KV write run: in the q/k/v projection (the fused small-batch
+    // kernel, models without q/k norms), in the decode attention kernel (steps of one query per
+    // request), or in their own kernel between the two.
+    bool rope_in_attention = false;
     if (fused && !input_normed && !L.q_norm.data && !L.k_norm.data &&
         ops::norm_linear_qkv_rope_preferred(be, T, L.qkv_proj.size(0), L.qkv_proj.size(1), D, dtype_)) {
       // The projection writes q, k and v after the rotation itself (no q/k norms to apply).
@@ -248,8 +252,11 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
           ops::add_rmsnorm_forward(be, normed, residual, hidden, L.input_norm, eps);
         ops::linear_forward(be, qkv, normed, L.qkv_proj, L.qkv_bias);
       }
-      ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
-                                rope_.attention_scaling, L.q_norm, L.k_norm, eps, rope_table);
+      rope_in_attention = fused && !trim_last_layer &&
+                          ops::attention_decode_rope_preferred(be, q, cache.k[i], attention_bounds);
+      if (!rope_in_attention)
+        ops::qkv_rope_cache_write(be, q, cache.k[i], cache.v[i], qkv, batch.positions, batch.slots, rope_.inv_freq,
+                                  rope_.attention_scaling, L.q_norm, L.k_norm, eps, rope_table);
     }
     if (trim_last_layer && i == c.num_hidden_layers - 1) {
       // Only the logit rows go on: gather their queries and residuals (row gathers), attend as the
@@ -265,8 +272,13 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
       attn = attn.rows(0, R), proj = proj.rows(0, R), normed = normed.rows(0, R);
       gate_up = gate_up.rows(0, R), act = act.rows(0, R), hidden = hidden.rows(0, R);
     }
-    ops::attention_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], q_indptr, batch.kv,
-                           attention_bounds, scale);
+    if (rope_in_attention)
+      ops::attention_decode_rope_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], qkv, batch.positions,
+                                         batch.slots, rope_.inv_freq, rope_.attention_scaling, L.q_norm, L.k_norm, eps,
+                                         q_indptr, batch.kv, attention_bounds, scale);
+    else
+      ops::attention_forward(be, attn.view({rows, Hq, D}), q, cache.k[i], cache.v[i], q_indptr, batch.kv,
+                             attention_bounds, scale);
     if (fused) {
       project_add(residual, attn, L.o_proj, L.o_bias);
       norm_mlp_in(act, residual, L.post_norm, L.gate_up_proj, L.gate_up_bias, normed, gate_up);

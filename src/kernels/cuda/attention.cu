@@ -91,7 +91,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 
 #include "kernels/cuda/attention_kernels.cuh"
@@ -315,8 +314,11 @@ const char* prefill_variant_name(int v) {
   return v >= 0 && v < kPrefillVariantCount ? kNames[v] : "?";
 }
 
-void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
-                       const PagedKV& paged, ops::AttentionBounds bounds, float scale) {
+namespace {
+
+// The launch arguments of an attention call, after checking its tensors (ops.h states the shapes).
+Args attention_args(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr, const PagedKV& paged,
+                    ops::AttentionBounds bounds, float scale) {
   KILN_ASSERT(q.ndim() == 3 && out.shape == q.shape);
   KILN_ASSERT(k_cache.ndim() == 3 && v_cache.shape == k_cache.shape);
   KILN_ASSERT(k_cache.size(2) == q.size(2));
@@ -339,8 +341,6 @@ void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Te
   KILN_ASSERT(Hkv > 0 && Hq % Hkv == 0);
   KILN_ASSERT(D > 0 && D % 2 == 0 && D <= 256);
   KILN_ASSERT(bounds.batch <= 65535 && Hq <= 65535);
-  if (bounds.batch == 0 || bounds.max_q_len == 0 || q.size(0) == 0) return;
-
   Args a;
   a.out = out.data;
   a.q = q.data;
@@ -360,9 +360,20 @@ void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Te
   a.q_rows = q.size(0);
   a.kv_rows = k_cache.size(0);
   a.sl = scale * kLog2e;
+  return a;
+}
 
-  const bool fast = (q.dtype == DType::bf16 || q.dtype == DType::f16) && (D == 64 || D == 128) && aligned16(a.out) &&
-                    aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
+// Whether a call has anything to compute: requests, queries and query rows.
+bool has_work(const Args& a) { return a.B > 0 && a.max_q_len > 0 && a.q_rows > 0; }
+
+}  // namespace
+
+void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
+                       const PagedKV& paged, ops::AttentionBounds bounds, float scale) {
+  const Args a = attention_args(out, q, k_cache, v_cache, q_indptr, paged, bounds, scale);
+  if (!has_work(a)) return;
+  const bool fast = (q.dtype == DType::bf16 || q.dtype == DType::f16) && (a.D == 64 || a.D == 128) &&
+                    aligned16(a.out) && aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
   if (fast) {
     if (q.dtype == DType::bf16)
       launch_fast<__nv_bfloat16>(be, a);
@@ -383,6 +394,59 @@ void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Te
     default:
       KILN_ASSERT(false);
   }
+}
+
+bool attention_decode_rope_supported(const Tensor& q, const Tensor& k_cache, ops::AttentionBounds bounds) {
+  if (q.ndim() != 3 || k_cache.ndim() != 3 || k_cache.size(1) == 0) return false;
+  const int64_t D = q.size(2), G = q.size(1) / k_cache.size(1);
+  return (q.dtype == DType::bf16 || q.dtype == DType::f16) && (D == 64 || D == 128) && G <= 16 &&
+         bounds.max_q_len <= 1;
+}
+
+// Measured on the H200 (bench_decode_step, ms per step, the separate rotary kernel against the
+// stage in the decode kernel, two alternations in one call; astrai-1b / llama-1b / a Qwen3-0.6B
+// shape with q/k norms): contexts up to 4K gain at 32 to 128 rows (astrai-1b 1K B = 32 / 64 / 128
+// 1.522 / 1.693 / 2.170 -> 1.495 / 1.682 / 2.135; 4K 2.085 / 2.780 / 4.428 -> 2.062 / 2.804 / 4.374;
+// llama-1b 1K 1.358 / 1.655 / 2.268 -> 1.345 / 1.625 / 2.243) and, for the q/k-norm shape, from one
+// row (B = 1 / 8 / 32 / 64 at 1K 0.809 / 1.109 / 2.301 / 3.258 -> 0.792 / 1.047 / 2.236 / 3.101);
+// at 16 rows it is no faster (astrai-1b 1.327 -> 1.336 at 1K) and from 8K on it loses more often
+// than it gains (astrai-1b B=16 at 30K 3.935 -> 4.150, llama-1b B=32 at 16K 4.98 -> 5.06; why the
+// longer contexts lose was not found: the main loop's code is the same). Both ways give the same
+// bits, so the choice may follow the bounds.
+bool attention_decode_rope_preferred(const Tensor& q, const Tensor& k_cache, ops::AttentionBounds bounds) {
+  const int64_t rows = static_cast<int64_t>(bounds.batch) * bounds.max_q_len;
+  return attention_decode_rope_supported(q, k_cache, bounds) && bounds.max_kv_len <= 4096 && (rows <= 8 || rows > 16);
+}
+
+void attention_decode_rope_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor qkv,
+                                   Tensor positions, Tensor slots, Tensor inv_freq, float attention_scaling,
+                                   Tensor q_norm, Tensor k_norm, float eps, Tensor q_indptr, const PagedKV& paged,
+                                   ops::AttentionBounds bounds, float scale) {
+  KILN_ASSERT(attention_decode_rope_supported(q, k_cache, bounds));
+  Args a = attention_args(out, q, k_cache, v_cache, q_indptr, paged, bounds, scale);
+  KILN_ASSERT(aligned16(a.out) && aligned16(a.k) && aligned16(a.v));
+  KILN_ASSERT(qkv.ndim() == 2 && qkv.size(0) == q.size(0) && qkv.size(1) == (a.Hq + 2 * a.Hkv) * a.D &&
+              qkv.dtype == q.dtype && qkv.device == be.device());
+  KILN_ASSERT(positions.dtype == DType::i32 && slots.dtype == DType::i32 && positions.numel() == q.size(0) &&
+              slots.numel() == q.size(0));
+  KILN_ASSERT(inv_freq.dtype == DType::f32 && inv_freq.numel() == a.D / 2);
+  KILN_ASSERT(!q_norm.data || q_norm.numel() == a.D);
+  KILN_ASSERT(!k_norm.data || k_norm.numel() == a.D);
+  if (!has_work(a)) return;
+  a.input.qkv = qkv.data;
+  a.input.positions = positions.ptr<const int32_t>();
+  a.input.slots = slots.ptr<const int32_t>();
+  a.input.inv_freq = inv_freq.ptr<const float>();
+  a.input.q_norm = q_norm.data;
+  a.input.k_norm = k_norm.data;
+  a.input.q_norm_dt = q_norm.dtype;
+  a.input.k_norm_dt = k_norm.dtype;
+  a.input.scaling = attention_scaling;
+  a.input.eps = eps;
+  if (q.dtype == DType::bf16)
+    launch_decode<__nv_bfloat16>(be, a);
+  else
+    launch_decode<__half>(be, a);
 }
 
 }  // namespace kiln::cuda

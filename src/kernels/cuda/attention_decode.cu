@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/hopper_util.cuh"
+#include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
 #include "kernels/ops.h"
 
@@ -46,16 +47,19 @@ constexpr int kDecodeMinKeysPerSplit = 64;
 constexpr int kClusterMergeMaxSplits = 2;
 
 // kMerge: the splits of a tile are one cluster, merged in the kernel (below); otherwise a single
-// split writes the output and more write partials for the combine pass.
+// split writes the output and more write partials for the combine pass. kInput: the block makes
+// its queries from the q/k/v projection's rows and the block holding the new key writes it and its
+// value to the cache (DecodeInput; one query per request, one row tile), so that no kernel of its
+// own runs between the projection and the attention.
 // At most 128 registers for D=64, so that 4 blocks fit an SM (the host asks for 2, 3 or 4 through the
 // shared memory; a register cap, not __launch_bounds__, whose block hint was once suspected of
 // slowing small batches: perf-notes says what did).
-template <typename T, int D, bool kMerge>
+template <typename T, int D, bool kMerge, bool kInput>
 __global__ void __maxnreg__(D == 64 ? 128 : 255)
     attn_decode_kernel(T* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_lse,
-                       const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                       const T* __restrict__ q, T* __restrict__ k_cache, T* __restrict__ v_cache,
                        const int* __restrict__ q_indptr, PagedArgs kv, int Hq, int Hkv, int G, int max_q_len,
-                       int num_splits, float sl) {
+                       int num_splits, float sl, DecodeInput in) {
   using Ring = DecodeRing<D>;
   constexpr int NS = kStages;
   constexpr int NT = D / 8;           // PV n tiles
@@ -72,6 +76,7 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
   __shared__ float sm_m[kWarps][16];
   __shared__ float sm_l[kWarps][16];
   __shared__ float sm_lse[16];
+  __shared__ __align__(16) T sm_q[kInput ? 16 : 1][D];  // kInput: the tile's rotated query rows
   hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
 
   const int split = blockIdx.x;
@@ -149,6 +154,47 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
   int issued = 0;
   while (issued < NS - 1 && key_begin + (issued + 1) * kStageKeys <= delta) issue(issued++);
   hopper::grid_dependency_wait();
+  if constexpr (kInput) {
+    // The input stage of the request's one query token (qkv_rope_cache_write's arithmetic): warp w
+    // takes heads w, w + 4, .. of the tile's G query heads (rotated into sm_q), then its KV head's
+    // key and value (into the pool, by the block whose split holds the new key). Lane l holds
+    // elements l + 32 j of a row; the rotation pairs (i, i + D/2) are x[j], x[j + P/2]. (A
+    // non-inlined function for it measured slower: astrai-1b B=128 at 1K 2.183 ms per step
+    // against 2.096 inlined.)
+    constexpr int P = D / 32;
+    const int tok = q_start;
+    const int slot = in.slots[tok];
+    const bool writes_kv = slot >= 0 && key_begin <= delta && delta < key_end;  // the new key's split
+    const T* row = static_cast<const T*>(in.qkv) + static_cast<int64_t>(tok) * (Hq + 2 * Hkv) * D;
+    const DType dt = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
+    for (int hl = warp; hl < G + 2; hl += kWarps) {
+      const bool is_q = hl < G, is_k = hl == G;
+      if (!is_q && !writes_kv) continue;  // uniform over the warp
+      const int h = is_q ? kvh * G + hl : (is_k ? Hq + kvh : Hq + Hkv + kvh);
+      float x[P];
+#pragma unroll
+      for (int j = 0; j < P; ++j) x[j] = static_cast<float>(row[h * D + lane + 32 * j]);
+      const int64_t dst = (static_cast<int64_t>(slot) * Hkv + kvh) * D;
+      if (!is_q && !is_k) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) v_cache[dst + lane + 32 * j] = static_cast<T>(x[j]);
+        continue;
+      }
+      const void* w = is_q ? in.q_norm : in.k_norm;
+      if (w) detail::head_rms_norm(x, D, lane, w, is_q ? in.q_norm_dt : in.k_norm_dt, dt, in.eps);
+      const float pos = static_cast<float>(in.positions[tok]);
+#pragma unroll
+      for (int j = 0; j < P / 2; ++j) {
+        const int i = lane + 32 * j;
+        const float2 rot =
+            detail::rope_rotate(x[j], x[j + P / 2], detail::rope_cos_sin(pos, in.inv_freq[i], in.scaling));
+        T* const dst_row = is_q ? &sm_q[hl][0] : k_cache + dst;
+        dst_row[i] = static_cast<T>(rot.x);
+        dst_row[i + D / 2] = static_cast<T>(rot.y);
+      }
+    }
+    __syncthreads();  // the query rows in shared memory, the new key and value in the pool
+  }
   while (issued < NS - 1) issue(issued++);
 
   // This thread's query rows (tile rows g and g+8), their key limits, and Q's A fragments.
@@ -161,7 +207,8 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
     const int hq = kvh * G + (R - i * G);
     const bool valid = R < rows;
     lim[hf] = valid ? min(key_end, delta + i + 1) : 0;
-    const T* qrow = q + (static_cast<int64_t>(q_start + (valid ? i : 0)) * Hq + hq) * D + 2 * t;
+    const T* qrow = kInput ? &sm_q[valid ? R - r0 : 0][2 * t]
+                           : q + (static_cast<int64_t>(q_start + (valid ? i : 0)) * Hq + hq) * D + 2 * t;
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
       qa[kk][hf] = valid ? *reinterpret_cast<const uint32_t*>(qrow + kk * 16) : 0u;
@@ -464,7 +511,7 @@ int prefer_merged_pair(int max_splits, int base_blocks, int sm_count, int blocks
   return max_splits > 2 && 4 * base_blocks >= std::max(sm_count, 1) * blocks_per_sm ? 2 : max_splits;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kInput>
 void launch_decode_d(CudaBackend& be, const Args& a, int max_splits, int smem) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int splits = decode_num_splits(max_splits, a.max_kv_len);
@@ -473,7 +520,7 @@ void launch_decode_d(CudaBackend& be, const Args& a, int max_splits, int smem) {
   // 1.892 with the combine pass. The choice depends on the launch shape only, never on max_kv_len,
   // so eager calls and graphs captured with larger bounds agree bit for bit.
   const bool merge_in_cluster = max_splits == kClusterMergeMaxSplits;
-  auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, true> : attn_decode_kernel<T, D, false>;
+  auto kernel = merge_in_cluster ? attn_decode_kernel<T, D, true, kInput> : attn_decode_kernel<T, D, false, kInput>;
   attention_allow_smem(be, kernel_key(kernel), smem);
   float* part_o = nullptr;
   float* part_lse = nullptr;
@@ -489,9 +536,9 @@ void launch_decode_d(CudaBackend& be, const Args& a, int max_splits, int smem) {
   const dim3 grid(splits, a.Hkv * row_tiles, a.B);
   const dim3 cluster(splits > 1 && merge_in_cluster ? splits : 1);
   detail::launch_programmatic(be, kernel, grid, dim3(kThreads), smem, cluster, static_cast<T*>(a.out), part_o,
-                              part_lse, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
-                              static_cast<const T*>(a.v), a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len, splits,
-                              a.sl);
+                              part_lse, static_cast<const T*>(a.q), static_cast<T*>(const_cast<void*>(a.k)),
+                              static_cast<T*>(const_cast<void*>(a.v)), a.q_indptr, a.kv, a.Hq, a.Hkv, a.G, a.max_q_len,
+                              splits, a.sl, a.input);
   if (splits > 1 && !merge_in_cluster) {
     launch_decode_combine<T>(be, static_cast<T*>(a.out), part_o, part_lse, a.q_indptr, a.B, a.max_q_len, a.Hq, D,
                              splits);
@@ -510,7 +557,7 @@ template <typename T, int D>
 DecodeLayout decode_layout(CudaBackend& be, int base_blocks, int blocks) {
   const int sms = be.multiprocessor_count();
   const auto [smem, resident] =
-      decode_fit(be, kernel_key(attn_decode_kernel<T, D, true>), DecodeRing<D>::kSmem, blocks);
+      decode_fit(be, kernel_key(attn_decode_kernel<T, D, true, false>), DecodeRing<D>::kSmem, blocks);
   const int splits = decode_max_splits(base_blocks, sms, resident);
   return {smem, resident, prefer_merged_pair(splits, base_blocks, sms, resident)};
 }
@@ -561,12 +608,19 @@ void launch_decode(CudaBackend& be, const Args& a) {
   const int row_tiles = (a.max_q_len * a.G + 15) / 16;
   const int base_blocks = a.B * a.Hkv * row_tiles;
   const int64_t rows = static_cast<int64_t>(a.B) * a.max_q_len;
-  if (a.D == 64) {
-    const DecodeLayout l = choose_decode_layout<T, 64>(be, base_blocks, rows);
-    return launch_decode_d<T, 64>(be, a, l.max_splits, l.smem);
-  }
-  const DecodeLayout l = choose_decode_layout<T, 128>(be, base_blocks, rows);
-  launch_decode_d<T, 128>(be, a, l.max_splits, l.smem);
+  // The layout (splits, their merge, blocks per SM) is the same with and without the input stage,
+  // so both split the keys alike and give the same bits (test_qkv_gpu.cpp checks).
+  auto run = [&](auto d, auto input) {
+    constexpr int D = decltype(d)::value;
+    const DecodeLayout l = choose_decode_layout<T, D>(be, base_blocks, rows);
+    launch_decode_d<T, D, decltype(input)::value>(be, a, l.max_splits, l.smem);
+  };
+  using D64 = std::integral_constant<int, 64>;
+  using D128 = std::integral_constant<int, 128>;
+  const bool input = a.input.qkv != nullptr;
+  KILN_ASSERT(!input || (a.max_q_len <= 1 && a.G <= 16));
+  if (a.D == 64) return input ? run(D64{}, std::true_type{}) : run(D64{}, std::false_type{});
+  input ? run(D128{}, std::true_type{}) : run(D128{}, std::false_type{});
 }
 
 template void launch_decode<__nv_bfloat16>(CudaBackend&, const Args&);

@@ -141,6 +141,22 @@ struct TileRows {
 // ------------------------------------------------------------------------------------------------
 // Host side shared by the files.
 
+// The decode kernel's own input stage (attention_decode_rope_forward): q/k/v projection rows in
+// place of q, for steps of at most one query per request whose query heads of a KV head fit one
+// row tile (G <= 16). The block of each (request, KV head) rotates (and norms) its query heads
+// itself, and the block whose split holds the new key writes it and the value to the cache
+// (qkv_rope_cache_write's arithmetic). qkv == nullptr: q and the cache are given.
+struct DecodeInput {
+  const void* qkv = nullptr;  // [T, (Hq + 2 Hkv) * D], the attention dtype
+  const int32_t* positions = nullptr;
+  const int32_t* slots = nullptr;  // negative: the key and value are not written
+  const float* inv_freq = nullptr;
+  const void* q_norm = nullptr;  // [D] or null
+  const void* k_norm = nullptr;
+  DType q_norm_dt = DType::bf16, k_norm_dt = DType::bf16;
+  float scaling = 1.0f, eps = 0.0f;
+};
+
 struct Args {
   void* out;
   const void* q;
@@ -151,6 +167,7 @@ struct Args {
   int B, Hq, Hkv, G, D, max_q_len, max_kv_len;
   int64_t q_rows, kv_rows;  // rows of q [T, Hq, D] and of the pools k, v [S, Hkv, D]
   float sl;                 // scale * log2(e)
+  DecodeInput input;        // the decode kernel's input stage, if qkv is set
 };
 
 constexpr int kDecodeMaxRowTiles = 4;  // decode path while max_q_len * G <= 64

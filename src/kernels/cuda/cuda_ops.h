@@ -61,6 +61,15 @@ void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor 
 void rope_cos_sin_table(CudaBackend& be, Tensor table, Tensor positions, Tensor inv_freq, float attention_scaling);
 void attention_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_indptr,
                        const PagedKV& kv, ops::AttentionBounds bounds, float scale);
+// The decode kernel with its own input stage (ops.h: attention_decode_rope_forward); _supported: bf16
+// or f16, head_dim 64 or 128, at most 16 query heads per KV head, at most one query per request;
+// _preferred: supported and, by measurement, faster than the separate rotary kernel.
+bool attention_decode_rope_supported(const Tensor& q, const Tensor& k_cache, ops::AttentionBounds bounds);
+bool attention_decode_rope_preferred(const Tensor& q, const Tensor& k_cache, ops::AttentionBounds bounds);
+void attention_decode_rope_forward(CudaBackend& be, Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor qkv,
+                                   Tensor positions, Tensor slots, Tensor inv_freq, float attention_scaling,
+                                   Tensor q_norm, Tensor k_norm, float eps, Tensor q_indptr, const PagedKV& kv,
+                                   ops::AttentionBounds bounds, float scale);
 void sample(CudaBackend& be, const ops::SamplingBatch& batch);
 void reset_token_counts(CudaBackend& be, Tensor counts_row, Tensor prompt, Tensor output);
 

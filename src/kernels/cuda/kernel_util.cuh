@@ -94,6 +94,27 @@ __device__ __forceinline__ float round_to(DType dt, float v) {
   }
 }
 
+// The per-head RMSNorm of the attention input stage (q/k norms, Qwen3), one warp per head row, with
+// the arithmetic of rmsnorm_forward: lane l holds elements l + 32 j of the row in x[j] (zeros past
+// D); x becomes round_to(out_dt, (x * inv_rms) * w), inv_rms = 1 / sqrt(mean(x^2) + eps). Shared by
+// qkv_rope_cache_write and the decode attention kernel that takes the projection's rows, so that
+// the two write the same bits.
+template <int P>
+__device__ __forceinline__ void head_rms_norm(float (&x)[P], int D, int lane, const void* w, DType w_dt, DType out_dt,
+                                              float eps) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < P; ++j) ss = __fmaf_rn(x[j], x[j], ss);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv_rms = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const int i = lane + 32 * j;
+    if (i < D) x[j] = round_to(out_dt, __fmul_rn(__fmul_rn(x[j], inv_rms), load1(w, i, w_dt)));
+  }
+}
+
 // Eight bf16 values in one 16-byte word, to and from floats (round to nearest even).
 __device__ __forceinline__ void unpack_bf16x8(const uint4& u, float (&v)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);

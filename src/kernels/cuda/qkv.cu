@@ -61,20 +61,7 @@ __global__ void __launch_bounds__(kThreads)
   if (!is_q && slot < 0) return;
   const DType out_dt = is_q ? q_dt : c_dt;
   const void* w = is_q ? q_norm : k_norm;
-  if (w) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) ss += x[j] * x[j];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv_rms = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-    const DType w_dt = is_q ? qn_dt : kn_dt;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int i = lane + 32 * j;
-      if (i < D) x[j] = detail::round_to(out_dt, __fmul_rn(__fmul_rn(x[j], inv_rms), detail::load1(w, i, w_dt)));
-    }
-  }
+  if (w) detail::head_rms_norm(x, D, lane, w, is_q ? qn_dt : kn_dt, out_dt, eps);
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j)
     if (lane + 32 * j < D) row[lane + 32 * j] = x[j];
