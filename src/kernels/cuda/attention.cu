@@ -32,7 +32,10 @@
 //     (acc/l, lse) in distributed shared memory. More splits write (acc/l, lse) to scratch and a
 //     combine kernel merges them (one block per (row, head); its warps sum interleaved splits).
 //     Paging: each copying thread looks up the pages of its rows of the next stage a stage ahead
-//     (a page-table read per row, whatever the page size).
+//     (a page-table read per row, whatever the page size). Input stage (attention_decode_rope_forward,
+//     one query per request, G <= 16): the block reads the q/k/v projection's row instead of q,
+//     norms and rotates its query heads into shared memory, and the block whose split holds the new
+//     key writes it and the value to the pool before copying that stage.
 //     Splits: num_splits = clamp(S, 1, ceil(max_kv_len / 64)), S the count (from floor(W / base)
 //     to 2W / base) that fills whole waves best, base = B * Hkv * row_tiles, W = SMs * resident
 //     decode blocks per SM (2, 3 or 4 for D=64, 2 for D=128; attention_decode.cu picks them and trades
