@@ -194,6 +194,16 @@ class Sampler : public ::testing::Test {
   std::unique_ptr<Backend> be = make_cpu_backend();
 };
 
+// Row b of c's token-count table drawn at random (seeded): about 10% of the tokens in the prompt,
+// 15% generated 1 to 6 times.
+inline void random_counts_row(SamplerCall& c, int64_t b, uint64_t seed) {
+  for (int64_t i = 0; i < c.V; ++i) {
+    const double h = rng::uniform(seed + 7, static_cast<uint64_t>(b * c.V + i));
+    const int32_t out = h > 0.85 ? static_cast<int32_t>(1 + 40 * (h - 0.85)) : 0;
+    c.counts[b * c.V + i] = (h < 0.1 ? ops::kPromptBit : 0) + out;
+  }
+}
+
 // A batch of rows with every parameter drawn at random (seeded): greedy, temperature, top-k,
 // top-p, min-p and penalties from a counts table, mixed.
 inline SamplerCall random_call(int64_t B, int64_t V, uint64_t seed) {
@@ -218,11 +228,7 @@ inline SamplerCall random_call(int64_t B, int64_t V, uint64_t seed) {
       r.repetition_penalty = static_cast<float>(0.8 + 0.7 * u(k + 11));
       r.frequency_penalty = static_cast<float>(u(k + 12) - 0.3);
       r.presence_penalty = static_cast<float>(u(k + 13) - 0.3);
-      for (int64_t i = 0; i < V; ++i) {
-        const double h = rng::uniform(seed + 7, static_cast<uint64_t>(b * V + i));
-        const int32_t out = h > 0.85 ? static_cast<int32_t>(1 + 40 * (h - 0.85)) : 0;
-        c.counts[b * V + i] = (h < 0.1 ? ops::kPromptBit : 0) + out;
-      }
+      random_counts_row(c, b, seed);
     }
     ops::set_sampling_seed(r, 0x9e3779b97f4a7c15ull * (b + 1));
     r.position = static_cast<int32_t>(u(k + 14) * 100000);

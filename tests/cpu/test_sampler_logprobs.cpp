@@ -131,11 +131,7 @@ TEST_F(Sampler, SampledLogprobsAreTheDrawnDistribution) {
         r.repetition_penalty = static_cast<float>(0.8 + 0.7 * u(k + 9));
         r.frequency_penalty = static_cast<float>(u(k + 10) - 0.3);
         r.presence_penalty = static_cast<float>(u(k + 11) - 0.3);
-        for (int64_t i = 0; i < V; ++i) {
-          const double h = rng::uniform(seed + 7, static_cast<uint64_t>(b * V + i));
-          const int32_t out = h > 0.85 ? static_cast<int32_t>(1 + 40 * (h - 0.85)) : 0;
-          c.counts[b * V + i] = (h < 0.1 ? ops::kPromptBit : 0) + out;
-        }
+        random_counts_row(c, b, seed);
       }
       r.logprobs = ops::kLogprobsSampled;
       r.top_logprobs = b % 5 == 0 ? 3 : 0;  // the top-N do not change the behaviour log-prob
