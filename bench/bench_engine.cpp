@@ -203,7 +203,6 @@ int main(int argc, char** argv) {
                                {"device_wait_s", st.device_wait_seconds},
                                {"pack_s", st.pack_seconds},
                                {"issue_s", st.issue_seconds},
-                               {"upload_s", st.upload_seconds},
                                {"schedule_s", st.schedule_seconds},
                                {"deliver_s", st.deliver_seconds},
                                {"graph_launch_s", st.graph_launch_seconds},

@@ -340,7 +340,6 @@ void Engine::publish_stats() {
   s.device_wait_seconds = executor_->wait_seconds();
   s.pack_seconds = executor_->pack_seconds();
   s.issue_seconds = executor_->issue_seconds();
-  s.upload_seconds = executor_->upload_seconds();
   s.graph_launch_seconds = executor_->graph_launch_seconds();
   s.graph_device_seconds = executor_->graph_device_seconds();
   s.policy_version = scheduler_->policy_version();

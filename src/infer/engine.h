@@ -197,7 +197,6 @@ struct EngineStats {
   // packing, copies and launches).
   double step_seconds = 0.0, executor_seconds = 0.0, device_wait_seconds = 0.0;
   double pack_seconds = 0.0, issue_seconds = 0.0;  // the executor's host work: packing, issuing
-  double upload_seconds = 0.0;                     // the input copies, part of issuing
   double schedule_seconds = 0.0, deliver_seconds = 0.0;  // planning steps; committing and emitting tokens
   double graph_launch_seconds = 0.0, graph_device_seconds = 0.0;  // replays: host launch, device time
   uint64_t policy_version = 0;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/step_io.h"
 #include "kernels/train_ops.h"
 
 namespace kiln {
@@ -62,7 +63,7 @@ Status Executor::init() {
                          (SR > 0 ? " or --max-score-rows" : ""));
   ws_ = std::move(ws).value();
 
-  int64_t at = 0;
+  int64_t at = kStagingHeaderWords;  // word 0: the words a step's inputs take (stage_step_inputs)
   auto section = [&](int64_t& off, int64_t n) {
     off = at;
     at += (n + 31) / 32 * 32;  // 128-byte aligned sections
@@ -75,7 +76,7 @@ Status Executor::init() {
   section(off_params_, Bm * ops::kSamplingRowWords);
   section(off_targets_, std::max<int64_t>(SR, 1));
   off_tokens_ = at;  // then ids, positions and slots of T tokens and the page lists (pack)
-  staging_ints_ = at + 3 * Tm + max_pages_per_step_;
+  staging_ints_ = (at + 3 * Tm + max_pages_per_step_ + 31) / 32 * 32;
   KILN_ASSIGN_OR_RETURN(staging_dev_, empty(be(), {staging_ints_}, DType::i32));
   be().zero(staging_dev_);
 
@@ -170,8 +171,8 @@ Status Executor::warm_up() {
     }
     const std::vector<ops::SamplingRow> rows(seqs.size());
     const Packed p = pack(sides_[0], plan, rows, shape.q_len == 1 ? bucket_for(shape.requests) : 0);
-    upload(sides_[0], p);
-    forward_and_sample(p, true);
+    finish_staging(sides_[0], p, nullptr);
+    issue(sides_[0], p, true, 0);
     KILN_RETURN_IF_ERROR(be().synchronize());
   }
   std::swap(cache_, dummy);
@@ -296,11 +297,36 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
   return p;
 }
 
-void Executor::upload(const HostSide& side, const Packed& p) {
-  // One copy: the per-request sections, the sampling parameters and targets, then the token rows
-  // (ids, positions, slots of p.tokens rows) and the page lists right after them.
+void Executor::finish_staging(HostSide& side, const Packed& p, const std::vector<int32_t>* continued_from) {
+  int32_t* h = side.staging.ptr<int32_t>();
+  // The words to move: the per-request sections, the sampling parameters and targets, then the
+  // token rows (ids, positions, slots of p.tokens rows) and the page lists right after them.
   const int64_t n = off_tokens_ + 3 * static_cast<int64_t>(p.tokens) + p.pages;
-  be().copy_async(staging_dev_.view().rows(0, n), side.staging.view().rows(0, n));
+  KILN_ASSERT(n <= staging_ints_);
+  h[0] = static_cast<int32_t>(n);
+  if (!continued_from) return;
+  // Entry i's input token (token row i: the continued entries come first, one token each) is row
+  // continued_from[i] of the samples of the step in flight, which stage_step_inputs reads on the
+  // device: -1 - row marks it.
+  for (size_t i = 0; i < continued_from->size(); ++i) {
+    const int32_t from = (*continued_from)[i];
+    KILN_ASSERT(from >= 0 && from < config_.max_running);
+    h[off_tokens_ + static_cast<int64_t>(i)] = -1 - from;
+  }
+}
+
+void Executor::issue(const HostSide& side, const Packed& p, bool full, int64_t output_words) {
+  ops::stage_step_inputs(be(), staging_dev_.view(), side.staging.view(), off_tokens_, p.tokens,
+                         output_view(outputs_dev_, 0, config_.max_running, DType::i32));
+  forward_and_sample(p, full);
+  if (output_words > 0)
+    ops::publish_step_outputs(be(), side.outputs.view().rows(0, output_words), outputs_dev_.view().rows(0, output_words));
+}
+
+int64_t Executor::output_words(int32_t rows, int32_t level) const {
+  return level == 2 ? off_out_top_logprobs_ + static_cast<int64_t>(rows) * ops::kMaxTopLogprobs
+         : level == 1 ? off_out_logprobs_ + rows
+                      : rows;
 }
 
 ForwardBatch Executor::batch_view(const Packed& p) const {
@@ -376,28 +402,17 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   const Packed p = pack(side, plan, rows, bucket);
   const auto t_packed = std::chrono::steady_clock::now();
   pack_seconds_ += std::chrono::duration<double>(t_packed - t0).count();
-  upload(side, p);
-  if (continued_from) {
-    // Entry i's input token is row continued_from[i] of the sampled tokens of the step in flight
-    // (queued before this one, so its sampler has written them): one device copy per run of
-    // consecutive rows (the continued entries come first, one token each: token row i).
-    const std::vector<int32_t>& from = *continued_from;
-    const Tensor ids = staging_dev_.view().rows(off_tokens_, off_tokens_ + static_cast<int64_t>(from.size()));
-    for (size_t i = 0; i < from.size();) {
-      size_t j = i + 1;
-      while (j < from.size() && from[j] == from[j - 1] + 1) ++j;
-      KILN_ASSERT(from[i] >= 0 && from[j - 1] < config_.max_running);
-      for (size_t k = i; k < j; ++k)
-        KILN_ASSERT(plan.entries[k].count == 1 && static_cast<int32_t>(plan.entries[k].seq->tokens.size()) == plan.entries[k].start);
-      be().copy_async(ids.rows(static_cast<int64_t>(i), static_cast<int64_t>(j)),
-                      output_view(outputs_dev_, from[i], static_cast<int64_t>(j - i), DType::i32));
-      i = j;
-    }
-  }
-  const auto t_uploaded = std::chrono::steady_clock::now();
-  upload_seconds_ += std::chrono::duration<double>(t_uploaded - t_packed).count();
+  if (continued_from)
+    for (size_t i = 0; i < continued_from->size(); ++i)
+      KILN_ASSERT(plan.entries[i].count == 1 &&
+                  static_cast<int32_t>(plan.entries[i].seq->tokens.size()) == plan.entries[i].start);
+  finish_staging(side, p, continued_from);
+  // The step moves its own inputs in and its samples out (issue()): the outputs' sections up to the
+  // last one the rows ask for.
+  const int32_t level = any_top ? 2 : any_logprobs ? 1 : 0;
   if (bucket > 0 && config_.use_graphs && graphs_ok_) {
-    const GraphKey key{bucket, p.max_kv, full};
+    const GraphKey key{bucket, p.max_kv, full, level, next_side_};
+    const int64_t words = output_words(p.logit_rows, level);  // the bucket's rows: fixed per graph
     auto it = graphs_.find(key);
     if (it != graphs_.end()) {
       const auto tl = std::chrono::steady_clock::now();
@@ -409,25 +424,19 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
       last_logits_ = ws_.logits.view().rows(0, p.logit_rows);
       ++graph_replays_;
     } else {
-      forward_and_sample(p, full);  // eager first: sizes scratch and tunes GEMMs outside capture
-      Result<std::unique_ptr<CapturedWork>> g = be().capture([&] { forward_and_sample(p, full); });
+      issue(side, p, full, words);  // eager first: sizes scratch and tunes GEMMs outside capture
+      Result<std::unique_ptr<CapturedWork>> g = be().capture([&] { issue(side, p, full, words); });
       if (g.ok())
         graphs_[key] = std::move(g).value();
       else
         graphs_ok_ = false;  // CPU, or capture unsupported: stay eager
     }
   } else {
-    forward_and_sample(p, full);
+    issue(side, p, full, real_rows > 0 ? output_words(real_rows, level) : 0);
   }
   if (p.score_rows > 0)
     be().copy_async(side.score_logprobs.view().rows(0, p.score_rows), score_logprobs_dev_.view().rows(0, p.score_rows));
   side.score_rows = p.score_rows;
-  if (real_rows > 0) {  // one copy: the outputs' sections up to the last one the rows ask for
-    const int64_t n = any_top        ? off_out_top_logprobs_ + real_rows * int64_t(ops::kMaxTopLogprobs)
-                      : any_logprobs ? off_out_logprobs_ + real_rows
-                                     : real_rows;
-    be().copy_async(side.outputs.view().rows(0, n), outputs_dev_.view().rows(0, n));
-  }
   side.done->record();
   const auto t1 = std::chrono::steady_clock::now();
   issue_seconds_ += std::chrono::duration<double>(t1 - t_packed).count();

@@ -7,15 +7,18 @@
 // entry concatenated, their positions and KV slots, q/page indptr arrays, the entries' page lists
 // and last-page lengths, the rows whose logits are wanted (the sampled rows first, then the prompt
 // score rows, whose log-probabilities of their next prompt token come from the cross-entropy op
-// on the same logits: log_softmax of the raw model output). Inputs move to the device with one set of
-// asynchronous copies from pinned memory; the sampled tokens (and log-probs when asked) come back the
-// same way, waited for with an event. Two steps may be in flight: a decode step launched while the
-// step before it runs takes its input tokens from that step's samples on the device (launch's
-// `continued_from`), so the host plans and issues it without waiting; each step in flight has its
-// own pinned staging and output buffers. Pure decode steps are padded to a batch-size bucket (1, 2, 4,
-// ... up to max_running) with rows that write no KV and requests with no queries (the padding rule
-// of kernels/ops.h), so that on CUDA they replay a graph captured once per (batch bucket, context
-// bucket, sampler mode), bit-exact against the same step run eagerly, without allocating.
+// on the same logits: log_softmax of the raw model output). The host packs them into pinned
+// staging; the step's first kernel reads them from there (ops::stage_step_inputs) and its last one
+// writes the sampled tokens (and log-probs when asked) into pinned outputs
+// (ops::publish_step_outputs), waited for with an event: no copy runs between two steps. Two steps
+// may be in flight: a decode step launched while the step before it runs takes its input tokens
+// from that step's samples on the device (launch's `continued_from`), so the host plans and issues
+// it without waiting; each step in flight has its own pinned staging and output buffers (two sides,
+// used in turn). Pure decode steps are padded to a batch-size bucket (1, 2, 4, ... up to
+// max_running) with rows that write no KV and requests with no queries (the padding rule of
+// kernels/ops.h), so that on CUDA they replay a graph captured once per (batch bucket, context
+// bucket, sampler mode, outputs, side), bit-exact against the same step run eagerly, without
+// allocating.
 // Thread safety: none; the engine thread drives it.
 #pragma once
 
@@ -94,7 +97,6 @@ class Executor {
   // The host parts: packing the step, and issuing it (copies, launches or graph replay).
   double pack_seconds() const { return pack_seconds_; }
   double issue_seconds() const { return issue_seconds_; }
-  double upload_seconds() const { return upload_seconds_; }  // the part of issuing that copies inputs
   // Graph replays: host time in the launch call, and device time between events around it.
   double graph_launch_seconds() const { return graph_launch_seconds_; }
   double graph_device_seconds() const { return graph_device_seconds_; }
@@ -130,7 +132,16 @@ class Executor {
     bool trim = false;
   };
   Packed pack(HostSide& side, const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
-  void upload(const HostSide& side, const Packed& p);
+  // Word 0 of the staging (the words the step's inputs take) and its continued entries' ids.
+  void finish_staging(HostSide& side, const Packed& p, const std::vector<int32_t>* continued_from);
+  // The step on the device: its inputs from `side`'s staging (ops::stage_step_inputs), the forward
+  // and the sampler, then output_words of the outputs into `side`'s pinned copy. A graph captures
+  // all of it, so that nothing runs between two replays.
+  void issue(const HostSide& side, const Packed& p, bool full, int64_t output_words);
+  // Words of the outputs (outputs_dev_'s layout) for `rows` rows: tokens (level 0), then their
+  // log-probs (1), then their top alternatives (2).
+  int64_t output_words(int32_t rows, int32_t level) const;
+  static constexpr int64_t kStagingHeaderWords = 32;
   ForwardBatch batch_view(const Packed& p) const;
   ops::SamplingBatch sampling_view(int32_t rows, bool full) const;
   // n words of `buffer` from `offset`, as `dtype` (i32 or f32).
@@ -172,17 +183,22 @@ class Executor {
   int32_t next_side_ = 0;  // the side the next launch uses; the oldest in flight is next_side_ - in_flight_
   int32_t in_flight_ = 0;
   Tensor last_logits_;
+  // A captured step: its shape, its sampler and outputs, and the host side whose staging and
+  // outputs it moves (the sides alternate, so each shape has a graph per side).
   struct GraphKey {
     int32_t batch, context;
     bool full_sampler;
+    int32_t output_level;  // output_words' level
+    int32_t side;
     bool operator<(const GraphKey& o) const {
-      return std::tie(batch, context, full_sampler) < std::tie(o.batch, o.context, o.full_sampler);
+      return std::tie(batch, context, full_sampler, output_level, side) <
+             std::tie(o.batch, o.context, o.full_sampler, o.output_level, o.side);
     }
   };
   std::map<GraphKey, std::unique_ptr<CapturedWork>> graphs_;
   bool graphs_ok_ = true;
   int64_t graph_replays_ = 0;
-  double run_seconds_ = 0, wait_seconds_ = 0, pack_seconds_ = 0, issue_seconds_ = 0, upload_seconds_ = 0;
+  double run_seconds_ = 0, wait_seconds_ = 0, pack_seconds_ = 0, issue_seconds_ = 0;
   double graph_launch_seconds_ = 0, graph_device_seconds_ = 0, last_graph_seconds_ = 0;
 };
 

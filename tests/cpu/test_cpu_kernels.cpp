@@ -15,6 +15,7 @@
 #include "cpu_kernel_test.h"
 #include "kernels/ops.h"
 #include "kernels/rng.h"
+#include "kernels/step_io.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -489,6 +490,26 @@ TEST_F(CpuKernels, FillConstant) {
     if (dt == DType::f16) want = f16_to_f32(f32_to_f16(0.1f));
     for (float x : read(t)) ASSERT_EQ(x, want) << dtype_name(dt);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// step inputs and outputs (kernels/step_io.h)
+
+TEST_F(CpuKernels, StageStepInputsCopiesTheCountedWordsAndResolvesContinuedIds) {
+  // Word 0: 11 words to copy; ids at [4, 8): -1 - r takes prev[r] (r = 2, 0, and 7 past prev: 0);
+  // -5 at word 9 is outside the ids and stays; words from 11 on are not copied.
+  const std::vector<int32_t> src = {11, 10, 20, 30, 5, -3, -1, -8, 40, -5, 50, 60, 70, 80, 90, 100};
+  TensorBuffer host = test::host_ints(src);
+  TensorBuffer prev = test::host_ints({700, 701, 702, 703});
+  TensorBuffer dst = test::host_ints(std::vector<int32_t>(src.size(), 9999));
+  ops::stage_step_inputs(*be, dst, host, 4, 4, prev);
+  const std::vector<int32_t> want = {11, 10, 20, 30, 5, 702, 700, 0, 40, -5, 50, 9999, 9999, 9999, 9999, 9999};
+  EXPECT_EQ(std::vector<int32_t>(dst.ptr<int32_t>(), dst.ptr<int32_t>() + dst.numel()), want);
+
+  TensorBuffer out = test::host_ints({0, 0, 0});
+  TensorBuffer words = test::host_ints({-4, 7, 123456789});
+  ops::publish_step_outputs(*be, out, words);
+  EXPECT_EQ(std::vector<int32_t>(out.ptr<int32_t>(), out.ptr<int32_t>() + 3), (std::vector<int32_t>{-4, 7, 123456789}));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "kernels/rng.h"
+#include "kernels/step_io.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -629,6 +630,71 @@ TEST(CudaKernels, DecodeOpsGraphCaptureAndNoAllocation) {
   for (int r = 0; r < 3; ++r) (*graph)->replay();  // (the residual moves on; only allocations count here)
   ASSERT_TRUE(be->synchronize().ok());
   EXPECT_EQ(be->allocation_count(), allocations) << "capture or replay allocated device memory";
+}
+
+// stage_step_inputs / publish_step_outputs (kernels/step_io.h) against the CPU twin, eagerly and in a
+// captured graph replayed after the pinned staging changed (the graph reads the staging and writes
+// the outputs at every replay): word counts that are not multiples of 4, continued ids inside the
+// ids range, negative words outside it, an index past prev_tokens.
+TEST(CudaKernels, StepInputsAndOutputs) {
+  KILN_REQUIRE_GPU(be);
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const int64_t words = 4096, ids_begin = 160, n_prev = 64;
+  auto pinned = [&](int64_t n) {
+    Result<TensorBuffer> r = pinned_host_empty(*be, Shape{n}, DType::i32);
+    KILN_ASSERT(r.ok());
+    return std::move(r).value();
+  };
+  TensorBuffer host = pinned(words), out = pinned(words);
+  TensorBuffer prev_h = random_ints(Shape{n_prev}, 0, 100000, 31);
+  TensorBuffer prev = upload(*be, prev_h);
+  TensorBuffer dst = device_empty(*be, Shape{words}, DType::i32);
+  TensorBuffer expect = host_empty(Shape{words}, DType::i32);
+  uint64_t seed = 40;
+  // Random words (some negative), n in word 0, every third id of the ids range continued.
+  auto fill = [&](int64_t n, int64_t ids_count) {
+    TensorBuffer r = random_ints(Shape{words}, -50, 1000000, seed++);
+    int32_t* h = host.ptr<int32_t>();
+    std::memcpy(h, r.ptr<int32_t>(), words * 4);
+    h[0] = static_cast<int32_t>(n);
+    for (int64_t i = 0; i < ids_count; i += 3) h[ids_begin + i] = -1 - static_cast<int32_t>((i * 7) % n_prev);
+    if (ids_count > 1) h[ids_begin + 1] = -1 - static_cast<int32_t>(n_prev);
+    // What the device buffer holds before (the words past n must stay) and what it should hold after.
+    TensorBuffer before = random_ints(Shape{words}, 0, 1000, seed++);
+    be->copy(dst, before);
+    std::memcpy(expect.ptr<int32_t>(), before.ptr<int32_t>(), words * 4);
+    ops::stage_step_inputs(*cpu, expect, host, ids_begin, ids_count, prev_h);
+  };
+  auto expect_words = [&](const std::vector<int32_t>& got) {
+    ASSERT_EQ(got.size(), static_cast<size_t>(words));
+    for (int64_t w = 0; w < words; ++w) ASSERT_EQ(got[w], expect.ptr<int32_t>()[w]) << "word " << w;
+  };
+  for (auto [n, ids_count] : std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {163, 3}, {1029, 600}, {4096, 3936}}) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " ids=" + std::to_string(ids_count));
+    fill(n, ids_count);
+    ops::stage_step_inputs(*be, dst, host, ids_begin, ids_count, prev);
+    ops::publish_step_outputs(*be, out.view().rows(0, 1000), dst.view().rows(0, 1000));
+    ASSERT_TRUE(be->synchronize().ok());
+    expect_words(host_i32(*be, dst));
+    EXPECT_EQ(0, std::memcmp(out.ptr<int32_t>(), expect.ptr<int32_t>(), 1000 * 4));
+  }
+
+  const int64_t ids_count = 200;
+  auto step = [&] {
+    ops::stage_step_inputs(*be, dst, host, ids_begin, ids_count, prev);
+    ops::publish_step_outputs(*be, out, dst);
+  };
+  Result<std::unique_ptr<CapturedWork>> graph = be->capture(step);
+  ASSERT_TRUE(graph.ok()) << graph.status().message();
+  for (int64_t n : {777, 2050, 38}) {
+    SCOPED_TRACE("replay, n=" + std::to_string(n));
+    fill(n, ids_count);
+    std::memset(out.ptr<int32_t>(), 0, words * 4);
+    (*graph)->replay();
+    ASSERT_TRUE(be->synchronize().ok());
+    expect_words(host_i32(*be, dst));
+    expect_words(std::vector<int32_t>(out.ptr<int32_t>(), out.ptr<int32_t>() + words));
+  }
 }
 
 }  // namespace
