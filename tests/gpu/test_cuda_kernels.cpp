@@ -697,5 +697,53 @@ TEST(CudaKernels, StepInputsAndOutputs) {
   }
 }
 
+// The step's kernels read its inputs before their programmatic wait (the decode attention reads its
+// page tables and issues its first K/V copies there), so stage_step_inputs must complete before the
+// next kernel starts. Here the page tables come last in 4 MB of staging (read across PCIe), the
+// device buffer holds stale tables of another valid context, and the decode attention follows at
+// once: its output must be that of the fresh tables.
+TEST(CudaKernels, StepInputsCompleteBeforeTheStepsKernelsStart) {
+  KILN_REQUIRE_GPU(be);
+  const int64_t Hq = 8, Hkv = 1, D = 64, kPage = 16, pages = 14, words = int64_t(1) << 20;
+  uint64_t seed = 90;
+  TensorBuffer kc = upload(*be, random_host(Shape{pages * kPage, Hkv, D}, kBF16, seed++));
+  TensorBuffer vc = upload(*be, random_host(Shape{pages * kPage, Hkv, D}, kBF16, seed++));
+  TensorBuffer q = upload(*be, random_host(Shape{1, Hq, D}, kBF16, seed++));
+  // Tables from word `base`: q_indptr at 0, page_indptr at 2, the last page's length at 8, page ids at 12.
+  const int64_t base = words - 32;
+  auto tables = [](std::vector<int32_t> page_ids, int32_t last) {
+    std::vector<int32_t> t = {0, 1, 0, static_cast<int32_t>(page_ids.size()), 0, 0, 0, 0, last, 0, 0, 0};
+    t.insert(t.end(), page_ids.begin(), page_ids.end());
+    return t;
+  };
+  const std::vector<int32_t> fresh = tables({3, 9, 1, 12, 5, 0, 7}, 4), stale = tables({10, 2, 8, 4, 11, 6, 13}, 16);
+  Result<TensorBuffer> host_r = pinned_host_empty(*be, Shape{words}, DType::i32);
+  ASSERT_TRUE(host_r.ok());
+  TensorBuffer host = std::move(host_r).value();
+  std::memset(host.ptr<int32_t>(), 0, words * 4);
+  host.ptr<int32_t>()[0] = static_cast<int32_t>(words);
+  std::copy(fresh.begin(), fresh.end(), host.ptr<int32_t>() + base);
+  TensorBuffer prev = device_empty(*be, Shape{4}, DType::i32);
+  be->zero(prev);
+  const ops::AttentionBounds bounds{1, 1, 112};
+  auto run = [&](Tensor t) {  // t: the device buffer holding the tables at `base`
+    TensorBuffer out = device_empty(*be, Shape{1, Hq, D}, kBF16);
+    const PagedKV kv{t.rows(base + 2, base + 4), t.rows(base + 12, base + 19), t.rows(base + 8, base + 9), kPage};
+    ops::attention_forward(*be, out, q, kc, vc, t.rows(base, base + 2), kv, bounds, 0.125f);
+    return out;
+  };
+  TensorBuffer ref_tables = device_empty(*be, Shape{words}, DType::i32);
+  be->copy(ref_tables.view().rows(base, base + static_cast<int64_t>(fresh.size())), host_ints(fresh));
+  const std::vector<float> want = to_f32(*be, run(ref_tables));
+  TensorBuffer dst = device_empty(*be, Shape{words}, DType::i32);
+  for (int rep = 0; rep < 5; ++rep) {
+    be->copy(dst.view().rows(base, base + static_cast<int64_t>(stale.size())), host_ints(stale));
+    ASSERT_TRUE(be->synchronize().ok());
+    ops::stage_step_inputs(*be, dst, host, 0, 0, prev);
+    TensorBuffer out = run(dst);
+    EXPECT_EQ(to_f32(*be, out), want) << "repetition " << rep;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::test

@@ -16,13 +16,14 @@ constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 32;
 
 // dst[w] = host[w] for w < n = host[0], four words a thread at a time (the last n % 4 singly); an
-// id below zero in [ids_begin, ids_begin + ids_count) becomes prev_tokens[-1 - id]. Launched
-// plainly (it overwrites what the step before read): the first kernel of a step; the kernels after
-// it wait for it.
+// id below zero in [ids_begin, ids_begin + ids_count) becomes prev_tokens[-1 - id]. The first kernel
+// of a step, launched plainly (it overwrites what the step before read). It never lets its
+// dependents launch early: the step's kernels read its outputs (page tables, indptr arrays) before
+// their programmatic wait (attention_decode.cu), so none may start before it has completed; the
+// fence makes its writes visible to them when it has.
 __global__ void __launch_bounds__(kThreads)
     stage_inputs_kernel(int32_t* __restrict__ dst, const int32_t* __restrict__ host, int64_t capacity,
                         int64_t ids_begin, int64_t ids_count, const int32_t* __restrict__ prev, int64_t n_prev) {
-  hopper::launch_dependents();
   __shared__ int64_t n_words;
   if (threadIdx.x == 0) n_words = max(int64_t(0), min(static_cast<int64_t>(host[0]), capacity));
   __syncthreads();
@@ -44,6 +45,7 @@ __global__ void __launch_bounds__(kThreads)
       dst[w] = resolve(w, host[w]);
     }
   }
+  __threadfence();
 }
 
 // host[w] = src[w] for w < n. Launched programmatically: waits for the kernel that wrote src.
