@@ -316,7 +316,11 @@ void Executor::finish_staging(HostSide& side, const Packed& p, const std::vector
 }
 
 void Executor::issue(const HostSide& side, const Packed& p, bool full, int64_t output_words) {
-  ops::stage_step_inputs(be(), staging_dev_.view(), side.staging.view(), off_tokens_, p.tokens,
+  // At most the longest context's pages for every request: the bound a captured step reads ahead.
+  const int64_t expected = std::min<int64_t>(
+      staging_ints_, off_tokens_ + 3 * static_cast<int64_t>(p.tokens) +
+                         static_cast<int64_t>(p.requests) * ceil_div(p.max_kv, config_.page_size));
+  ops::stage_step_inputs(be(), staging_dev_.view(), side.staging.view(), expected, off_tokens_, p.tokens,
                          output_view(outputs_dev_, 0, config_.max_running, DType::i32));
   forward_and_sample(p, full);
   if (output_words > 0)

@@ -10,20 +10,22 @@
 namespace kiln {
 #ifdef KILN_WITH_CUDA
 namespace cuda {  // kernels/cuda/step_io.cu
-void stage_step_inputs(CudaBackend& be, Tensor dst, Tensor host, int64_t ids_begin, int64_t ids_count,
-                       Tensor prev_tokens);
+void stage_step_inputs(CudaBackend& be, Tensor dst, Tensor host, int64_t expected_words, int64_t ids_begin,
+                       int64_t ids_count, Tensor prev_tokens);
 void publish_step_outputs(CudaBackend& be, Tensor host, Tensor src);
 }  // namespace cuda
 #endif
 
 namespace ops {
 
-void stage_step_inputs(Backend& be, Tensor dst, Tensor host, int64_t ids_begin, int64_t ids_count,
-                       Tensor prev_tokens) {
+void stage_step_inputs(Backend& be, Tensor dst, Tensor host, int64_t expected_words, int64_t ids_begin,
+                       int64_t ids_count, Tensor prev_tokens) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda())
-    return cuda::stage_step_inputs(static_cast<CudaBackend&>(be), dst, host, ids_begin, ids_count, prev_tokens);
+    return cuda::stage_step_inputs(static_cast<CudaBackend&>(be), dst, host, expected_words, ids_begin, ids_count,
+                                   prev_tokens);
 #endif
+  (void)expected_words;  // a hint for the device's reads
   // The CPU twin: host memory on both sides.
   KILN_ASSERT(be.device().is_cpu() && dst.device.is_cpu() && host.device.is_cpu() && prev_tokens.device.is_cpu());
   KILN_ASSERT(dst.dtype == DType::i32 && host.dtype == DType::i32 && prev_tokens.dtype == DType::i32);

@@ -502,7 +502,7 @@ TEST_F(CpuKernels, StageStepInputsCopiesTheCountedWordsAndResolvesContinuedIds) 
   TensorBuffer host = test::host_ints(src);
   TensorBuffer prev = test::host_ints({700, 701, 702, 703});
   TensorBuffer dst = test::host_ints(std::vector<int32_t>(src.size(), 9999));
-  ops::stage_step_inputs(*be, dst, host, 4, 4, prev);
+  ops::stage_step_inputs(*be, dst, host, 16, 4, 4, prev);
   const std::vector<int32_t> want = {11, 10, 20, 30, 5, 702, 700, 0, 40, -5, 50, 9999, 9999, 9999, 9999, 9999};
   EXPECT_EQ(std::vector<int32_t>(dst.ptr<int32_t>(), dst.ptr<int32_t>() + dst.numel()), want);
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -663,16 +664,18 @@ TEST(CudaKernels, StepInputsAndOutputs) {
     TensorBuffer before = random_ints(Shape{words}, 0, 1000, seed++);
     be->copy(dst, before);
     std::memcpy(expect.ptr<int32_t>(), before.ptr<int32_t>(), words * 4);
-    ops::stage_step_inputs(*cpu, expect, host, ids_begin, ids_count, prev_h);
+    ops::stage_step_inputs(*cpu, expect, host, n, ids_begin, ids_count, prev_h);
   };
   auto expect_words = [&](const std::vector<int32_t>& got) {
     ASSERT_EQ(got.size(), static_cast<size_t>(words));
     for (int64_t w = 0; w < words; ++w) ASSERT_EQ(got[w], expect.ptr<int32_t>()[w]) << "word " << w;
   };
-  for (auto [n, ids_count] : std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {163, 3}, {1029, 600}, {4096, 3936}}) {
-    SCOPED_TRACE("n=" + std::to_string(n) + " ids=" + std::to_string(ids_count));
+  // expected_words (the words read ahead of n) at, below and above n.
+  const std::vector<std::array<int64_t, 3>> eager = {{1, 0, 1}, {163, 3, 0}, {1029, 600, 4096}, {4096, 3936, 2000}};
+  for (auto [n, ids_count, ahead] : eager) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " ids=" + std::to_string(ids_count) + " ahead=" + std::to_string(ahead));
     fill(n, ids_count);
-    ops::stage_step_inputs(*be, dst, host, ids_begin, ids_count, prev);
+    ops::stage_step_inputs(*be, dst, host, ahead, ids_begin, ids_count, prev);
     ops::publish_step_outputs(*be, out.view().rows(0, 1000), dst.view().rows(0, 1000));
     ASSERT_TRUE(be->synchronize().ok());
     expect_words(host_i32(*be, dst));
@@ -681,7 +684,7 @@ TEST(CudaKernels, StepInputsAndOutputs) {
 
   const int64_t ids_count = 200;
   auto step = [&] {
-    ops::stage_step_inputs(*be, dst, host, ids_begin, ids_count, prev);
+    ops::stage_step_inputs(*be, dst, host, 1000, ids_begin, ids_count, prev);
     ops::publish_step_outputs(*be, out, dst);
   };
   Result<std::unique_ptr<CapturedWork>> graph = be->capture(step);
@@ -739,7 +742,7 @@ TEST(CudaKernels, StepInputsCompleteBeforeTheStepsKernelsStart) {
   for (int rep = 0; rep < 5; ++rep) {
     be->copy(dst.view().rows(base, base + static_cast<int64_t>(stale.size())), host_ints(stale));
     ASSERT_TRUE(be->synchronize().ok());
-    ops::stage_step_inputs(*be, dst, host, 0, 0, prev);
+    ops::stage_step_inputs(*be, dst, host, words, 0, 0, prev);
     TensorBuffer out = run(dst);
     EXPECT_EQ(to_f32(*be, out), want) << "repetition " << rep;
   }

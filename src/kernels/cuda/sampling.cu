@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/sampling_common.cuh"
 #include "kernels/sampling_math.h"
@@ -455,6 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sample_kernel(int32_t* tokens, float* logprobs, const float* logits, int64_t V, const ops::SamplingRow* params,
                   int32_t* counts, int64_t count_rows, char* workspace, int64_t row_bytes, bool vec) {
   __shared__ Smem s;
+  hopper::launch_dependents();  // what follows (the step's output copy) waits for this grid
   const int64_t b = blockIdx.x;
   const ops::SamplingRow& p = params[b];
   const int32_t counts_row = p.counts_row;
@@ -493,6 +495,7 @@ __global__ void __launch_bounds__(kThreads)
     argmax_kernel(int32_t* tokens, const float* logits, int64_t V, const ops::SamplingRow* params, int32_t* counts,
                   int64_t count_rows) {
   __shared__ ArgMax smem[32];
+  hopper::launch_dependents();  // what follows (the step's output copy) waits for this grid
   const int64_t base = static_cast<int64_t>(blockIdx.x) * V;
   constexpr int kUnroll = 4;  // loads in flight per thread: one block streams a whole row
   constexpr int64_t kStride = static_cast<int64_t>(kThreads) * N;

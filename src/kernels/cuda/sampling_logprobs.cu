@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/sampling_common.cuh"
 
@@ -23,6 +24,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ ArgMax arg[32];
   __shared__ double red[32];
   __shared__ uint32_t n_cand;
+  hopper::launch_dependents();  // what follows (the step's output copy) waits for this grid
   const int64_t b = blockIdx.x;
   const ops::SamplingRow& p = params[b];
   if (p.logprobs == 0 && p.top_logprobs <= 0) return;

@@ -16,15 +16,21 @@ constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 32;
 
 // dst[w] = host[w] for w < n = host[0], four words a thread at a time (the last n % 4 singly); an
-// id below zero in [ids_begin, ids_begin + ids_count) becomes prev_tokens[-1 - id]. The first kernel
+// id below zero in [ids_begin, ids_begin + ids_count) becomes prev_tokens[-1 - id]. Each thread's
+// first four words (up to `expected`) are read together with word 0, so that a step of up to
+// kMaxBlocks * kThreads * 4 words crosses PCIe once; the rest once n is known. The first kernel
 // of a step, launched plainly (it overwrites what the step before read). It never lets its
 // dependents launch early: the step's kernels read its outputs (page tables, indptr arrays) before
 // their programmatic wait (attention_decode.cu), so none may start before it has completed; the
 // fence makes its writes visible to them when it has.
 __global__ void __launch_bounds__(kThreads)
     stage_inputs_kernel(int32_t* __restrict__ dst, const int32_t* __restrict__ host, int64_t capacity,
-                        int64_t ids_begin, int64_t ids_count, const int32_t* __restrict__ prev, int64_t n_prev) {
+                        int64_t expected, int64_t ids_begin, int64_t ids_count, const int32_t* __restrict__ prev,
+                        int64_t n_prev) {
   __shared__ int64_t n_words;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const bool early = q0 < min(expected, capacity) / 4;
+  const int4 first = early ? reinterpret_cast<const int4*>(host)[q0] : make_int4(0, 0, 0, 0);
   if (threadIdx.x == 0) n_words = max(int64_t(0), min(static_cast<int64_t>(host[0]), capacity));
   __syncthreads();
   const int64_t n = n_words;
@@ -34,10 +40,9 @@ __global__ void __launch_bounds__(kThreads)
     return r < n_prev ? prev[r] : 0;
   };
   const int64_t groups = n / 4;
-  for (int64_t q = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; q < groups + (n % 4);
-       q += static_cast<int64_t>(gridDim.x) * kThreads) {
+  for (int64_t q = q0; q < groups + (n % 4); q += static_cast<int64_t>(gridDim.x) * kThreads) {
     if (q < groups) {
-      int4 v = reinterpret_cast<const int4*>(host)[q];
+      int4 v = q == q0 && early ? first : reinterpret_cast<const int4*>(host)[q];
       v.x = resolve(4 * q, v.x), v.y = resolve(4 * q + 1, v.y), v.z = resolve(4 * q + 2, v.z), v.w = resolve(4 * q + 3, v.w);
       reinterpret_cast<int4*>(dst)[q] = v;
     } else {
@@ -59,8 +64,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void stage_step_inputs(CudaBackend& be, Tensor dst, Tensor host, int64_t ids_begin, int64_t ids_count,
-                       Tensor prev_tokens) {
+void stage_step_inputs(CudaBackend& be, Tensor dst, Tensor host, int64_t expected_words, int64_t ids_begin,
+                       int64_t ids_count, Tensor prev_tokens) {
   detail::check_i32(be, dst);
   detail::check_i32(be, prev_tokens);
   KILN_ASSERT(host.dtype == DType::i32 && host.device.is_cpu() && host.data != nullptr);
@@ -69,7 +74,7 @@ void stage_step_inputs(CudaBackend& be, Tensor dst, Tensor host, int64_t ids_beg
   KILN_ASSERT(ids_begin >= 0 && ids_count >= 0 && ids_begin + ids_count <= host.numel());
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(kMaxBlocks, detail::ceil_div(host.numel() / 4, kThreads)));
   stage_inputs_kernel<<<blocks, kThreads, 0, detail::stream_of(be)>>>(
-      dst.ptr<int32_t>(), host.ptr<const int32_t>(), host.numel(), ids_begin, ids_count,
+      dst.ptr<int32_t>(), host.ptr<const int32_t>(), host.numel(), expected_words, ids_begin, ids_count,
       prev_tokens.ptr<const int32_t>(), prev_tokens.numel());
   KILN_CUDA_CHECK_LAUNCH();
 }
