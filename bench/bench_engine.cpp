@@ -207,6 +207,8 @@ int main(int argc, char** argv) {
                                {"deliver_s", st.deliver_seconds},
                                {"graph_launch_s", st.graph_launch_seconds},
                                {"graph_device_s", st.graph_device_seconds},
+                               {"graph_gap_s", st.graph_gap_seconds},
+                               {"graph_gaps", st.graph_gaps},
                                {"steps", st.steps},
                                {"kv_capacity_tokens", (*engine)->kv_capacity_tokens()}});
       std::fprintf(stderr, "decode B=%d: %.0f tok/s\n", B, dt > 0 ? tokens / dt : 0.0);

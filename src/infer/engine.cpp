@@ -342,6 +342,8 @@ void Engine::publish_stats() {
   s.issue_seconds = executor_->issue_seconds();
   s.graph_launch_seconds = executor_->graph_launch_seconds();
   s.graph_device_seconds = executor_->graph_device_seconds();
+  s.graph_gap_seconds = executor_->graph_gap_seconds();
+  s.graph_gaps = executor_->graph_gaps();
   s.policy_version = scheduler_->policy_version();
   s.prefix_hit_tokens = hits_total_;
   s.weight_updates = updates_done_;

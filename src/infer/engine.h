@@ -199,6 +199,8 @@ struct EngineStats {
   double pack_seconds = 0.0, issue_seconds = 0.0;  // the executor's host work: packing, issuing
   double schedule_seconds = 0.0, deliver_seconds = 0.0;  // planning steps; committing and emitting tokens
   double graph_launch_seconds = 0.0, graph_device_seconds = 0.0;  // replays: host launch, device time
+  double graph_gap_seconds = 0.0;  // device time between consecutive replays (Executor::graph_gap_seconds)
+  int64_t graph_gaps = 0;
   uint64_t policy_version = 0;
   int64_t weight_updates = 0;         // acknowledged updates
   int64_t cross_version_hits = 0;     // radix pages matched of another version: always 0 (an audit)

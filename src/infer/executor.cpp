@@ -99,9 +99,11 @@ Status Executor::init() {
       KILN_ASSIGN_OR_RETURN(side.score_logprobs, pinned_host_empty(be(), {SR}, DType::f32));
     }
     side.done = be().create_event();
-    side.graph_start = be().create_event();
-    side.graph_end = be().create_event();
     side.rows.reserve(static_cast<size_t>(Bm));
+  }
+  for (GraphEvents& g : graph_events_) {
+    g.start = be().create_event();
+    g.end = be().create_event();
   }
   if (SR > 0) {
     KILN_ASSIGN_OR_RETURN(score_logprobs_dev_, empty(be(), {SR}, DType::f32));
@@ -420,9 +422,10 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
     auto it = graphs_.find(key);
     if (it != graphs_.end()) {
       const auto tl = std::chrono::steady_clock::now();
-      side.graph_start->record();
+      const GraphEvents& g = graph_events_[launches_ % 3];
+      g.start->record();
       it->second->replay();
-      side.graph_end->record();
+      g.end->record();
       graph_launch_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
       timed_graph = true;
       last_logits_ = ws_.logits.view().rows(0, p.logit_rows);
@@ -447,6 +450,7 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   run_seconds_ += std::chrono::duration<double>(t1 - t0).count();
   side.rows.assign(rows.begin(), rows.end());
   side.timed_graph = timed_graph;
+  side.launch = launches_++;
   next_side_ = (next_side_ + 1) % static_cast<int32_t>(sides_.size());
   ++in_flight_;
 }
@@ -461,7 +465,16 @@ Result<std::vector<SampledToken>> Executor::wait() {
   const auto t1 = std::chrono::steady_clock::now();
   KILN_RETURN_IF_ERROR(side.done->wait());
   const auto t2 = std::chrono::steady_clock::now();
-  last_graph_seconds_ = side.timed_graph ? side.graph_end->elapsed_ms(*side.graph_start) * 1e-3 : 0.0;
+  last_graph_seconds_ = 0.0;
+  if (side.timed_graph) {
+    const GraphEvents& g = graph_events_[side.launch % 3];
+    last_graph_seconds_ = g.end->elapsed_ms(*g.start) * 1e-3;
+    if (last_timed_launch_ == side.launch - 1) {
+      graph_gap_seconds_ += g.start->elapsed_ms(*graph_events_[(side.launch - 1) % 3].end) * 1e-3;
+      ++graph_gaps_;
+    }
+  }
+  last_timed_launch_ = side.timed_graph ? side.launch : -2;
   graph_device_seconds_ += last_graph_seconds_;
   wait_seconds_ += std::chrono::duration<double>(t2 - t1).count();
   run_seconds_ += std::chrono::duration<double>(t2 - t1).count();

@@ -100,6 +100,10 @@ class Executor {
   // Graph replays: host time in the launch call, and device time between events around it.
   double graph_launch_seconds() const { return graph_launch_seconds_; }
   double graph_device_seconds() const { return graph_device_seconds_; }
+  // Device time between a replay and the one launched right before it (the stream idle, waiting for
+  // the host's launch, plus whatever runs between them), and the number of such pairs.
+  double graph_gap_seconds() const { return graph_gap_seconds_; }
+  int64_t graph_gaps() const { return graph_gaps_; }
   // The device time of the graph replay of the step wait() returned last (0: it ran eagerly).
   double last_graph_seconds() const { return last_graph_seconds_; }
   // The KV storage, for tests (per layer [slots, Hkv, D]).
@@ -119,7 +123,8 @@ class Executor {
   struct HostSide {
     TensorBuffer staging;
     TensorBuffer outputs, score_logprobs;  // outputs: the layout of outputs_dev_
-    std::unique_ptr<Event> done, graph_start, graph_end;
+    std::unique_ptr<Event> done;
+    int64_t launch = 0;  // the step's launch number
     std::vector<ops::SamplingRow> rows;  // the step's sampling rows (their log-prob requests)
     int32_t score_rows = 0;
     bool timed_graph = false;
@@ -199,7 +204,16 @@ class Executor {
   bool graphs_ok_ = true;
   int64_t graph_replays_ = 0;
   double run_seconds_ = 0, wait_seconds_ = 0, pack_seconds_ = 0, issue_seconds_ = 0;
-  double graph_launch_seconds_ = 0, graph_device_seconds_ = 0, last_graph_seconds_ = 0;
+  double graph_launch_seconds_ = 0, graph_device_seconds_ = 0, last_graph_seconds_ = 0, graph_gap_seconds_ = 0;
+  int64_t graph_gaps_ = 0;
+  // Events around the replays, by launch number modulo 3: the step waited for, the one before it
+  // (for the gap) and the one in flight after it never share a slot.
+  struct GraphEvents {
+    std::unique_ptr<Event> start, end;
+  };
+  std::array<GraphEvents, 3> graph_events_;
+  int64_t launches_ = 0;
+  int64_t last_timed_launch_ = -2;  // the launch number of the last replay waited for
 };
 
 }  // namespace kiln
