@@ -50,8 +50,11 @@ struct NcclApi {
 
   static Result<NcclApi> load() {
     NcclApi api;
+    // Never unloaded (RTLD_NODELETE): a destroyed communicator's threads may still be running NCCL's
+    // code, and a later dlopen re-initialises its global state (a segfault under the GPU tests, which
+    // make and destroy several communicators in one process).
     for (const char* name : {"libnccl.so.2", "libnccl.so"})
-      if ((api.handle = dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+      if ((api.handle = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)) != nullptr) break;
     if (!api.handle)
       return unsupported("NCCL is not installed here (libnccl.so.2 was not found): install it (Debian/Ubuntu: libnccl2), "
                          "point LD_LIBRARY_PATH at it, or use --collectives mpi");
