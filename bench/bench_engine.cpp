@@ -4,7 +4,7 @@
 //            ms per token (the B=1 latency figures)
 //   decode:  B requests of a 1K-token prompt decoding together; tokens/s of the decode phase
 //            (from the moment every request has its first token to the first request's last), after
-//            a warm-up batch of the same shape (4 tokens each) has captured the step's graphs, as the
+//            a warm-up batch of the same shape (other prompts) has captured the steps' graphs, as the
 //            single-request runs measure their second repetition; the engine's counters in the
 //            JSON are those of the measured batch
 //   online:  N requests with Poisson arrivals at --rate requests/s, prompt and output lengths from
@@ -170,8 +170,8 @@ int main(int argc, char** argv) {
       if (!engine.ok()) return fail(engine.status());
       std::vector<std::shared_ptr<RequestStream>> streams;
       std::vector<Timing> t(static_cast<size_t>(B));
-      // The warm-up batch (other prompts, 4 tokens: decode steps of both host sides), then the
-      // measured one.
+      // The warm-up batch (other prompts; as many tokens, so that all B decode together after the
+      // last prefill as they will in the measured batch), then the measured one.
       EngineStats warm;
       for (const bool warm_up : {true, false}) {
         streams.clear();
@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
         for (int32_t b = 0; b < B; ++b) {
           GenerationRequest r;
           r.prompt = random_ids(context, vocab, (warm_up ? 1000000 : 100) + static_cast<uint64_t>(b));
-          r.max_tokens = warm_up ? 4 : decode_tokens;
+          r.max_tokens = decode_tokens;
           r.ignore_eos = true;
           t[b].submitted = Clock::now();
           Result<std::shared_ptr<RequestStream>> s = (*engine)->submit(r);

@@ -1,6 +1,6 @@
 // A step's inputs and outputs between pinned host memory and the device, as kernels
-// (kernels/step_io.h), so that a captured decode step carries its own
-// transfers: no copy-engine operation, and no stream operation at all, runs between two replays.
+// (kernels/step_io.h), so that a captured decode step carries its own transfers: no copy runs
+// between two replays (only the step's events).
 // Pinned host memory (cudaMallocHost) is mapped into the device's address space under unified
 // addressing, so the kernels read and write it through the host pointer; reads cross PCIe (a round
 // trip of about a microsecond), writes are posted.
