@@ -4,8 +4,9 @@
 // L2 errors: ~1e-5 for f32 outputs, 1e-2 for bf16 outputs. Index-like results (embedding rows, KV
 // writes, casts, greedy tokens) must match exactly. The sampler has its own tests
 // (test_sampler_gpu.cpp). GemmFallbackKernel forces gemm.cu's SIMT fallback (KILN_GEMM_FALLBACK=1);
-// the last test replays a captured CUDA graph of the decode-path ops and checks that it allocates
-// nothing.
+// DecodeOpsGraphCaptureAndNoAllocation replays a captured CUDA graph of the decode-path ops and
+// checks that it allocates nothing. The step's own transfers (kernels/step_io.h) are checked last:
+// against the CPU twin, and for their ordering against the step's first attention kernel.
 #include <gtest/gtest.h>
 
 #include <algorithm>
