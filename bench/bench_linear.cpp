@@ -3,8 +3,13 @@
 // rows), and the streaming TMA kernel (Hopper, up to 128 rows), over every layer's own weights (as
 // a decode step reads them: from HBM, not L2), captured in a CUDA graph and replayed like a decode
 // step. Prints JSON: microseconds per layer (median of repeats, CUDA events) and the weight bytes'
-// GB/s, per row count; optionally a sweep of the TMA kernel's K split.
+// GB/s, per row count; optionally a sweep of the TMA kernel's K split and of its weight rows a tile
+// (one or two consumer warpgroups: entries suffixed _wg2). Entries suffixed _bare run the projection
+// without the norm kernel before it (the step's q/k/v and gate/up read rows normed by the kernel
+// before); down_ksplit is what the step runs at 9 to 128 rows (cuBLASLt's K quarters, then their sum
+// into the residual with the next norm), down_tma_norm its counterpart on the TMA kernel.
 // Usage: bench_linear --config bench/configs/astrai-1b-shape.config.json [--rows 1,8,32,128] [--splits]
+//        [--tma-wg 1,2]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -42,11 +47,15 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "Hugging Face config.json")->required();
   app.add_option("--rows", row_counts, "batch rows (tokens of the step)")->delimiter(',');
   app.add_option("--reps", reps, "timed repeats (median)");
+  std::vector<int> weight_groups = {1};
   app.add_flag("--splits", sweep_splits, "also time the TMA kernel at each K split (1, 2, 4, 8)");
+  app.add_option("--tma-wg", weight_groups, "the TMA kernel's warpgroups a tile to time (1, 2)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({1, 2}));
   app.add_option("--only", only, "time only these entries (e.g. gate_up_tma; for profilers)")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 #ifndef KILN_WITH_CUDA
-  (void)reps, (void)sweep_splits;
+  (void)reps, (void)sweep_splits, (void)weight_groups;
   return fail(unsupported("kiln was built without CUDA"));
 #else
   Result<ModelConfig> cr = load_model_config_file(config_path);
@@ -77,6 +86,8 @@ int main(int argc, char** argv) {
   TensorBuffer resid_b = buf({T, H}, DType::f32), normed_b = buf({T, H}, bf), attn_b = buf({T, Q}, bf);
   TensorBuffer qkv_b = buf({T, QKV}, bf), gu_b = buf({T, 2 * I}, bf), act_b = buf({T, I}, bf);
   TensorBuffer logits_b = buf({T, c.vocab_size}, DType::f32);
+  const int32_t down_parts = std::max<int32_t>(1, ops::linear_k_split_parts(be, T, H, I, bf));
+  TensorBuffer partials_b = buf({down_parts * T * H}, DType::f32);
 
   nlohmann::json res = {{"config", config_path}, {"layers", L}};
   // Median time of one replay of fn captured as a CUDA graph (as the engine's decode steps run).
@@ -125,6 +136,18 @@ int main(int argc, char** argv) {
       ops::swiglu_forward(be, act, gu);
     });
     entry("down_cublas", 3, e2 * H * I, [&](Tensor w) { ops::gemm(be, resid, act, false, w, true, 1.0f, 1.0f); });
+    entry("qkv_cublas_bare", 0, e2 * QKV * H, [&](Tensor w) { ops::gemm(be, qkv, normed, false, w, true, 1.0f, 0.0f); });
+    entry("gate_up_cublas_bare", 2, e2 * 2 * I * H, [&](Tensor w) {
+      ops::gemm(be, gu, normed, false, w, true, 1.0f, 0.0f);
+      ops::swiglu_forward(be, act, gu);
+    });
+    if (const int32_t parts = ops::linear_k_split_parts(be, M, H, I, bf); parts > 0) {
+      Tensor partials = partials_b.view().rows(0, parts * M * H).view({parts, M, H});
+      entry("down_ksplit", 3, e2 * H * I, [&](Tensor w) {
+        ops::linear_k_split_forward(be, partials, act, w);
+        ops::add_rmsnorm_forward(be, normed, resid, partials, w_norm, 1e-5f);
+      });
+    }
     entry("head_cublas", -1, e2 * c.vocab_size * H, [&](Tensor w) {
       ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
       ops::gemm(be, logits, normed, false, w, true, 1.0f, 0.0f);
@@ -147,36 +170,43 @@ int main(int argc, char** argv) {
         cuda::fused_linear_kernel_forward(cbe, FusedLinear::norm, logits, resid, w_norm, 1e-5f, w, Tensor{});
       });
     }
-    if (tma) {
+    for (const int wg : weight_groups) {
+      if (!tma) break;
+      const std::string wgs = wg == 1 ? "" : "_wg" + std::to_string(wg);
       auto tma_entries = [&](int splits, const std::string& suffix) {
         entry("qkv_tma" + suffix, 0, e2 * QKV * H, [&](Tensor w) {
           ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-          cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, splits);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, splits, wg);
         });
         entry("o_tma" + suffix, 1, e2 * H * Q, [&](Tensor w) {
-          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, attn, w, Tensor{}, splits);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, attn, w, Tensor{}, splits, wg);
         });
         entry("gate_up_tma" + suffix, 2, e2 * 2 * I * H, [&](Tensor w) {
           ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-          cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, splits);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, splits, wg);
         });
         entry("down_tma" + suffix, 3, e2 * H * I, [&](Tensor w) {
-          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits, wg);
+        });
+        entry("down_tma_norm" + suffix, 3, e2 * H * I, [&](Tensor w) {
+          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits, wg);
+          ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
         });
         if (splits == 0)
-          entry("head_tma", -1, e2 * c.vocab_size * H, [&](Tensor w) {
+          entry("head_tma" + suffix, -1, e2 * c.vocab_size * H, [&](Tensor w) {
             ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-            cuda::linear_tma_forward(cbe, TmaEpilogue::store, logits, normed, w, Tensor{});
+            cuda::linear_tma_forward(cbe, TmaEpilogue::store, logits, normed, w, Tensor{}, 0, wg);
           });
       };
-      tma_entries(0, "");
+      tma_entries(0, wgs);
       if (sweep_splits)
-        for (int s : {1, 2, 4, 8}) tma_entries(s, "_ks" + std::to_string(s));
-      // The projections alone, without the norm kernels between (what a norm folded in would cost).
-      entry("qkv_tma_bare", 0, e2 * QKV * H,
-            [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}); });
-      entry("gate_up_tma_bare", 2, e2 * 2 * I * H,
-            [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}); });
+        for (int s : {1, 2, 4, 8}) tma_entries(s, wgs + "_ks" + std::to_string(s));
+      // The projections alone, without the norm kernels between (what the step runs where the kernel
+      // before writes the normed rows).
+      entry("qkv_tma_bare" + wgs, 0, e2 * QKV * H,
+            [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, 0, wg); });
+      entry("gate_up_tma_bare" + wgs, 2, e2 * 2 * I * H,
+            [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, 0, wg); });
     }
     res["rows"][std::to_string(M)] = row;
   }

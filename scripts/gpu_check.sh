@@ -3,7 +3,7 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|ab|train|profile|profile-decode|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|ab|rules|train|profile|profile-decode|all]
 #   attention: the attention GPU tests and bench_attention per prefill variant (D 64 and 128,
 #           16-row pages and one contiguous page), a table of ms and TFLOP/s per case.
 #   decode: the decode path's GPU tests, bench_decode_step (a step with and without programmatic
@@ -41,6 +41,10 @@
 #          makes from a revision) alternated AB_REPEATS times (2) on AB_SHAPES (astrai-1b) at
 #          AB_BATCHES (1,8,32,128) and AB_CONTEXTS (1024); with AB_ENGINE=1 also bench_engine's decode
 #          sweep and single-request latencies of each.
+#   rules: the same comparison between streaming-kernel rules of this build instead of two builds:
+#          each of RULES (space-separated KILN_LINEAR_TMA values, linear_tma.cu; `default` for the
+#          measured rule), after the streaming kernel's GPU test and bench_linear --tma-wg 1,2 --splits
+#          at TMA_ROWS (32,64,96,128).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -327,31 +331,56 @@ if [ "$WHAT" = rl ]; then
     > "$OUT/bench_rl.json" 2> "$LOGS/bench_rl.err" || { status=1; tail -5 "$LOGS/bench_rl.err"; }
   cat "$OUT/bench_rl.json"
 fi
-if [ "$WHAT" = ab ]; then
-  REF=${REF_BUILD:-build-ref}
-  [ -f .carry/gpu-ref.tar.xz ] && tar -xJf .carry/gpu-ref.tar.xz
-  [ -x "$REF/bin/bench_decode_step" ] || { echo "no reference build in $REF (scripts/build_ref_for_gpu.sh REV)"; exit 1; }
+if [ "$WHAT" = ab ] || [ "$WHAT" = rules ]; then
+  # Each variant is a build (ab) or a KILN_LINEAR_TMA rule of this build (rules).
+  if [ "$WHAT" = ab ]; then
+    REF=${REF_BUILD:-build-ref}
+    [ -f .carry/gpu-ref.tar.xz ] && tar -xJf .carry/gpu-ref.tar.xz
+    [ -x "$REF/bin/bench_decode_step" ] || { echo "no reference build in $REF (scripts/build_ref_for_gpu.sh REV)"; exit 1; }
+    VARIANTS="$BUILD $REF"
+  else
+    VARIANTS=${RULES:?RULES: the KILN_LINEAR_TMA values to compare}
+    "$BUILD/tests/kiln_gpu_tests" --gtest_filter='CudaFusedKernels.StreamingLinear*' > "$OUT/tma_tests.log" 2>&1 \
+      || { status=1; grep -E "Failure|FAILED" "$OUT/tma_tests.log" | head -20; }
+    tail -1 "$OUT/tma_tests.log"
+    timeout 200 "$BUILD/bin/bench_linear" --config bench/configs/astrai-1b-shape.config.json --rows ${TMA_ROWS:-32,64,96,128} \
+      --tma-wg 1,2 --splits > "$OUT/bench_linear.json" 2> /tmp/bench_linear.err || { status=1; tail -3 /tmp/bench_linear.err; }
+    python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+for rows, e in r["rows"].items():
+    for p in ("qkv", "o", "gate_up", "down"):
+        best = sorted((v["us"], k) for k, v in e.items() if k.startswith(p + "_"))
+        print(rows, p, " ".join("%s %.2f" % (k, us) for us, k in best[:8]))' "$OUT/bench_linear.json" || status=1
+  fi
+  # bench VARIANT PROGRAM ARGS...: the program of the variant's build in its environment, under timeout.
+  bench() {
+    local v=$1 prog=$2; shift 2
+    if [ "$WHAT" = ab ]; then timeout ${AB_TIMEOUT:-200} "$v/bin/$prog" "$@"
+    elif [ "$v" = default ]; then env -u KILN_LINEAR_TMA timeout ${AB_TIMEOUT:-200} "$BUILD/bin/$prog" "$@"
+    else env KILN_LINEAR_TMA="$v" timeout ${AB_TIMEOUT:-200} "$BUILD/bin/$prog" "$@"; fi
+  }
   for shape in ${AB_SHAPES:-astrai-1b}; do
     for rep in $(seq ${AB_REPEATS:-2}); do
-      for b in "$BUILD" "$REF"; do
-        timeout ${AB_TIMEOUT:-200} "$b/bin/bench_decode_step" --config bench/configs/$shape-shape.config.json \
+      for v in $VARIANTS; do
+        bench "$v" bench_decode_step --config bench/configs/$shape-shape.config.json \
           --batches ${AB_BATCHES:-1,8,32,128} --contexts ${AB_CONTEXTS:-1024} > "$OUT/ab_$shape.json" 2> /tmp/ab.err \
           || { status=1; tail -3 /tmp/ab.err; continue; }
         python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
 print(sys.argv[2], " ".join("B=%d C=%d %.3f (serial %.3f)" % (x["batch"], x["context"], x["layers_ms"],
-      x["layers_serial_ms"]) for x in r["runs"]))' "$OUT/ab_$shape.json" "$shape $b" || status=1
+      x["layers_serial_ms"]) for x in r["runs"]))' "$OUT/ab_$shape.json" "$shape $v" || status=1
       done
     done
   done
-  for b in ${AB_ENGINE:+"$BUILD" "$REF"}; do
-    timeout ${AB_TIMEOUT:-200} "$b/bin/bench_engine" --config bench/configs/astrai-1b-shape.config.json \
-      --skip online,prefix > "$OUT/ab_engine.json" 2> /tmp/ab.err || { status=1; tail -3 /tmp/ab.err; continue; }
+  for v in ${AB_ENGINE:+$VARIANTS}; do
+    bench "$v" bench_engine --config bench/configs/astrai-1b-shape.config.json \
+      --skip online,prefix ${AB_ENGINE_ARGS:-} > "$OUT/ab_engine.json" 2> /tmp/ab.err || { status=1; tail -3 /tmp/ab.err; continue; }
     python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
 print(sys.argv[2], "decode tok/s", [(x["batch"], round(x["tokens_per_s"])) for x in r["decode"]],
+      "graph ms", [(x["batch"], round(1e3 * x["graph_device_s"] / max(1, x["graph_replays"]), 3)) for x in r["decode"]],
       "single ms/token", [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r["single"]])' \
-      "$OUT/ab_engine.json" "engine $b" || status=1
+      "$OUT/ab_engine.json" "engine $v" || status=1
   done
 fi
 if [ "$WHAT" = profile ]; then

@@ -77,8 +77,9 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
 }
 
 // The TMA streaming kernel, each epilogue against the CPU twin: batch rows on both sides of every
-// BM tile (16, 32, 64, 128), output counts off the 64-row (SwiGLU: 32-output) tiles, K off the
-// 64-wide k step, every K split; bits equal across runs.
+// BM tile (16, 32, 64, 128), output counts off the 64- and 128-row tiles (one and two consumer
+// warpgroups; SwiGLU: 32 and 64 outputs), K off the 64-wide k step, every K split; bits equal across
+// runs.
 TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
   KILN_REQUIRE_GPU(gpu);
   auto& cuda_be = static_cast<CudaBackend&>(*gpu);
@@ -100,35 +101,31 @@ TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
     const Tensor bias = c.bias ? b.view() : Tensor{}, bias2 = c.bias ? b2.view() : Tensor{};
     TensorBuffer dx = dev(x), dw = dev(w), db = dev(b), dw2 = dev(w2), db2 = dev(b2);
     const Tensor dbias = c.bias ? db.view() : Tensor{}, dbias2 = c.bias ? db2.view() : Tensor{};
+    // The CPU twin's outputs: stored, added into the residual, SwiGLU of [gate; up].
+    TensorBuffer y = host_empty({c.M, c.N}, DType::f32), rc = host_empty({c.M, c.N}, DType::f32);
+    TensorBuffer act = host_empty({c.M, c.N}, DType::f32);
+    ops::linear_forward(*cpu, y, x, w, bias);
+    std::copy(r.ptr<float>(), r.ptr<float>() + c.M * c.N, rc.ptr<float>());
+    ops::linear_residual_forward(*cpu, rc, x, w, bias);
+    ops::linear_swiglu_forward(*cpu, act, x, w2, bias2);
     using cuda::TmaEpilogue;
-    // store: bf16 and f32 outputs
-    for (DType y_dt : {DType::bf16, DType::f32}) {
-      TensorBuffer y = host_empty({c.M, c.N}, DType::f32);
-      ops::linear_forward(*cpu, y, x, w, bias);
-      TensorBuffer dy = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
-      ops::fill_constant(*gpu, dy, NAN);
-      cuda::linear_tma_forward(cuda_be, TmaEpilogue::store, dy, dx, dw, dbias, c.splits);
-      EXPECT_CLOSE(to_f32(*gpu, dy), to_f32(*cpu, y), y_dt == DType::f32 ? 1e-4 : 1e-2);
-      TensorBuffer dy2 = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
-      cuda::linear_tma_forward(cuda_be, TmaEpilogue::store, dy2, dx, dw, dbias, c.splits);
-      EXPECT_EQ(to_f32(*gpu, dy2), to_f32(*gpu, dy));
-    }
-    // add into the f32 residual
-    {
-      TensorBuffer rc = host_empty({c.M, c.N}, DType::f32);
-      std::copy(r.ptr<float>(), r.ptr<float>() + c.M * c.N, rc.ptr<float>());
-      ops::linear_residual_forward(*cpu, rc, x, w, bias);
+    for (int wg : {1, 2}) {
+      SCOPED_TRACE(testing::Message() << "weight groups " << wg);
+      for (DType y_dt : {DType::bf16, DType::f32}) {
+        TensorBuffer dy = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
+        ops::fill_constant(*gpu, dy, NAN);
+        cuda::linear_tma_forward(cuda_be, TmaEpilogue::store, dy, dx, dw, dbias, c.splits, wg);
+        EXPECT_CLOSE(to_f32(*gpu, dy), to_f32(*cpu, y), y_dt == DType::f32 ? 1e-4 : 1e-2);
+        TensorBuffer dy2 = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();
+        cuda::linear_tma_forward(cuda_be, TmaEpilogue::store, dy2, dx, dw, dbias, c.splits, wg);
+        EXPECT_EQ(to_f32(*gpu, dy2), to_f32(*gpu, dy));
+      }
       TensorBuffer dr = dev(r);
-      cuda::linear_tma_forward(cuda_be, TmaEpilogue::add_residual, dr, dx, dw, dbias, c.splits);
+      cuda::linear_tma_forward(cuda_be, TmaEpilogue::add_residual, dr, dx, dw, dbias, c.splits, wg);
       EXPECT_CLOSE(to_f32(*gpu, dr), to_f32(*cpu, rc), 1e-4);
-    }
-    // SwiGLU of [gate; up]
-    {
-      TensorBuffer act = host_empty({c.M, c.N}, DType::f32);
-      ops::linear_swiglu_forward(*cpu, act, x, w2, bias2);
       TensorBuffer dact = std::move(empty(*gpu, {c.M, c.N}, DType::f32)).value();
       ops::fill_constant(*gpu, dact, NAN);
-      cuda::linear_tma_forward(cuda_be, TmaEpilogue::swiglu, dact, dx, dw2, dbias2, c.splits);
+      cuda::linear_tma_forward(cuda_be, TmaEpilogue::swiglu, dact, dx, dw2, dbias2, c.splits, wg);
       EXPECT_CLOSE(to_f32(*gpu, dact), to_f32(*cpu, act), 1e-4);
     }
   }

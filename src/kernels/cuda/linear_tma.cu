@@ -1,20 +1,24 @@
 // Streaming linear layers for a few to 128 rows on Hopper (cuda_ops.h: linear_tma_forward): the
 // batched decode steps' projections, bound by reading each weight byte once.
 //
-// y^T = W x^T on wgmma with the weight tile as operand A (64 weight rows) and the batch rows as
-// operand B (N = BM, 16 to 128 rows, zero-padded by TMA past M). Both tiles arrive by TMA in
-// 64-wide k steps (128-byte rows, 128-byte swizzle) into a ring of shared-memory stages that
-// complete on mbarriers. A producer warp refills a stage as soon as the consumer warpgroup's wgmmas
-// on it have completed (an "empty" mbarrier per stage), so the ring keeps kStages tiles in flight
-// per block; two blocks share an SM. The consumers' accumulators are the 64 x BM tile of y^T.
+// y^T = W x^T on wgmma with the weight tile as operand A (64 weight rows per consumer warpgroup,
+// WG warpgroups: 64 or 128 rows a tile) and the batch rows as operand B (N = BM, 16 to 128 rows,
+// zero-padded by TMA past M). Both tiles arrive by TMA in 64-wide k steps (128-byte rows, 128-byte
+// swizzle) into a ring of shared-memory stages that complete on mbarriers. A producer warp refills a
+// stage as soon as the consumer warpgroups' wgmmas on it have completed (an "empty" mbarrier per
+// stage), so the ring keeps kStages tiles in flight per block; two blocks share an SM. The
+// consumers' accumulators are the (64 WG) x BM tile of y^T. Every block reads all BM batch rows of
+// its k range, so at many rows the batch tiles outweigh the weight tiles: two warpgroups per tile
+// halve that traffic (per weight byte) at the cost of half the tiles.
 //
 // Few-tile matrices (the attention projections, the long-K down projection) split K over a cluster
 // of up to 8 blocks; the blocks' tiles meet in shared memory and each block finishes a share of the
 // outputs, adding the ranks' partial sums in rank order through distributed shared memory: no
 // atomics, so results are deterministic and a replayed graph is bit-exact.
 //
-// Epilogues: store (y in its dtype), add into the f32 residual, or SwiGLU. For SwiGLU a tile's 64
-// weight rows are 32 gate rows and the 32 up rows of the same outputs (two TMA boxes per stage).
+// Epilogues: store (y in its dtype), add into the f32 residual, or SwiGLU. For SwiGLU a tile's
+// weight rows are its gate rows and the up rows of the same outputs, half and half (two TMA boxes
+// per stage).
 //
 // Programmatic dependent launch: the kernel is launched with the programmatic stream
 // serialization attribute, loads its first weight tiles, and only then waits for the grid before
@@ -23,6 +27,11 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "kernels/cuda/attention_internal.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -36,16 +45,18 @@ namespace {
 namespace cg = cooperative_groups;
 using namespace hopper;
 
-constexpr int kConsumers = 128;  // one warpgroup of consumers
-constexpr int kConsumerWarps = kConsumers / 32;
-constexpr int kThreads = kConsumers + 32;  // and a producer warp
 constexpr int kBK = 64;        // k per stage: one 128-byte swizzled row per tile row
-constexpr int kBW = 64;        // weight rows per tile (wgmma M)
+constexpr int kWgRows = 64;    // weight rows per consumer warpgroup (wgmma M)
 constexpr int kMaxSplits = 8;  // portable cluster size
 constexpr int kStageBudget = 96 * 1024;  // shared-memory bytes of the stage ring: two blocks per SM
 
-template <int BM>
+// BM batch rows (wgmma N) against WG consumer warpgroups of 64 weight rows each.
+template <int BM, int WG>
 struct Geometry {
+  static constexpr int kConsumers = 128 * WG;
+  static constexpr int kConsumerWarps = kConsumers / 32;
+  static constexpr int kThreads = kConsumers + 32;  // and a producer warp
+  static constexpr int kBW = kWgRows * WG;          // weight rows per tile
   static constexpr int kWBytes = kBW * kBK * 2;
   static constexpr int kXBytes = BM * kBK * 2;
   static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024 (BM % 8 == 0)
@@ -55,14 +66,15 @@ struct Geometry {
   static constexpr int kSmem = std::max(kStages * kStageBytes, kRedBytes) + 1024;  // + alignment slack
 };
 
-template <int BM, TmaEpilogue kEpi>
-__global__ void __launch_bounds__(kThreads, 2)
+template <int BM, int WG, TmaEpilogue kEpi>
+__global__ void __launch_bounds__(Geometry<BM, WG>::kThreads, 2)
     linear_tma_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                       void* __restrict__ y, DType y_dt, const void* __restrict__ bias, DType b_dt, int M, int N, int K) {
-  using G = Geometry<BM>;
+  using G = Geometry<BM, WG>;
   constexpr int kStages = G::kStages;
+  constexpr int kConsumers = G::kConsumers;
   constexpr bool kSwiglu = kEpi == TmaEpilogue::swiglu;
-  constexpr int kOuts = kSwiglu ? kBW / 2 : kBW;  // outputs per tile
+  constexpr int kOuts = kSwiglu ? G::kBW / 2 : G::kBW;  // outputs per tile
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages];   // stage s loaded (TMA transactions)
   __shared__ __align__(8) uint64_t empty[kStages];  // stage s read (one arrival per consumer warp)
@@ -83,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
+      mbar_init(&empty[s], G::kConsumerWarps);
     }
     mbar_fence_init();
   }
@@ -124,14 +136,15 @@ __global__ void __launch_bounds__(kThreads, 2)
       grid_dependency_wait();
     }
   } else {
-    // Consumer warpgroup: one wgmma group per stage, the previous stage released as soon as its
-    // group has completed (one group stays in flight).
+    // Consumer warpgroups, each on its 64 weight rows of the tile: one wgmma group per stage, the
+    // previous stage released as soon as its group has completed (one group stays in flight).
     grid_dependency_wait();
-    const int lane = tid % 32;
+    const int lane = tid % 32, wg = tid / 128;
     for (int i = 0; i < n_k; ++i) {
       const int s = i % kStages;
       mbar_wait(&full[s], (i / kStages) & 1);
-      const uint32_t wa = smem_u32(smem + s * G::kStageBytes), xa = wa + G::kWBytes;
+      const uint32_t stage = smem_u32(smem + s * G::kStageBytes);
+      const uint32_t wa = stage + wg * (kWgRows * kBK * 2), xa = stage + G::kWBytes;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) WgmmaSS<BM>::run(acc, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32));
@@ -153,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
-      const int r = 16 * warp + g, m = 8 * j + 2 * t;
+      const int r = kWgRows * (warp / 4) + 16 * (warp % 4) + g, m = 8 * j + 2 * t;
       *reinterpret_cast<float2*>(&red[r * G::kRedStride + m]) = make_float2(acc[4 * j], acc[4 * j + 1]);
       *reinterpret_cast<float2*>(&red[(r + 8) * G::kRedStride + m]) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
     }
@@ -272,23 +285,24 @@ int choose_splits(int tiles, int k_tiles, int sm_count) {
   return s;
 }
 
-template <int BM, TmaEpilogue kEpi>
+template <int BM, int WG, TmaEpilogue kEpi>
 void launch_bm(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, const void* bias, DType b_dt,
                int M, int N, int K, int splits) {
-  using G = Geometry<BM>;
+  using G = Geometry<BM, WG>;
   constexpr bool kSwiglu = kEpi == TmaEpilogue::swiglu;
+  constexpr int kBoxRows = kSwiglu ? G::kBW / 2 : G::kBW;  // weight rows per TMA box (= outputs per tile)
   const int out_rows = kSwiglu ? N / 2 : N;
-  const int tiles = (out_rows + (kSwiglu ? kBW / 2 : kBW) - 1) / (kSwiglu ? kBW / 2 : kBW);
+  const int tiles = (out_rows + kBoxRows - 1) / kBoxRows;
   const int k_tiles = (K + kBK - 1) / kBK;
   if (splits <= 0) splits = choose_splits(tiles, k_tiles, be.multiprocessor_count());
   splits = std::clamp(splits, 1, kMaxSplits);
-  const CUtensorMap w_map = tile_map(w, N, K, kSwiglu ? kBW / 2 : kBW);
+  const CUtensorMap w_map = tile_map(w, N, K, kBoxRows);
   const CUtensorMap x_map = tile_map(x, M, K, BM);
-  auto kernel = linear_tma_kernel<BM, kEpi>;
+  auto kernel = linear_tma_kernel<BM, WG, kEpi>;
   attention_allow_smem(be, reinterpret_cast<const void*>(kernel), G::kSmem);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(G::kThreads);
   cfg.dynamicSmemBytes = G::kSmem;
   cfg.stream = detail::stream_of(be);
   cudaLaunchAttribute attr[2];
@@ -303,13 +317,88 @@ void launch_bm(CudaBackend& be, void* y, DType y_dt, const void* x, const void* 
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, w_map, x_map, y, y_dt, bias, b_dt, M, N, K));
 }
 
+template <int WG, TmaEpilogue kEpi>
+void launch_wg(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, const void* bias, DType b_dt, int M,
+               int N, int K, int splits) {
+  if (M <= 16) launch_bm<16, WG, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  else if (M <= 32) launch_bm<32, WG, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  else if (M <= 64) launch_bm<64, WG, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  else launch_bm<128, WG, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+}
+
 template <TmaEpilogue kEpi>
 void launch(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, const void* bias, DType b_dt, int M,
-            int N, int K, int splits) {
-  if (M <= 16) launch_bm<16, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
-  else if (M <= 32) launch_bm<32, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
-  else if (M <= 64) launch_bm<64, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
-  else launch_bm<128, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+            int N, int K, int splits, int weight_groups) {
+  if (weight_groups == 2) return launch_wg<2, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  launch_wg<1, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+}
+
+// Where the streaming kernel is preferred: for one epilogue, steps of [min_rows, max_rows] rows,
+// with weight_groups warpgroups a tile.
+struct TmaRange {
+  TmaEpilogue epilogue;
+  int min_rows, max_rows, weight_groups;
+};
+
+// Measured on the H200 (bench_linear, graph replay, astrai-1b shape over 24 layers' weights;
+// docs/perf-notes.md): gate/up + SwiGLU after the norm kernel 17.2 against cuBLASLt's 18.1 us at 64
+// rows (17.0 / 17.6 at 16 and 32, 20.8 / 20.1 at 128); every other projection is faster on
+// cuBLASLt or the fused small-batch kernel. In the decode step (bench_decode_step, 1K, ms per
+// step) taking it from 17 rows: B=32 1.475 against 1.489 from 33 rows; from 9 rows B=16 1.346
+// against 1.347 (no gain), so 17.
+constexpr TmaRange kMeasuredRanges[] = {{TmaEpilogue::swiglu, 17, 64, 1}};
+
+const char* epilogue_name(TmaEpilogue e) {
+  return e == TmaEpilogue::store ? "store" : e == TmaEpilogue::add_residual ? "residual" : "swiglu";
+}
+
+// KILN_LINEAR_TMA, for measuring other choices in the whole step: comma-separated
+// `EPILOGUE=MIN-MAX[/WG]` (EPILOGUE store, residual or swiglu; WG 1 or 2, default 1), e.g.
+// `swiglu=17-64/1,swiglu=65-128/2,residual=65-128/2`. An epilogue it names takes only its ranges
+// (`store=0-0`: never); the others keep the measured ones. Malformed: ignored, with a message.
+std::vector<TmaRange> read_env_ranges() {
+  std::vector<TmaRange> out(std::begin(kMeasuredRanges), std::end(kMeasuredRanges));
+  const char* env = std::getenv("KILN_LINEAR_TMA");
+  if (env == nullptr || *env == '\0') return out;
+  std::vector<TmaRange> given;
+  bool named[3] = {false, false, false};
+  std::string spec = env;
+  for (size_t begin = 0; begin <= spec.size();) {
+    const size_t end = std::min(spec.find(',', begin), spec.size());
+    const std::string item = spec.substr(begin, end - begin);
+    begin = end + 1;
+    char name[16] = {};
+    int lo = 0, hi = 0, wg = 1, used = 0;
+    const int n = std::sscanf(item.c_str(), "%15[a-z]=%d-%d%n", name, &lo, &hi, &used);
+    int tail = 0;
+    if (n == 3 && item[used] == '/' && std::sscanf(item.c_str() + used, "/%d%n", &wg, &tail) == 1) used += tail;
+    TmaRange r{TmaEpilogue::store, lo, hi, wg};
+    bool ok = n == 3 && used == static_cast<int>(item.size()) && lo <= hi && (wg == 1 || wg == 2);
+    if (ok && std::strcmp(name, "residual") == 0) r.epilogue = TmaEpilogue::add_residual;
+    else if (ok && std::strcmp(name, "swiglu") == 0) r.epilogue = TmaEpilogue::swiglu;
+    else ok = ok && std::strcmp(name, "store") == 0;
+    if (!ok) {
+      std::fprintf(stderr, "kiln: ignoring KILN_LINEAR_TMA=%s (want e.g. swiglu=17-128/2,store=65-128/1)\n", env);
+      return out;
+    }
+    named[static_cast<int>(r.epilogue)] = true;
+    given.push_back(r);
+  }
+  std::erase_if(out, [&](const TmaRange& r) { return named[static_cast<int>(r.epilogue)]; });
+  out.insert(out.end(), given.begin(), given.end());
+  for (const TmaRange& r : given)
+    std::fprintf(stderr, "kiln: streaming linear kernel for %s at %d-%d rows, %d warpgroup(s) a tile\n",
+                 epilogue_name(r.epilogue), r.min_rows, r.max_rows, r.weight_groups);
+  return out;
+}
+
+// The range taking M rows of this epilogue, or none. Read once per process: a measurement switch,
+// not device state.
+const TmaRange* preferred_range(TmaEpilogue epilogue, int64_t M) {
+  static const std::vector<TmaRange> ranges = read_env_ranges();
+  for (const TmaRange& r : ranges)
+    if (r.epilogue == epilogue && M >= r.min_rows && M <= r.max_rows) return &r;
+  return nullptr;
 }
 
 }  // namespace
@@ -319,19 +408,13 @@ bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype) {
          K % 8 == 0 && K < (int64_t(1) << 31);
 }
 
-// Measured on the H200 (bench_linear, graph replay, astrai-1b shape over 24 layers' weights;
-// docs/perf-notes.md): gate/up + SwiGLU after the norm kernel 17.2 against cuBLASLt's 18.1 us at 64
-// rows (17.0 / 17.6 at 16 and 32, 20.8 / 20.1 at 128); every other projection is faster on
-// cuBLASLt or the fused small-batch kernel. In the decode step (bench_decode_step, 1K, ms per
-// step) taking it from 17 rows: B=32 1.475 against 1.489 from 33 rows; from 9 rows B=16 1.346
-// against 1.347 (no gain), so 17.
 bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype) {
   (void)N;
-  return linear_tma_valid(be, M, K, dtype) && epilogue == TmaEpilogue::swiglu && M > 16 && M <= 64;
+  return linear_tma_valid(be, M, K, dtype) && preferred_range(epilogue, M) != nullptr;
 }
 
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
-                        int k_splits) {
+                        int k_splits, int weight_groups) {
   detail::check_float(be, y);
   detail::check_float(be, x);
   detail::check_float(be, w);
@@ -347,16 +430,23 @@ void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor 
     detail::check_float(be, bias);
     KILN_ASSERT(bias.numel() == N);
   }
+  KILN_ASSERT(weight_groups >= 0 && weight_groups <= 2);
   if (N == 0) return;
-  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  if (weight_groups == 0) {
+    const TmaRange* r = preferred_range(epilogue, M);
+    weight_groups = r ? r->weight_groups : 1;
+  }
+  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K), wg = weight_groups;
   switch (epilogue) {
     case TmaEpilogue::store:
-      return launch<TmaEpilogue::store>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits);
+      return launch<TmaEpilogue::store>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits,
+                                        wg);
     case TmaEpilogue::add_residual:
       return launch<TmaEpilogue::add_residual>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k,
-                                               k_splits);
+                                               k_splits, wg);
     case TmaEpilogue::swiglu:
-      return launch<TmaEpilogue::swiglu>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits);
+      return launch<TmaEpilogue::swiglu>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits,
+                                         wg);
   }
 }
 
