@@ -62,6 +62,7 @@ Result<StepInputs> make_step(Backend& be, int32_t B, int32_t C, int32_t page_siz
   f.ids = s.buffers[0], f.positions = s.buffers[1], f.slots = s.buffers[2], f.q_indptr = s.buffers[3];
   f.kv = PagedKV{s.buffers[4], s.buffers[5], s.buffers[6], page_size};
   f.logit_rows = s.buffers[7];
+  f.logits_of_every_row = true;  // as the engine's decode steps
   f.bounds = {B, 1, C};
   return s;
 }

@@ -274,6 +274,7 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
     p.max_q = 1;
     p.max_kv = context_bucket(p.max_kv);
     p.trim = false;
+    p.every_row = true;
     return p;
   }
   const int32_t sampled = p.logit_rows;
@@ -349,6 +350,7 @@ ForwardBatch Executor::batch_view(const Packed& p) const {
   b.logit_rows = d.rows(off_logit_rows_, off_logit_rows_ + p.logit_rows);
   b.bounds = {p.requests, p.max_q, p.max_kv};
   if (p.trim) b.last_rows_indptr = d.rows(off_last_rows_, off_last_rows_ + p.requests + 1);
+  b.logits_of_every_row = p.every_row;
   return b;
 }
 

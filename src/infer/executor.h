@@ -135,6 +135,7 @@ class Executor {
     int32_t sampled_rows = 0, score_rows = 0;  // with score rows: logit rows [0, sampled) sample,
                                                // [sampled, sampled + score) score the prompt
     bool trim = false;
+    bool every_row = false;  // one logit row per token row, in order (a decode step)
   };
   Packed pack(HostSide& side, const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
   // Word 0 of the staging (the words the step's inputs take) and its continued entries' ids.

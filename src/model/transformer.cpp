@@ -158,6 +158,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   const int64_t T = batch.ids.numel(), R = batch.logit_rows.numel();
   const int64_t D = c.head_dim, Hq = c.num_attention_heads;
   KILN_ASSERT(T > 0 && T <= ws.max_tokens && R > 0 && R <= ws.max_logit_rows);
+  KILN_ASSERT(!batch.logits_of_every_row || (R == T && !batch.last_rows_indptr.data));
   KILN_ASSERT(static_cast<int>(cache.k.size()) == c.num_hidden_layers);
   Backend& be = backend_;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -171,6 +172,8 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   Tensor gate_up = ws.gate_up.view().rows(0, T), act = ws.act.view().rows(0, T);
 
   const bool trim_last_layer = batch.last_rows_indptr.data != nullptr;
+  // The head's rows: the trimmed final layer's, every row in place, or gathered at the end.
+  const bool gather_logit_rows = !trim_last_layer && !batch.logits_of_every_row;
   int64_t rows = T;  // rows the current layer's attention output and MLP run on
   Tensor q_indptr = batch.q_indptr;
   ops::AttentionBounds attention_bounds = batch.bounds;
@@ -302,7 +305,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   Tensor logits = ws.logits.view().rows(0, R);
   if (fused && !input_normed) {
     Tensor final_residual = residual;
-    if (!trim_last_layer) {  // gather the logit rows
+    if (gather_logit_rows) {  // gather the logit rows
       final_residual = ws.last_residual.view().rows(0, R);
       ops::embedding_forward(be, final_residual, residual, batch.logit_rows);
     }
@@ -312,7 +315,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   // The final norm's rows: written by the last down projection's kernel (fused path), else here.
   if (!fused) ops::add_rmsnorm_forward(be, normed, residual, hidden, final_norm_, eps);
   Tensor final_rows = normed;
-  if (!trim_last_layer) {  // gather the logit rows
+  if (gather_logit_rows) {  // gather the logit rows
     final_rows = ws.gathered.view().rows(0, R);
     ops::embedding_forward(be, final_rows, normed, batch.logit_rows);
   }

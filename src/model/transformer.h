@@ -64,6 +64,9 @@ struct ForwardBatch {
   // request order), and the final layer runs its attention output, MLP and norm for those rows only:
   // the other rows' final hidden states feed nothing (their keys/values are still cached).
   Tensor last_rows_indptr;
+  // logit_rows is every row in order ([0, T), R == T; a decode step's): the head reads the final
+  // rows where they are instead of gathering them.
+  bool logits_of_every_row = false;
 };
 
 // Activations for up to `max_tokens` rows and `max_logit_rows` logits rows, in the compute dtype

@@ -29,6 +29,7 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenCpu,
 
 }  // namespace kiln::test
 
+#include "kernels/ops.h"
 #include "model/transformer.h"
 #include "test_util.h"
 
@@ -62,6 +63,41 @@ TEST(Transformer, FinalLayerTrimKeepsLastRowLogits) {
     };
     std::vector<float> full = run(false), trimmed = run(true);
     EXPECT_LE(rel_error(trimmed, full), 1e-6) << model;
+  }
+}
+
+// A decode step whose logit rows are every row in order (ForwardBatch::logits_of_every_row: the head
+// reads the final rows in place) gives the logits of the gathered rows, bit for bit: three requests
+// of one query each after contexts of 4, 2 and 3 tokens.
+TEST(Transformer, LogitsOfEveryRowEqualGatheredRows) {
+  auto be = make_cpu_backend();
+  for (const char* model : {"tiny-llama", "tiny-qwen3"}) {
+    Result<std::unique_ptr<Transformer>> m = Transformer::load(*be, testdata_dir() + "/" + model);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    auto run = [&](bool in_place) {
+      Result<KVCache> cache = (*m)->make_kv_cache(16);
+      for (size_t l = 0; l < cache->k.size(); ++l) {  // the cached contexts: seeded, the same in both runs
+        ops::fill_normal(*be, cache->k[l], 0.5f, 2 * l + 1);
+        ops::fill_normal(*be, cache->v[l], 0.5f, 2 * l + 2);
+      }
+      Result<ForwardWorkspace> ws = (*m)->make_workspace(8, 8);
+      TensorBuffer ids = host_ints({5, 9, 13}), pos = host_ints({4, 2, 3}), slots = host_ints({4, 7, 11}),
+                   q_indptr = host_ints({0, 1, 2, 3}), rows = host_ints({0, 1, 2});
+      test::PagedTables pages = test::contiguous_pages({0, 5, 8, 12});
+      ForwardBatch b;
+      b.ids = ids;
+      b.positions = pos;
+      b.slots = slots;
+      b.q_indptr = q_indptr;
+      b.kv = pages.view();
+      b.logit_rows = rows;
+      b.bounds = {3, 1, 5};
+      b.logits_of_every_row = in_place;
+      return to_f32(*be, (*m)->forward(b, *cache, *ws));
+    };
+    const std::vector<float> gathered = run(false), in_place = run(true);
+    ASSERT_EQ(gathered.size(), 3u * (*m)->config().vocab_size);
+    EXPECT_EQ(in_place, gathered) << model;
   }
 }
 
