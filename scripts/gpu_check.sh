@@ -40,7 +40,8 @@
 #          (default build-ref, unpacked from .carry/gpu-ref.tar.xz, which scripts/build_ref_for_gpu.sh
 #          makes from a revision) alternated AB_REPEATS times (2) on AB_SHAPES (astrai-1b) at
 #          AB_BATCHES (1,8,32,128) and AB_CONTEXTS (1024); with AB_ENGINE=1 also bench_engine's decode
-#          sweep and single-request latencies of each.
+#          sweep and single-request latencies of each (AB_ENGINE_ARGS: its arguments instead of
+#          --skip online,prefix).
 #   rules: the same comparison between streaming-kernel rules of this build instead of two builds:
 #          each of RULES (space-separated KILN_LINEAR_TMA values, linear_tma.cu; `default` for the
 #          measured rule), after the streaming kernel's GPU test and bench_linear --tma-wg 1,2 --splits
@@ -374,12 +375,12 @@ print(sys.argv[2], " ".join("B=%d C=%d %.3f (serial %.3f)" % (x["batch"], x["con
   done
   for v in ${AB_ENGINE:+$VARIANTS}; do
     bench "$v" bench_engine --config bench/configs/astrai-1b-shape.config.json \
-      --skip online,prefix ${AB_ENGINE_ARGS:-} > "$OUT/ab_engine.json" 2> /tmp/ab.err || { status=1; tail -3 /tmp/ab.err; continue; }
+      ${AB_ENGINE_ARGS:---skip online,prefix} > "$OUT/ab_engine.json" 2> /tmp/ab.err || { status=1; tail -3 /tmp/ab.err; continue; }
     python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
-print(sys.argv[2], "decode tok/s", [(x["batch"], round(x["tokens_per_s"])) for x in r["decode"]],
-      "graph ms", [(x["batch"], round(1e3 * x["graph_device_s"] / max(1, x["graph_replays"]), 3)) for x in r["decode"]],
-      "single ms/token", [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r["single"]])' \
+print(sys.argv[2], "decode tok/s", [(x["batch"], round(x["tokens_per_s"])) for x in r.get("decode", [])],
+      "graph ms", [(x["batch"], round(1e3 * x["graph_device_s"] / max(1, x["graph_replays"]), 3)) for x in r.get("decode", [])],
+      "single ms/token", [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r.get("single", [])])' \
       "$OUT/ab_engine.json" "engine $v" || status=1
   done
 fi
