@@ -4,12 +4,12 @@
 // a decode step reads them: from HBM, not L2), captured in a CUDA graph and replayed like a decode
 // step. Prints JSON: microseconds per layer (median of repeats, CUDA events) and the weight bytes'
 // GB/s, per row count; optionally a sweep of the TMA kernel's K split and of its weight rows a tile
-// (one or two consumer warpgroups: entries suffixed _wg2). Entries suffixed _bare run the projection
+// (one, two or four consumer warpgroups: entries suffixed _wg2, _wg4). Entries suffixed _bare run the projection
 // without the norm kernel before it (the step's q/k/v and gate/up read rows normed by the kernel
 // before); down_ksplit is what the step runs at 9 to 128 rows (cuBLASLt's K quarters, then their sum
 // into the residual with the next norm), down_tma_norm its counterpart on the TMA kernel.
 // Usage: bench_linear --config bench/configs/astrai-1b-shape.config.json [--rows 1,8,32,128] [--splits]
-//        [--tma-wg 1,2]
+//        [--tma-wg 1,2,4]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -49,9 +49,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed repeats (median)");
   std::vector<int> weight_groups = {1};
   app.add_flag("--splits", sweep_splits, "also time the TMA kernel at each K split (1, 2, 4, 8)");
-  app.add_option("--tma-wg", weight_groups, "the TMA kernel's warpgroups a tile to time (1, 2)")
+  app.add_option("--tma-wg", weight_groups, "the TMA kernel's warpgroups a tile to time (1, 2, 4)")
       ->delimiter(',')
-      ->check(CLI::IsMember({1, 2}));
+      ->check(CLI::IsMember({1, 2, 4}));
   app.add_option("--only", only, "time only these entries (e.g. gate_up_tma; for profilers)")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 #ifndef KILN_WITH_CUDA

@@ -77,9 +77,9 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
 }
 
 // The TMA streaming kernel, each epilogue against the CPU twin: batch rows on both sides of every
-// BM tile (16, 32, 64, 128), output counts off the 64- and 128-row tiles (one and two consumer
-// warpgroups; SwiGLU: 32 and 64 outputs), K off the 64-wide k step, every K split; bits equal across
-// runs.
+// BM tile (16, 32, 64, 128), output counts off the 64-, 128- and 256-row tiles (one, two and four
+// consumer warpgroups; SwiGLU: 32, 64 and 128 outputs), K off the 64-wide k step, every K split;
+// bits equal across runs.
 TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
   KILN_REQUIRE_GPU(gpu);
   auto& cuda_be = static_cast<CudaBackend&>(*gpu);
@@ -109,7 +109,7 @@ TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
     ops::linear_residual_forward(*cpu, rc, x, w, bias);
     ops::linear_swiglu_forward(*cpu, act, x, w2, bias2);
     using cuda::TmaEpilogue;
-    for (int wg : {1, 2}) {
+    for (int wg : {1, 2, 4}) {
       SCOPED_TRACE(testing::Message() << "weight groups " << wg);
       for (DType y_dt : {DType::bf16, DType::f32}) {
         TensorBuffer dy = std::move(empty(*gpu, {c.M, c.N}, y_dt)).value();

@@ -40,7 +40,7 @@ void fused_linear_kernel_forward(CudaBackend& be, ops::FusedLinear kind, Tensor 
 // stream into wgmma, K split over a cluster for few-tile matrices, deterministic. x and w bf16, K a
 // multiple of 8, 16-byte aligned bases. y = epilogue(x @ w^T + bias): stored in y's dtype, added
 // into the f32 residual y, or SwiGLU of w = [gate; up] (y [M, N / 2]). k_splits 0 chooses;
-// weight_groups (consumer warpgroups of 64 weight rows a tile: 1 or 2) 0 chooses.
+// weight_groups (consumer warpgroups of 64 weight rows a tile: 1, 2 or 4) 0 chooses.
 constexpr int64_t kLinearTmaMaxRows = 128;
 enum class TmaEpilogue { store, add_residual, swiglu };
 bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype);

@@ -2,14 +2,14 @@
 // batched decode steps' projections, bound by reading each weight byte once.
 //
 // y^T = W x^T on wgmma with the weight tile as operand A (64 weight rows per consumer warpgroup,
-// WG warpgroups: 64 or 128 rows a tile) and the batch rows as operand B (N = BM, 16 to 128 rows,
-// zero-padded by TMA past M). Both tiles arrive by TMA in 64-wide k steps (128-byte rows, 128-byte
-// swizzle) into a ring of shared-memory stages that complete on mbarriers. A producer warp refills a
-// stage as soon as the consumer warpgroups' wgmmas on it have completed (an "empty" mbarrier per
-// stage), so the ring keeps kStages tiles in flight per block; two blocks share an SM. The
-// consumers' accumulators are the (64 WG) x BM tile of y^T. Every block reads all BM batch rows of
-// its k range, so at many rows the batch tiles outweigh the weight tiles: two warpgroups per tile
-// halve that traffic (per weight byte) at the cost of half the tiles.
+// WG warpgroups: 64, 128 or 256 rows a tile) and the batch rows as operand B (N = BM, 16 to 128
+// rows, zero-padded by TMA past M). Both tiles arrive by TMA in 64-wide k steps (128-byte rows,
+// 128-byte swizzle) into a ring of shared-memory stages that complete on mbarriers. A producer warp
+// refills a stage as soon as the consumer warpgroups' wgmmas on it have completed (an "empty"
+// mbarrier per stage), so the ring keeps kStages tiles in flight per block; two blocks share an SM
+// (one of four warpgroups). The consumers' accumulators are the (64 WG) x BM tile of y^T. Every
+// block reads all BM batch rows of its k range, so at many rows the batch tiles outweigh the
+// weight tiles: more warpgroups a tile cut that traffic (per weight byte) at the cost of tiles.
 //
 // Few-tile matrices (the attention projections, the long-K down projection) split K over a cluster
 // of up to 8 blocks; the blocks' tiles meet in shared memory and each block finishes a share of the
@@ -48,11 +48,13 @@ using namespace hopper;
 constexpr int kBK = 64;        // k per stage: one 128-byte swizzled row per tile row
 constexpr int kWgRows = 64;    // weight rows per consumer warpgroup (wgmma M)
 constexpr int kMaxSplits = 8;  // portable cluster size
-constexpr int kStageBudget = 96 * 1024;  // shared-memory bytes of the stage ring: two blocks per SM
 
-// BM batch rows (wgmma N) against WG consumer warpgroups of 64 weight rows each.
+// BM batch rows (wgmma N) against WG consumer warpgroups of 64 weight rows each (1, 2 or 4). Two
+// blocks share an SM, one of four warpgroups (its registers: 64 accumulators a thread at 128 rows).
 template <int BM, int WG>
 struct Geometry {
+  static constexpr int kBlocksPerSm = WG >= 4 ? 1 : 2;
+  static constexpr int kStageBudget = 192 * 1024 / kBlocksPerSm;  // shared-memory bytes of the stage ring
   static constexpr int kConsumers = 128 * WG;
   static constexpr int kConsumerWarps = kConsumers / 32;
   static constexpr int kThreads = kConsumers + 32;  // and a producer warp
@@ -61,13 +63,14 @@ struct Geometry {
   static constexpr int kXBytes = BM * kBK * 2;
   static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024 (BM % 8 == 0)
   static constexpr int kStages = std::clamp(kStageBudget / kStageBytes, 2, 8);
+  static_assert(WG == 1 || WG == 2 || WG == 4, "one, two or four consumer warpgroups");
   static constexpr int kRedStride = BM + 4;  // floats per weight row of the reduction tile
   static constexpr int kRedBytes = kBW * kRedStride * 4;
   static constexpr int kSmem = std::max(kStages * kStageBytes, kRedBytes) + 1024;  // + alignment slack
 };
 
 template <int BM, int WG, TmaEpilogue kEpi>
-__global__ void __launch_bounds__(Geometry<BM, WG>::kThreads, 2)
+__global__ void __launch_bounds__(Geometry<BM, WG>::kThreads, Geometry<BM, WG>::kBlocksPerSm)
     linear_tma_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                       void* __restrict__ y, DType y_dt, const void* __restrict__ bias, DType b_dt, int M, int N, int K) {
   using G = Geometry<BM, WG>;
@@ -329,15 +332,16 @@ void launch_wg(CudaBackend& be, void* y, DType y_dt, const void* x, const void* 
 template <TmaEpilogue kEpi>
 void launch(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, const void* bias, DType b_dt, int M,
             int N, int K, int splits, int weight_groups) {
+  if (weight_groups == 4) return launch_wg<4, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
   if (weight_groups == 2) return launch_wg<2, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
   launch_wg<1, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
 }
 
 // Where the streaming kernel is preferred: for one epilogue, steps of [min_rows, max_rows] rows,
-// with weight_groups warpgroups a tile.
+// with weight_groups warpgroups a tile and k_splits blocks splitting K (0: choose_splits).
 struct TmaRange {
   TmaEpilogue epilogue;
-  int min_rows, max_rows, weight_groups;
+  int min_rows, max_rows, weight_groups, k_splits;
 };
 
 // Measured on the H200 (bench_linear, graph replay, astrai-1b shape over 24 layers' weights;
@@ -346,16 +350,17 @@ struct TmaRange {
 // cuBLASLt or the fused small-batch kernel. In the decode step (bench_decode_step, 1K, ms per
 // step) taking it from 17 rows: B=32 1.475 against 1.489 from 33 rows; from 9 rows B=16 1.346
 // against 1.347 (no gain), so 17.
-constexpr TmaRange kMeasuredRanges[] = {{TmaEpilogue::swiglu, 17, 64, 1}};
+constexpr TmaRange kMeasuredRanges[] = {{TmaEpilogue::swiglu, 17, 64, 1, 0}};
 
 const char* epilogue_name(TmaEpilogue e) {
   return e == TmaEpilogue::store ? "store" : e == TmaEpilogue::add_residual ? "residual" : "swiglu";
 }
 
 // KILN_LINEAR_TMA, for measuring other choices in the whole step: comma-separated
-// `EPILOGUE=MIN-MAX[/WG]` (EPILOGUE store, residual or swiglu; WG 1 or 2, default 1), e.g.
-// `swiglu=17-64/1,swiglu=65-128/2,residual=65-128/2`. An epilogue it names takes only its ranges
-// (`store=0-0`: never); the others keep the measured ones. Malformed: ignored, with a message.
+// `EPILOGUE=MIN-MAX[/WG[xSPLITS]]` (EPILOGUE store, residual or swiglu; WG 1, 2 or 4, default 1;
+// SPLITS 1-8, default chosen), e.g. `swiglu=17-64/1,swiglu=65-128/2,residual=65-128/2x8`. An
+// epilogue it names takes only its ranges (`store=0-0`: never); the others keep the measured ones.
+// Malformed: ignored, with a message.
 std::vector<TmaRange> read_env_ranges() {
   std::vector<TmaRange> out(std::begin(kMeasuredRanges), std::end(kMeasuredRanges));
   const char* env = std::getenv("KILN_LINEAR_TMA");
@@ -368,17 +373,18 @@ std::vector<TmaRange> read_env_ranges() {
     const std::string item = spec.substr(begin, end - begin);
     begin = end + 1;
     char name[16] = {};
-    int lo = 0, hi = 0, wg = 1, used = 0;
+    int lo = 0, hi = 0, wg = 1, splits = 0, used = 0, tail = 0;
     const int n = std::sscanf(item.c_str(), "%15[a-z]=%d-%d%n", name, &lo, &hi, &used);
-    int tail = 0;
     if (n == 3 && item[used] == '/' && std::sscanf(item.c_str() + used, "/%d%n", &wg, &tail) == 1) used += tail;
-    TmaRange r{TmaEpilogue::store, lo, hi, wg};
-    bool ok = n == 3 && used == static_cast<int>(item.size()) && lo <= hi && (wg == 1 || wg == 2);
+    if (n == 3 && item[used] == 'x' && std::sscanf(item.c_str() + used, "x%d%n", &splits, &tail) == 1) used += tail;
+    TmaRange r{TmaEpilogue::store, lo, hi, wg, splits};
+    bool ok = n == 3 && used == static_cast<int>(item.size()) && lo <= hi && (wg == 1 || wg == 2 || wg == 4) &&
+              splits >= 0 && splits <= kMaxSplits;
     if (ok && std::strcmp(name, "residual") == 0) r.epilogue = TmaEpilogue::add_residual;
     else if (ok && std::strcmp(name, "swiglu") == 0) r.epilogue = TmaEpilogue::swiglu;
     else ok = ok && std::strcmp(name, "store") == 0;
     if (!ok) {
-      std::fprintf(stderr, "kiln: ignoring KILN_LINEAR_TMA=%s (want e.g. swiglu=17-128/2,store=65-128/1)\n", env);
+      std::fprintf(stderr, "kiln: ignoring KILN_LINEAR_TMA=%s (want e.g. swiglu=17-128/2,store=65-128/1x4)\n", env);
       return out;
     }
     named[static_cast<int>(r.epilogue)] = true;
@@ -387,8 +393,9 @@ std::vector<TmaRange> read_env_ranges() {
   std::erase_if(out, [&](const TmaRange& r) { return named[static_cast<int>(r.epilogue)]; });
   out.insert(out.end(), given.begin(), given.end());
   for (const TmaRange& r : given)
-    std::fprintf(stderr, "kiln: streaming linear kernel for %s at %d-%d rows, %d warpgroup(s) a tile\n",
-                 epilogue_name(r.epilogue), r.min_rows, r.max_rows, r.weight_groups);
+    std::fprintf(stderr, "kiln: streaming linear kernel for %s at %d-%d rows, %d warpgroup(s) a tile, K split %d%s\n",
+                 epilogue_name(r.epilogue), r.min_rows, r.max_rows, r.weight_groups, r.k_splits,
+                 r.k_splits ? "" : " (chosen)");
   return out;
 }
 
@@ -430,12 +437,13 @@ void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor 
     detail::check_float(be, bias);
     KILN_ASSERT(bias.numel() == N);
   }
-  KILN_ASSERT(weight_groups >= 0 && weight_groups <= 2);
+  KILN_ASSERT(weight_groups == 0 || weight_groups == 1 || weight_groups == 2 || weight_groups == 4);
   if (N == 0) return;
-  if (weight_groups == 0) {
-    const TmaRange* r = preferred_range(epilogue, M);
-    weight_groups = r ? r->weight_groups : 1;
+  if (const TmaRange* r = preferred_range(epilogue, M)) {
+    if (weight_groups == 0) weight_groups = r->weight_groups;
+    if (k_splits <= 0) k_splits = r->k_splits;
   }
+  if (weight_groups == 0) weight_groups = 1;
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K), wg = weight_groups;
   switch (epilogue) {
     case TmaEpilogue::store:
