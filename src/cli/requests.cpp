@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -23,7 +24,14 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// Reads an optional field of `line` into `out`, checking its JSON type.
+// Whether the JSON integer x lies in [lo, hi] (unsigned values above INT64_MAX are not negative).
+bool integer_within(const Json& x, int64_t lo, uint64_t hi) {
+  if (x.is_number_unsigned()) return x.get<uint64_t>() <= hi && (lo <= 0 || x.get<uint64_t>() >= static_cast<uint64_t>(lo));
+  return x.is_number_integer() && x.get<int64_t>() >= lo && (x.get<int64_t>() < 0 || static_cast<uint64_t>(x.get<int64_t>()) <= hi);
+}
+
+// Reads an optional field of `line` into `out`, checking its JSON type and that the value fits T
+// (a number beyond float's range is an error, not infinity).
 template <typename T>
 Status read_field(const Json& line, const char* key, T* out, const char* expected) {
   auto it = line.find(key);
@@ -32,11 +40,12 @@ Status read_field(const Json& line, const char* key, T* out, const char* expecte
   if constexpr (std::is_same_v<T, bool>)
     ok = it->is_boolean();
   else if constexpr (std::is_integral_v<T>)
-    ok = it->is_number_integer() && it->template get<int64_t>() >= std::numeric_limits<T>::min() &&
-         it->template get<int64_t>() <= std::numeric_limits<T>::max();
+    ok = integer_within(*it, std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
   else if constexpr (std::is_floating_point_v<T>)
-    ok = it->is_number();
-  if (!ok) return invalid_argument(std::string("'") + key + "' must be " + expected);
+    ok = it->is_number() && std::fabs(it->template get<double>()) <= std::numeric_limits<T>::max();
+  if (!ok && std::is_floating_point_v<T> && it->is_number())
+    return invalid_argument(std::string("'") + key + "' is out of range (at most 3.4e38 in size): " + it->dump());
+  if (!ok) return invalid_argument(std::string("'") + key + "' must be " + expected + ", not " + it->dump());
   *out = it->template get<T>();
   return Status::Ok();
 }
@@ -44,8 +53,8 @@ Status read_field(const Json& line, const char* key, T* out, const char* expecte
 Status read_ids(const Json& v, const char* key, std::vector<int32_t>* out) {
   if (!v.is_array()) return invalid_argument(std::string("'") + key + "' must be a list of token ids");
   for (const Json& x : v) {
-    if (!x.is_number_integer() || x.get<int64_t>() < INT32_MIN || x.get<int64_t>() > INT32_MAX)
-      return invalid_argument(std::string("'") + key + "' must hold integer token ids");
+    if (!integer_within(x, 0, INT32_MAX))
+      return invalid_argument(std::string("'") + key + "' must hold token ids (integers >= 0), not " + x.dump());
     out->push_back(x.get<int32_t>());
   }
   return Status::Ok();
@@ -83,21 +92,18 @@ Result<Parsed> parse_line(const std::string& text, const EngineSession& s, int32
     }
     KILN_ASSIGN_OR_RETURN(r.prompt, s.text->tokenizer().encode(prompt, add_special));
   }
-  KILN_RETURN_IF_ERROR(read_field(line, "max_tokens", &r.max_tokens, "an integer"));
+  KILN_RETURN_IF_ERROR(read_field(line, "max_tokens", &r.max_tokens, "a 32-bit integer"));
   KILN_RETURN_IF_ERROR(read_field(line, "temperature", &r.temperature, "a number"));
-  KILN_RETURN_IF_ERROR(read_field(line, "top_k", &r.top_k, "an integer"));
+  KILN_RETURN_IF_ERROR(read_field(line, "top_k", &r.top_k, "a 32-bit integer"));
   KILN_RETURN_IF_ERROR(read_field(line, "top_p", &r.top_p, "a number"));
   KILN_RETURN_IF_ERROR(read_field(line, "min_p", &r.min_p, "a number"));
   KILN_RETURN_IF_ERROR(read_field(line, "repetition_penalty", &r.repetition_penalty, "a number"));
   KILN_RETURN_IF_ERROR(read_field(line, "frequency_penalty", &r.frequency_penalty, "a number"));
   KILN_RETURN_IF_ERROR(read_field(line, "presence_penalty", &r.presence_penalty, "a number"));
-  int64_t seed = 0;
-  KILN_RETURN_IF_ERROR(read_field(line, "seed", &seed, "an integer"));
-  if (seed < 0) return invalid_argument("'seed' must not be negative");
-  r.seed = static_cast<uint64_t>(seed);
+  KILN_RETURN_IF_ERROR(read_field(line, "seed", &r.seed, "an integer within [0, 2^64)"));
   KILN_RETURN_IF_ERROR(read_field(line, "ignore_eos", &r.ignore_eos, "true or false"));
   KILN_RETURN_IF_ERROR(read_field(line, "logprobs", &p.logprobs, "true or false"));
-  KILN_RETURN_IF_ERROR(read_field(line, "top_logprobs", &p.top_logprobs, "an integer"));
+  KILN_RETURN_IF_ERROR(read_field(line, "top_logprobs", &p.top_logprobs, "a 32-bit integer"));
   r.logprobs = p.logprobs;
   r.top_logprobs = p.top_logprobs;
   if (line.contains("stop_token_ids")) KILN_RETURN_IF_ERROR(read_ids(line["stop_token_ids"], "stop_token_ids", &r.stop_token_ids));

@@ -166,7 +166,8 @@ Status Engine::validate(const GenerationRequest& r) const {
                             (by_pool ? "KV pool's capacity" : "model's context") + " of " +
                             std::to_string(max_sequence_tokens_) + " tokens");
   }
-  if (!std::isfinite(r.temperature) || r.temperature < 0.0f) return invalid_argument("temperature must be >= 0");
+  if (!std::isfinite(r.temperature) || r.temperature < 0.0f)
+    return invalid_argument("temperature must be a finite number >= 0 (0: greedy)");
   if (r.top_k < 0) return invalid_argument("top_k must be >= 0 (0: off)");
   if (!(r.top_p > 0.0f && r.top_p <= 1.0f)) return invalid_argument("top_p must be within (0, 1]");
   if (!(r.min_p >= 0.0f && r.min_p <= 1.0f)) return invalid_argument("min_p must be within [0, 1]");

@@ -354,6 +354,38 @@ TEST(CliText, RequestsFileRunsEveryLineInOrder) {
   EXPECT_EQ(json_lines(ss.str())[0]["ids"], out[0]["ids"]);
 }
 
+// Numbers a request line's fields cannot hold are errors naming the field and the value, never
+// wrapped or cast out of range: a 64-bit max_tokens is not -1, 1e300 is not an infinite
+// temperature, 2^32 + 5 is not token 5; a seed takes the whole unsigned 64-bit range.
+TEST(CliText, RequestsFileNumbersOutOfRangeAreErrors) {
+  TempDir tmp;
+  const std::string model = " --model " + testdata_dir() + "/tiny-llama";
+  const std::string file = tmp.file("requests.jsonl",
+      "{\"prompt_ids\": [5, 6], \"max_tokens\": 18446744073709551615}\n"
+      "{\"prompt_ids\": [5, 6], \"max_tokens\": 2, \"temperature\": 1e300}\n"
+      "{\"prompt_ids\": [5, 4294967301], \"max_tokens\": 2}\n"
+      "{\"prompt_ids\": [5, 6], \"max_tokens\": 2, \"top_k\": 4294967296}\n"
+      "{\"prompt_ids\": [5, 6], \"max_tokens\": 2, \"seed\": -3}\n"
+      "{\"prompt_ids\": [5, 6], \"max_tokens\": 3, \"temperature\": 0.8, \"seed\": 18446744073709551615}\n");
+  RunResult r = run_kiln("generate" + model + " --requests " + file);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_FALSE(r.crashed) << r.output;
+  std::vector<nlohmann::json> out = json_lines(r.stdout_only);
+  ASSERT_EQ(out.size(), 6u) << r.output;
+  const std::vector<std::pair<std::string, std::string>> errors = {
+      {"'max_tokens'", "18446744073709551615"}, {"'temperature'", "1e+300"}, {"'prompt_ids'", "4294967301"},
+      {"'top_k'", "4294967296"}, {"'seed'", "-3"}};
+  for (size_t k = 0; k < errors.size(); ++k) {
+    ASSERT_TRUE(out[k].contains("error")) << out[k].dump();
+    const std::string e = out[k]["error"];
+    EXPECT_NE(e.find("line " + std::to_string(k + 1)), std::string::npos) << e;
+    EXPECT_NE(e.find(errors[k].first), std::string::npos) << e;
+    EXPECT_NE(e.find(errors[k].second), std::string::npos) << e;
+  }
+  EXPECT_FALSE(out[5].contains("error")) << out[5].dump();
+  EXPECT_EQ(out[5]["ids"].size(), 3u);
+}
+
 TEST(CliText, StopStringsEndTheTextAcrossTokenBoundaries) {
   ChatModel m;
   TempDir tmp;

@@ -160,6 +160,23 @@ TEST_F(ServeProtocol, CompletionPrompts) {
   EXPECT_FALSE(parse_openai_completion(Json::parse(R"({"model": "tiny-tools", "prompt": [-1]})"), ctx()).ok());
 }
 
+// Stop token ids are token ids: 2^32 + 2 does not wrap onto id 2, and the error names the value.
+TEST_F(ServeProtocol, StopTokenIdsOutsideInt32AreRefused) {
+  auto job = [&](const std::string& ids) {
+    return parse_openai_completion(
+        Json::parse(R"({"model": "tiny-tools", "prompt": "Hi", "stop_token_ids": )" + ids + "}"), ctx());
+  };
+  Result<CompletionJob> ok = job("[2, 2147483647]");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->request.stop_token_ids, (std::vector<int32_t>{2, 2147483647}));
+  for (const std::string bad : {"[4294967298]", "[2147483648]", "[-1]", "[18446744073709551615]", "[1.5]"}) {
+    Result<CompletionJob> r = job(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("stop_token_ids"), std::string::npos) << r.status().message();
+  }
+  EXPECT_NE(job("[4294967298]").status().message().find("4294967298"), std::string::npos);
+}
+
 TEST_F(ServeProtocol, AnthropicJob) {
   Result<CompletionJob> job = parse_anthropic_messages(Json::parse(R"({"model": "tiny-tools", "max_tokens": 9,
       "messages": [{"role": "user", "content": "Hi!"}], "stop_sequences": ["a", "b"], "top_k": 4,
