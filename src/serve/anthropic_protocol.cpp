@@ -62,7 +62,7 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
     if (!(tier->is_string() && (*tier == "auto" || *tier == "standard_only")))
       return invalid_argument("service_tier: must be 'auto' or 'standard_only'");
   if (const Json* thinking = f.get("thinking"))
-    if (!(thinking->is_object() && thinking->value("type", std::string()) == "disabled"))
+    if (string_member(*thinking, "type") != "disabled")
       return unsupported("thinking: extended thinking is not supported by kiln yet");
   // Tools.
   Json tools;

@@ -10,6 +10,7 @@
 #include "serve/chat_messages.h"
 #include "serve/completion_run.h"
 #include "serve/openai_protocol.h"
+#include "serve/request_fields.h"
 
 namespace kiln::serve {
 namespace {
@@ -78,8 +79,8 @@ Result<BatchSummary> run_batch(Engine& engine, const ServeContext& ctx, std::ist
         finish_line(l, line_error(l.custom_id, "invalid_request", where + ": 'custom_id' (a string) is required"), false);
         continue;
       }
-      const std::string method = j.value("method", std::string());
-      const std::string url = j.value("url", std::string());
+      const std::string method = string_member(j, "method");
+      const std::string url = string_member(j, "url");
       if (method != "POST" || (url != "/v1/chat/completions" && url != "/v1/completions") || !j.contains("body") ||
           !j["body"].is_object()) {
         finish_line(l, line_error(l.custom_id, "invalid_request",
@@ -92,12 +93,18 @@ Result<BatchSummary> run_batch(Engine& engine, const ServeContext& ctx, std::ist
       l.request_id = (chat ? "chatcmpl-" : "cmpl-") + random_id(24);
       l.created = unix_seconds();
       Json body = j["body"];
-      if (body.value("stream", false)) {
+      if (body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>()) {
         ApiError e{400, "invalid_request_error", "a batch request cannot be streamed: drop 'stream'", "stream", ""};
         finish_line(l, line_response(l.custom_id, 400, l.request_id, openai_error_body(e)), false);
         continue;
       }
-      Result<CompletionJob> job = chat ? parse_openai_chat(body, ctx) : parse_openai_completion(body, ctx);
+      // What the parser throws (JSON of a type it did not check) is this line's error, not the batch's.
+      Result<CompletionJob> job = invalid_argument("");
+      try {
+        job = chat ? parse_openai_chat(body, ctx) : parse_openai_completion(body, ctx);
+      } catch (const std::exception& e) {
+        job = invalid_argument(std::string("invalid request: ") + e.what());
+      }
       Result<std::unique_ptr<CompletionRun>> run =
           job.ok() ? CompletionRun::start(engine, *job, on_event) : Result<std::unique_ptr<CompletionRun>>(job.status());
       if (!run.ok()) {

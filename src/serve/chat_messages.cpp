@@ -1,5 +1,7 @@
 #include "serve/chat_messages.h"
 
+#include "serve/request_fields.h"
+
 namespace kiln::serve {
 namespace {
 
@@ -115,7 +117,7 @@ Result<Json> template_tools_from_openai(const Json& tools) {
   for (size_t i = 0; i < tools.size(); ++i) {
     const Json& t = tools[i];
     const std::string where = "tools[" + std::to_string(i) + "]";
-    if (!t.is_object() || t.value("type", std::string()) != "function")
+    if (string_member(t, "type") != "function")
       return bad(where + " must be {\"type\": \"function\", \"function\": {...}}");
     if (!t.contains("function") || !t["function"].is_object()) return bad(where + " needs a 'function' object");
     const Json& f = t["function"];
@@ -172,7 +174,9 @@ Result<AnthropicConversation> template_messages_from_anthropic(const Json& syste
       } else if (type == "tool_result" && role == "user") {
         if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) return bad(bw + ".tool_use_id: Field required");
         KILN_ASSIGN_OR_RETURN(std::string result, content_text(b.contains("content") ? b["content"] : Json(""), bw));
-        if (b.value("is_error", false)) result = "Error: " + result;
+        const Json is_error = b.contains("is_error") ? b["is_error"] : Json(false);
+        if (!is_error.is_boolean() && !is_error.is_null()) return bad(bw + ".is_error: must be true or false");
+        if (is_error == true) result = "Error: " + result;
         results.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
       } else {
         return bad(bw + ": content blocks of type '" + type + "' are not supported in " + role +

@@ -137,7 +137,7 @@ Status read_tools(FieldReader& f, const ServeContext& ctx, CompletionJob* job, J
       mode = choice->get<std::string>();
       if (mode != "none" && mode != "auto" && mode != "required")
         return invalid_argument("'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", ...}");
-    } else if (choice->is_object() && choice->value("type", std::string()) == "function" && choice->contains("function") &&
+    } else if (string_member(*choice, "type") == "function" && choice->contains("function") &&
                (*choice)["function"].is_object() && (*choice)["function"].contains("name") &&
                (*choice)["function"]["name"].is_string()) {
       mode = "named";
@@ -252,7 +252,7 @@ Result<CompletionJob> parse_openai_chat(const Json& body, const ServeContext& ct
   job.request.logprobs = logprobs;
   job.request.top_logprobs = top;
   if (const Json* rf = f.get("response_format")) {
-    if (!rf->is_object() || rf->value("type", std::string()) != "text")
+    if (string_member(*rf, "type") != "text")
       return unsupported("'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) is not supported "
                          "by kiln yet: it has no constrained decoding");
   }

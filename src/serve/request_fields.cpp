@@ -5,6 +5,12 @@
 
 namespace kiln::serve {
 
+std::string string_member(const Json& object, const char* key) {
+  if (!object.is_object()) return "";
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 const Json* FieldReader::get(const std::string& key) {
   read_.insert(key);
   auto it = body_.find(key);

@@ -35,4 +35,9 @@ class FieldReader {
   std::set<std::string> read_;
 };
 
+// The string `key` of `object`, or "" where `object` is no object or the field is absent or not a
+// string: for comparing a field with the values it may take, the caller reporting a mismatch
+// (nlohmann's value() throws on a field of another type).
+std::string string_member(const Json& object, const char* key);
+
 }  // namespace kiln::serve

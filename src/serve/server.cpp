@@ -3,6 +3,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 
+#include <cstdio>
+#include <exception>
 #include <filesystem>
 
 #include "serve/server_internal.h"
@@ -141,7 +143,19 @@ Result<std::unique_ptr<Server>> Server::start(const ServedModel& model, const Se
   impl->port = impl->acceptor.local_endpoint().port();
   core.start_worker();
   impl->accept();
-  for (int32_t i = 0; i < options.threads; ++i) impl->threads.emplace_back([&core] { core.ioc.run(); });
+  // A handler's exception leaves run() on its thread; the thread reports it and runs on (Asio allows
+  // run() again without restart()), so no request can end the server (sessions guard their own).
+  for (int32_t i = 0; i < options.threads; ++i)
+    impl->threads.emplace_back([&core] {
+      for (;;) {
+        try {
+          core.ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "kiln: a server thread caught: %s; serving on\n", e.what());
+        }
+      }
+    });
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

@@ -15,6 +15,7 @@
 #include "serve/anthropic_protocol.h"
 #include "serve/chat_messages.h"
 #include "serve/openai_protocol.h"
+#include "serve/request_fields.h"
 #include "serve/server_internal.h"
 
 namespace kiln::serve {
@@ -122,7 +123,25 @@ class Session : public std::enable_shared_from_this<Session> {
     request_ = parser_->release();
     keep_alive_ = request_.keep_alive();
     stream_.expires_never();
-    route();
+    route_guarded();
+  }
+
+  // The error boundary of one request: whatever its handler throws (JSON of a type a parser did not
+  // check, an allocation that fails) answers the request with an error, or ends a response already
+  // under way, and the server goes on serving everyone else.
+  void route_guarded() {
+    try {
+      route();
+    } catch (const std::exception& e) {
+      const bool json_error = dynamic_cast<const Json::exception*>(&e) != nullptr;
+      std::fprintf(stderr, "kiln: %s %s failed: %s\n", std::string(request_.method_string()).c_str(), path_.c_str(),
+                   e.what());
+      if (status_ == 0 && !run_ && outbox_.empty() && !writing_)
+        return respond_error(json_error ? 400 : 500,
+                             json_error ? std::string("invalid request: ") + e.what() : "internal error: " + std::string(e.what()),
+                             anthropic_);
+      client_gone();
+    }
   }
 
   static bool anthropic_route(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
@@ -446,13 +465,15 @@ class Session : public std::enable_shared_from_this<Session> {
     Result<Json> body = parse_request_body(request_.body());
     if (!body.ok()) return respond_error(api_error_from(body.status()), false);
     const Json& b = *body;
-    std::string dir = b.value("checkpoint_dir", std::string());
-    if (dir.empty()) dir = b.value("model_path", std::string());
+    for (const char* key : {"checkpoint_dir", "model_path", "mode"})
+      if (b.contains(key) && !b[key].is_string()) return respond_error(400, std::string("'") + key + "' must be a string", false);
+    std::string dir = string_member(b, "checkpoint_dir");
+    if (dir.empty()) dir = string_member(b, "model_path");
     if (dir.empty()) return respond_error(400, "'checkpoint_dir' is required: the folder of the new weights", false);
     if (!b.contains("version") || !b["version"].is_number_unsigned())
       return respond_error(400, "'version' is required: a non-negative integer above the version serving", false);
     const uint64_t version = b["version"].get<uint64_t>();
-    Result<WeightUpdateMode> mode = parse_weight_update_mode(b.value("mode", std::string("sync")));
+    Result<WeightUpdateMode> mode = parse_weight_update_mode(b.contains("mode") ? string_member(b, "mode") : "sync");
     if (!mode.ok()) return respond_error(api_error_from(mode.status()), false);
     for (auto it = b.begin(); it != b.end(); ++it)
       if (it.key() != "checkpoint_dir" && it.key() != "model_path" && it.key() != "version" && it.key() != "mode")

@@ -294,6 +294,77 @@ class ConnectionTest(unittest.TestCase):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_every_field_of_every_type_is_answered(self):
+        """Each field of valid requests (OpenAI chat with tools and tool calls, completions, Anthropic
+        messages with tool use and results, token counting) replaced by a value of each other JSON
+        type, or deleted: every request gets an answer below 500, and the server lives on (a field
+        read with nlohmann's value() on a number once ended the process)."""
+        import copy
+        chat = {"model": "tiny-tools", "max_tokens": 2, "messages": [
+            {"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+            "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+                "type": "object", "properties": {"x": {"type": "integer"}}}}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}}, "temperature": 0.5, "top_p": 0.9,
+            "n": 1, "seed": 3, "stop": ["a"], "logprobs": True, "top_logprobs": 2,
+            "response_format": {"type": "text"}}
+        completion = {"model": "tiny-tools", "prompt": ["hello", "x"], "max_tokens": 2, "logprobs": 2, "stop": "a"}
+        messages = {"model": "tiny-tools", "max_tokens": 2, "system": [{"type": "text", "text": "s"}], "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "q"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "t"},
+                                              {"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": [{"type": "text", "text": "42"}], "is_error": False}]}],
+            "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "auto"}, "thinking": {"type": "disabled"}, "stop_sequences": ["z"], "top_k": 3}
+        count = {"model": "tiny-tools", "messages": [{"role": "user", "content": "hi"}], "system": "s"}
+        others = [5, -1, 1.5, "x", [], [1], {}, {"a": 1}, None, True]
+
+        def paths(v, p=()):
+            if p:
+                yield p
+            items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else []
+            for k, x in items:
+                yield from paths(x, p + (k,))
+
+        def variants(body, p):
+            for w in others:
+                v = copy.deepcopy(body)
+                cur = v
+                for k in p[:-1]:
+                    cur = cur[k]
+                cur[p[-1]] = w
+                yield v
+            v = copy.deepcopy(body)
+            cur = v
+            for k in p[:-1]:
+                cur = cur[k]
+            del cur[p[-1]]
+            yield v
+
+        server = KilnServer(KILN, MODEL)
+        try:
+            sent = 0
+            for route, body in (("/v1/chat/completions", chat), ("/v1/completions", completion),
+                                ("/v1/messages", messages), ("/v1/messages/count_tokens", count)):
+                status, reply = server.post(route, body)
+                self.assertEqual(status, 200, (route, reply))
+                for p in paths(body):
+                    for v in variants(body, p):
+                        status, reply = server.post(route, v)
+                        sent += 1
+                        self.assertLess(status, 500, (route, p, v, reply))
+                for raw in (b"[]", b"5", b"null", b'"x"', b'{"model": 5}'):
+                    status, reply = server.post(route, raw)
+                    self.assertEqual(status, 400, (route, raw, reply))
+            self.assertGreater(sent, 1000)
+            status, _ = server.post("/v1/chat/completions", chat_body())
+            self.assertEqual(status, 200)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
     def test_cors(self):
         import http.client
         server = KilnServer(KILN, MODEL, "--allow-origin", "https://chat.example", "--api-key", KEY)
