@@ -466,14 +466,16 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!body.ok()) return respond_error(api_error_from(body.status()), false);
     const Json& b = *body;
     for (const char* key : {"checkpoint_dir", "model_path", "mode"})
-      if (b.contains(key) && !b[key].is_string()) return respond_error(400, std::string("'") + key + "' must be a string", false);
+      if (b.contains(key) && !b[key].is_null() && !b[key].is_string())
+        return respond_error(400, std::string("'") + key + "' must be a string", false);
     std::string dir = string_member(b, "checkpoint_dir");
     if (dir.empty()) dir = string_member(b, "model_path");
     if (dir.empty()) return respond_error(400, "'checkpoint_dir' is required: the folder of the new weights", false);
     if (!b.contains("version") || !b["version"].is_number_unsigned())
       return respond_error(400, "'version' is required: a non-negative integer above the version serving", false);
     const uint64_t version = b["version"].get<uint64_t>();
-    Result<WeightUpdateMode> mode = parse_weight_update_mode(b.contains("mode") ? string_member(b, "mode") : "sync");
+    const bool mode_given = b.contains("mode") && !b["mode"].is_null();  // a string, checked above
+    Result<WeightUpdateMode> mode = parse_weight_update_mode(mode_given ? string_member(b, "mode") : "sync");
     if (!mode.ok()) return respond_error(api_error_from(mode.status()), false);
     for (auto it = b.begin(); it != b.end(); ++it)
       if (it.key() != "checkpoint_dir" && it.key() != "model_path" && it.key() != "version" && it.key() != "mode")
