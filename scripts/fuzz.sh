@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds kiln's libFuzzer targets (fuzz/*_fuzz.cpp) with clang, AddressSanitizer and
 # UndefinedBehaviorSanitizer (build-fuzz/, CPU only) and runs each for SECONDS over a working corpus
-# seeded from fuzz/corpus/<target>/. Crashes, leaks and hangs stop a target and leave the input in
+# seeded from fuzz/corpus/<target>/, with fuzz/<target>.dict as libFuzzer's dictionary where it
+# exists. Crashes, leaks and hangs stop a target and leave the input in
 # build-fuzz/artifacts/<target>/; once fixed, commit it as fuzz/corpus/<target>/regress-<what> so
 # the test suite replays it.
 # Usage: scripts/fuzz.sh [SECONDS=60] [TARGET...]   (targets: the file names without _fuzz.cpp;
@@ -27,7 +28,8 @@ run() {
   mkdir -p "$corpus" "$art"
   cp -n fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null || true
   local rc=0
-  "$out/bin/${t}_fuzz" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
+  local dict=(); [ -f "fuzz/$1.dict" ] && dict=(-dict="fuzz/$1.dict")  # tokens of the format, where a target has them
+  "$out/bin/${t}_fuzz" "${dict[@]}" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
     -artifact_prefix="$art" -print_final_stats=1 "$corpus" > "$out/$t.log" 2>&1 || rc=$?
   echo "$t: exit $rc; $(grep -E '^stat::number_of_executed_units' "$out/$t.log" | awk '{print $2}') executions," \
        "$(grep -oE 'cov: [0-9]+' "$out/$t.log" | tail -1) edges, corpus $(ls "$corpus" | wc -l) inputs (log: $out/$t.log)"
