@@ -319,7 +319,8 @@ class ConnectionTest(unittest.TestCase):
                                           "content": [{"type": "text", "text": "42"}], "is_error": False}]}],
             "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
             "tool_choice": {"type": "auto"}, "thinking": {"type": "disabled"}, "stop_sequences": ["z"], "top_k": 3}
-        count = {"model": "tiny-tools", "messages": [{"role": "user", "content": "hi"}], "system": "s"}
+        count = {"model": "tiny-tools", "messages": [{"role": "user", "content": "hi"}], "system": "s",
+                 "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}}
         others = [5, -1, 1.5, "x", [], [1], {}, {"a": 1}, None, True]
 
         def paths(v, p=()):
