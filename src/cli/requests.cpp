@@ -26,8 +26,13 @@ using Json = nlohmann::ordered_json;
 
 // Whether the JSON integer x lies in [lo, hi] (unsigned values above INT64_MAX are not negative).
 bool integer_within(const Json& x, int64_t lo, uint64_t hi) {
-  if (x.is_number_unsigned()) return x.get<uint64_t>() <= hi && (lo <= 0 || x.get<uint64_t>() >= static_cast<uint64_t>(lo));
-  return x.is_number_integer() && x.get<int64_t>() >= lo && (x.get<int64_t>() < 0 || static_cast<uint64_t>(x.get<int64_t>()) <= hi);
+  if (x.is_number_unsigned()) {
+    const uint64_t u = x.get<uint64_t>();
+    return u <= hi && (lo <= 0 || u >= static_cast<uint64_t>(lo));
+  }
+  if (!x.is_number_integer()) return false;
+  const int64_t i = x.get<int64_t>();
+  return i >= lo && (i < 0 || static_cast<uint64_t>(i) <= hi);
 }
 
 // Reads an optional field of `line` into `out`, checking its JSON type and that the value fits T

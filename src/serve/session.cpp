@@ -136,10 +136,11 @@ class Session : public std::enable_shared_from_this<Session> {
       const bool json_error = dynamic_cast<const Json::exception*>(&e) != nullptr;
       std::fprintf(stderr, "kiln: %s %s failed: %s\n", std::string(request_.method_string()).c_str(), path_.c_str(),
                    e.what());
-      if (status_ == 0 && !run_ && outbox_.empty() && !writing_)
-        return respond_error(json_error ? 400 : 500,
-                             json_error ? std::string("invalid request: ") + e.what() : "internal error: " + std::string(e.what()),
-                             anthropic_);
+      if (status_ == 0 && !run_ && outbox_.empty() && !writing_) {
+        const std::string what = e.what();
+        return json_error ? respond_error(400, "invalid request: " + what, anthropic_)
+                          : respond_error(500, "internal error: " + what, anthropic_);
+      }
       client_gone();
     }
   }
