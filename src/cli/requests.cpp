@@ -18,22 +18,14 @@
 #include "core/plural.h"
 #include "cli/engine_flags.h"
 #include "cli/requests.h"
+#include "serve/request_fields.h"
 
 namespace kiln::cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
 
-// Whether the JSON integer x lies in [lo, hi] (unsigned values above INT64_MAX are not negative).
-bool integer_within(const Json& x, int64_t lo, uint64_t hi) {
-  if (x.is_number_unsigned()) {
-    const uint64_t u = x.get<uint64_t>();
-    return u <= hi && (lo <= 0 || u >= static_cast<uint64_t>(lo));
-  }
-  if (!x.is_number_integer()) return false;
-  const int64_t i = x.get<int64_t>();
-  return i >= lo && (i < 0 || static_cast<uint64_t>(i) <= hi);
-}
+using serve::integer_within;
 
 // Reads an optional field of `line` into `out`, checking its JSON type and that the value fits T
 // (a number beyond float's range is an error, not infinity).

@@ -55,11 +55,7 @@ Status read_common(FieldReader& f, const ServeContext& ctx, CompletionJob* job) 
   if (const Json* ids = f.get("stop_token_ids")) {
     if (!ids->is_array()) return invalid_argument("'stop_token_ids' must be a list of token ids");
     for (const Json& x : *ids) {
-      // Beyond int32 a cast would wrap onto another id: refused, like any id outside the vocabulary.
-      const bool in_range = x.is_number_unsigned() ? x.get<uint64_t>() <= INT32_MAX
-                                                   : x.is_number_integer() && x.get<int64_t>() >= 0 &&
-                                                         x.get<int64_t>() <= INT32_MAX;
-      if (!in_range) return invalid_argument("'stop_token_ids' must hold token ids, not " + x.dump());
+      if (!integer_within(x, 0, INT32_MAX)) return invalid_argument("'stop_token_ids' must hold token ids, not " + x.dump());
       r.stop_token_ids.push_back(x.get<int32_t>());
     }
   }

@@ -11,6 +11,16 @@ std::string string_member(const Json& object, const char* key) {
   return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
+bool integer_within(const Json& x, int64_t lo, uint64_t hi) {
+  if (x.is_number_unsigned()) {
+    const uint64_t u = x.get<uint64_t>();
+    return u <= hi && (lo <= 0 || u >= static_cast<uint64_t>(lo));
+  }
+  if (!x.is_number_integer()) return false;
+  const int64_t i = x.get<int64_t>();
+  return i >= lo && (i < 0 || static_cast<uint64_t>(i) <= hi);
+}
+
 const Json* FieldReader::get(const std::string& key) {
   read_.insert(key);
   auto it = body_.find(key);

@@ -40,4 +40,8 @@ class FieldReader {
 // (nlohmann's value() throws on a field of another type).
 std::string string_member(const Json& object, const char* key);
 
+// Whether x is a JSON integer within [lo, hi], read without wrapping (unsigned values above
+// INT64_MAX are not negative; a cast to a narrower type would wrap onto another value).
+bool integer_within(const Json& x, int64_t lo, uint64_t hi);
+
 }  // namespace kiln::serve
