@@ -35,6 +35,38 @@ INSTANTIATE_TEST_SUITE_P(Models, GoldenCpu,
 
 namespace kiln::test {
 
+// One step of host inputs on the CPU, the keys of request b in one-slot pages kv_indptr[b] ..
+// kv_indptr[b + 1]: the logits of `rows`, with the final layer trimmed where last_rows_indptr is
+// given and the head on the final rows in place where every_row.
+namespace {
+
+struct HostStep {
+  std::vector<int32_t> ids, positions, slots, q_indptr, rows, kv_indptr, last_rows_indptr;
+  ops::AttentionBounds bounds;
+  bool every_row = false;
+};
+std::vector<float> run_step(Backend& be, const Transformer& m, KVCache& cache, const HostStep& s) {
+  const int64_t T = static_cast<int64_t>(s.ids.size());
+  Result<ForwardWorkspace> ws = m.make_workspace(T, static_cast<int64_t>(s.rows.size()));
+  KILN_ASSERT(ws.ok());
+  TensorBuffer ids = host_ints(s.ids), pos = host_ints(s.positions), slots = host_ints(s.slots),
+               q_indptr = host_ints(s.q_indptr), rows = host_ints(s.rows), last = host_ints(s.last_rows_indptr);
+  test::PagedTables pages = test::contiguous_pages(s.kv_indptr);
+  ForwardBatch b;
+  b.ids = ids;
+  b.positions = pos;
+  b.slots = slots;
+  b.q_indptr = q_indptr;
+  b.kv = pages.view();
+  b.logit_rows = rows;
+  b.bounds = s.bounds;
+  if (!s.last_rows_indptr.empty()) b.last_rows_indptr = last;
+  b.logits_of_every_row = s.every_row;
+  return to_f32(be, m.forward(b, cache, *ws));
+}
+
+}  // namespace
+
 // Trimming the final layer to the logit rows (ForwardBatch::last_rows_indptr) must not change the
 // logits of those rows: two requests packed in one step, each with its last row wanted.
 TEST(Transformer, FinalLayerTrimKeepsLastRowLogits) {
@@ -42,24 +74,17 @@ TEST(Transformer, FinalLayerTrimKeepsLastRowLogits) {
   for (const char* model : {"tiny-llama", "tiny-qwen3"}) {
     Result<std::unique_ptr<Transformer>> m = Transformer::load(*be, testdata_dir() + "/" + model);
     ASSERT_TRUE(m.ok()) << m.status().message();
-    const std::vector<int32_t> ids = {5, 9, 13, 17, 21, 3, 7, 11};  // request 0: 5 tokens, request 1: 3
+    HostStep step;  // request 0: 5 tokens, request 1: 3
+    step.ids = {5, 9, 13, 17, 21, 3, 7, 11};
+    step.positions = {0, 1, 2, 3, 4, 0, 1, 2};
+    step.slots = {0, 1, 2, 3, 4, 5, 6, 7};
+    step.q_indptr = step.kv_indptr = {0, 5, 8};
+    step.rows = {4, 7};
+    step.bounds = {2, 5, 5};
     auto run = [&](bool trim) {
       Result<KVCache> cache = (*m)->make_kv_cache(8);
-      Result<ForwardWorkspace> ws = (*m)->make_workspace(8, 2);
-      TensorBuffer d_ids = host_ints(ids), pos = host_ints({0, 1, 2, 3, 4, 0, 1, 2}),
-                   slots = host_ints({0, 1, 2, 3, 4, 5, 6, 7}), q_indptr = host_ints({0, 5, 8}),
-                   rows = host_ints({4, 7}), last = host_ints({0, 1, 2});
-      test::PagedTables pages = test::contiguous_pages({0, 5, 8});
-      ForwardBatch b;
-      b.ids = d_ids;
-      b.positions = pos;
-      b.slots = slots;
-      b.q_indptr = q_indptr;
-      b.kv = pages.view();
-      b.logit_rows = rows;
-      b.bounds = {2, 5, 5};
-      if (trim) b.last_rows_indptr = last;
-      return to_f32(*be, (*m)->forward(b, *cache, *ws));
+      step.last_rows_indptr = trim ? std::vector<int32_t>{0, 1, 2} : std::vector<int32_t>{};
+      return run_step(*be, **m, *cache, step);
     };
     std::vector<float> full = run(false), trimmed = run(true);
     EXPECT_LE(rel_error(trimmed, full), 1e-6) << model;
@@ -74,26 +99,22 @@ TEST(Transformer, LogitsOfEveryRowEqualGatheredRows) {
   for (const char* model : {"tiny-llama", "tiny-qwen3"}) {
     Result<std::unique_ptr<Transformer>> m = Transformer::load(*be, testdata_dir() + "/" + model);
     ASSERT_TRUE(m.ok()) << m.status().message();
+    HostStep step;
+    step.ids = {5, 9, 13};
+    step.positions = {4, 2, 3};
+    step.slots = {4, 7, 11};
+    step.q_indptr = {0, 1, 2, 3};
+    step.kv_indptr = {0, 5, 8, 12};
+    step.rows = {0, 1, 2};
+    step.bounds = {3, 1, 5};
     auto run = [&](bool in_place) {
       Result<KVCache> cache = (*m)->make_kv_cache(16);
       for (size_t l = 0; l < cache->k.size(); ++l) {  // the cached contexts: seeded, the same in both runs
         ops::fill_normal(*be, cache->k[l], 0.5f, 2 * l + 1);
         ops::fill_normal(*be, cache->v[l], 0.5f, 2 * l + 2);
       }
-      Result<ForwardWorkspace> ws = (*m)->make_workspace(8, 8);
-      TensorBuffer ids = host_ints({5, 9, 13}), pos = host_ints({4, 2, 3}), slots = host_ints({4, 7, 11}),
-                   q_indptr = host_ints({0, 1, 2, 3}), rows = host_ints({0, 1, 2});
-      test::PagedTables pages = test::contiguous_pages({0, 5, 8, 12});
-      ForwardBatch b;
-      b.ids = ids;
-      b.positions = pos;
-      b.slots = slots;
-      b.q_indptr = q_indptr;
-      b.kv = pages.view();
-      b.logit_rows = rows;
-      b.bounds = {3, 1, 5};
-      b.logits_of_every_row = in_place;
-      return to_f32(*be, (*m)->forward(b, *cache, *ws));
+      step.every_row = in_place;
+      return run_step(*be, **m, *cache, step);
     };
     const std::vector<float> gathered = run(false), in_place = run(true);
     ASSERT_EQ(gathered.size(), 3u * (*m)->config().vocab_size);
