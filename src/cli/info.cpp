@@ -147,11 +147,16 @@ int run_info(const InfoFlags& f) {
                 {"attention_bias", c.attention_bias},       {"qk_norm", c.qk_norm},
                 {"rms_norm_eps", f32_json(c.rms_norm_eps)}};
   j["context"] = {{"max_position_embeddings", c.max_position_embeddings},
+                  {"context_length", c.context_length()},
                   {"sliding_window", c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nlohmann::ordered_json(nullptr)}};
-  j["rope"] = {{"type", c.rope.type}, {"theta", f32_json(c.rope.theta)}, {"factor", f32_json(c.rope.factor)}};
+  j["rope"] = {{"type", c.rope.type}, {"theta", c.rope.theta}, {"factor", f32_json(c.rope.factor)}};
   if (c.rope.type == "llama3")
     j["rope"].update({{"low_freq_factor", f32_json(c.rope.low_freq_factor)}, {"high_freq_factor", f32_json(c.rope.high_freq_factor)},
                       {"original_max_position_embeddings", c.rope.original_max_position_embeddings}});
+  if (c.rope.type == "yarn")
+    j["rope"].update({{"original_max_position_embeddings", c.rope.original_max_position_embeddings},
+                      {"attention_factor", f32_json(c.rope.attention_factor)}, {"beta_fast", c.rope.beta_fast},
+                      {"beta_slow", c.rope.beta_slow}, {"truncate", c.rope.truncate}});
   j["config_dtype"] = dtype_name(c.dtype);
   j["checkpoint"] = checkpoint_info(c, f.model_dir);
   j["text"] = text_info(f.model_dir);
@@ -162,7 +167,7 @@ int run_info(const InfoFlags& f) {
     const int64_t kv_token = kv_elems_per_token * bytes_per_value;
     return nlohmann::ordered_json{{"weights_bytes", params * bytes_per_value},
                                   {"kv_bytes_per_token", kv_token},
-                                  {"kv_bytes_full_context", kv_token * c.max_position_embeddings},
+                                  {"kv_bytes_full_context", kv_token * c.context_length()},
                                   {"adamw_training_bytes_before_activations", params * train_bytes_per_param}};
   };
   j["memory"] = {{"cpu", device(4, 16)}, {"cuda", device(2, 18)}};
@@ -179,7 +184,7 @@ int run_info(const InfoFlags& f) {
               c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
               c.head_dim, c.qk_norm ? ", q/k norm" : "", c.attention_bias ? ", q/k/v bias" : "");
   std::printf("vocabulary     %" PRId64 "%s\n", c.vocab_size, c.tie_word_embeddings ? " (embeddings tied)" : "");
-  std::printf("context        %" PRId64 " tokens%s\n", c.max_position_embeddings,
+  std::printf("context        %" PRId64 " tokens%s\n", c.context_length(),
               c.sliding_window > 0 ? (", sliding window " + std::to_string(c.sliding_window)).c_str() : "");
   std::printf("rope           %s, theta %g%s\n", c.rope.type.c_str(), c.rope.theta,
               c.rope.type == "default" ? "" : (", factor " + std::to_string(c.rope.factor)).c_str());

@@ -175,7 +175,7 @@ struct EngineOptions {
   int64_t kv_tokens = 0;           // KV pool capacity in tokens; 0: from kv_memory, else automatic
   int64_t kv_memory = 0;           // KV pool bytes; 0: automatic (CUDA: a fraction of free memory)
   double kv_memory_fraction = 0.85;
-  int32_t max_seq_len = 0;         // 0: the model's max_position_embeddings
+  int32_t max_seq_len = 0;         // 0: the model's context length
   bool prefix_cache = true;
   bool use_graphs = true;
   // Decode steps planned and launched while the step before them runs (their input tokens taken

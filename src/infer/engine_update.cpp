@@ -27,10 +27,7 @@ Status check_same_architecture(const ModelConfig& a, const ModelConfig& b, const
   if (a.tie_word_embeddings != b.tie_word_embeddings)
     return differs("tie_word_embeddings", std::to_string(a.tie_word_embeddings), std::to_string(b.tie_word_embeddings));
   if (a.rope.theta != b.rope.theta) return differs("rope_theta", std::to_string(a.rope.theta), std::to_string(b.rope.theta));
-  if (a.rope.type != b.rope.type || a.rope.factor != b.rope.factor || a.rope.low_freq_factor != b.rope.low_freq_factor ||
-      a.rope.high_freq_factor != b.rope.high_freq_factor ||
-      a.rope.original_max_position_embeddings != b.rope.original_max_position_embeddings)
-    return differs("rope_scaling", a.rope.type, b.rope.type + " (or its factors)");
+  if (a.rope != b.rope) return differs("rope_scaling", a.rope.type, b.rope.type + " (or its factors)");
   return Status::Ok();
 }
 

@@ -2,6 +2,7 @@
 #include "core/plural.h"
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -185,10 +186,36 @@ Status parse_architecture(const json& j, const std::string& src, ModelConfig* c)
                      "kiln supports " + kSupportedArchitectures);
 }
 
+// YaRN's own keys (transformers' _compute_yarn_parameters): the attention factor given, or
+// 0.1 ln(factor) + 1 (scaled by mscale / mscale_all_dim when both are set and non-zero); beta_fast
+// and beta_slow (a zero or null value takes the default, as `or` does there); truncate.
+Status parse_yarn(const Reader& r, double factor, RopeConfig* rope) {
+  auto mscale_of = [&](double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  double mscale = 0.0, mscale_all_dim = 0.0;
+  KILN_RETURN_IF_ERROR(r.get_float("mscale", &mscale, false));
+  KILN_RETURN_IF_ERROR(r.get_float("mscale_all_dim", &mscale_all_dim, false));
+  double attention = mscale != 0.0 && mscale_all_dim != 0.0 ? mscale_of(mscale) / mscale_of(mscale_all_dim) : mscale_of(1.0);
+  KILN_RETURN_IF_ERROR(r.get_float("attention_factor", &attention, false));
+  if (!(attention > 0.0) || attention > 1e6)
+    return r.bad_value("attention_factor", "must be within (0, 1e6], but it is " + std::to_string(attention));
+  rope->attention_factor = static_cast<float>(attention);
+
+  double beta_fast = 0.0, beta_slow = 0.0;
+  KILN_RETURN_IF_ERROR(r.get_float("beta_fast", &beta_fast, false));
+  KILN_RETURN_IF_ERROR(r.get_float("beta_slow", &beta_slow, false));
+  rope->beta_fast = beta_fast != 0.0 ? beta_fast : 32.0;
+  rope->beta_slow = beta_slow != 0.0 ? beta_slow : 1.0;
+  if (!(rope->beta_fast > 0.0) || !(rope->beta_slow > 0.0))
+    return r.bad_value(rope->beta_fast > 0.0 ? "beta_slow" : "beta_fast", "must be positive");
+  rope->truncate = true;
+  return r.get_bool("truncate", &rope->truncate, false);
+}
+
 // RoPE from either layout:
 //   transformers 5: "rope_parameters": {"rope_theta", "rope_type", "factor", ...}
 //   transformers 4: top-level "rope_theta" and "rope_scaling": {"rope_type" or legacy "type", ...}
-Status parse_rope(const json& j, const std::string& src, RopeConfig* rope) {
+// Defaults as transformers' standardize_rope_params and _compute_*_parameters apply them.
+Status parse_rope(const json& j, const std::string& src, int64_t max_position_embeddings, RopeConfig* rope) {
   Reader top(j, src, "");
   const json* params = find_key(j, "rope_parameters");
   const json* scaling = nullptr;
@@ -205,8 +232,9 @@ Status parse_rope(const json& j, const std::string& src, RopeConfig* rope) {
   double theta = 10000.0;
   KILN_RETURN_IF_ERROR(top.get_float("rope_theta", &theta, false));
   if (params) KILN_RETURN_IF_ERROR(Reader(*params, src, prefix).get_float("rope_theta", &theta, false));
-  if (!(theta > 0.0)) return invalid_argument(src + ": rope_theta must be positive, but it is " + std::to_string(theta));
-  rope->theta = static_cast<float>(theta);
+  if (!(theta > 0.0) || !std::isfinite(static_cast<float>(theta)))
+    return invalid_argument(src + ": rope_theta must be positive (and within f32), but it is " + std::to_string(theta));
+  rope->theta = theta;
 
   double partial = 1.0;
   KILN_RETURN_IF_ERROR(top.get_float("partial_rotary_factor", &partial, false));
@@ -222,26 +250,42 @@ Status parse_rope(const json& j, const std::string& src, RopeConfig* rope) {
   KILN_RETURN_IF_ERROR(r.get_string(type_key, &rope->type, false));
   const std::string& type = rope->type;
   if (type == "default") return Status::Ok();
-  if (type != "linear" && type != "llama3")
+  if (type != "linear" && type != "llama3" && type != "yarn")
     return unsupported(src + ": RoPE type '" + type + "' (key '" + prefix + type_key +
-                       "') is not supported; kiln supports default, linear and llama3 RoPE");
+                       "') is not supported; kiln supports default, linear, llama3 and yarn RoPE");
 
-  KILN_RETURN_IF_ERROR(r.get_float("factor", &rope->factor, true));
-  if (!(rope->factor > 0.0f)) return r.bad_value("factor", "must be positive, but it is " + std::to_string(rope->factor));
+  // The pretraining context of llama3 and yarn: a top-level key wins (Phi-3's layout), then the
+  // rope object's, else max_position_embeddings.
+  int64_t& original = rope->original_max_position_embeddings;
+  if (type != "linear") {
+    original = max_position_embeddings;
+    KILN_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings", &original, false));
+    KILN_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings", &original, false));
+    if (original <= 0 || original > (int64_t(1) << 24))
+      return r.bad_value("original_max_position_embeddings",
+                         "must be within [1, 16777216], but it is " + std::to_string(original));
+  }
+
+  // yarn takes a null or absent factor as max_position_embeddings / original (DeepSeek's layout).
+  double factor = type == "yarn" ? static_cast<double>(max_position_embeddings) / static_cast<double>(original) : 0.0;
+  KILN_RETURN_IF_ERROR(r.get_float("factor", &factor, type != "yarn"));
+  if (!(factor > 0.0) || factor > 65536.0)
+    return r.bad_value("factor", "must be within (0, 65536], but it is " + std::to_string(factor));
+  rope->factor = static_cast<float>(factor);
   if (type == "linear") return Status::Ok();
+  if (type == "yarn") {
+    if (!(theta > 1.0)) return invalid_argument(src + ": YaRN needs rope_theta above 1, but it is " + std::to_string(theta));
+    return parse_yarn(r, factor, rope);
+  }
 
   KILN_RETURN_IF_ERROR(r.get_float("low_freq_factor", &rope->low_freq_factor, true));
   KILN_RETURN_IF_ERROR(r.get_float("high_freq_factor", &rope->high_freq_factor, true));
-  KILN_RETURN_IF_ERROR(r.get_int("original_max_position_embeddings", &rope->original_max_position_embeddings, true));
   if (!(rope->low_freq_factor > 0.0f))
     return r.bad_value("low_freq_factor", "must be positive, but it is " + std::to_string(rope->low_freq_factor));
   if (!(rope->high_freq_factor > rope->low_freq_factor))
     return r.bad_value("high_freq_factor", "must be larger than low_freq_factor (" +
                                                std::to_string(rope->low_freq_factor) + "), but it is " +
                                                std::to_string(rope->high_freq_factor));
-  if (rope->original_max_position_embeddings <= 0)
-    return r.bad_value("original_max_position_embeddings",
-                       "must be positive, but it is " + std::to_string(rope->original_max_position_embeddings));
   return Status::Ok();
 }
 
@@ -362,9 +406,12 @@ Status parse_into(const json& j, const std::string& src, ModelConfig* c) {
     if (use) KILN_RETURN_IF_ERROR(r.get_int("sliding_window", &window, false));
   }
   if (window < 0) return r.bad_value("sliding_window", "must not be negative, but it is " + std::to_string(window));
-  c->sliding_window = window < c->max_position_embeddings ? window : 0;
 
-  KILN_RETURN_IF_ERROR(parse_rope(j, src, &c->rope));
+  KILN_RETURN_IF_ERROR(parse_rope(j, src, c->max_position_embeddings, &c->rope));
+  if (c->context_length() > (int64_t(1) << 24))
+    return invalid_argument(src + ": YaRN extends the context to " + std::to_string(c->context_length()) +
+                            " tokens (original_max_position_embeddings x factor); kiln runs at most 16777216");
+  c->sliding_window = window < c->context_length() ? window : 0;
   return Status::Ok();
 }
 
@@ -375,7 +422,47 @@ inline float f32(float x) {
   return v;
 }
 
+
+// transformers' _compute_yarn_parameters, op by op: the correction range in double (Python
+// floats), the ramp and the blend of interpolated and extrapolated frequencies in f32.
+void yarn_inv_freq(const RopeConfig& rope, int64_t head_dim, const std::vector<float>& pos_freqs, RopeTables* out) {
+  const double dim = static_cast<double>(head_dim), base = rope.theta;
+  const double original = static_cast<double>(rope.original_max_position_embeddings);
+  auto correction_dim = [&](double rotations) {
+    return (dim * std::log(original / (rotations * 2.0 * 3.14159265358979323846))) / (2.0 * std::log(base));
+  };
+  double low = correction_dim(rope.beta_fast), high = correction_dim(rope.beta_slow);
+  if (rope.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1.0);
+  if (low == high) high += 0.001;  // transformers' guard against a zero-width ramp
+  const float low_f = static_cast<float>(low), width = static_cast<float>(high - low);
+  const float factor = rope.factor;
+  for (size_t i = 0; i < pos_freqs.size(); ++i) {
+    const float ramp = std::clamp(f32(f32(static_cast<float>(i) - low_f) / width), 0.0f, 1.0f);
+    const float extrapolation_weight = f32(1.0f - ramp);
+    const float extrapolated = out->inv_freq[i];
+    const float interpolated = f32(1.0f / f32(factor * pos_freqs[i]));
+    out->inv_freq[i] = f32(f32(interpolated * f32(1.0f - extrapolation_weight)) + f32(extrapolated * extrapolation_weight));
+  }
+  out->attention_scaling = rope.attention_factor;
+}
+
 }  // namespace
+
+int64_t ModelConfig::context_length() const {
+  if (rope.type != "yarn") return max_position_embeddings;
+  const double extended = static_cast<double>(rope.original_max_position_embeddings) * static_cast<double>(rope.factor);
+  return extended > static_cast<double>(max_position_embeddings) ? static_cast<int64_t>(extended) : max_position_embeddings;
+}
+
+const char* ModelConfig::context_length_source() const {
+  return context_length() > max_position_embeddings ? "YaRN's original_max_position_embeddings x factor"
+                                                      : "max_position_embeddings";
+}
 
 Result<ModelConfig> parse_model_config(const json& j, const std::string& source_name) {
   ModelConfig c;
@@ -427,13 +514,19 @@ RopeTables compute_rope_inv_freq(const RopeConfig& rope, int64_t head_dim) {
 
   // transformers: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), all in f32; the scalar
   // base is rounded to f32 and powf is emulated by a double pow rounded once to f32.
+  std::vector<float> pos_freqs(static_cast<size_t>(half));
+  const double base_f32 = static_cast<double>(static_cast<float>(rope.theta));
   for (int64_t i = 0; i < half; ++i) {
     float exponent = f32(static_cast<float>(2 * i) / static_cast<float>(head_dim));
-    float p = static_cast<float>(std::pow(static_cast<double>(rope.theta), static_cast<double>(exponent)));
-    out.inv_freq[static_cast<size_t>(i)] = f32(1.0f / p);
+    pos_freqs[static_cast<size_t>(i)] = static_cast<float>(std::pow(base_f32, static_cast<double>(exponent)));
+    out.inv_freq[static_cast<size_t>(i)] = f32(1.0f / pos_freqs[static_cast<size_t>(i)]);
   }
 
   if (rope.type == "default") return out;
+  if (rope.type == "yarn") {
+    yarn_inv_freq(rope, head_dim, pos_freqs, &out);
+    return out;
+  }
   if (rope.type == "linear") {
     for (float& f : out.inv_freq) f = f32(f / rope.factor);
     return out;

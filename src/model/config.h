@@ -23,20 +23,27 @@ enum class Architecture { llama, mistral, qwen2, qwen3 };
 // "llama", "mistral", "qwen2", "qwen3".
 const char* architecture_name(Architecture a);
 
-// Rotary position embedding parameters. `type` is "default", "linear" or "llama3" (others are
-// rejected by the parser). factor is used by linear and llama3; low_freq_factor,
-// high_freq_factor and original_max_position_embeddings only by llama3.
+// Rotary position embedding parameters. `type` is "default", "linear", "llama3" or "yarn" (others
+// are rejected by the parser). factor is used by linear, llama3 and yarn; low_freq_factor and
+// high_freq_factor by llama3; original_max_position_embeddings by llama3 and yarn; the rest by yarn
+// only, with transformers' defaults applied by the parser.
 struct RopeConfig {
-  float theta = 10000.0f;
+  double theta = 10000.0;  // as written; the inverse frequencies use it rounded to f32, like torch
   std::string type = "default";
   float factor = 1.0f;
   float low_freq_factor = 0.0f;
   float high_freq_factor = 0.0f;
   int64_t original_max_position_embeddings = 0;
+  float attention_factor = 1.0f;  // yarn: cos/sin scale, given or derived from factor, mscale, mscale_all_dim
+  double beta_fast = 32.0;        // yarn: the correction range's rotation counts
+  double beta_slow = 1.0;
+  bool truncate = true;  // yarn: the correction range rounded outward to whole dimensions
+
+  bool operator==(const RopeConfig&) const = default;
 };
 
 // What the rope kernel needs: inv_freq[head_dim / 2] (already scaled for the rope type) and the
-// factor cos/sin are multiplied by (1.0 for default, linear and llama3).
+// factor cos/sin are multiplied by (yarn's attention factor; 1.0 for the other types).
 struct RopeTables {
   std::vector<float> inv_freq;
   float attention_scaling = 1.0f;
@@ -54,6 +61,13 @@ struct ModelConfig {
   int64_t num_key_value_heads = 0;  // == num_attention_heads when config.json has none
   int64_t head_dim = 0;             // explicit "head_dim", else hidden_size / num_attention_heads
   int64_t max_position_embeddings = 0;
+  // The longest sequence kiln runs the model on: max_position_embeddings, or with YaRN
+  // original_max_position_embeddings x factor where that is longer (Qwen's long-context configs
+  // keep max_position_embeddings at the pretraining length and add the scaling; vLLM derives the
+  // same length).
+  int64_t context_length() const;
+  // Where context_length() comes from, for messages: "max_position_embeddings" or YaRN's product.
+  const char* context_length_source() const;
   float rms_norm_eps = 1e-6f;  // f32, as torch adds it to an f32 variance
 
   bool tie_word_embeddings = false;  // lm_head shares embed_tokens' weight

@@ -29,7 +29,7 @@ struct TrainExample {
 
 // Reads and validates every line; errors name the file and line: not JSON, not an object, missing
 // or empty input_ids, non-integer entries, ids or labels outside the vocabulary (labels may be
-// -100), length mismatches, negative positions, sequences longer than max_position_embeddings.
+// -100), length mismatches, negative positions, sequences longer than the context length.
 // Blank lines are skipped.
 Result<std::vector<TrainExample>> read_training_jsonl(const std::string& path, const ModelConfig& config);
 

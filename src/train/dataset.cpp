@@ -67,10 +67,10 @@ class ShardData final : public TrainingData {
       data->format_ = meta.at("data_format").get<std::string>();
       const int64_t seq_len = meta.at("seq_len").get<int64_t>();
       data->seq_len_ = seq_len;
-      if (seq_len > config.max_position_embeddings)
+      if (seq_len > config.context_length())
         return invalid_argument("'" + dir + "' was packed into rows of " + std::to_string(seq_len) +
-                                " tokens; the model takes at most " + std::to_string(config.max_position_embeddings) +
-                                " (max_position_embeddings): preprocess again with a smaller --seq-len");
+                                " tokens; the model takes at most " + std::to_string(config.context_length()) + " (" +
+                                config.context_length_source() + "): preprocess again with a smaller --seq-len");
       const std::string tok_sha = meta.at("tokenizer").at("sha256").get<std::string>();
       Result<std::string> model_sha = sha256_file((fs::path(model_dir) / "tokenizer.json").string());
       if (model_sha.ok() && *model_sha != tok_sha)

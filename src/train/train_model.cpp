@@ -130,10 +130,9 @@ Result<DeviceBatch> TrainModel::upload(const HostBatch& hb) const {
     if (hb.targets[i] != kIgnore && (hb.targets[i] < 0 || hb.targets[i] >= V))
       return invalid_argument("label " + std::to_string(hb.targets[i]) + " is outside the vocabulary [0, " +
                               std::to_string(V) + ") and is not -100");
-    if (hb.positions[i] < 0 || hb.positions[i] >= config_.max_position_embeddings)
-      return invalid_argument("position " + std::to_string(hb.positions[i]) +
-                              " is outside the model's range [0, max_position_embeddings = " +
-                              std::to_string(config_.max_position_embeddings) + ")");
+    if (hb.positions[i] < 0 || hb.positions[i] >= config_.context_length())
+      return invalid_argument("position " + std::to_string(hb.positions[i]) + " is outside the model's range [0, " +
+                              config_.context_length_source() + " = " + std::to_string(config_.context_length()) + ")");
   }
   auto ints = [&](const std::vector<int32_t>& v) -> Result<TensorBuffer> {
     TensorBuffer h = host_empty(Shape{static_cast<int64_t>(v.size())}, DType::i32);

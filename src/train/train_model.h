@@ -110,7 +110,7 @@ class TrainModel {
   ParameterSet& params() { return params_; }
   const ParameterSet& params() const { return params_; }
 
-  // Validates (ids and targets within the vocabulary, positions below max_position_embeddings,
+  // Validates (ids and targets within the vocabulary, positions below the context length,
   // sizes) and copies a batch to the device.
   Result<DeviceBatch> upload(const HostBatch& batch) const;
 

@@ -493,6 +493,32 @@ TEST_F(EngineTest, ContextLimitIsTheModels) {
   EXPECT_NE(s.status().message().find("context"), std::string::npos) << s.status().message();
 }
 
+// YaRN over 64 pretraining positions x 4: the engine runs 256 (max_position_embeddings is 64), and
+// a prompt past 64 decodes the tokens the reference's full forward picks.
+TEST_F(EngineTest, YarnContextIsTheExtendedOne) {
+  load("tiny-qwen3-yarn");
+  EngineOptions o;
+  o.kv_tokens = 1024;
+  std::unique_ptr<Engine> e = engine(o);
+  EXPECT_EQ(e->max_sequence_tokens(), 256);
+  GenerationRequest r;
+  r.prompt = golden_ints("tiny-qwen3-yarn", "seq_a.input_ids");  // 150 tokens
+  r.prompt.pop_back();
+  r.max_tokens = 1;
+  r.ignore_eos = true;
+  Outcome out = drain(**e->submit(r));
+  const std::vector<float> logits = golden_floats("tiny-qwen3-yarn", "seq_a.logits");
+  const int64_t vocab = 384, row = static_cast<int64_t>(r.prompt.size()) - 1;
+  const auto first = logits.begin() + row * vocab;
+  ASSERT_EQ(out.ids.size(), 1u);
+  EXPECT_EQ(out.ids[0], std::max_element(first, first + vocab) - first);
+  r.max_tokens = 256 - static_cast<int32_t>(r.prompt.size()) + 1;
+  Result<std::shared_ptr<RequestStream>> refused = e->submit(r);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("model's context of 256 tokens"), std::string::npos)
+      << refused.status().message();
+}
+
 TEST_F(EngineTest, SteadyStateDecodeAllocatesNothing) {
   load("tiny-llama");
   EngineOptions o;

@@ -16,10 +16,11 @@ TEST_P(GoldenCpu, MatchesTransformers) {
 
 // tiny-llama and tiny-qwen2 come from ../shared/fixtures; the others from
 // tests/reference/make_model_fixtures.py (Qwen3 q/k norms with an explicit head_dim, a sharded
-// Mistral checkpoint, Llama with q/k/v/o and MLP biases and linear RoPE, a bf16-stored Qwen2).
+// Mistral checkpoint, Llama with q/k/v/o and MLP biases and linear RoPE, a bf16-stored Qwen2);
+// tiny-qwen3-yarn from tests/reference/make_rope_fixtures.py (YaRN, seq_a past the pretraining context).
 INSTANTIATE_TEST_SUITE_P(Models, GoldenCpu,
                          testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-llama-biased",
-                                         "tiny-qwen2-bf16"),
+                                         "tiny-qwen2-bf16", "tiny-qwen3-yarn"),
                          [](const testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            for (char& ch : name)

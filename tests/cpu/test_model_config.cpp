@@ -324,8 +324,8 @@ TEST(ModelConfigErrors, WrongTypesAndValues) {
 }
 
 TEST(ModelConfigErrors, Rope) {
-  expect_config_error([](json& j) { j["rope_parameters"]["rope_type"] = "yarn"; },
-                      {"yarn", "rope_parameters.rope_type", "llama3"}, StatusCode::unsupported);
+  expect_config_error([](json& j) { j["rope_parameters"]["rope_type"] = "longrope"; },
+                      {"longrope", "rope_parameters.rope_type", "llama3", "yarn"}, StatusCode::unsupported);
   expect_config_error([](json& j) { j["rope_parameters"]["rope_type"] = "dynamic"; }, {"dynamic"},
                       StatusCode::unsupported);
   expect_config_error([](json& j) { j["rope_parameters"].erase("low_freq_factor"); },
@@ -337,15 +337,15 @@ TEST(ModelConfigErrors, Rope) {
   expect_config_error(
       [](json& j) {
         j = to_transformers4(j, true);
-        j["rope_scaling"]["type"] = "yarn";
+        j["rope_scaling"]["type"] = "su";
       },
-      {"yarn", "rope_scaling.type"}, StatusCode::unsupported);
+      {"su", "rope_scaling.type"}, StatusCode::unsupported);
   expect_config_error(
       [](json& j) {
         j = to_transformers4(j, false);
-        j["rope_scaling"].erase("original_max_position_embeddings");
+        j["rope_scaling"]["original_max_position_embeddings"] = -5;
       },
-      {"'rope_scaling.original_max_position_embeddings'", "missing"}, StatusCode::invalid_argument);
+      {"'rope_scaling.original_max_position_embeddings'", "within"}, StatusCode::invalid_argument);
   expect_config_error([](json& j) { j["rope_parameters"]["rope_theta"] = -1.0; }, {"rope_theta", "positive"},
                       StatusCode::invalid_argument);
 }

@@ -26,7 +26,7 @@ TEST(GoldenGpu, TinyQwen2) {
 // full forwards over the reference continuation.
 TEST(GoldenGpu, MoreArchitectures) {
   KILN_REQUIRE_GPU(be);
-  for (const char* model : {"tiny-qwen3", "tiny-mistral", "tiny-llama-biased", "tiny-qwen2-bf16"}) {
+  for (const char* model : {"tiny-qwen3", "tiny-mistral", "tiny-llama-biased", "tiny-qwen2-bf16", "tiny-qwen3-yarn"}) {
     SCOPED_TRACE(model);
     check_golden_model(*be, model, 2e-2, GreedyCheck::until_near_tie);
   }
@@ -36,7 +36,8 @@ TEST(GoldenGpu, MoreArchitectures) {
 // tokens are fed back (teacher forcing), eagerly and through the captured graphs.
 TEST(GoldenGpu, TeacherForcedDecode) {
   KILN_REQUIRE_GPU(be);
-  for (const char* model : {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-llama-biased", "tiny-qwen2-bf16"})
+  for (const char* model : {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-llama-biased", "tiny-qwen2-bf16",
+                            "tiny-qwen3-yarn"})
     for (bool graphs : {false, true}) {
       SCOPED_TRACE(std::string(model) + (graphs ? " graphs" : " eager"));
       const double worst = check_teacher_forced_decode(*be, model, 2e-2, graphs);
