@@ -53,6 +53,12 @@ TEST(TrainGolden, TinyLlamaBiased) {
   check_training_golden(*be, "tiny-llama-biased", "tiny-llama-biased/train_golden.safetensors", "train", kCpuF32);
 }
 
+// YaRN (tests/reference/make_rope_fixtures.py): rows of 120 tokens, past the 64 pretraining positions.
+TEST(TrainGolden, TinyQwen3Yarn) {
+  auto be = make_cpu_backend();
+  check_training_golden(*be, "tiny-qwen3-yarn", "tiny-qwen3-yarn/train_golden.safetensors", "train", kCpuF32);
+}
+
 TEST(TrainGolden, TinyMistral) {
   auto be = make_cpu_backend();
   check_training_golden(*be, "tiny-mistral", "tiny-mistral/train_golden.safetensors", "train", kCpuF32);

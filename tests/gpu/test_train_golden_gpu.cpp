@@ -33,7 +33,7 @@ TEST(TrainGoldenGpu, TinyLlamaPackedDocuments) {
 
 TEST(TrainGoldenGpu, MoreArchitectures) {
   KILN_REQUIRE_GPU(be);
-  for (const char* model : {"tiny-qwen3", "tiny-llama-biased", "tiny-mistral"})
+  for (const char* model : {"tiny-qwen3", "tiny-llama-biased", "tiny-mistral", "tiny-qwen3-yarn"})
     check_training_golden(*be, model, std::string(model) + "/train_golden.safetensors", "train", kGpuBf16);
 }
 

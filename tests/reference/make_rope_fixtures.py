@@ -10,7 +10,10 @@
 - testdata/tiny-qwen3-yarn/: a random Qwen3 checkpoint with YaRN (factor 4 over 64 pretraining
   positions, max_position_embeddings 64) and golden.safetensors in the format of
   make_model_fixtures.py, whose seq_a is 150 tokens: past the pretraining context, within the
-  extended one.
+  extended one; train_golden.safetensors: a 2 x 120 training batch (row 1's first 6 labels masked)
+  with its loss, every gradient, the parameters after one AdamW step (lr 1e-2, betas (0.9, 0.95),
+  eps 1e-8, weight decay 0.1) and the loss after it, as tests/reference/make_train_fixtures.py makes
+  them.
 
 Run on a machine with torch and transformers (the CPU machine's venv works):
   python3 tests/reference/make_rope_fixtures.py
@@ -22,7 +25,7 @@ import os
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import AutoConfig, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -140,7 +143,23 @@ def tiny_model():
                "stored_dtype": "torch.float32", "sharded": False,
                "note": "YaRN factor 4 over 64 pretraining positions; seq_a is 150 tokens"},
               open(os.path.join(d, "golden.json"), "w"), indent=1)
+    train_golden(d)
     print("tiny-qwen3-yarn", sorted(os.listdir(d)))
+
+
+def train_golden(d):
+    torch.manual_seed(777)
+    m = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").float()
+    m.train(); m.zero_grad()
+    g = {}
+    ids = torch.randint(3, m.config.vocab_size, (2, 120)); labels = ids.clone(); labels[1, :6] = -100
+    loss = m(ids, labels=labels).loss; loss.backward()
+    g["train.input_ids"] = ids.int(); g["train.labels"] = labels.int(); g["train.loss"] = loss.detach().reshape(1)
+    g.update({"grad." + n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None})
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1); opt.step()
+    for n, p in m.named_parameters(): g["adamw_step1." + n] = p.detach().clone()
+    with torch.no_grad(): g["train.loss_after_step1"] = m(ids, labels=labels).loss.reshape(1)
+    save_file({k: v.contiguous() for k, v in g.items()}, os.path.join(d, "train_golden.safetensors"))
 
 
 if __name__ == "__main__":
