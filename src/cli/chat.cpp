@@ -33,6 +33,7 @@ Runner add_chat(CLI::App& app) {
   f->sampling.add(c);
   c->add_flag("--json", f->json, "print one JSON object per turn (prompt, ids, reply) instead of streaming");
   f->engine.add(c);
+  f->engine.add_generation_config(c);
   return [f]() -> int {
     if (f->model.model_dir.empty()) return fail(invalid_argument("kiln chat needs --model DIR"));
     GenerationRequest base;
@@ -43,6 +44,7 @@ Runner add_chat(CLI::App& app) {
     Result<std::unique_ptr<EngineSession>> started = start_engine(f->model, f->engine, /*need_text=*/true);
     if (!started.ok()) return fail(started.status());
     EngineSession& s = **started;
+    f->sampling.prefer_model_defaults(s.sampling_defaults, &base);
     Result<const ChatTemplate*> tmpl = s.text->chat_template(f->template_name, false);
     if (!tmpl.ok()) return fail(tmpl.status());
 

@@ -67,9 +67,10 @@ void ModelFlags::add(CLI::App* cmd, const std::string& default_model) {
 }
 
 void SamplingFlags::add(CLI::App* cmd) {
-  cmd->add_option("--temperature", temperature, "sampling temperature; 0 is greedy")->capture_default_str();
-  cmd->add_option("--top-k", top_k, "keep the k most likely tokens (0: all)")->capture_default_str();
-  cmd->add_option("--top-p", top_p, "nucleus sampling mass")->capture_default_str();
+  temperature_option_ =
+      cmd->add_option("--temperature", temperature, "sampling temperature; 0 is greedy")->capture_default_str();
+  top_k_option_ = cmd->add_option("--top-k", top_k, "keep the k most likely tokens (0: all)")->capture_default_str();
+  top_p_option_ = cmd->add_option("--top-p", top_p, "nucleus sampling mass")->capture_default_str();
   CLI::Option* opt = cmd->add_option("--seed", seed, seed.empty() ? "sampling seed (default: random)" : "sampling seed");
   if (!seed.empty()) opt->capture_default_str();
 }
@@ -88,6 +89,14 @@ Status SamplingFlags::apply(GenerationRequest* r) const {
     KILN_ASSIGN_OR_RETURN(r->seed, parse_u64(seed, "--seed"));
   }
   return Status::Ok();
+}
+
+void SamplingFlags::prefer_model_defaults(const SamplingDefaults& d, GenerationRequest* r) const {
+  const GenerationRequest flags = *r;
+  d.apply(r);
+  if (temperature_option_ && temperature_option_->count() > 0) r->temperature = flags.temperature;
+  if (top_k_option_ && top_k_option_->count() > 0) r->top_k = flags.top_k;
+  if (top_p_option_ && top_p_option_->count() > 0) r->top_p = flags.top_p;
 }
 
 Result<uint64_t> parse_u64(const std::string& text, const char* flag) {

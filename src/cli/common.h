@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "infer/engine.h"
+#include "infer/sampling_defaults.h"
 #include "kernels/ops.h"
 #include "model/model_text.h"
 #include "model/transformer.h"
@@ -49,6 +50,14 @@ struct SamplingFlags {
   void add(CLI::App* cmd);
   // Sets the request's sampling fields; a random seed when --seed was not given.
   Status apply(GenerationRequest* request) const;
+  // The model's recommended sampling (generation_config.json) where --temperature, --top-k and
+  // --top-p were not given, and its min_p and repetition_penalty.
+  void prefer_model_defaults(const SamplingDefaults& defaults, GenerationRequest* request) const;
+
+ private:
+  CLI::Option* temperature_option_ = nullptr;
+  CLI::Option* top_k_option_ = nullptr;
+  CLI::Option* top_p_option_ = nullptr;
 };
 
 // Prints decoded text to stdout as tokens arrive (only complete UTF-8; special tokens skipped).

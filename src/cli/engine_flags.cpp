@@ -1,5 +1,6 @@
 #include "cli/engine_flags.h"
 
+#include <cstdio>
 #include <filesystem>
 
 namespace kiln::cli {
@@ -20,6 +21,16 @@ void EngineFlags::add(CLI::App* cmd) {
                 "planning with the device)");
 }
 
+void EngineFlags::add_generation_config(CLI::App* cmd) {
+  generation_config = "auto";
+  cmd->add_option("--generation-config", generation_config,
+                  "auto: the sampling parameters the model folder's generation_config.json recommends (temperature, "
+                  "top_k, top_p, min_p, repetition_penalty, max_new_tokens) where a request leaves them out; none: "
+                  "kiln's own defaults")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
+}
+
 EngineOptions EngineFlags::engine_options() const {
   EngineOptions o = options;
   o.prefix_cache = !no_prefix_cache;
@@ -35,6 +46,12 @@ Result<std::unique_ptr<EngineSession>> start_engine(const ModelFlags& model_flag
   if (need_text || has_tokenizer) {
     KILN_ASSIGN_OR_RETURN(ModelText text, ModelText::load(model_flags.model_dir));
     s->text = std::move(text);
+  }
+  if (engine_flags.generation_config == "auto" && !model_flags.model_dir.empty()) {
+    KILN_ASSIGN_OR_RETURN(s->sampling_defaults, load_sampling_defaults(model_flags.model_dir));
+    if (!s->sampling_defaults.empty())
+      std::fprintf(stderr, "kiln: sampling defaults from %s: %s (--generation-config none: kiln's own)\n",
+                   s->sampling_defaults.source.c_str(), s->sampling_defaults.describe().c_str());
   }
   KILN_ASSIGN_OR_RETURN(LoadedModel loaded, load_model(model_flags));
   s->backend = std::move(loaded.backend);

@@ -60,6 +60,7 @@ int run_generate(const GenerateFlags& f) {
   Result<std::unique_ptr<EngineSession>> started = start_engine(f.model, f.engine, f.prompt_given);
   if (!started.ok()) return fail(started.status());
   EngineSession& s = **started;
+  f.sampling.prefer_model_defaults(s.sampling_defaults, &request);
   if (f.prompt_given) {
     // The folder's tokenizer encodes the text as transformers' tokenizer(text) does (special tokens
     // added by the post-processor).
@@ -197,6 +198,7 @@ Runner add_generate(CLI::App& app) {
   requests->excludes(ids)->excludes(text)->excludes(text_file);
   g->add_option("--output", f->requests.output, "with --requests: write the results here instead of stdout")->needs(requests);
   f->engine.add(g);
+  f->engine.add_generation_config(g);
   return [f, g] {
     f->prompt_given = g->count("--prompt") > 0 || g->count("--prompt-file") > 0;
     if (f->json && !f->prompt_given) return fail(invalid_argument("--json requires --prompt or --prompt-file"));

@@ -70,6 +70,7 @@ Result<Parsed> parse_line(const std::string& text, const EngineSession& s, int32
   Parsed p;
   GenerationRequest& r = p.request;
   r.max_tokens = default_max_tokens;
+  s.sampling_defaults.apply(&r);  // the model's recommended sampling, where the line gives none
   const int sources = static_cast<int>(line.contains("prompt_ids")) + static_cast<int>(line.contains("prompt")) +
                       static_cast<int>(line.contains("messages"));
   if (sources != 1) return invalid_argument("give exactly one of 'prompt_ids', 'prompt' or 'messages'");

@@ -28,6 +28,7 @@ Runner add_run_batch(CLI::App& app) {
   f->model.add(c, "");
   c->get_option("--model")->required();
   f->engine.add(c);
+  f->engine.add_generation_config(c);
   f->serve.add(c);
   c->add_option("-i,--input", f->input, "batch input JSONL (custom_id, method, url, body); - for stdin")->required();
   c->add_option("-o,--output", f->output, "batch output JSONL; - for stdout")->required();
@@ -47,7 +48,8 @@ Runner add_run_batch(CLI::App& app) {
     Result<std::unique_ptr<EngineSession>> started = start_engine(f->model, f->engine, /*need_text=*/false);
     if (!started.ok()) return fail(started.status());
     EngineSession& s = **started;
-    serve::ServedModel served{s.engine.get(), s.text ? &*s.text : nullptr, f->model.model_dir, s.engine->max_sequence_tokens()};
+    serve::ServedModel served{s.engine.get(), s.text ? &*s.text : nullptr, f->model.model_dir, s.engine->max_sequence_tokens(),
+                                 s.sampling_defaults};
     Result<serve::ServeContext> ctx = serve::make_serve_context(served, f->serve.options);
     if (!ctx.ok()) return fail(ctx.status());
     const bool tty = isatty(STDERR_FILENO);

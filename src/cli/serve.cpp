@@ -46,7 +46,8 @@ int run_serve(const Flags& f, const CLI::App& cmd) {
   Result<std::unique_ptr<EngineSession>> started = start_engine(f.model, f.engine, /*need_text=*/false);
   if (!started.ok()) return fail(started.status());
   EngineSession& s = **started;
-  serve::ServedModel served{s.engine.get(), s.text ? &*s.text : nullptr, f.model.model_dir, s.engine->max_sequence_tokens()};
+  serve::ServedModel served{s.engine.get(), s.text ? &*s.text : nullptr, f.model.model_dir, s.engine->max_sequence_tokens(),
+                                 s.sampling_defaults};
   StopOnSignal stop("stopping: finishing open requests (again to quit now)");
   Result<std::unique_ptr<serve::Server>> server = serve::Server::start(served, o);
   if (!server.ok()) return fail(server.status());
@@ -74,6 +75,7 @@ Runner add_serve(CLI::App& app) {
   f->model.add(c, "");
   c->get_option("--model")->required();
   f->engine.add(c);
+  f->engine.add_generation_config(c);
   f->serve.add(c);
   serve::ServerOptions& o = f->serve.options;
   c->add_option("--host", o.host, "address to listen on (given explicitly, clients of other hosts may connect without a key)")

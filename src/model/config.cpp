@@ -295,6 +295,14 @@ Status parse_into(const json& j, const std::string& src, ModelConfig* c) {
   Reader r(j, src, "");
   KILN_RETURN_IF_ERROR(parse_architecture(j, src, c));
   const Architecture arch = c->architecture;
+  // Quantized checkpoints (FP8, AWQ, GPTQ, bitsandbytes ...) store other tensors than the weights
+  // kiln reads; say so before a missing-tensor error does.
+  if (const json* q = find_key(j, "quantization_config")) {
+    const json* method = q->is_object() ? find_key(*q, "quant_method") : nullptr;
+    return unsupported(src + ": the checkpoint is quantized (quantization_config" +
+                       (method && method->is_string() ? ", quant_method '" + method->get<std::string>() + "'" : "") +
+                       "); kiln reads float32, bfloat16 and float16 weights: use the model's unquantized checkpoint");
+  }
 
   KILN_RETURN_IF_ERROR(r.get_size("vocab_size", &c->vocab_size));
   KILN_RETURN_IF_ERROR(r.get_size("hidden_size", &c->hidden_size));

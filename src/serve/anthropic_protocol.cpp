@@ -50,7 +50,8 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
   const Json* system = f.get("system");
   KILN_ASSIGN_OR_RETURN(AnthropicConversation conv, template_messages_from_anthropic(system ? *system : Json(), *messages));
   GenerationRequest& r = job.request;
-  r.temperature = 1.0f;  // Anthropic's default
+  r.temperature = 1.0f;  // Anthropic's default, unless the model recommends otherwise
+  ctx.sampling_defaults.apply(&r);
   KILN_RETURN_IF_ERROR(f.read_float("temperature", &r.temperature, 0.0, 1.0));
   KILN_RETURN_IF_ERROR(f.read_float("top_p", &r.top_p, 1e-9, 1.0));
   KILN_RETURN_IF_ERROR(f.read_int("top_k", &r.top_k, 0, 1 << 30));

@@ -15,6 +15,7 @@
 
 #include "core/status.h"
 #include "infer/engine.h"
+#include "infer/sampling_defaults.h"
 #include "model/model_text.h"
 #include "serve/tool_calls.h"
 
@@ -57,6 +58,7 @@ struct ServeContext {
   ToolCallFormat tool_format = ToolCallFormat::none;
   bool mistral_args_form = false;    // Mistral v11+ calls: [TOOL_CALLS]name[ARGS]{...}
   int64_t context_length = 0;        // the longest prompt + completion
+  SamplingDefaults sampling_defaults;  // the model's recommended sampling, where a request gives none
   int32_t max_tokens_cap = 0;        // 0: none beyond the context
   int32_t max_n = 16;
 };

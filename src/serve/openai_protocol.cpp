@@ -32,10 +32,11 @@ Status read_common(FieldReader& f, const ServeContext& ctx, CompletionJob* job) 
     }
   }
   KILN_RETURN_IF_ERROR(f.read_int("n", &job->n, 1, ctx.max_n));
-  r.temperature = 1.0f;  // OpenAI's default
+  r.temperature = 1.0f;  // OpenAI's default, unless the model recommends otherwise
+  ctx.sampling_defaults.apply(&r);
   KILN_RETURN_IF_ERROR(f.read_float("temperature", &r.temperature, 0.0, 2.0));
   KILN_RETURN_IF_ERROR(f.read_float("top_p", &r.top_p, 1e-9, 1.0));
-  int32_t top_k = 0;
+  int32_t top_k = r.top_k;  // -1 (vLLM's "off") or 0
   KILN_RETURN_IF_ERROR(f.read_int("top_k", &top_k, -1, 1 << 30));
   r.top_k = top_k < 0 ? 0 : top_k;
   KILN_RETURN_IF_ERROR(f.read_float("min_p", &r.min_p, 0.0, 1.0));
@@ -94,7 +95,8 @@ Status fit_max_tokens(const ServeContext& ctx, CompletionJob* job, int32_t asked
                             " tokens. Please reduce the length of the prompt.");
   }
   int64_t asked = asked_tokens;
-  if (asked < 0) {  // not given: the default, what the context leaves, the server's cap
+  if (asked < 0) {  // not given: the default (the protocol's, else the model's), what the context leaves, the cap
+    if (default_max <= 0 && ctx.sampling_defaults.max_tokens) default_max = *ctx.sampling_defaults.max_tokens;
     asked = default_max > 0 ? std::min<int64_t>(default_max, room) : room;
     if (ctx.max_tokens_cap > 0) asked = std::min<int64_t>(asked, ctx.max_tokens_cap);
   } else if (ctx.max_tokens_cap > 0 && asked > ctx.max_tokens_cap) {

@@ -82,6 +82,7 @@ Result<ServeContext> make_serve_context(const ServedModel& model, const ServerOp
   ServeContext ctx;
   ctx.text = model.text;
   ctx.context_length = model.context_length > 0 ? model.context_length : model.engine->max_sequence_tokens();
+  ctx.sampling_defaults = model.sampling_defaults;
   ctx.max_tokens_cap = options.max_tokens_cap;
   ctx.max_n = options.max_n;
   ctx.template_name = options.chat_template;

@@ -47,6 +47,7 @@ struct ServedModel {
   const ModelText* text = nullptr;
   std::string model_dir;   // shown in /v1/models; the default served name is its last component
   int64_t context_length = 0;  // the longest prompt + completion (Engine::max_sequence_tokens)
+  SamplingDefaults sampling_defaults;  // for requests that leave sampling fields out
 };
 
 // The protocol parsers' view of the model (served name, tool-call format, limits); the server's

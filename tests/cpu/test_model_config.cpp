@@ -321,6 +321,9 @@ TEST(ModelConfigErrors, WrongTypesAndValues) {
   expect_config_error([](json& j) { j["hidden_act"] = "gelu"; }, {"hidden_act", "gelu", "silu"},
                       StatusCode::unsupported);
   expect_config_error([](json& j) { j["dtype"] = "float64"; }, {"dtype", "float64"}, StatusCode::unsupported);
+  expect_config_error([](json& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}}; },
+                      {"quantized", "'fp8'", "unquantized"}, StatusCode::unsupported);
+  expect_config_error([](json& j) { j["quantization_config"] = 3; }, {"quantized"}, StatusCode::unsupported);
 }
 
 TEST(ModelConfigErrors, Rope) {

@@ -177,6 +177,54 @@ TEST_F(ServeProtocol, StopTokenIdsOutsideInt32AreRefused) {
   EXPECT_NE(job("[4294967298]").status().message().find("4294967298"), std::string::npos);
 }
 
+// The model's recommended sampling (generation_config.json) where a request gives none; what a
+// request gives wins; max_new_tokens bounds chat completions that give no max_tokens (completions
+// keep OpenAI's 16).
+TEST_F(ServeProtocol, ModelSamplingDefaultsFillWhatRequestsLeaveOut) {
+  ServeContext c = ctx();
+  c.sampling_defaults.temperature = 0.6f;
+  c.sampling_defaults.top_k = 20;
+  c.sampling_defaults.top_p = 0.95f;
+  c.sampling_defaults.min_p = 0.05f;
+  c.sampling_defaults.repetition_penalty = 1.1f;
+  c.sampling_defaults.max_tokens = 7;
+  const std::string msgs = R"("messages": [{"role": "user", "content": "Hi"}])";
+  Result<CompletionJob> plain = parse_openai_chat(Json::parse(R"({"model": "tiny-tools", )" + msgs + "}"), c);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ(plain->request.temperature, 0.6f);
+  EXPECT_EQ(plain->request.top_k, 20);
+  EXPECT_EQ(plain->request.top_p, 0.95f);
+  EXPECT_EQ(plain->request.min_p, 0.05f);
+  EXPECT_EQ(plain->request.repetition_penalty, 1.1f);
+  EXPECT_EQ(plain->request.max_tokens, 7);
+  Result<CompletionJob> own = parse_openai_chat(
+      Json::parse(R"({"model": "tiny-tools", "temperature": 0.2, "top_k": 0, "top_p": 1, "min_p": 0,
+                      "repetition_penalty": 1, "max_tokens": 30, )" + msgs + "}"), c);
+  ASSERT_TRUE(own.ok()) << own.status().message();
+  EXPECT_EQ(own->request.temperature, 0.2f);
+  EXPECT_EQ(own->request.top_k, 0);
+  EXPECT_EQ(own->request.top_p, 1.0f);
+  EXPECT_EQ(own->request.min_p, 0.0f);
+  EXPECT_EQ(own->request.repetition_penalty, 1.0f);
+  EXPECT_EQ(own->request.max_tokens, 30);
+  Result<CompletionJob> completion = parse_openai_completion(Json::parse(R"({"model": "tiny-tools", "prompt": "Hi"})"), c);
+  ASSERT_TRUE(completion.ok()) << completion.status().message();
+  EXPECT_EQ(completion->request.temperature, 0.6f);
+  EXPECT_EQ(completion->request.max_tokens, 16);
+  Result<CompletionJob> anthropic =
+      parse_anthropic_messages(Json::parse(R"({"model": "tiny-tools", "max_tokens": 9, )" + msgs + "}"), c);
+  ASSERT_TRUE(anthropic.ok()) << anthropic.status().message();
+  EXPECT_EQ(anthropic->request.temperature, 0.6f);
+  EXPECT_EQ(anthropic->request.top_k, 20);
+  EXPECT_EQ(anthropic->request.max_tokens, 9);
+  // Without defaults: the protocols' own (temperature 1).
+  Result<CompletionJob> none = parse_openai_chat(Json::parse(R"({"model": "tiny-tools", )" + msgs + "}"), ctx());
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->request.temperature, 1.0f);
+  EXPECT_EQ(none->request.top_k, 0);
+  EXPECT_EQ(none->request.top_p, 1.0f);
+}
+
 TEST_F(ServeProtocol, AnthropicJob) {
   Result<CompletionJob> job = parse_anthropic_messages(Json::parse(R"({"model": "tiny-tools", "max_tokens": 9,
       "messages": [{"role": "user", "content": "Hi!"}], "stop_sequences": ["a", "b"], "top_k": 4,

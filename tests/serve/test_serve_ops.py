@@ -537,6 +537,41 @@ class ServerOptionsTest(unittest.TestCase):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_model_sampling_defaults(self):
+        # generation_config.json recommends greedy decoding and 3 new tokens: a request that names
+        # neither gets them (what an explicit request for them gets); --generation-config none
+        # restores OpenAI's defaults.
+        tmp = tempfile.mkdtemp()
+        try:
+            model = os.path.join(tmp, "tiny-tools")
+            shutil.copytree(MODEL, model)
+            with open(os.path.join(model, "generation_config.json"), "w") as f:
+                json.dump({"temperature": 0.0, "max_new_tokens": 3, "eos_token_id": 258, "pad_token_id": 256}, f)
+            plain = {"model": "tiny-tools", "messages": [{"role": "user", "content": "Hi!"}], "return_token_ids": True}
+            server = KilnServer(KILN, model)
+            try:
+                self.assertIn("sampling defaults from", server.read_log())
+                status, auto = request(server.url, "/v1/chat/completions", {**plain, "seed": 1})
+                self.assertEqual(status, 200, auto)
+                _, again = request(server.url, "/v1/chat/completions", {**plain, "seed": 2})
+                _, explicit = request(server.url, "/v1/chat/completions", {**plain, "temperature": 0, "max_tokens": 3})
+                self.assertEqual(auto["usage"]["completion_tokens"], 3)
+                self.assertEqual(auto["choices"][0]["finish_reason"], "length")
+                for other in (again, explicit):
+                    self.assertEqual(auto["choices"][0]["token_ids"], other["choices"][0]["token_ids"])
+                self.assertTrue(GREETING.startswith(auto["choices"][0]["message"]["content"]))
+            finally:
+                self.assertEqual(server.stop(), 0)
+            server = KilnServer(KILN, model, "--generation-config", "none")
+            try:
+                self.assertNotIn("sampling defaults from", server.read_log())
+                status, body = request(server.url, "/v1/chat/completions", {**plain, "temperature": 0})
+                self.assertEqual((status, body["choices"][0]["message"]["content"]), (200, GREETING))
+            finally:
+                self.assertEqual(server.stop(), 0)
+        finally:
+            shutil.rmtree(tmp)
+
     def test_token_and_context_limits(self):
         # --kv-tokens 128 makes a KV pool of 128 tokens, and so the context (prompt + completion) 128;
         # --max-tokens-limit 5 caps what a request may ask for and what it gets by default.
