@@ -160,6 +160,20 @@ int run_info(const InfoFlags& f) {
   j["config_dtype"] = dtype_name(c.dtype);
   j["checkpoint"] = checkpoint_info(c, f.model_dir);
   j["text"] = text_info(f.model_dir);
+  // The sampling the model's generation_config.json recommends (what generate, chat and serve use
+  // for fields a request leaves out; infer/sampling_defaults.h).
+  if (Result<SamplingDefaults> d = load_sampling_defaults(f.model_dir); !d.ok()) {
+    j["sampling_defaults"] = {{"error", d.status().message()}};
+  } else {
+    nlohmann::ordered_json s = nlohmann::ordered_json::object();
+    if (d->temperature) s["temperature"] = f32_json(*d->temperature);
+    if (d->top_k) s["top_k"] = *d->top_k;
+    if (d->top_p) s["top_p"] = f32_json(*d->top_p);
+    if (d->min_p) s["min_p"] = f32_json(*d->min_p);
+    if (d->repetition_penalty) s["repetition_penalty"] = f32_json(*d->repetition_penalty);
+    if (d->max_tokens) s["max_new_tokens"] = *d->max_tokens;
+    j["sampling_defaults"] = s;
+  }
   // What kiln needs: the CPU computes in f32, CUDA in bf16. Training keeps f32 master weights,
   // gradients and two AdamW moments (and on CUDA the bf16 copy the kernels read); activations come
   // on top and depend on the batch.
@@ -184,7 +198,10 @@ int run_info(const InfoFlags& f) {
               c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
               c.head_dim, c.qk_norm ? ", q/k norm" : "", c.attention_bias ? ", q/k/v bias" : "");
   std::printf("vocabulary     %" PRId64 "%s\n", c.vocab_size, c.tie_word_embeddings ? " (embeddings tied)" : "");
-  std::printf("context        %" PRId64 " tokens%s\n", c.context_length(),
+  std::printf("context        %" PRId64 " tokens%s%s\n", c.context_length(),
+              c.context_length() > c.max_position_embeddings
+                  ? (" (YaRN: " + std::to_string(c.rope.original_max_position_embeddings) + " x factor)").c_str()
+                  : "",
               c.sliding_window > 0 ? (", sliding window " + std::to_string(c.sliding_window)).c_str() : "");
   std::printf("rope           %s, theta %g%s\n", c.rope.type.c_str(), c.rope.theta,
               c.rope.type == "default" ? "" : (", factor " + std::to_string(c.rope.factor)).c_str());
@@ -196,6 +213,13 @@ int run_info(const InfoFlags& f) {
   std::printf("checkpoint     %s%s%s\n", dtypes.empty() ? "none" : dtypes.c_str(),
               ck.contains("bytes") ? (", " + human_bytes(ck["bytes"].get<double>())).c_str() : "",
               ck.value("matches_config", false) ? "" : "; does not load: see --json's checkpoint.error");
+  if (j["sampling_defaults"].contains("error")) {
+    std::printf("sampling       %s\n", j["sampling_defaults"]["error"].get<std::string>().c_str());
+  } else if (!j["sampling_defaults"].empty()) {
+    std::string s;
+    for (const auto& [key, v] : j["sampling_defaults"].items()) s += (s.empty() ? "" : ", ") + key + " " + v.dump();
+    std::printf("sampling       %s (generation_config.json)\n", s.c_str());
+  }
   const nlohmann::ordered_json& tx = j["text"];
   if (tx.contains("vocab_size")) {
     std::string special;

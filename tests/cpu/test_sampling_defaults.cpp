@@ -99,6 +99,10 @@ TEST_F(SamplingDefaultsCli, GenerateUsesTheModelsRecommendation) {
   ASSERT_EQ(penalised.size(), 12u);
   EXPECT_NE(penalised, plain) << "the penalty should change this greedy continuation";
   EXPECT_EQ(generate(" --generation-config none"), plain);
+  RunResult info = run_kiln("info --json --model " + model_.string());
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_EQ(nlohmann::json::parse(info.stdout_only)["sampling_defaults"],
+            nlohmann::json::parse(R"({"temperature": 0.0, "repetition_penalty": 50.0})"));
 
   // --requests: a line without the field takes the model's; a line with it keeps its own.
   const std::string file = tmp_.file("requests.jsonl",
@@ -123,6 +127,9 @@ TEST_F(SamplingDefaultsCli, BadFileIsAClearErrorUnlessTurnedOff) {
   EXPECT_NE(r.output.find("'temperature'"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--generation-config none"), std::string::npos) << r.output;
   EXPECT_EQ(generate(" --generation-config none").size(), 12u);
+  RunResult info = run_kiln("info --model " + model_.string());  // kiln info reports it and runs on
+  EXPECT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("'temperature'"), std::string::npos) << info.output;
 }
 
 }  // namespace
