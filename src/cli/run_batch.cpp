@@ -49,7 +49,7 @@ Runner add_run_batch(CLI::App& app) {
     if (!started.ok()) return fail(started.status());
     EngineSession& s = **started;
     serve::ServedModel served{s.engine.get(), s.text ? &*s.text : nullptr, f->model.model_dir, s.engine->max_sequence_tokens(),
-                                 s.sampling_defaults};
+                              s.sampling_defaults};
     Result<serve::ServeContext> ctx = serve::make_serve_context(served, f->serve.options);
     if (!ctx.ok()) return fail(ctx.status());
     const bool tty = isatty(STDERR_FILENO);

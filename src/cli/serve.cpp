@@ -47,7 +47,7 @@ int run_serve(const Flags& f, const CLI::App& cmd) {
   if (!started.ok()) return fail(started.status());
   EngineSession& s = **started;
   serve::ServedModel served{s.engine.get(), s.text ? &*s.text : nullptr, f.model.model_dir, s.engine->max_sequence_tokens(),
-                                 s.sampling_defaults};
+                              s.sampling_defaults};
   StopOnSignal stop("stopping: finishing open requests (again to quit now)");
   Result<std::unique_ptr<serve::Server>> server = serve::Server::start(served, o);
   if (!server.ok()) return fail(server.status());

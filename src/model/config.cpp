@@ -430,7 +430,6 @@ inline float f32(float x) {
   return v;
 }
 
-
 // transformers' _compute_yarn_parameters, op by op: the correction range in double (Python
 // floats), the ramp and the blend of interpolated and extrapolated frequencies in f32.
 void yarn_inv_freq(const RopeConfig& rope, int64_t head_dim, const std::vector<float>& pos_freqs, RopeTables* out) {
