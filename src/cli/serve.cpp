@@ -20,6 +20,10 @@ void ServeFlags::add(CLI::App* c) {
   c->add_option("--tool-call-parser", options.tool_call_format,
                 "how the model writes tool calls: auto (from the chat template), hermes, llama3_json, mistral, none")
       ->capture_default_str();
+  c->add_option("--reasoning-parser", options.reasoning_parser,
+                "split <think> blocks from chat replies into reasoning_content (Anthropic: thinking blocks): qwen3 "
+                "or deepseek_r1 (one splitter), auto (when the vocabulary has <think> and </think>), none")
+      ->capture_default_str();
   c->add_option("--max-tokens-limit", options.max_tokens_cap, "the most tokens a request may ask for per completion (more is refused; also the default "
                 "when it asks none; 0: the context)")
       ->capture_default_str();
@@ -52,9 +56,10 @@ int run_serve(const Flags& f, const CLI::App& cmd) {
   Result<std::unique_ptr<serve::Server>> server = serve::Server::start(served, o);
   if (!server.ok()) return fail(server.status());
   Result<serve::ServeContext> ctx = serve::make_serve_context(served, o);
-  std::fprintf(stderr, "kiln: serving %s on %s (context %lld tokens, tool calls: %s%s)\n", ctx->model_name.c_str(),
+  std::fprintf(stderr, "kiln: serving %s on %s (context %lld tokens, tool calls: %s%s%s)\n", ctx->model_name.c_str(),
                (*server)->url().c_str(), static_cast<long long>(ctx->context_length),
-               serve::tool_call_format_name(ctx->tool_format), o.api_key.empty() ? ", no API key" : "");
+               serve::tool_call_format_name(ctx->tool_format), ctx->reasoning ? ", reasoning split" : "",
+               o.api_key.empty() ? ", no API key" : "");
   std::fprintf(stderr, "kiln: web chat at %s/  OpenAI API at %s/v1  metrics at %s/metrics\n", (*server)->url().c_str(),
                (*server)->url().c_str(), (*server)->url().c_str());
   if (o.api_key.empty() && !(*server)->loopback_only())

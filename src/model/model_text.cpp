@@ -177,9 +177,12 @@ Result<ChatTemplateInputs> ModelText::chat_inputs(const nlohmann::ordered_json& 
 }
 
 Result<std::string> ModelText::render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                                           bool add_generation_prompt, const std::string& template_name) const {
+                                           bool add_generation_prompt, const std::string& template_name,
+                                           const nlohmann::ordered_json& kwargs) const {
   KILN_ASSIGN_OR_RETURN(const ChatTemplate* tmpl, chat_template(template_name, !tools.is_null()));
   KILN_ASSIGN_OR_RETURN(ChatTemplateInputs in, chat_inputs(messages, tools, add_generation_prompt));
+  if (kwargs.is_object())
+    for (auto it = kwargs.begin(); it != kwargs.end(); ++it) in.extra[it.key()] = it.value();
   return apply_chat_template(*tmpl, in);
 }
 

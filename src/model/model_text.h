@@ -49,9 +49,11 @@ class ModelText {
   // An error, before anything is copied, when they nest deeper than the template limits allow.
   Result<ChatTemplateInputs> chat_inputs(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                          bool add_generation_prompt) const;
-  // apply_chat_template(messages, tools, add_generation_prompt, tokenize=False).
+  // apply_chat_template(messages, tools, add_generation_prompt, tokenize=False, **kwargs), the
+  // object `kwargs` (null: none) overriding the special tokens' variables as transformers' do.
   Result<std::string> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                                  bool add_generation_prompt, const std::string& template_name = "") const;
+                                  bool add_generation_prompt, const std::string& template_name = "",
+                                  const nlohmann::ordered_json& kwargs = nullptr) const;
 
  private:
   std::string source_;

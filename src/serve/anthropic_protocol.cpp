@@ -1,6 +1,7 @@
 #include "serve/anthropic_protocol.h"
 
 #include "serve/chat_messages.h"
+#include "serve/reasoning.h"
 #include "serve/request_fields.h"
 
 namespace kiln::serve {
@@ -62,9 +63,21 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
   if (const Json* tier = f.get("service_tier"))
     if (!(tier->is_string() && (*tier == "auto" || *tier == "standard_only")))
       return invalid_argument("service_tier: must be 'auto' or 'standard_only'");
-  if (const Json* thinking = f.get("thinking"))
-    if (string_member(*thinking, "type") != "disabled")
-      return unsupported("thinking: extended thinking is not supported by kiln yet");
+  if (const Json* thinking = f.get("thinking")) {
+    const std::string type = string_member(*thinking, "type");
+    if (type == "enabled") {
+      // The model's <think> block, split off by the server's reasoning parser; kiln does not cut
+      // the thinking at budget_tokens (max_tokens bounds the whole reply).
+      if (!ctx.reasoning)
+        return unsupported("thinking: this server splits no reasoning; start kiln serve with --reasoning-parser "
+                           "auto|qwen3|deepseek_r1 for a model that thinks in <think> blocks");
+      const Json* budget = thinking->is_object() && thinking->contains("budget_tokens") ? &(*thinking)["budget_tokens"] : nullptr;
+      if (!budget || !integer_within(*budget, 1024, static_cast<int64_t>(max_tokens) - 1))
+        return invalid_argument("thinking.budget_tokens: an integer >= 1024 and below max_tokens is required");
+    } else if (type != "disabled") {
+      return invalid_argument("thinking.type: must be 'enabled' or 'disabled'");
+    }
+  }
   // Tools.
   Json tools;
   const Json* tool_list = f.get("tools");
@@ -114,6 +127,8 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
     return invalid_argument("prompt is too long: " + std::to_string(prompt.ids.size()) + " tokens + max_tokens " +
                             std::to_string(max_tokens) + " > " + std::to_string(ctx.context_length) + " maximum");
   r.max_tokens = max_tokens;
+  job.reasoning = ctx.reasoning;
+  job.reasoning_opened = ctx.reasoning && prompt_opens_think(prompt.text);
   job.prompts.push_back(std::move(prompt.ids));
   return job;
 }
@@ -122,7 +137,9 @@ Json anthropic_response(const CompletionRun& run, const std::string& id) {
   const ChoiceResult& r = run.results().at(0);
   const CompletionJob& job = run.job();
   Json content = Json::array();
-  if (!r.text.empty() || r.tool_calls.empty()) content.push_back({{"type", "text"}, {"text", r.text}});
+  if (!r.reasoning.empty()) content.push_back({{"type", "thinking"}, {"thinking", r.reasoning}, {"signature", ""}});
+  if (!r.text.empty() || (r.tool_calls.empty() && r.reasoning.empty()))
+    content.push_back({{"type", "text"}, {"text", r.text}});
   for (size_t i = 0; i < r.tool_calls.size(); ++i)
     content.push_back({{"type", "tool_use"},
                        {"id", make_tool_call_id(job.tools.format, "toolu_", job.request.seed, static_cast<int32_t>(i))},
@@ -158,15 +175,28 @@ std::string AnthropicStream::open_block(const Json& block) {
 
 std::string AnthropicStream::close_block() {
   if (!open_) return "";
+  std::string out;
+  if (thinking_open_)  // a thinking block ends with its signature (kiln signs nothing: empty)
+    out = event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                        {"delta", {{"type", "signature_delta"}, {"signature", ""}}}});
   open_ = false;
   text_open_ = false;
+  thinking_open_ = false;
   tool_index_ = -1;
-  return event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
+  return out + event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
 }
 
 std::string AnthropicStream::deltas(const std::vector<ChoiceDelta>& deltas) {
   std::string out;
   for (const ChoiceDelta& d : deltas) {
+    if (!d.reasoning.empty()) {
+      if (!thinking_open_) {
+        out += open_block({{"type", "thinking"}, {"thinking", ""}});
+        thinking_open_ = true;
+      }
+      out += event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_},
+                                           {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
+    }
     if (!d.text.empty()) {
       if (!text_open_) {
         out += open_block({{"type", "text"}, {"text", ""}});

@@ -4,7 +4,11 @@
 //
 // Accepted: model, max_tokens, messages, system, stop_sequences, temperature, top_p, top_k, stream,
 // tools, tool_choice (auto, any, tool, none; disable_parallel_tool_use), metadata, service_tier;
-// thinking only as {"type": "disabled"}. Anything else is refused with a 400 naming it. A final
+// thinking ({"type": "enabled", "budget_tokens": N} where the server splits reasoning,
+// --reasoning-parser: the model's <think> block comes back as a thinking block with an empty
+// signature; the budget is not enforced, max_tokens bounds the reply). Anything else is refused
+// with a 400 naming it. Assistant messages may carry thinking blocks (given to the template as
+// reasoning_content) and redacted_thinking blocks (ignored). A final
 // assistant message is a prefill (the reply continues it). usage.input_tokens counts the prompt
 // tokens the prefix cache did not serve, cache_read_input_tokens those it did. The message (and
 // the stream's message_delta) carries "policy_versions": [first token index, version] runs.
@@ -37,6 +41,7 @@ class AnthropicStream {
   int32_t index_ = -1;       // the open block's index (-1: none yet)
   bool open_ = false;
   bool text_open_ = false;   // the open block is a text block
+  bool thinking_open_ = false;  // the open block is a thinking block
   int32_t tool_index_ = -1;  // the tool call the open tool_use block belongs to
 };
 

@@ -46,6 +46,8 @@ struct CompletionJob {
   bool return_token_ids = false;            // extension: token ids per choice (and per chunk)
   int32_t logprobs = -1;                    // completions' integer form (top count); -1: off
   ToolSettings tools;
+  bool reasoning = false;                   // split <think> blocks into reasoning (serve/reasoning.h)
+  bool reasoning_opened = false;            // ... the prompt leaves the block open
   std::vector<std::string> prompt_texts;    // for echo (completions)
   int32_t choices() const { return static_cast<int32_t>(prompts.size()) * n; }
 };
@@ -59,6 +61,7 @@ struct ServeContext {
   bool mistral_args_form = false;    // Mistral v11+ calls: [TOOL_CALLS]name[ARGS]{...}
   int64_t context_length = 0;        // the longest prompt + completion
   SamplingDefaults sampling_defaults;  // the model's recommended sampling, where a request gives none
+  bool reasoning = false;            // chat replies' <think> blocks go to reasoning (--reasoning-parser)
   int32_t max_tokens_cap = 0;        // 0: none beyond the context
   int32_t max_n = 16;
 };

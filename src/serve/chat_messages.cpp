@@ -83,6 +83,13 @@ Result<Json> template_messages_from_openai(const Json& messages) {
       if (!m["name"].is_string()) return bad(where + ": 'name' must be a string");
       t["name"] = m["name"];
     }
+    // An earlier reply's reasoning (vLLM's reasoning_content, or its newer reasoning), for templates
+    // that show it (Qwen3).
+    for (const char* key : {"reasoning_content", "reasoning"}) {
+      if (role != "assistant" || !m.contains(key) || m[key].is_null()) continue;
+      if (!m[key].is_string()) return bad(where + ": '" + key + "' must be a string");
+      t["reasoning_content"] = m[key];
+    }
     if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       const Json& calls = m["tool_calls"];
       if (!calls.is_array()) return bad(where + ": 'tool_calls' must be a list");
@@ -150,7 +157,7 @@ Result<AnthropicConversation> template_messages_from_anthropic(const Json& syste
       continue;
     }
     if (!content.is_array()) return bad(where + ".content: must be a string or a list of content blocks");
-    std::string text;
+    std::string text, thinking;
     bool has_text = false;
     Json calls = Json::array();
     Json results = Json::array();  // tool messages, rendered before the user's text
@@ -164,6 +171,12 @@ Result<AnthropicConversation> template_messages_from_anthropic(const Json& syste
         if (has_text) text += "\n";
         text += b["text"].get<std::string>();
         has_text = true;
+      } else if (type == "thinking" && role == "assistant") {
+        // Earlier reasoning: templates that show it (Qwen3's reasoning_content) get its text.
+        if (!b.contains("thinking") || !b["thinking"].is_string()) return bad(bw + ".thinking: Field required");
+        thinking += b["thinking"].get<std::string>();
+      } else if (type == "redacted_thinking" && role == "assistant") {
+        // Encrypted by another server: nothing kiln can show the template.
       } else if (type == "tool_use" && role == "assistant") {
         if (!b.contains("name") || !b["name"].is_string()) return bad(bw + ".name: Field required");
         Json input = b.contains("input") ? b["input"] : Json::object();
@@ -180,12 +193,13 @@ Result<AnthropicConversation> template_messages_from_anthropic(const Json& syste
         results.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
       } else {
         return bad(bw + ": content blocks of type '" + type + "' are not supported in " + role +
-                   " messages (kiln serves text models: text, tool_use, tool_result)");
+                   " messages (kiln serves text models: text, thinking, tool_use, tool_result)");
       }
     }
     for (Json& r : results) conv.messages.push_back(std::move(r));
     if (role == "assistant") {
       Json t = {{"role", "assistant"}, {"content", text}};
+      if (!thinking.empty()) t["reasoning_content"] = thinking;
       if (!calls.empty()) t["tool_calls"] = std::move(calls);
       conv.messages.push_back(std::move(t));
     } else if (has_text || results.empty()) {
@@ -224,9 +238,10 @@ Result<Json> template_tools_from_anthropic(const Json& tools) {
 }
 
 Result<ChatPrompt> render_chat_prompt(const ModelText& text, const std::string& template_name, const Json& messages,
-                                      const Json& tools, const std::string& suffix) {
+                                      const Json& tools, const std::string& suffix, const Json& template_kwargs) {
   ChatPrompt p;
-  KILN_ASSIGN_OR_RETURN(p.text, text.render_chat(messages, tools, /*add_generation_prompt=*/true, template_name));
+  KILN_ASSIGN_OR_RETURN(p.text,
+                        text.render_chat(messages, tools, /*add_generation_prompt=*/true, template_name, template_kwargs));
   p.text += suffix;
   KILN_ASSIGN_OR_RETURN(p.ids, text.tokenizer().encode(p.text, /*add_special_tokens=*/false));
   return p;

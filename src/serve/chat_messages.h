@@ -43,9 +43,11 @@ struct ChatPrompt {
   std::string text;           // the rendered prompt (generation prompt and prefill included)
   std::vector<int32_t> ids;   // its tokens (no special tokens added: the template writes them)
 };
-// Renders `messages` (and `tools` unless null) with the generation prompt, appends `suffix` (a
-// prefill or a forced tool-call opening), and encodes the text.
+// Renders `messages` (and `tools` unless null) with the generation prompt and the template
+// variables `template_kwargs` (an object; e.g. enable_thinking), appends `suffix` (a prefill or a
+// forced tool-call opening), and encodes the text.
 Result<ChatPrompt> render_chat_prompt(const ModelText& text, const std::string& template_name, const Json& messages,
-                                      const Json& tools, const std::string& suffix);
+                                      const Json& tools, const std::string& suffix,
+                                      const Json& template_kwargs = Json::object());
 
 }  // namespace kiln::serve

@@ -30,6 +30,7 @@ Result<std::unique_ptr<CompletionRun>> CompletionRun::start(Engine& engine, cons
     ch.stream = std::move(stream).value();
     if (job.tools.enabled && job.tools.format != ToolCallFormat::none)
       ch.tools = std::make_unique<ToolCallParser>(job.tools.format, job.tools.forced_prefix);
+    if (job.reasoning) ch.reasoning = std::make_unique<ReasoningSplitter>(job.reasoning_opened);
     run->results_[static_cast<size_t>(c)].prompt_index = p;
     ++run->open_;
   }
@@ -64,11 +65,23 @@ void CompletionRun::apply(int32_t index, EngineEvent& e, ChoiceDelta& d) {
       d.tool_calls.push_back(std::move(td));
     }
   };
+  std::string text = std::move(e.text);
+  if (ch.reasoning) {
+    ReasoningSplitter::Output split = ch.reasoning->feed(text);
+    if (e.finished) {
+      ReasoningSplitter::Output rest = ch.reasoning->finish();
+      split.reasoning += rest.reasoning;
+      split.content += rest.content;
+    }
+    d.reasoning += split.reasoning;
+    r.reasoning += split.reasoning;
+    text = std::move(split.content);
+  }
   if (ch.tools) {
-    take(ch.tools->feed(e.text));
+    take(ch.tools->feed(text));
   } else {
-    d.text += e.text;
-    r.text += e.text;
+    d.text += text;
+    r.text += text;
   }
   if (!e.finished) return;
   if (ch.tools) {

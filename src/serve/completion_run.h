@@ -1,5 +1,6 @@
 // CompletionRun: one API request's choices running on the engine. It submits a stream per choice
-// (prompts x n), drains their events, separates tool calls from content (serve/tool_calls.h), and
+// (prompts x n), drains their events, separates reasoning (serve/reasoning.h) and then tool calls
+// (serve/tool_calls.h) from content, and
 // keeps each choice's result; protocol modules turn its deltas into chunks and its results into
 // responses. Shared by the HTTP server and kiln run-batch.
 //
@@ -17,12 +18,14 @@
 #include <vector>
 
 #include "serve/api.h"
+#include "serve/reasoning.h"
 
 namespace kiln::serve {
 
 struct ChoiceDelta {
   int32_t index = 0;
   std::string text;                         // new content text
+  std::string reasoning;                    // new reasoning text (jobs with `reasoning`)
   std::vector<ToolCallDelta> tool_calls;    // new tool-call pieces
   std::vector<GeneratedToken> tokens;       // new tokens (ids, log-probabilities, versions)
   bool finished = false;
@@ -32,7 +35,8 @@ struct ChoiceDelta {
 
 struct ChoiceResult {
   int32_t prompt_index = 0;
-  std::string text;                         // content (tool calls taken out)
+  std::string text;                         // content (tool calls and reasoning taken out)
+  std::string reasoning;                    // the <think> block's text (jobs with `reasoning`)
   std::vector<ToolCall> tool_calls;
   std::vector<GeneratedToken> tokens;
   std::string finish_reason, stop_string, error;
@@ -66,6 +70,7 @@ class CompletionRun {
   struct Choice {
     std::shared_ptr<RequestStream> stream;
     std::unique_ptr<ToolCallParser> tools;  // when tool calls are parsed
+    std::unique_ptr<ReasoningSplitter> reasoning;  // when reasoning is split off (before tool calls)
   };
   void apply(int32_t index, EngineEvent& e, ChoiceDelta& d);
 

@@ -1,6 +1,7 @@
 #include "serve/openai_protocol.h"
 
 #include "serve/chat_messages.h"
+#include "serve/reasoning.h"
 #include "serve/request_fields.h"
 
 namespace kiln::serve {
@@ -260,11 +261,22 @@ Result<CompletionJob> parse_openai_chat(const Json& body, const ServeContext& ct
         return unsupported(std::string("'") + k + "' is not supported by kiln");
   Json tools;
   KILN_RETURN_IF_ERROR(read_tools(f, ctx, &job, &tools));
+  // vLLM's extension: more variables for the chat template (e.g. Qwen3's enable_thinking).
+  Json template_kwargs = Json::object();
+  if (const Json* kw = f.get("chat_template_kwargs")) {
+    if (!kw->is_null() && !kw->is_object()) return invalid_argument("'chat_template_kwargs' must be an object");
+    if (kw->is_object()) template_kwargs = *kw;
+    for (const char* reserved : {"messages", "tools", "add_generation_prompt"})
+      if (template_kwargs.contains(reserved))
+        return invalid_argument(std::string("'chat_template_kwargs' may not set '") + reserved + "' (it is the request's own)");
+  }
   KILN_ASSIGN_OR_RETURN(int32_t asked, read_max_tokens(f));
   KILN_RETURN_IF_ERROR(f.refuse_unread("/v1/chat/completions"));
   if (job.tools.enabled && job.tools.format != ToolCallFormat::hermes) job.request.skip_special_tokens = false;
-  KILN_ASSIGN_OR_RETURN(ChatPrompt prompt,
-                        render_chat_prompt(*ctx.text, ctx.template_name, template_messages, tools, job.tools.forced_prefix));
+  KILN_ASSIGN_OR_RETURN(ChatPrompt prompt, render_chat_prompt(*ctx.text, ctx.template_name, template_messages, tools,
+                                                              job.tools.forced_prefix, template_kwargs));
+  job.reasoning = ctx.reasoning;
+  job.reasoning_opened = ctx.reasoning && prompt_opens_think(prompt.text);
   job.prompts.push_back(std::move(prompt.ids));
   KILN_RETURN_IF_ERROR(fit_max_tokens(ctx, &job, asked, 0));
   return job;
@@ -343,7 +355,11 @@ Json openai_response(const CompletionRun& run, const ServeContext& ctx, const st
     Json ch = {{"index", static_cast<int64_t>(c)}};
     if (chat) {
       Json msg = {{"role", "assistant"}};
-      msg["content"] = (r.text.empty() && !r.tool_calls.empty()) ? Json() : Json(r.text);
+      msg["content"] = (r.text.empty() && (!r.tool_calls.empty() || !r.reasoning.empty())) ? Json() : Json(r.text);
+      if (job.reasoning) {  // vLLM's field names: reasoning_content, and its newer reasoning
+        msg["reasoning_content"] = r.reasoning.empty() ? Json() : Json(r.reasoning);
+        msg["reasoning"] = msg["reasoning_content"];
+      }
       if (!r.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(r.tool_calls, job.request.seed + c, job.tools.format);
       ch["message"] = std::move(msg);
       ch["logprobs"] = job.request.logprobs ? chat_logprobs(ctx, r.tokens, job.request.top_logprobs) : Json();
@@ -414,11 +430,12 @@ std::string OpenAIStream::deltas(const std::vector<ChoiceDelta>& deltas) {
   const bool chat = job_.protocol == Protocol::openai_chat;
   for (const ChoiceDelta& d : deltas) {
     const bool show_tokens = !d.tokens.empty() && (job_.request.logprobs || job_.return_token_ids);
-    if (d.text.empty() && d.tool_calls.empty() && !show_tokens && !d.finished) continue;
+    if (d.text.empty() && d.reasoning.empty() && d.tool_calls.empty() && !show_tokens && !d.finished) continue;
     Json ch = {{"index", d.index}};
     if (chat) {
       Json delta = Json::object();
-      if (!d.text.empty() || (d.tool_calls.empty() && !d.finished)) delta["content"] = d.text;
+      if (!d.reasoning.empty()) delta["reasoning_content"] = delta["reasoning"] = d.reasoning;
+      if (!d.text.empty() || (d.tool_calls.empty() && d.reasoning.empty() && !d.finished)) delta["content"] = d.text;
       if (!d.tool_calls.empty()) {
         Json calls = Json::array();
         for (const ToolCallDelta& t : d.tool_calls) {

@@ -2,7 +2,9 @@
 // CompletionJobs, and results into responses, streamed chunks (server-sent events) and errors.
 //
 // Accepted beyond OpenAI's fields (as vLLM accepts them): top_k, min_p, repetition_penalty,
-// ignore_eos, stop_token_ids, skip_special_tokens, return_token_ids. Fields kiln does not support
+// ignore_eos, stop_token_ids, skip_special_tokens, return_token_ids, chat_template_kwargs; with the
+// server's reasoning parser, a chat reply's <think> block comes back as reasoning_content (and
+// vLLM's newer name, reasoning), and assistant messages may carry it. Fields kiln does not support
 // (response_format other than text, logit_bias, audio, functions, ...) and unknown fields are
 // refused with a 400 naming them. Every choice carries "policy_versions" ([first token index,
 // version] runs) and every streamed choice its "policy_version": the weights that produced its tokens.

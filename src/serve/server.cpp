@@ -7,6 +7,7 @@
 #include <exception>
 #include <filesystem>
 
+#include "serve/reasoning.h"
 #include "serve/server_internal.h"
 
 namespace kiln::serve {
@@ -99,6 +100,18 @@ Result<ServeContext> make_serve_context(const ServedModel& model, const ServerOp
     if (Result<const ChatTemplate*> tmpl = model.text->chat_template(options.chat_template, /*with_tools=*/true); tmpl.ok())
       source = (*tmpl)->source();
   ctx.mistral_args_form = mistral_uses_args_form(source);
+  // Reasoning: qwen3 and deepseek_r1 name the same <think> splitter (the prompt says whether the
+  // block opens there); auto takes it when the vocabulary has both tags as tokens.
+  if (options.reasoning_parser == "qwen3" || options.reasoning_parser == "deepseek_r1") {
+    if (!model.text) return invalid_argument("--reasoning-parser needs the model's tokenizer, which is not loaded");
+    ctx.reasoning = true;
+  } else if (options.reasoning_parser == "auto") {
+    ctx.reasoning = model.text && model.text->tokenizer().token_to_id(ReasoningSplitter::kOpen).has_value() &&
+                    model.text->tokenizer().token_to_id(ReasoningSplitter::kClose).has_value();
+  } else if (options.reasoning_parser != "none") {
+    return invalid_argument("--reasoning-parser '" + options.reasoning_parser +
+                            "' is unknown; use none, auto, qwen3 or deepseek_r1");
+  }
   if (options.tool_call_format != "auto") {
     KILN_ASSIGN_OR_RETURN(ctx.tool_format, parse_tool_call_format(options.tool_call_format));
   } else if (model.text) {

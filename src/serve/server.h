@@ -36,6 +36,7 @@ struct ServerOptions {
   bool access_log = true;            // one JSON line per request on stderr
   std::string chat_template;         // template name; empty: the folder's default (tool_use with tools)
   std::string tool_call_format = "auto";  // auto|hermes|llama3_json|mistral|none
+  std::string reasoning_parser = "none";  // none|auto|qwen3|deepseek_r1 (serve/reasoning.h)
   double idle_timeout_seconds = 120; // a connection idle (or sending a request) this long is closed
   std::string allow_origin;          // CORS: the origin browsers may call from ("*": any); empty: none
 };

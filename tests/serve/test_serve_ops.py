@@ -572,6 +572,59 @@ class ServerOptionsTest(unittest.TestCase):
         finally:
             shutil.rmtree(tmp)
 
+    def test_reasoning_parser(self):
+        # A template that opens a <think> block after the generation prompt (DeepSeek-R1's way): with
+        # --reasoning-parser the reply, which never closes it, is all reasoning; without, the same
+        # text is the content.
+        tmp = tempfile.mkdtemp()
+        try:
+            model = os.path.join(tmp, "tiny-tools")
+            shutil.copytree(MODEL, model)
+            path = os.path.join(model, "chat_template.jinja")
+            with open(path) as f:
+                template = f.read()
+            with open(path, "w") as f:
+                f.write(template.replace("{{- '<|im_start|>assistant\\n' }}", "{{- '<|im_start|>assistant\\n<think>\\n' }}"))
+            body = {"model": "tiny-tools", "messages": [{"role": "user", "content": "Hi!"}], "temperature": 0, "max_tokens": 12}
+            message = {"model": "tiny-tools", "max_tokens": 12, "temperature": 0, "messages": [{"role": "user", "content": "Hi!"}]}
+            server = KilnServer(KILN, model)
+            try:
+                status, raw = request(server.url, "/v1/chat/completions", body)
+                self.assertEqual(status, 200, raw)
+                raw_text = raw["choices"][0]["message"]["content"]
+                self.assertNotIn("reasoning_content", raw["choices"][0]["message"])
+            finally:
+                self.assertEqual(server.stop(), 0)
+            self.assertTrue(raw_text)
+            server = KilnServer(KILN, model, "--reasoning-parser", "deepseek_r1")
+            try:
+                self.assertIn("reasoning split", server.read_log())
+                status, split = request(server.url, "/v1/chat/completions", body)
+                self.assertEqual(status, 200, split)
+                msg = split["choices"][0]["message"]
+                self.assertEqual((msg["content"], msg["reasoning_content"], msg["reasoning"]), (None, raw_text, raw_text))
+                u = urllib.parse.urlparse(server.url)
+                code, _, events = asyncio.run(stream_post(u.hostname, u.port, "/v1/chat/completions", {**body, "stream": True}))
+                deltas = [ev["choices"][0]["delta"] for ev in events if isinstance(ev, dict) and ev.get("choices")]
+                self.assertEqual("".join(d.get("reasoning_content", "") for d in deltas), raw_text)
+                self.assertEqual("".join(d.get("content", "") for d in deltas), "")
+                status, anth = request(server.url, "/v1/messages",
+                                       {**message, "max_tokens": 1100, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+                self.assertEqual(status, 200, anth)
+                self.assertEqual(anth["content"][0]["type"], "thinking")
+                self.assertTrue(anth["content"][0]["thinking"].startswith(raw_text), anth["content"])
+                code, _, events = asyncio.run(stream_post(u.hostname, u.port, "/v1/messages", {**message, "stream": True}))
+                starts = [ev["content_block"]["type"] for ev in events if isinstance(ev, dict) and ev.get("type") == "content_block_start"]
+                thinking = "".join(ev["delta"]["thinking"] for ev in events if isinstance(ev, dict)
+                                   and ev.get("type") == "content_block_delta" and ev["delta"]["type"] == "thinking_delta")
+                signatures = [ev for ev in events if isinstance(ev, dict) and ev.get("type") == "content_block_delta"
+                              and ev["delta"]["type"] == "signature_delta"]
+                self.assertEqual((starts, thinking, len(signatures)), (["thinking"], raw_text, 1))
+            finally:
+                self.assertEqual(server.stop(), 0)
+        finally:
+            shutil.rmtree(tmp)
+
     def test_token_and_context_limits(self):
         # --kv-tokens 128 makes a KV pool of 128 tokens, and so the context (prompt + completion) 128;
         # --max-tokens-limit 5 caps what a request may ask for and what it gets by default.
