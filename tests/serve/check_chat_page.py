@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 
 SERVING = re.compile(r"kiln: serving (\S+) on (http://\S+)")
 
@@ -137,8 +138,11 @@ class DevTools:
 
 
 STATE_JS = """(() => { const b = document.querySelectorAll('.msg.assistant');
+  const last = b.length ? b[b.length - 1] : null;
+  const part = (sel) => last && last.querySelector(sel) ? last.querySelector(sel).textContent : null;
   return { state: document.body ? document.body.dataset.state : null,
-           reply: b.length ? b[b.length - 1].textContent : null,
+           reply: last ? (part('.reply') ?? last.textContent) : null,
+           thinking: part('.thought'),
            errors: [...document.querySelectorAll('.msg.error')].map(e => e.textContent),
            status: (document.getElementById('status') || {}).textContent || '' }; })()"""
 
@@ -186,6 +190,24 @@ def check_page(chromium, page_url, expect, screenshot, timeout, tmp, dom_out):
     return seen
 
 
+def compare_with_api(url, prompt, query):
+    """The page must show what the API answers to the same request (non-streamed): the reply as the
+    content and the thinking as reasoning_content."""
+    params = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
+    with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:
+        model = json.load(r)["data"][0]["id"]
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": int(params.get("max_tokens", 512))}
+    for key in ("temperature", "top_p"):
+        if key in params:
+            body[key] = float(params[key])
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        message = json.load(r)["choices"][0]["message"]
+    return message.get("content") or "", message.get("reasoning_content")
+
+
 def main():
     ap = Parser(description="Checks kiln serve's chat page in headless Chromium.")
     ap.add_argument("--kiln", help="the kiln binary (started as `kiln serve --model DIR --port 0`)")
@@ -199,6 +221,9 @@ def main():
     ap.add_argument("--query", default="", help="more page parameters, e.g. 'temperature=0&max_tokens=16'")
     ap.add_argument("--timeout", type=float, default=120, help="seconds to wait for the reply")
     ap.add_argument("--dom", help="also write the final DOM (as --dump-dom would) to this file")
+    ap.add_argument("--compare-api", action="store_true",
+                    help="also ask the API the same (non-streamed) and require the page to show its content "
+                         "and reasoning_content (the thinking box) exactly")
     args = ap.parse_args()
     if not args.url and not (args.kiln and args.model):
         ap.error("give --kiln and --model, or --url")
@@ -223,6 +248,11 @@ def main():
                 query += "&" + args.query.lstrip("&?")
             seen = check_page(chromium, f"{url}/?{query}", args.expect, args.screenshot,
                               args.timeout, tmp, args.dom)
+            if args.compare_api:
+                content, reasoning = compare_with_api(url, args.prompt, args.query.lstrip("&?"))
+                if (seen.get("reply"), seen.get("thinking")) != (content or "(empty reply)", reasoning):
+                    raise Fail(f"the page shows reply {seen.get('reply')!r} and thinking {seen.get('thinking')!r}; "
+                               f"the API answers {content!r} and reasoning_content {reasoning!r}")
         except Fail as e:
             print(f"FAIL: {e}", file=sys.stderr)
             if server:
