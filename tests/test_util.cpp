@@ -47,6 +47,24 @@ TensorBuffer host_ints(const std::vector<int32_t>& values) {
   return t;
 }
 
+TensorBuffer upload(Backend& be, Tensor host) {
+  Result<TensorBuffer> r = to_device(be, host);
+  KILN_ASSERT(r.ok());
+  return std::move(r).value();
+}
+
+TensorBuffer device_empty(Backend& be, Shape shape, DType dtype) {
+  Result<TensorBuffer> r = empty(be, shape, dtype);
+  KILN_ASSERT(r.ok());
+  return std::move(r).value();
+}
+
+TensorBuffer host_copy(Tensor host) {
+  TensorBuffer c = host_empty(host.shape, host.dtype);
+  std::memcpy(c.view().data, host.data, static_cast<size_t>(host.nbytes()));
+  return c;
+}
+
 PagedTables contiguous_pages(const std::vector<int32_t>& kv_indptr) {
   PagedTables p;
   p.page_size = 1;

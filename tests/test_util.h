@@ -20,6 +20,11 @@ TensorBuffer random_host(Shape shape, DType dtype, uint64_t seed, float std = 1.
 // Host i32 tensor with values uniform in [lo, hi).
 TensorBuffer random_ints(Shape shape, int32_t lo, int32_t hi, uint64_t seed);
 TensorBuffer host_ints(const std::vector<int32_t>& values);
+// A device copy of a host tensor, an uninitialised device tensor and a host copy of a host tensor;
+// a failure (out of memory) aborts the test binary.
+TensorBuffer upload(Backend& be, Tensor host);
+TensorBuffer device_empty(Backend& be, Shape shape, DType dtype);
+TensorBuffer host_copy(Tensor host);
 // Host f32 copy of a float tensor of any float dtype, from any device.
 std::vector<float> to_f32(Backend& be, Tensor t);
 // ||a - b|| / ||b||, with NaN anywhere giving +inf.

@@ -86,12 +86,6 @@ inline TensorBuffer nan_host(Shape shape, DType dtype) {
   return t;
 }
 
-inline TensorBuffer device_copy(Backend& be, Tensor t) {
-  Result<TensorBuffer> r = to_device(be, t);
-  KILN_ASSERT(r.ok());
-  return std::move(r).value();
-}
-
 struct Inputs {
   TensorBuffer q, k, v, qi;
   PagedTables pages;
@@ -105,9 +99,9 @@ struct DevicePages {
   TensorBuffer indptr, indices, last;
   int32_t page_size = 1;
   DevicePages(Backend& be, const PagedTables& p)
-      : indptr(device_copy(be, p.indptr)),
-        indices(device_copy(be, p.indices)),
-        last(device_copy(be, p.last)),
+      : indptr(upload(be, p.indptr)),
+        indices(upload(be, p.indices)),
+        last(upload(be, p.last)),
         page_size(p.page_size) {}
   PagedKV view() const { return PagedKV{indptr, indices, last, page_size}; }
 };
@@ -218,13 +212,13 @@ inline void check_case(Backend& be, const AttnCase& c, double tol, bool all_vari
   std::vector<float> want = cpu_reference(in);
   ASSERT_EQ(count_nonfinite(want), 0) << "CPU reference is not finite";
 
-  TensorBuffer q = device_copy(be, in.q), k = device_copy(be, in.k), v = device_copy(be, in.v);
-  TensorBuffer qi = device_copy(be, in.qi);
+  TensorBuffer q = upload(be, in.q), k = upload(be, in.k), v = upload(be, in.v);
+  TensorBuffer qi = upload(be, in.qi);
   const DevicePages pages(be, in.pages);
   for (int variant : prefill_variants(all_variants)) {
     SCOPED_TRACE("prefill variant " + std::to_string(variant));
     PrefillVariantScope scope(be, variant);
-    TensorBuffer out = device_copy(be, nan_host(in.q.shape(), c.dtype));
+    TensorBuffer out = upload(be, nan_host(in.q.shape(), c.dtype));
     ops::attention_forward(be, out, q, k, v, qi, pages.view(), in.bounds, in.scale);
     Status st = be.synchronize();
     ASSERT_TRUE(st.ok()) << st.message();

@@ -31,10 +31,10 @@ TEST(AttentionGpu, DecodeGraphReplay) {
   AttnCase c = decode_case(kMaxKv);
   c.pad_slots = 0;
   Inputs in = make_inputs(c);
-  TensorBuffer q = device_copy(*be, in.q), k = device_copy(*be, in.k), v = device_copy(*be, in.v);
-  TensorBuffer qi = device_copy(*be, in.qi);
+  TensorBuffer q = upload(*be, in.q), k = upload(*be, in.k), v = upload(*be, in.v);
+  TensorBuffer qi = upload(*be, in.qi);
   const DevicePages pages(*be, in.pages);  // indptr {0, kv_len}, pages 0 .. kMaxKv - 1, last {1}
-  TensorBuffer out = device_copy(*be, nan_host(in.q.shape(), c.dtype));
+  TensorBuffer out = upload(*be, nan_host(in.q.shape(), c.dtype));
   const ops::AttentionBounds bounds{1, 1, kMaxKv};
 
   // An eager call first sizes the scratch (it cannot grow during capture).
@@ -64,7 +64,7 @@ TEST(AttentionGpu, DecodeGraphReplay) {
       EXPECT_EQ(got, eager) << "graph replay differs from the eager call";
     } else {
       // The eager call with tight bounds must give bit-identical output (same key partition).
-      TensorBuffer out2 = device_copy(*be, nan_host(in.q.shape(), c.dtype));
+      TensorBuffer out2 = upload(*be, nan_host(in.q.shape(), c.dtype));
       ops::attention_forward(*be, out2, q, k, v, qi, pages.view(), ref_in.bounds, in.scale);
       EXPECT_EQ(to_f32(*be, out2), got) << "tight-bounds eager call differs from the graph replay";
     }
@@ -96,14 +96,14 @@ void check_decode_graph_replay_paged(Backend& be, const std::vector<std::vector<
   in.k = random_host(in.k.shape(), c.dtype, 77);
   in.v = random_host(in.v.shape(), c.dtype, 78);
   const int32_t pool_pages = static_cast<int32_t>(in.k.shape().dims[0] / kPage);
-  TensorBuffer q = device_copy(be, in.q), k = device_copy(be, in.k), v = device_copy(be, in.v);
-  TensorBuffer qi = device_copy(be, in.qi);
+  TensorBuffer q = upload(be, in.q), k = upload(be, in.k), v = upload(be, in.v);
+  TensorBuffer qi = upload(be, in.qi);
   // Device tables of fixed size (the graph keeps their addresses), room for every page of the pool.
-  TensorBuffer indptr = device_copy(be, in.pages.indptr), last = device_copy(be, in.pages.last);
-  TensorBuffer indices = device_copy(be, host_ints(std::vector<int32_t>(pool_pages, 0)));
+  TensorBuffer indptr = upload(be, in.pages.indptr), last = upload(be, in.pages.last);
+  TensorBuffer indices = upload(be, host_ints(std::vector<int32_t>(pool_pages, 0)));
   be.copy(indices.view().rows(0, in.pages.indices.numel()), in.pages.indices);
   const PagedKV view{indptr, indices, last, kPage};
-  TensorBuffer out = device_copy(be, nan_host(in.q.shape(), c.dtype));
+  TensorBuffer out = upload(be, nan_host(in.q.shape(), c.dtype));
   const ops::AttentionBounds bounds{batch, 1, max_kv};
 
   ops::attention_forward(be, out, q, k, v, qi, view, bounds, in.scale);  // sizes the scratch
@@ -135,7 +135,7 @@ void check_decode_graph_replay_paged(Backend& be, const std::vector<std::vector<
     const std::vector<float> want = cpu_reference(in.q, in.k, in.v, in.qi, t.view(), tight, in.scale, in.used_rows);
     EXPECT_EQ(count_nonfinite(got), 0);
     EXPECT_CLOSE(got, want, kTolBf16);
-    TensorBuffer out2 = device_copy(be, nan_host(in.q.shape(), c.dtype));
+    TensorBuffer out2 = upload(be, nan_host(in.q.shape(), c.dtype));
     ops::attention_forward(be, out2, q, k, v, qi, view, tight, in.scale);
     EXPECT_EQ(to_f32(be, out2), got) << "tight-bounds eager call differs from the graph replay";
   }

@@ -67,12 +67,6 @@ Runs short_docs(int len, int S) {
   return r;
 }
 
-TensorBuffer device_copy(Backend& be, Tensor t) {
-  Result<TensorBuffer> r = to_device(be, t);
-  KILN_ASSERT(r.ok());
-  return std::move(r).value();
-}
-
 TensorBuffer nan_host(Shape shape, DType dtype) {
   TensorBuffer t = host_empty(shape, dtype);
   for (int64_t i = 0; i < t.numel(); ++i) {
@@ -144,12 +138,12 @@ void check_case(Backend& gpu, const TrainAttnCase& c) {
 
   // GPU, once per tensor-core variant (KILN_ATTN_TRAIN_VARIANT: 1 wgmma, 3 wgmma with the
   // one-warpgroup D = 64 backward; the generic path ignores it).
-  TensorBuffer gq = device_copy(gpu, q), gk = device_copy(gpu, k), gv = device_copy(gpu, v);
-  TensorBuffer gdout = device_copy(gpu, dout);
+  TensorBuffer gq = upload(gpu, q), gk = upload(gpu, k), gv = upload(gpu, v);
+  TensorBuffer gdout = upload(gpu, dout);
   TensorBuffer gseg;
   Tensor seg_gpu;
   if (!ids.empty()) {
-    gseg = device_copy(gpu, seg_host);
+    gseg = upload(gpu, seg_host);
     seg_gpu = gseg.view().view(Shape{c.B, c.S});
   }
   const std::vector<float> out_want = to_f32(*cpu, out_ref), dq_want = to_f32(*cpu, dq_ref),
@@ -158,12 +152,12 @@ void check_case(Backend& gpu, const TrainAttnCase& c) {
   for (const char* variant : {"1", "3"}) {
     SCOPED_TRACE(std::string("KILN_ATTN_TRAIN_VARIANT=") + variant);
     VariantScope scope(variant);
-    TensorBuffer gout = device_copy(gpu, nan_host(o_shape, c.dtype));
-    TensorBuffer glse = device_copy(gpu, nan_host(lse_shape, DType::f32));
+    TensorBuffer gout = upload(gpu, nan_host(o_shape, c.dtype));
+    TensorBuffer glse = upload(gpu, nan_host(lse_shape, DType::f32));
     ops::attention_train_forward(gpu, gout, glse, gq, gk, gv, seg_gpu, c.causal, scale);
-    TensorBuffer gdq = device_copy(gpu, nan_host(q_shape, c.dtype));
-    TensorBuffer gdk = device_copy(gpu, nan_host(kv_shape, c.dtype));
-    TensorBuffer gdv = device_copy(gpu, nan_host(kv_shape, c.dtype));
+    TensorBuffer gdq = upload(gpu, nan_host(q_shape, c.dtype));
+    TensorBuffer gdk = upload(gpu, nan_host(kv_shape, c.dtype));
+    TensorBuffer gdv = upload(gpu, nan_host(kv_shape, c.dtype));
     ops::attention_train_backward(gpu, gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, seg_gpu, c.causal, scale);
     Status st = gpu.synchronize();
     ASSERT_TRUE(st.ok()) << st.message();

@@ -32,18 +32,6 @@ constexpr DType kF32 = DType::f32;
 constexpr DType kBF16 = DType::bf16;
 constexpr DType kF16 = DType::f16;
 
-TensorBuffer upload(Backend& be, Tensor host) {
-  Result<TensorBuffer> r = to_device(be, host);
-  KILN_ASSERT(r.ok());
-  return std::move(r).value();
-}
-
-TensorBuffer device_empty(Backend& be, Shape s, DType dt) {
-  Result<TensorBuffer> r = empty(be, s, dt);
-  KILN_ASSERT(r.ok());
-  return std::move(r).value();
-}
-
 double tol_for(DType out) { return out == kF32 ? 1e-5 : 1e-2; }
 
 std::string name(DType dt) { return dtype_name(dt); }

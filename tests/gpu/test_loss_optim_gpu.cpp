@@ -41,18 +41,6 @@
 namespace kiln::test {
 namespace {
 
-TensorBuffer upload(Backend& be, Tensor host) {
-  Result<TensorBuffer> r = to_device(be, host);
-  KILN_ASSERT(r.ok());
-  return std::move(r).value();
-}
-
-TensorBuffer device_empty(Backend& be, Shape s, DType dt) {
-  Result<TensorBuffer> r = empty(be, s, dt);
-  KILN_ASSERT(r.ok());
-  return std::move(r).value();
-}
-
 // A device copy of `host` whose data pointer is `offset` elements into a larger buffer (not 16-byte
 // aligned for offsets that are not multiples of 16 bytes).
 struct OffsetTensor {
@@ -66,13 +54,6 @@ OffsetTensor upload_offset(Backend& be, Tensor host, int64_t offset) {
   o.view = o.storage.view().rows(offset, n + offset).view(host.shape);
   be.copy(o.view, host);
   return o;
-}
-
-// Host copy of a host tensor (the CPU twin works in place).
-TensorBuffer host_clone(Tensor t) {
-  TensorBuffer c = host_empty(t.shape, t.dtype);
-  std::memcpy(c.ptr<void>(), t.data, static_cast<size_t>(t.nbytes()));
-  return c;
 }
 
 std::vector<uint8_t> bytes_of(Backend& be, Tensor t) {
@@ -148,7 +129,7 @@ void check_cross_entropy(Backend& be, int64_t R, int64_t V, DType dt, float ls, 
   o.logit_scale = rl.logit_scale;
 
   // CPU twin, in place on a host copy.
-  TensorBuffer cpu_logits = host_clone(logits);
+  TensorBuffer cpu_logits = host_copy(logits);
   TensorBuffer cpu_loss = host_empty(Shape{R}, DType::f32), cpu_logp = host_empty(Shape{R}, DType::f32);
   TensorBuffer cpu_ent = host_empty(Shape{R}, DType::f32);
   ops::CrossEntropyOptions cpu_o = o;

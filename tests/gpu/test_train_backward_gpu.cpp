@@ -31,24 +31,6 @@ constexpr double kWeightGradTol = 1e-5;
 
 double tol_for(DType out) { return out == kF32 ? 1e-5 : 1e-2; }
 
-TensorBuffer upload(Backend& be, Tensor host) {
-  Result<TensorBuffer> r = to_device(be, host);
-  KILN_ASSERT(r.ok());
-  return std::move(r).value();
-}
-
-TensorBuffer device_empty(Backend& be, Shape s, DType dt) {
-  Result<TensorBuffer> r = empty(be, s, dt);
-  KILN_ASSERT(r.ok());
-  return std::move(r).value();
-}
-
-TensorBuffer host_copy(Tensor t) {
-  TensorBuffer c = host_empty(t.shape, t.dtype);
-  std::memcpy(c.view().data, t.data, static_cast<size_t>(t.nbytes()));
-  return c;
-}
-
 // A device copy of `host` starting `offset` elements into a larger buffer (offset 1: not 16-byte
 // aligned, so the kernels take their scalar paths).
 struct DeviceTensor {
