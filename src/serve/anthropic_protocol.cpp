@@ -63,8 +63,10 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
   if (const Json* tier = f.get("service_tier"))
     if (!(tier->is_string() && (*tier == "auto" || *tier == "standard_only")))
       return invalid_argument("service_tier: must be 'auto' or 'standard_only'");
+  bool thinking_enabled = false;  // Anthropic's default: no extended thinking
   if (const Json* thinking = f.get("thinking")) {
     const std::string type = string_member(*thinking, "type");
+    thinking_enabled = type == "enabled";
     if (type == "enabled") {
       // The model's <think> block, split off by the server's reasoning parser; kiln does not cut
       // the thinking at budget_tokens (max_tokens bounds the whole reply).
@@ -116,9 +118,16 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
     return invalid_argument("tool_choice: needs tools");
   }
   KILN_RETURN_IF_ERROR(f.refuse_unread("/v1/messages"));
+  // With a reasoning parser, a template with a thinking switch (Qwen3's enable_thinking) follows the
+  // request's thinking parameter: off unless enabled, as Anthropic's models think only when asked.
+  Json template_kwargs = Json::object();
+  if (ctx.reasoning)
+    if (Result<const ChatTemplate*> tmpl = ctx.text->chat_template(ctx.template_name, !tools.is_null());
+        tmpl.ok() && (*tmpl)->source().find("enable_thinking") != std::string::npos)
+      template_kwargs["enable_thinking"] = thinking_enabled;
   // A prefill is part of the reply the client already has: the model continues it.
   KILN_ASSIGN_OR_RETURN(ChatPrompt prompt, render_chat_prompt(*ctx.text, ctx.template_name, conv.messages, tools,
-                                                              conv.prefill + job.tools.forced_prefix));
+                                                              conv.prefill + job.tools.forced_prefix, template_kwargs));
   const int64_t room = ctx.context_length - static_cast<int64_t>(prompt.ids.size());
   if (ctx.max_tokens_cap > 0 && max_tokens > ctx.max_tokens_cap)
     return invalid_argument("max_tokens: " + std::to_string(max_tokens) + " > " + std::to_string(ctx.max_tokens_cap) +

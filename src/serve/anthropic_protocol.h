@@ -6,7 +6,8 @@
 // tools, tool_choice (auto, any, tool, none; disable_parallel_tool_use), metadata, service_tier;
 // thinking ({"type": "enabled", "budget_tokens": N} where the server splits reasoning,
 // --reasoning-parser: the model's <think> block comes back as a thinking block with an empty
-// signature; the budget is not enforced, max_tokens bounds the reply). Anything else is refused
+// signature; the budget is not enforced, max_tokens bounds the reply; a template with Qwen3's
+// enable_thinking switch gets it set from the request: off unless enabled, Anthropic's default). Anything else is refused
 // with a 400 naming it. Assistant messages may carry thinking blocks (given to the template as
 // reasoning_content) and redacted_thinking blocks (ignored). A final
 // assistant message is a prefill (the reply continues it). usage.input_tokens counts the prompt

@@ -113,8 +113,17 @@ TEST(ServeReasoning, AnthropicThinkingParameter) {
     return parse_anthropic_messages(Json::parse(R"({"model": "m", "max_tokens": 4000, "messages": [{"role": "user",
         "content": "Hi"}], "thinking": )" + thinking + "}"), ctx);
   };
-  EXPECT_TRUE(job(R"({"type": "enabled", "budget_tokens": 2048})", c).ok());
-  EXPECT_TRUE(job(R"({"type": "disabled"})", c).ok());
+  // Qwen3's template has a thinking switch: it follows the request (off unless enabled).
+  Result<CompletionJob> on = job(R"({"type": "enabled", "budget_tokens": 2048})", c);
+  ASSERT_TRUE(on.ok()) << on.status().message();
+  EXPECT_TRUE(prompt_text(t, *on).ends_with("<|im_start|>assistant\n")) << prompt_text(t, *on);
+  Result<CompletionJob> off = job(R"({"type": "disabled"})", c);
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  EXPECT_TRUE(prompt_text(t, *off).ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n")) << prompt_text(t, *off);
+  Result<CompletionJob> absent = parse_anthropic_messages(
+      Json::parse(R"({"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "Hi"}]})"), c);
+  ASSERT_TRUE(absent.ok()) << absent.status().message();
+  EXPECT_EQ(prompt_text(t, *absent), prompt_text(t, *off));
   for (const char* bad : {R"({"type": "enabled"})", R"({"type": "enabled", "budget_tokens": 100})",
                           R"({"type": "enabled", "budget_tokens": 4000})", R"({"type": "sometimes"})"}) {
     Result<CompletionJob> r = job(bad, c);
