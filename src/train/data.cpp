@@ -32,9 +32,10 @@ Status read_ints(const nlohmann::json& obj, const char* key, bool required, std:
 Status validate(const TrainExample& ex, const ModelConfig& c, const std::string& where) {
   const int64_t n = static_cast<int64_t>(ex.input_ids.size());
   if (n == 0) return invalid_argument(where + ": \"input_ids\" is empty");
-  if (n > c.context_length())
+  const int64_t context = c.context_length();
+  if (n > context)
     return invalid_argument(where + ": the sequence has " + std::to_string(n) + " tokens, more than the model's " +
-                            c.context_length_source() + " (" + std::to_string(c.context_length()) + ")");
+                            c.context_length_source() + " (" + std::to_string(context) + ")");
   if (c.sliding_window > 0 && n > c.sliding_window)
     return invalid_argument(where + ": the sequence has " + std::to_string(n) + " tokens, more than the model's " +
                             "sliding window (" + std::to_string(c.sliding_window) +
@@ -59,10 +60,10 @@ Status validate(const TrainExample& ex, const ModelConfig& c, const std::string&
       return invalid_argument(where + ": \"position_ids\" has " + std::to_string(ex.position_ids.size()) +
                               " entries but \"input_ids\" has " + std::to_string(n));
     for (int64_t i = 0; i < n; ++i)
-      if (ex.position_ids[i] < 0 || ex.position_ids[i] >= c.context_length())
+      if (ex.position_ids[i] < 0 || ex.position_ids[i] >= context)
         return invalid_argument(where + ": position_ids[" + std::to_string(i) + "] = " +
                                 std::to_string(ex.position_ids[i]) + " is outside [0, " + c.context_length_source() +
-                                " = " + std::to_string(c.context_length()) + ")");
+                                " = " + std::to_string(context) + ")");
   }
   return Status::Ok();
 }

@@ -122,7 +122,7 @@ Result<DeviceBatch> TrainModel::upload(const HostBatch& hb) const {
   if (static_cast<int64_t>(hb.ids.size()) != n || static_cast<int64_t>(hb.positions.size()) != n ||
       static_cast<int64_t>(hb.targets.size()) != n || (!hb.segments.empty() && static_cast<int64_t>(hb.segments.size()) != n))
     return invalid_argument("training batch arrays do not all hold batch x seq_len entries");
-  const int64_t V = config_.vocab_size;
+  const int64_t V = config_.vocab_size, context = config_.context_length();
   for (int64_t i = 0; i < n; ++i) {
     if (hb.ids[i] < 0 || hb.ids[i] >= V)
       return invalid_argument("token id " + std::to_string(hb.ids[i]) + " is outside the vocabulary [0, " +
@@ -130,9 +130,9 @@ Result<DeviceBatch> TrainModel::upload(const HostBatch& hb) const {
     if (hb.targets[i] != kIgnore && (hb.targets[i] < 0 || hb.targets[i] >= V))
       return invalid_argument("label " + std::to_string(hb.targets[i]) + " is outside the vocabulary [0, " +
                               std::to_string(V) + ") and is not -100");
-    if (hb.positions[i] < 0 || hb.positions[i] >= config_.context_length())
+    if (hb.positions[i] < 0 || hb.positions[i] >= context)
       return invalid_argument("position " + std::to_string(hb.positions[i]) + " is outside the model's range [0, " +
-                              config_.context_length_source() + " = " + std::to_string(config_.context_length()) + ")");
+                              config_.context_length_source() + " = " + std::to_string(context) + ")");
   }
   auto ints = [&](const std::vector<int32_t>& v) -> Result<TensorBuffer> {
     TensorBuffer h = host_empty(Shape{static_cast<int64_t>(v.size())}, DType::i32);
