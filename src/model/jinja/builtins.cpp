@@ -38,7 +38,7 @@ Result<int> compare3(const Value& a, const Value& b) {
     return x < y ? -1 : x > y ? 1 : 0;
   }
   if (a.is_str() && b.is_str()) return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
-  if (a.is_list() && b.is_list()) {
+  if (a.is_list() && b.is_list() && a.tuple == b.tuple) {  // a list and a tuple do not compare
     for (size_t k = 0; k < std::min(a.l->size(), b.l->size()); ++k) {
       if (equals((*a.l)[k], (*b.l)[k])) continue;
       return compare3((*a.l)[k], (*b.l)[k]);
@@ -208,15 +208,16 @@ Value Interp::method(const Value& obj, const std::string& name) {
       return bind([name](Interp&, const Value& d, Args&) -> Result<Value> {
         List out;
         for (auto& [k, v] : d.d->items) {
-          if (name == "items") out.push_back(Value::list({Value::str(k), v}, true));
-          else out.push_back(name == "keys" ? Value::str(k) : v);
+          if (name == "items") out.push_back(Value::list({k, v}, true));
+          else out.push_back(name == "keys" ? k : v);
         }
         return Value::list(std::move(out));
       });
     if (name == "get")
       return bind([](Interp& in, const Value& d, Args& a) -> Result<Value> {
         if (a.pos.empty()) return in.fail("get expected at least 1 argument, got 0");
-        const Value* v = a.pos[0].is_str() ? d.d->find(a.pos[0].s) : nullptr;
+        if (!is_hashable(a.pos[0])) return in.fail(std::string("unhashable type: '") + type_name(a.pos[0]) + "'");
+        const Value* v = d.d->find(a.pos[0]);
         if (v) return *v;
         return a.pos.size() > 1 ? a.pos[1] : Value::none();
       });

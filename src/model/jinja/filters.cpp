@@ -50,7 +50,17 @@ Result<Value> f_tojson(Interp& in, const Value& v, Args& a) {
   const Value* ind = arg(a, 1, "indent");
   const Value* seps = arg(a, 2, "separators");
   bool sort_keys = arg_bool(a, 3, "sort_keys", false);
-  int indent = ind && ind->is_int() ? int(ind->as_int()) : -1;
+  // json.dumps: an int indent is that many spaces, a str indent itself, None one line.
+  std::optional<std::string> indent;
+  if (ind && ind->is_int()) {
+    if (ind->as_int() > 4096) return in.fail("tojson indent of more than 4096 spaces");
+    indent = std::string(size_t(std::max<int64_t>(ind->as_int(), 0)), ' ');
+  } else if (ind && ind->is_str()) {
+    if (ind->s.size() > 4096) return in.fail("tojson indent of more than 4096 characters");
+    indent = ind->s;
+  } else if (ind && !ind->is_none()) {
+    return in.fail(std::string("tojson indent must be an int, a str or None, not ") + type_name(*ind));
+  }
   std::string item_sep, key_sep;
   if (seps && seps->is_list() && seps->l->size() == 2) { item_sep = to_str((*seps->l)[0]); key_sep = to_str((*seps->l)[1]); }
   auto r = to_json(v, ensure_ascii, indent, item_sep, key_sep, sort_keys);
@@ -105,7 +115,7 @@ Result<Value> f_items(Interp& in, const Value& v, Args&) {
   if (v.is_undef()) return Value::list();
   if (!v.is_dict()) return in.fail("Can only get item pairs from a mapping.");
   List out;
-  for (auto& [k, x] : v.d->items) out.push_back(Value::list({Value::str(k), x}, true));
+  for (auto& [k, x] : v.d->items) out.push_back(Value::list({k, x}, true));
   return Value::list(std::move(out));
 }
 Result<Value> f_list(Interp& in, const Value& v, Args&) {
@@ -223,8 +233,8 @@ Result<Value> f_dictsort(Interp& in, const Value& v, Args& a) {
   List items;
   std::vector<Value> keys;
   for (auto& [k, x] : v.d->items) {
-    items.push_back(Value::list({Value::str(k), x}, true));
-    keys.push_back(sort_key(by_value ? x : Value::str(k), cs));
+    items.push_back(Value::list({k, x}, true));
+    keys.push_back(sort_key(by_value ? x : k, cs));
   }
   return sorted(in, std::move(items), reverse, std::move(keys));
 }

@@ -41,7 +41,9 @@ Result<Value> Interp::eval(const Expr& e, const FrameP& f) {
       for (size_t k = 0; k + 1 < e.ch.size(); k += 2) {
         KILN_ASSIGN_OR_RETURN(Value key, eval(*e.ch[k], f));
         KILN_ASSIGN_OR_RETURN(Value val, eval(*e.ch[k + 1], f));
-        d.d->set(to_str(key), std::move(val));
+        line = e.line;
+        if (!is_hashable(key)) return fail(std::string("unhashable type: '") + type_name(key) + "'");
+        d.d->set(std::move(key), std::move(val));
       }
       return d;
     }

@@ -129,11 +129,10 @@ struct Interp {
   }
   Result<Value> getitem(const Value& obj, const Value& key) {
     if (obj.is_undef()) return fail(obj.s.empty() ? "undefined value has no item" : "'" + obj.s + "' is undefined");
-    if (obj.is_dict()) {
-      if (key.is_str()) {
-        if (const Value* v = obj.d->find(key.s)) return *v;
-        return getattr(obj, key.s);
-      }
+    if (obj.is_dict()) {  // obj[key], then (a str key) the attribute
+      if (is_hashable(key))
+        if (const Value* v = obj.d->find(key)) return *v;
+      if (key.is_str()) return getattr(obj, key.s);
       return Value::undef("'dict object' has no attribute '" + to_str(key) + "'");
     }
     if ((obj.is_list() || obj.is_str()) && key.is_int()) {
@@ -195,7 +194,10 @@ struct Interp {
         if (equals(x, item)) return true;
       return false;
     }
-    if (container.is_dict()) return item.is_str() && container.d->find(item.s) != nullptr;
+    if (container.is_dict()) {
+      if (!is_hashable(item)) return fail(std::string("unhashable type: '") + type_name(item) + "'");
+      return container.d->find(item) != nullptr;
+    }
     if (container.is_undef()) return false;  // jinja2's Undefined iterates as empty: `x in undefined` is False
     return fail(std::string("argument of type '") + type_name(container) + "' is not iterable");
   }
@@ -204,7 +206,7 @@ struct Interp {
     if (v.is_list()) return *v.l;
     if (v.is_dict()) {
       List out;
-      for (auto& kv : v.d->items) out.push_back(Value::str(kv.first));
+      for (auto& kv : v.d->items) out.push_back(kv.first);
       return out;
     }
     if (v.is_str()) {

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 namespace kiln::jinja {
 
@@ -26,7 +27,10 @@ Value::~Value() {
       v.l->clear();
     }
     if (v.d && v.d.use_count() == 1) {
-      for (auto& kv : v.d->items) pending.push_back(std::move(kv.second));
+      for (auto& kv : v.d->items) {
+        pending.push_back(std::move(kv.first));
+        pending.push_back(std::move(kv.second));
+      }
       v.d->items.clear();
     }
   };
@@ -89,16 +93,34 @@ bool Value::truthy() const {
   return false;
 }
 
-const Value* Dict::find(const std::string& k) const {
+const Value* Dict::find(const Value& k) const {
   for (auto& [key, v] : items)
-    if (key == k) return &v;
+    if (equals(key, k)) return &v;
   return nullptr;
 }
 
-void Dict::set(const std::string& k, Value v) {
+const Value* Dict::find(const std::string& k) const {
+  for (auto& [key, v] : items)
+    if (key.is_str() && key.s == k) return &v;
+  return nullptr;
+}
+
+void Dict::set(Value k, Value v) {
   for (auto& [key, old] : items)
-    if (key == k) { old = std::move(v); return; }
-  items.emplace_back(k, std::move(v));
+    if (equals(key, k)) { old = std::move(v); return; }  // Python keeps the first key object
+  items.emplace_back(std::move(k), std::move(v));
+}
+
+bool is_hashable(const Value& v) {
+  std::vector<const Value*> pending = {&v};  // tuples can nest as deep as a loop builds them
+  while (!pending.empty()) {
+    const Value* x = pending.back();
+    pending.pop_back();
+    if (x->is_dict() || (x->is_list() && !x->tuple)) return false;
+    if (x->is_list())
+      for (const Value& e : *x->l) pending.push_back(&e);
+  }
+  return true;
 }
 
 std::string float_repr(double x) {
@@ -196,7 +218,7 @@ struct ReprWriter {
         std::string out = v.ns ? "<Namespace {" : "{";
         bool first = true;
         for (auto& [k, e] : v.d->items) {
-          out += (first ? "" : ", ") + str_repr(k) + ": " + write(e);
+          out += (first ? "" : ", ") + write(k) + ": " + write(e);
           first = false;
         }
         open.pop_back();
@@ -244,16 +266,31 @@ static void json_str(std::string& out, const std::string& s, bool ensure_ascii) 
 }
 
 namespace {
+// json.dumps turns dict keys into strings: str as it is, numbers as printed, true/false/null.
+Result<std::string> json_key(const Value& k) {
+  switch (k.t) {
+    case Value::T::Str: return k.s;
+    case Value::T::Int: return std::to_string(k.i);
+    case Value::T::Bool: return std::string(k.b ? "true" : "false");
+    case Value::T::None: return std::string("null");
+    case Value::T::Float:
+      if (std::isnan(k.f)) return std::string("NaN");
+      if (std::isinf(k.f)) return std::string(k.f > 0 ? "Infinity" : "-Infinity");
+      return float_repr(k.f);
+    default: return invalid_argument(std::string("keys must be str, int, float, bool or None, not ") + type_name(k));
+  }
+}
+
 struct JsonWriter {
   bool ensure_ascii;
-  int indent;
+  std::optional<std::string> indent;  // none: one line
   std::string item_sep, key_sep;
   bool sort_keys;
   std::string out;
 
   void newline(int level) {
     out += '\n';
-    out.append(size_t(indent * level), ' ');
+    for (int k = 0; k < level; ++k) out += *indent;
   }
   Status write(const Value& v, int level) {
     if (level >= kMaxValueNesting) return invalid_argument("Circular reference detected (or nesting deeper than " +
@@ -273,28 +310,38 @@ struct JsonWriter {
         out += '[';
         for (size_t k = 0; k < v.l->size(); ++k) {
           if (k) out += item_sep;
-          if (indent >= 0) newline(level + 1);
+          if (indent) newline(level + 1);
           KILN_RETURN_IF_ERROR(write((*v.l)[k], level + 1));
         }
-        if (indent >= 0) newline(level);
+        if (indent) newline(level);
         out += ']';
         return Status::Ok();
       }
       case Value::T::Dict: {
         if (v.d->items.empty()) { out += "{}"; return Status::Ok(); }
-        std::vector<const std::pair<std::string, Value>*> items;
+        std::vector<const std::pair<Value, Value>*> items;
         for (auto& kv : v.d->items) items.push_back(&kv);
-        if (sort_keys)
-          std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return utf8_decode(a->first) < utf8_decode(b->first); });
+        if (sort_keys) {
+          bool mixed = false;
+          std::stable_sort(items.begin(), items.end(), [&mixed](auto* a, auto* b) {
+            const Value &x = a->first, &y = b->first;
+            if (x.is_num() && y.is_num()) return x.is_int() && y.is_int() ? x.as_int() < y.as_int() : x.as_double() < y.as_double();
+            if (x.is_str() && y.is_str()) return x.s < y.s;  // UTF-8 bytes sort as code points
+            mixed = true;
+            return false;
+          });
+          if (mixed) return invalid_argument("'<' not supported between the dict's keys (sort_keys needs keys of one kind)");
+        }
         out += '{';
         for (size_t k = 0; k < items.size(); ++k) {
           if (k) out += item_sep;
-          if (indent >= 0) newline(level + 1);
-          json_str(out, items[k]->first, ensure_ascii);
+          if (indent) newline(level + 1);
+          KILN_ASSIGN_OR_RETURN(std::string key, json_key(items[k]->first));
+          json_str(out, key, ensure_ascii);
           out += key_sep;
           KILN_RETURN_IF_ERROR(write(items[k]->second, level + 1));
         }
-        if (indent >= 0) newline(level);
+        if (indent) newline(level);
         out += '}';
         return Status::Ok();
       }
@@ -306,10 +353,10 @@ struct JsonWriter {
 };
 }  // namespace
 
-Result<std::string> to_json(const Value& v, bool ensure_ascii, int indent, const std::string& item_sep,
+Result<std::string> to_json(const Value& v, bool ensure_ascii, const std::optional<std::string>& indent, const std::string& item_sep,
                             const std::string& key_sep, bool sort_keys) {
   JsonWriter w{ensure_ascii, indent, item_sep, key_sep, sort_keys, {}};
-  if (w.item_sep.empty()) w.item_sep = indent >= 0 ? "," : ", ";
+  if (w.item_sep.empty()) w.item_sep = indent ? "," : ", ";
   if (w.key_sep.empty()) w.key_sep = ": ";
   KILN_RETURN_IF_ERROR(w.write(v, 0));
   return std::move(w.out);
@@ -330,6 +377,7 @@ static bool equals_at(const Value& a, const Value& b, int depth) {
     case Value::T::Undefined: case Value::T::None: return true;
     case Value::T::Str: return a.s == b.s;
     case Value::T::List:
+      if (a.tuple != b.tuple) return false;  // [1] != (1,)
       if (a.l == b.l) return true;  // the same object (Python compares identical elements equal)
       if (a.l->size() != b.l->size()) return false;
       for (size_t k = 0; k < a.l->size(); ++k)
@@ -340,7 +388,7 @@ static bool equals_at(const Value& a, const Value& b, int depth) {
       if (a.ns || b.ns) return false;  // namespaces compare by identity, like jinja2's Namespace
       if (a.d->items.size() != b.d->items.size()) return false;
       for (auto& [k, v] : a.d->items) {
-        const Value* o = b.d->find(k);
+        const Value* o = b.d->find(k);  // keys are hashable: their comparison is shallow or bounded
         if (!o || !equals_at(v, *o, depth + 1)) return false;
       }
       return true;

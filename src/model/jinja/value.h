@@ -1,12 +1,13 @@
 // The Jinja interpreter's runtime values, with Python semantics: undefined, None, bool, int, float,
-// str (UTF-8, indexed by code point), list/tuple and dict (insertion ordered, shared by reference like
-// Python objects), callables (builtins, bound methods, macros). Printing follows Python's str()/repr(),
-// tojson follows json.dumps.
+// str (UTF-8, indexed by code point), list/tuple and dict (insertion ordered, keys of any hashable
+// type matched as Python matches them, shared by reference like Python objects), callables
+// (builtins, bound methods, macros). Printing follows Python's str()/repr(), tojson follows json.dumps.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,11 +75,18 @@ struct Value {
   bool truthy() const;
 };
 
+// A Python dict: keys keep their type ({1: 'a'} and {'1': 'a'} differ) and match by Python
+// equality (1, 1.0 and True are one key). Keys are hashable values (is_hashable).
 struct Dict {
-  std::vector<std::pair<std::string, Value>> items;
-  const Value* find(const std::string& k) const;
-  void set(const std::string& k, Value v);
+  std::vector<std::pair<Value, Value>> items;
+  const Value* find(const Value& k) const;
+  const Value* find(const std::string& k) const;  // the str key k
+  void set(Value k, Value v);
+  void set(const std::string& k, Value v) { set(Value::str(k), std::move(v)); }
 };
+
+// Whether Python can hash `v` (a dict key): not a list or dict, nor a tuple holding one.
+bool is_hashable(const Value& v);
 
 // Nesting the value functions below follow: repr prints deeper parts as "...", tojson fails, ==
 // compares them unequal (a namespace can be made to hold itself; Python's guards differ only there).
@@ -90,8 +98,9 @@ std::string to_str(const Value& v);
 std::string repr(const Value& v);
 // Python repr of a float ("1.0", "1e+16", "0.1").
 std::string float_repr(double x);
-// json.dumps(v, ensure_ascii, indent (<0: none), separators (empty: Python's default), sort_keys).
-Result<std::string> to_json(const Value& v, bool ensure_ascii, int indent, const std::string& item_sep,
+// json.dumps(v, ensure_ascii, indent (the string each level adds; none: one line), separators
+// (empty: Python's default), sort_keys).
+Result<std::string> to_json(const Value& v, bool ensure_ascii, const std::optional<std::string>& indent, const std::string& item_sep,
                             const std::string& key_sep, bool sort_keys);
 // Python ==.
 bool equals(const Value& a, const Value& b);

@@ -1,0 +1,62 @@
+// Jinja language semantics of kiln's chat-template interpreter, case by case: each template is
+// rendered and compared with what jinja2 3.x gives as transformers configures it (its
+// _compile_jinja_template: ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, its tojson);
+// the expected strings were produced by running those templates there. A null expectation means
+// jinja2 raises, and kiln must return an error (its wording is not compared).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/chat_template.h"
+
+namespace kiln {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+struct Case {
+  const char* src;
+  const char* context;   // a JSON object, or "" for none
+  const char* expected;  // nullptr: jinja2 raises
+};
+
+template <size_t N>
+void check_cases(const Case (&cases)[N]) {
+  for (const Case& c : cases) {
+    auto t = ChatTemplate::parse(c.src, "t");
+    ojson ctx = *c.context ? ojson::parse(c.context) : ojson::object();
+    Result<std::string> r = t.ok() ? t.value().render(ctx) : Result<std::string>(t.status());
+    if (!c.expected) {
+      EXPECT_FALSE(r.ok()) << c.src << " rendered " << r.value() << " where jinja2 raises";
+    } else if (!r.ok()) {
+      ADD_FAILURE() << c.src << ": " << r.status().message();
+    } else {
+      EXPECT_EQ(r.value(), c.expected) << c.src;
+    }
+  }
+}
+
+// Dict literals keep their keys' types: {1: 'a'} and {'1': 'a'} differ, 1, 1.0 and True are one key,
+// dictsort compares typed keys (ByteDance-Seed-OSS compares them with an int), tojson turns keys into
+// strings as json.dumps does; [1] and (1,) are not equal.
+TEST(JinjaSemantics, DictKeysKeepTheirTypes) {
+  const Case cases[] = {
+    {"{% set d = {0: 0, 512: 128} %}{% for k, v in d|dictsort %}{{ k <= 100 }},{{ v }};{% endfor %}", "", "True,0;False,128;"},
+    {"{% set d = {1: 'one', '1': 'str'} %}[{{ d[1] }}][{{ d['1'] }}][{{ d }}][{{ d|length }}]", "", "[one][str][{1: 'one', '1': 'str'}][2]"},
+    {"{{ {true: 'T', none: 'N', 1.5: 'F', (1, 'a'): 'tuple'} }}", "", "{True: 'T', None: 'N', 1.5: 'F', (1, 'a'): 'tuple'}"},
+    {"{% set d = {1: 'a', 1.0: 'b', true: 'c'} %}{{ d }}", "", "{1: 'c'}"},
+    {"{% set d = {2: 'b', 1: 'a'} %}{{ d.keys()|list }} {{ d.items()|list }} {{ d.get(2) }} {{ d.get('2') }} {{ 1 in d }} {{ '1' in d }}", "", "[2, 1] [(2, 'b'), (1, 'a')] b None True False"},
+    {"{% set d = {2: 'b', 10: 'a'} %}{% for k in d %}{{ k + 1 }},{% endfor %}{{ d|dictsort }} {{ d|dictsort(by='value') }}", "", "3,11,[(2, 'b'), (10, 'a')] [(10, 'a'), (2, 'b')]"},
+    {"{{ {1: 'a', none: 'b', true: 'c', 2.5: 'd'}|tojson }}", "", "{\"1\": \"c\", \"null\": \"b\", \"2.5\": \"d\"}"},
+    {"{{ {2: 'a', 1: 'b'}|tojson(sort_keys=true) }}", "", "{\"1\": \"b\", \"2\": \"a\"}"},
+    {"{{ {'b': 1, 'a': {'y': 1, 'x': 2}}|tojson(indent=2) }}|{{ [1, [2]]|tojson(indent='  ') }}|{{ {'a': 1}|tojson(indent='\\t') }}|{{ [1]|tojson(indent=0) }}", "", "{\n  \"b\": 1,\n  \"a\": {\n    \"y\": 1,\n    \"x\": 2\n  }\n}|[\n  1,\n  [\n    2\n  ]\n]|{\n\t\"a\": 1\n}|[\n1\n]"},
+    {"{{ [1] == (1,) }} {{ (1, 2) in [[1, 2]] }} {{ (1, 2) == (1, 2) }} {{ [1, 2] == [1, 2] }} {{ (1, 2) in [(1, 2)] }}", "", "False False True True True"},
+    {"{{ d[1] }}|{{ d['1'] }}|{{ d.a }}", "{\"d\": {\"1\": \"json\", \"a\": 2}}", "|json|2"},
+  };
+  check_cases(cases);
+}
+
+}  // namespace
+}  // namespace kiln
