@@ -58,5 +58,18 @@ TEST(JinjaSemantics, DictKeysKeepTheirTypes) {
   check_cases(cases);
 }
 
+// select / reject / selectattr / rejectattr / map iterate their input only when it is true: on none
+// (functionary-medium-v3.1 with tools=None, MiniMax-M1) or any false value they give nothing.
+TEST(JinjaSemantics, SelectAndMapOfAFalseValueAreEmpty) {
+  const Case cases[] = {
+    {"{{ tools | selectattr('type', 'equalto', 'x') | list | length }}", "{\"tools\": null}", "0"},
+    {"[{{ x|map('upper')|list }}][{{ x|reject|list }}][{{ x|rejectattr('a')|list }}][{{ x|select|list }}][{{ x|map(attribute='a')|list }}]", "{\"x\": null}", "[[]][[]][[]][[]][[]]"},
+    {"{{ x|select|list }}|{{ y|selectattr('a')|list }}|{{ z|map('string')|list }}", "{\"x\": 0, \"y\": \"\", \"z\": false}", "[]|[]|[]"},
+    {"{{ missing|selectattr('a')|list }}|{{ missing|map('upper')|list }}", "", "[]|[]"},
+    {"{{ 5|select|list }}", "", nullptr},  // TypeError: 'int' object is not iterable
+  };
+  check_cases(cases);
+}
+
 }  // namespace
 }  // namespace kiln

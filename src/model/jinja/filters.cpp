@@ -254,6 +254,7 @@ Result<Value> f_unique(Interp& in, const Value& v, Args& a) {
   return Value::list(std::move(out));
 }
 Result<Value> f_map(Interp& in, const Value& v, Args& a) {
+  if (!v.truthy()) return Value::list();  // jinja2 iterates only a true value: none|map(...) is empty
   KILN_ASSIGN_OR_RETURN(List items, in.iterate(v));
   List out;
   const Value* attr = nullptr;
@@ -280,6 +281,7 @@ Result<Value> f_map(Interp& in, const Value& v, Args& a) {
   return Value::list(std::move(out));
 }
 Result<Value> select_impl(Interp& in, const Value& v, Args& a, bool attr_mode, bool keep) {
+  if (!v.truthy()) return Value::list();  // as map: none|selectattr(...) is empty
   KILN_ASSIGN_OR_RETURN(List items, in.iterate(v));
   size_t k = 0;
   std::string attr;
