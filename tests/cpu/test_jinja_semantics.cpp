@@ -71,5 +71,25 @@ TEST(JinjaSemantics, SelectAndMapOfAFalseValueAreEmpty) {
   check_cases(cases);
 }
 
+// Markup (jinja2's safe strings; transformers renders with autoescape off): |safe and |escape make
+// one, Markup + str escapes the str (functionary-medium-v3.1 prints its tools' JSON escaped this
+// way), |escape leaves a Markup alone, ~ and |replace give plain strings, Markup's methods escape
+// their arguments, and a Markup prints as Markup('...') inside a list.
+TEST(JinjaSemantics, MarkupAsJinja2WithAutoescapeOff) {
+  const Case cases[] = {
+    {"{{ 'a: '|safe + x }}|{{ x + 'b'|safe }}", "{\"x\": \"\\\"<b>&'\"}", "a: &#34;&lt;b&gt;&amp;&#39;|&#34;&lt;b&gt;&amp;&#39;b"},
+    {"{{ 'f: '|safe + t|tojson }}", "{\"t\": {\"k\": \"v\", \"q\": \"<'>\"}}", "f: {&#34;k&#34;: &#34;v&#34;, &#34;q&#34;: &#34;&lt;&#39;&gt;&#34;}"},
+    {"{{ '<'|e|e }}|{{ ('<'|e) + '<' }}|{{ ('<'|e) ~ '<' }}|{{ '<'|forceescape|forceescape }}|{{ '<'|safe|forceescape }}", "", "&lt;|&lt;&lt;|&lt;<|&amp;lt;|&lt;"},
+    {"{{ 'x'|safe is escaped }} {{ 'x' is escaped }} {{ 'x'|e is escaped }} {{ ('x'|safe)|string is escaped }} {{ ('x'|safe ~ 'y') is escaped }} {{ 1|e is escaped }}", "", "True False True True False True"},
+    {"{{ ['a'|safe, '<'|e, 'b'] }}|{{ {'k': 'v'|safe} }}|{{ none|e }}|{{ 3|safe + '<' }}", "", "[Markup('a'), Markup('&lt;'), 'b']|{'k': Markup('v')}|None|3&lt;"},
+    {"{{ ('<'|e * 2) }}|{{ ('<x>'|safe)[1] is escaped }}|{{ ('<x>'|safe)[1:] }}|{{ ('<x>'|safe)[1:] is escaped }}", "", "&lt;&lt;|True|x>|True"},
+    {"{{ ('a,b'|safe).split(',') }}|{{ ('a'|safe).replace('a', '<') }}|{{ (', '|safe).join(['<', 'b'|safe]) }}|{{ ('x'|safe).upper() }}|{{ ('x'|safe).startswith('x') }}", "", "[Markup('a'), Markup('b')]|&lt;|&lt;, b|X|True"},
+    {"{{ ('a'|safe)|upper is escaped }} {{ ('a'|safe)|lower }} {{ (' a '|safe)|trim is escaped }} {{ ('a'|safe)|title is escaped }} {{ ('a'|safe)|replace('a', '<') is escaped }} {{ ('a'|safe)|replace('a', '<') }} {{ ('a\nb'|safe)|indent is escaped }} {{ ('a'|safe)|center(3) is escaped }}", "", "True a True False False < True True"},
+    {"{{ 'x'|safe == 'x' }} {{ 'x'|safe in ['x'] }} {{ ('x'|safe)|length }}", "", "True True 1"},
+    {"{{ (('x'|safe) + 1) }}", "", nullptr},  // TypeError: unsupported operand type(s) for +: 'Markup' and 'int'
+  };
+  check_cases(cases);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <ctime>
 #include <map>
+#include <set>
 
 #include <utf8proc.h>
 
@@ -50,7 +51,51 @@ Result<int> compare3(const Value& a, const Value& b) {
 
 
 // ---- methods ----
+namespace {
+// A Markup's result of one of the wrapped methods: strings in it are Markup too.
+Value as_markup(Value v) {
+  if (v.is_str()) v.safe = true;
+  if (v.is_list()) {
+    List l = *v.l;
+    for (Value& e : l)
+      if (e.is_str()) e.safe = true;
+    v = Value::list(std::move(l), v.tuple);
+  }
+  return v;
+}
+}  // namespace
+
+// markupsafe's Markup methods: those that build strings escape their str arguments (join: the items
+// it joins) and return Markup; the rest are str's.
+Value Interp::markup_method(const Value& obj, const std::string& name) {
+  static const std::set<std::string> wrapped = {
+      "capitalize", "title", "lower", "upper", "replace", "ljust", "rjust", "lstrip", "rstrip", "center", "strip",
+      "expandtabs", "swapcase", "zfill", "casefold", "removeprefix", "removesuffix", "split", "rsplit",
+      "splitlines", "partition", "rpartition", "format", "join"};
+  Value plain = obj;
+  plain.safe = false;
+  Value m = method(plain, name);
+  if (m.is_undef() || !wrapped.count(name)) return m;
+  Interp* self = this;
+  return Value::func([self, m, name](Args& a) -> Result<Value> {
+    Args escaped = a;
+    if (name == "join" && !escaped.pos.empty()) {
+      KILN_ASSIGN_OR_RETURN(List items, self->iterate(escaped.pos[0]));
+      for (Value& x : items) x = markup_escape(x);
+      escaped.pos[0] = Value::list(std::move(items));
+    } else {
+      for (Value& x : escaped.pos)
+        if (x.is_str()) x = markup_escape(x);
+      for (auto& kv : escaped.kw)
+        if (kv.second.is_str()) kv.second = markup_escape(kv.second);
+    }
+    KILN_ASSIGN_OR_RETURN(Value r, self->call(m, escaped));
+    return as_markup(std::move(r));
+  });
+}
+
 Value Interp::method(const Value& obj, const std::string& name) {
+  if (obj.is_str() && obj.safe) return markup_method(obj, name);
   Interp* self = this;
   auto bind = [&](auto fn) { return Value::func([self, obj, fn](Args& a) -> Result<Value> { return fn(*self, obj, a); }); };
   auto arg_str = [](Interp& in, const Args& a, size_t k, const char* n) -> Result<std::string> {

@@ -67,13 +67,19 @@ Result<Value> f_tojson(Interp& in, const Value& v, Args& a) {
   if (!r.ok()) return in.fail(r.status().message());
   return Value::str(r.value());
 }
-Result<Value> f_trim(Interp&, const Value& v, Args& a) { return Value::str(py_strip(to_str(v), arg(a, 0, "chars"), true, true)); }
-Result<Value> f_upper(Interp&, const Value& v, Args&) { return Value::str(map_case(to_str(v), true)); }
-Result<Value> f_lower(Interp&, const Value& v, Args&) { return Value::str(map_case(to_str(v), false)); }
+// A string result of a filter that calls a method of its input: a Markup stays one (jinja2's soft_str).
+Value like(const Value& input, std::string s) { return input.is_str() && input.safe ? Value::markup(std::move(s)) : Value::str(std::move(s)); }
+Result<Value> f_trim(Interp&, const Value& v, Args& a) {
+  const Value* chars = arg(a, 0, "chars");
+  Value escaped_chars = chars && v.safe && chars->is_str() ? markup_escape(*chars) : Value();  // Markup.strip escapes them
+  return like(v, py_strip(to_str(v), escaped_chars.is_str() ? &escaped_chars : chars, true, true));
+}
+Result<Value> f_upper(Interp&, const Value& v, Args&) { return like(v, map_case(to_str(v), true)); }
+Result<Value> f_lower(Interp&, const Value& v, Args&) { return like(v, map_case(to_str(v), false)); }
 Result<Value> f_capitalize(Interp&, const Value& v, Args&) {
   std::u32string u = utf8_decode(to_str(v));
   for (size_t k = 0; k < u.size(); ++k) u[k] = k == 0 ? py_upper(u[k]) : py_lower(u[k]);
-  return Value::str(utf8_encode(u));
+  return like(v, utf8_encode(u));
 }
 Result<Value> f_title(Interp&, const Value& v, Args&) {
   // jinja: words split at runs of [-\s({\[<]; first char upper, rest lower.
@@ -130,9 +136,12 @@ Result<Value> f_last(Interp& in, const Value& v, Args&) {
   KILN_ASSIGN_OR_RETURN(List items, in.iterate(v));
   return items.empty() ? Value::undef("No last item, sequence was empty.") : items.back();
 }
-Result<Value> f_string(Interp&, const Value& v, Args&) { return Value::str(to_str(v)); }
-Result<Value> f_safe(Interp&, const Value& v, Args&) { return v; }
-Result<Value> f_escape(Interp&, const Value& v, Args&) { return Value::str(html_escape(to_str(v))); }
+// Markup (jinja2's safe strings, autoescape off): |safe marks a value safe, |escape escapes what is
+// not safe yet, |forceescape escapes even a Markup; |string keeps a Markup one.
+Result<Value> f_string(Interp&, const Value& v, Args&) { return v.is_str() ? v : Value::str(to_str(v)); }
+Result<Value> f_safe(Interp&, const Value& v, Args&) { return Value::markup(to_str(v)); }
+Result<Value> f_escape(Interp&, const Value& v, Args&) { return markup_escape(v); }
+Result<Value> f_forceescape(Interp&, const Value& v, Args&) { return Value::markup(html_escape(to_str(v))); }
 Result<Value> f_int(Interp&, const Value& v, Args& a) {
   const Value* d = arg(a, 0, "default");
   Value def = d ? *d : Value::integer(0);
@@ -339,7 +348,7 @@ Result<Value> f_indent(Interp&, const Value& v, Args& a) {
       if (!lines[k].empty()) { rv += ind; rv += lines[k]; }
     }
   }
-  return Value::str(first ? ind + rv : rv);
+  return like(v, first ? ind + rv : rv);
 }
 Result<Value> f_wordcount(Interp&, const Value& v, Args&) {
   int64_t n = 0;
@@ -391,9 +400,9 @@ Result<Value> f_center(Interp&, const Value& v, Args& a) {
   const Value* w = arg(a, 0, "width");
   std::u32string u = utf8_decode(to_str(v));
   int64_t width = w ? w->as_int() : 80, n = int64_t(u.size());
-  if (width <= n) return Value::str(to_str(v));
+  if (width <= n) return like(v, to_str(v));
   int64_t pad = width - n, left = pad / 2 + (pad & width & 1);
-  return Value::str(std::string(size_t(left), ' ') + to_str(v) + std::string(size_t(pad - left), ' '));
+  return like(v, std::string(size_t(left), ' ') + to_str(v) + std::string(size_t(pad - left), ' '));
 }
 Result<Value> f_format(Interp& in, const Value& v, Args& a) {
   std::string s = to_str(v), out;
@@ -422,7 +431,7 @@ const std::map<std::string, FilterFn>& filters() {
       {"lower", f_lower}, {"capitalize", f_capitalize}, {"title", f_title}, {"default", f_default}, {"d", f_default},
       {"join", f_join}, {"replace", f_replace}, {"items", f_items}, {"list", f_list}, {"first", f_first},
       {"last", f_last}, {"string", f_string}, {"safe", f_safe}, {"escape", f_escape}, {"e", f_escape},
-      {"forceescape", f_escape}, {"int", f_int}, {"float", f_float}, {"abs", f_abs}, {"round", f_round},
+      {"forceescape", f_forceescape}, {"int", f_int}, {"float", f_float}, {"abs", f_abs}, {"round", f_round},
       {"reverse", f_reverse}, {"sort", f_sort}, {"dictsort", f_dictsort}, {"unique", f_unique}, {"map", f_map},
       {"select", f_select}, {"reject", f_reject}, {"selectattr", f_selectattr}, {"rejectattr", f_rejectattr},
       {"indent", f_indent}, {"wordcount", f_wordcount}, {"sum", f_sum}, {"min", f_min}, {"max", f_max},
@@ -445,6 +454,7 @@ Result<bool> t_float(Interp&, const Value& v, Args&) { return v.t == Value::T::F
 Result<bool> t_boolean(Interp&, const Value& v, Args&) { return v.t == Value::T::Bool; }
 Result<bool> t_true(Interp&, const Value& v, Args&) { return v.t == Value::T::Bool && v.b; }
 Result<bool> t_false(Interp&, const Value& v, Args&) { return v.t == Value::T::Bool && !v.b; }
+Result<bool> t_escaped(Interp&, const Value& v, Args&) { return v.is_str() && v.safe; }
 Result<bool> t_mapping(Interp&, const Value& v, Args&) { return v.is_dict(); }
 Result<bool> t_iterable(Interp&, const Value& v, Args&) { return v.is_str() || v.is_list() || v.is_dict() || v.is_undef(); }
 Result<bool> t_sequence(Interp&, const Value& v, Args&) { return v.is_str() || v.is_list() || v.is_dict(); }
@@ -509,7 +519,7 @@ const std::map<std::string, TestFn>& tests() {
       {"divisibleby", t_divisibleby}, {"eq", t_eq}, {"equalto", t_eq}, {"==", t_eq}, {"ne", t_ne}, {"!=", t_ne},
       {"lt", t_cmp<0>}, {"lessthan", t_cmp<0>}, {"<", t_cmp<0>}, {"le", t_cmp<1>}, {"<=", t_cmp<1>},
       {"gt", t_cmp<2>}, {"greaterthan", t_cmp<2>}, {">", t_cmp<2>}, {"ge", t_cmp<3>}, {">=", t_cmp<3>},
-      {"in", t_in}, {"sameas", t_sameas}, {"escaped", t_false}, {"filter", t_filter}, {"test", t_test},
+      {"in", t_in}, {"sameas", t_sameas}, {"escaped", t_escaped}, {"filter", t_filter}, {"test", t_test},
   };
   return m;
 }

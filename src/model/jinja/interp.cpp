@@ -14,6 +14,7 @@
 
 #include "model/chat_template.h"
 #include "model/jinja/interp.h"
+#include "model/jinja/py_string.h"
 
 namespace kiln {
 namespace jinja {
@@ -82,7 +83,8 @@ Result<Value> Interp::eval(const Expr& e, const FrameP& f) {
         if (obj.is_str()) s += u[size_t(k)];
         else l.push_back((*obj.l)[size_t(k)]);
       }
-      return obj.is_str() ? Value::str(utf8_encode(s)) : Value::list(std::move(l), obj.tuple);
+      if (obj.is_str()) return obj.safe ? Value::markup(utf8_encode(s)) : Value::str(utf8_encode(s));
+      return Value::list(std::move(l), obj.tuple);
     }
     case EK::Call: {
       KILN_ASSIGN_OR_RETURN(Value fn, eval(*e.ch[0], f));
@@ -228,6 +230,11 @@ Result<Value> Interp::binary(const std::string& op, const Value& a, const Value&
     }
   }
   if (op == "+" && a.is_str() && b.is_str()) {
+    if (a.safe || b.safe) {  // Markup + str escapes the str (markupsafe's __add__ / __radd__)
+      std::string x = markup_escape(a).s, y = markup_escape(b).s;
+      KILN_RETURN_IF_ERROR(check_size(x.size() + y.size()));
+      return Value::markup(x + y);
+    }
     KILN_RETURN_IF_ERROR(check_size(a.s.size() + b.s.size()));
     return Value::str(a.s + b.s);
   }
@@ -250,7 +257,7 @@ Result<Value> Interp::binary(const std::string& op, const Value& a, const Value&
       std::string s;
       s.reserve(static_cast<size_t>(n) * unit);
       for (int64_t k = 0; k < n; ++k) s += a.s;
-      return Value::str(s);
+      return a.safe ? Value::markup(s) : Value::str(s);
     }
     List l;
     for (int64_t k = 0; k < n; ++k) l.insert(l.end(), a.l->begin(), a.l->end());

@@ -146,7 +146,9 @@ struct Interp {
       int64_t n = int64_t(u.size()), k = key.as_int();
       if (k < 0) k += n;
       if (k < 0 || k >= n) return Value::undef("'str object' has no element " + std::to_string(key.as_int()));
-      return Value::str(utf8_encode(u.substr(size_t(k), 1)));
+      Value c = Value::str(utf8_encode(u.substr(size_t(k), 1)));
+      c.safe = obj.safe;  // an item of a Markup is a Markup
+      return c;
     }
     if (key.is_str()) return getattr(obj, key.s);
     return Value::undef(std::string("'") + type_name(obj) + " object' has no element " + to_str(key));
@@ -154,6 +156,7 @@ struct Interp {
 
   // Bound methods of str, dict and list (the sandbox's safe ones); undefined when none.
   Value method(const Value& obj, const std::string& name);
+  Value markup_method(const Value& obj, const std::string& name);
 
   // ---- expressions ----
   Result<Value> eval(const Expr& e, const FrameP& f);

@@ -89,6 +89,7 @@ std::string html_escape(const std::string& s) {
   }
   return out;
 }
+Value markup_escape(const Value& v) { return v.is_str() && v.safe ? v : Value::markup(html_escape(to_str(v))); }
 int64_t str_len(const std::string& s) {
   int64_t n = 0;
   for (unsigned char c : s) n += (c & 0xc0) != 0x80;

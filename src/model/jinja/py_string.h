@@ -1,6 +1,6 @@
 // Python's str operations by code point, for the chat-template interpreter's methods and filters
 // (builtins.cpp, filters.cpp): whitespace, case mapping (utf8proc), strip, split, replace, length,
-// and HTML escaping as Jinja's `escape` does it. Pure functions.
+// and HTML escaping as Jinja's `escape` (markupsafe) does it. Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,8 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
 // str.replace(a, b, count): count < 0 replaces every occurrence.
 std::string py_replace(const std::string& s, const std::string& a, const std::string& b, int64_t count);
 std::string html_escape(const std::string& s);
+// markupsafe.escape(v): a Markup as it is, anything else printed (str()) and HTML-escaped into a Markup.
+Value markup_escape(const Value& v);
 // len(str): code points of UTF-8 text.
 int64_t str_len(const std::string& s);
 

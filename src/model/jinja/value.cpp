@@ -199,7 +199,7 @@ struct ReprWriter {
       case Value::T::Bool: return v.b ? "True" : "False";
       case Value::T::Int: return std::to_string(v.i);
       case Value::T::Float: return float_repr(v.f);
-      case Value::T::Str: return str_repr(v.s);
+      case Value::T::Str: return v.safe ? "Markup(" + str_repr(v.s) + ")" : str_repr(v.s);
       case Value::T::List: {
         if (std::find(open.begin(), open.end(), v.l.get()) != open.end()) return v.tuple ? "(...)" : "[...]";
         if (open.size() >= kMaxValueNesting) return "...";

@@ -1,7 +1,8 @@
 // The Jinja interpreter's runtime values, with Python semantics: undefined, None, bool, int, float,
-// str (UTF-8, indexed by code point), list/tuple and dict (insertion ordered, keys of any hashable
-// type matched as Python matches them, shared by reference like Python objects), callables
-// (builtins, bound methods, macros). Printing follows Python's str()/repr(), tojson follows json.dumps.
+// str (UTF-8, indexed by code point; a str may be a markupsafe Markup, jinja2's "safe" string),
+// list/tuple and dict (insertion ordered, keys of any hashable type matched as Python matches them,
+// shared by reference like Python objects), callables (builtins, bound methods, macros). Printing
+// follows Python's str()/repr(), tojson follows json.dumps.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,7 @@ struct Value {
   int64_t i = 0;
   double f = 0;
   std::string s;  // Str; for Undefined, the name that was missing (for error messages)
+  bool safe = false;       // Str that is a Markup (|safe, |escape): + escapes the other operand
   std::shared_ptr<List> l;
   bool tuple = false;      // List printed as a tuple
   std::shared_ptr<Dict> d;
@@ -58,6 +60,7 @@ struct Value {
   static Value integer(int64_t x) { Value v; v.t = T::Int; v.i = x; return v; }
   static Value number(double x) { Value v; v.t = T::Float; v.f = x; return v; }
   static Value str(std::string x) { Value v; v.t = T::Str; v.s = std::move(x); return v; }
+  static Value markup(std::string x) { Value v = str(std::move(x)); v.safe = true; return v; }
   static Value list(List x = {}, bool tuple = false);
   static Value dict();
   static Value func(Func f) { Value v; v.t = T::Func; v.fn = std::make_shared<Func>(std::move(f)); return v; }
