@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,12 +89,14 @@ struct ChatTemplateInputs {
   nlohmann::ordered_json messages;
   nlohmann::ordered_json tools;  // null when absent
   bool add_generation_prompt = false;
-  std::string bos_token, eos_token;
+  // Unset: the template sees no such variable (transformers leaves out a special token that is null).
+  std::optional<std::string> bos_token, eos_token;
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };
 
 // What transformers' apply_chat_template(tokenize=False) passes to the template: messages, tools
-// (None when not given, as transformers passes tools=None), documents=None, add_generation_prompt,
+// (None when not given, as transformers passes tools=None), documents (the `documents` key of
+// `extra` when there is one, else None; it must be a list of objects), add_generation_prompt,
 // bos/eos and the other special tokens as strings (put pad_token etc. into `extra`), plus extra kwargs
 // (which override the special tokens, as in transformers).
 Result<std::string> apply_chat_template(const ChatTemplate& tmpl, const ChatTemplateInputs& in);

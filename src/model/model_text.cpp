@@ -1,5 +1,6 @@
 #include "model/model_text.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -26,14 +27,44 @@ Result<nlohmann::ordered_json> read_json(const fs::path& p) {
 }
 
 // A special token of tokenizer_config.json (`key`): a string, an AddedToken object {"content": ...},
-// or null (none).
-Result<std::string> token_string(const nlohmann::ordered_json& cfg, const char* key, const fs::path& path) {
+// or null (none: nullopt).
+Result<std::optional<std::string>> token_string(const nlohmann::ordered_json& cfg, const std::string& key, const fs::path& path) {
   const nlohmann::ordered_json& v = cfg[key];
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  if (v.is_null()) return std::string();
+  if (v.is_string()) return std::optional<std::string>(v.get<std::string>());
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return std::optional<std::string>(v["content"].get<std::string>());
+  if (v.is_null()) return std::optional<std::string>();
   return invalid_argument(path.string() + ": " + key + " must be a string, null or an object with a string \"content\"; it is " +
                           v.dump());
+}
+
+// The special tokens transformers 5 hands a chat template (its special_tokens_map): bos, eos, unk,
+// sep, pad, cls and mask when not null, then its model-specific ones: the other keys ending in
+// "_token" whose value is a string or a serialized AddedToken ({"__type": "AddedToken", "content"}),
+// and the entries of an "extra_special_tokens" object.
+Result<nlohmann::ordered_json> template_tokens(const nlohmann::ordered_json& cfg, const fs::path& path) {
+  static const char* const kNamed[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const char* key : kNamed) {
+    if (!cfg.contains(key)) continue;
+    KILN_ASSIGN_OR_RETURN(std::optional<std::string> t, token_string(cfg, key, path));
+    if (t) out[key] = *t;
+  }
+  auto text = [](const nlohmann::ordered_json& v, bool plain_objects) -> std::optional<std::string> {
+    if (v.is_string()) return v.get<std::string>();
+    const bool added = v.is_object() && (plain_objects || v.value("__type", "") == "AddedToken");
+    if (added && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+    return std::nullopt;
+  };
+  for (const auto& [key, v] : cfg.items()) {
+    const bool named = std::find(std::begin(kNamed), std::end(kNamed), key) != std::end(kNamed);
+    if (named || key.size() < 6 || key.compare(key.size() - 6, 6, "_token") != 0) continue;
+    if (std::optional<std::string> t = text(v, false)) out[key] = *t;
+  }
+  if (cfg.contains("extra_special_tokens") && cfg["extra_special_tokens"].is_object())
+    for (const auto& [key, v] : cfg["extra_special_tokens"].items())
+      if (std::optional<std::string> t = text(v, true)) out[key] = *t;
+  return out;
 }
 
 // A boolean flag of tokenizer_config.json (`key`): true, false or null (absent).
@@ -78,9 +109,11 @@ Result<ModelText> ModelText::load(const std::string& model_dir) {
     for (auto [key, out] : {std::pair{"bos_token", &m.special_.bos}, std::pair{"eos_token", &m.special_.eos},
                             std::pair{"pad_token", &m.special_.pad}, std::pair{"unk_token", &m.special_.unk}}) {
       if (cfg.contains(key)) {
-        KILN_ASSIGN_OR_RETURN(*out, token_string(cfg, key, cfg_path));
+        KILN_ASSIGN_OR_RETURN(std::optional<std::string> t, token_string(cfg, key, cfg_path));
+        *out = t.value_or("");
       }
     }
+    KILN_ASSIGN_OR_RETURN(m.template_tokens_, template_tokens(cfg, cfg_path));
     for (auto [key, out] : {std::pair{"add_bos_token", &m.special_.add_bos}, std::pair{"add_eos_token", &m.special_.add_eos}}) {
       if (cfg.contains(key)) {
         KILN_ASSIGN_OR_RETURN(*out, config_flag(cfg, key, cfg_path));
@@ -169,10 +202,11 @@ Result<ChatTemplateInputs> ModelText::chat_inputs(const nlohmann::ordered_json& 
   in.messages = messages;
   in.tools = tools;
   in.add_generation_prompt = add_generation_prompt;
-  in.bos_token = special_.bos;
-  in.eos_token = special_.eos;
-  if (!special_.pad.empty()) in.extra["pad_token"] = special_.pad;
-  if (!special_.unk.empty()) in.extra["unk_token"] = special_.unk;
+  for (const auto& [key, v] : template_tokens_.items()) {
+    if (key == "bos_token") in.bos_token = v.get<std::string>();
+    else if (key == "eos_token") in.eos_token = v.get<std::string>();
+    else in.extra[key] = v;
+  }
   return in;
 }
 

@@ -1,7 +1,8 @@
 // ModelText: the text side of a Hugging Face model folder, read together:
 //   tokenizer.json          the tokenizer (Tokenizer)
-//   tokenizer_config.json   bos/eos/pad/unk tokens (strings or AddedToken objects), and
-//                           "chat_template" as one string or a list of {"name", "template"}
+//   tokenizer_config.json   the special tokens (strings or AddedToken objects: bos/eos/pad/unk
+//                           for kiln, all that transformers passes to chat templates for those),
+//                           and "chat_template" as one string or a list of {"name", "template"}
 //   chat_template.jinja     the template as transformers 5 saves it (wins over tokenizer_config's
 //                           default template); additional_chat_templates/<name>.jinja likewise
 //   generation_config.json  "eos_token_id" (one id or a list): the ids generation stops at
@@ -45,7 +46,9 @@ class ModelText {
   // The template transformers would pick: `name` when given; with tools, "tool_use" when the folder
   // has one; else "default" (or the only template). not_found when the folder has no template.
   Result<const ChatTemplate*> chat_template(const std::string& name, bool with_tools) const;
-  // What render_chat passes to the template: the messages and tools, bos/eos, pad/unk in `extra`.
+  // What render_chat passes to the template: the messages and tools, bos/eos, and in `extra` the
+  // other special tokens transformers passes (unk, sep, pad, cls, mask and the model-specific ones;
+  // a null one is left out, so the template sees it undefined).
   // An error, before anything is copied, when they nest deeper than the template limits allow.
   Result<ChatTemplateInputs> chat_inputs(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                          bool add_generation_prompt) const;
@@ -59,6 +62,7 @@ class ModelText {
   std::string source_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   SpecialTokens special_;
+  nlohmann::ordered_json template_tokens_ = nlohmann::ordered_json::object();  // name -> token string
   std::vector<int32_t> stop_ids_;
   std::map<std::string, std::shared_ptr<const ChatTemplate>> templates_;  // by name; "default" for the main one
 };

@@ -4,13 +4,17 @@
 // model-family templates and language-feature micro-templates), and syntax/raise_exception errors.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "model/chat_template.h"
+#include "model/model_text.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -253,6 +257,45 @@ TEST(ChatTemplate, StrftimeNowAndThreadSafeRender) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r.value().size(), 4u + 1 + 2);
   EXPECT_EQ(r.value().substr(0, 2), "20");
+}
+
+// The special tokens of tokenizer_config.json reach the template as transformers 5.17 passes them
+// (its special_tokens_map, then the kwargs): a null bos_token is undefined, sep/cls/mask and the
+// model-specific *_token strings and extra_special_tokens are there, AddedToken objects give their
+// content, a non-string *_token is left out; a documents kwarg is documents (not None). The expected
+// strings are AutoTokenizer(...).apply_chat_template(..., tokenize=False) on the same folder.
+TEST(ChatTemplate, SpecialTokensAndDocumentsAsTransformersPassesThem) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kiln_special_tokens_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(test::testdata_dir() + "/chat_templates/models/chatml/tokenizer.json", dir / "tokenizer.json",
+                fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": null,
+    "eos_token": {"__type": "AddedToken", "content": "<|im_end|>", "lstrip": false, "normalized": false, "rstrip": false,
+                  "single_word": false, "special": true},
+    "pad_token": "<|endoftext|>", "sep_token": "<sep>",
+    "cls_token": {"__type": "AddedToken", "content": "<cls>", "lstrip": false, "normalized": false, "rstrip": false,
+                  "single_word": false, "special": true},
+    "mask_token": "<mask>", "image_token": "<img>", "not_a_token": "x", "odd_token": 5,
+    "extra_special_tokens": {"audio_token": "<aud>"}})";
+  std::ofstream(dir / "chat_template.jinja")
+      << "[{{ bos_token is defined }}][{{ eos_token }}][{{ sep_token }}][{{ cls_token }}][{{ mask_token }}][{{ pad_token }}]"
+         "[{{ unk_token is defined }}][{{ image_token }}][{{ audio_token }}][{{ not_a_token is defined }}]"
+         "[{{ odd_token is defined }}][{{ documents }}]";
+  Result<ModelText> text = ModelText::load(dir.string());
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  const ojson messages = ojson::parse(R"([{"role": "user", "content": "hi"}])");
+  Result<std::string> plain = text.value().render_chat(messages, nullptr, false);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ(plain.value(), "[False][<|im_end|>][<sep>][<cls>][<mask>][<|endoftext|>][False][<img>][<aud>][True][False][None]");
+  const ojson kwargs = ojson::parse(R"({"documents": [{"title": "a", "text": "b"}], "sep_token": "S"})");
+  Result<std::string> with_docs = text.value().render_chat(messages, nullptr, false, "", kwargs);
+  ASSERT_TRUE(with_docs.ok()) << with_docs.status().message();
+  EXPECT_EQ(with_docs.value(),
+            "[False][<|im_end|>][S][<cls>][<mask>][<|endoftext|>][False][<img>][<aud>][True][False][[{'title': 'a', 'text': 'b'}]]");
+  Result<std::string> bad_docs = text.value().render_chat(messages, nullptr, false, "", ojson{{"documents", "text"}});
+  EXPECT_FALSE(bad_docs.ok());
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -554,12 +554,19 @@ Result<nlohmann::ordered_json> chat_context(const ChatTemplate& tmpl, const Chat
       return invalid_argument("chat template " + tmpl.name() + ": the messages / tools nest deeper than " +
                               std::to_string(limit) + " levels");
   nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
-  ctx["bos_token"] = in.bos_token;
-  ctx["eos_token"] = in.eos_token;
+  if (in.bos_token) ctx["bos_token"] = *in.bos_token;
+  if (in.eos_token) ctx["eos_token"] = *in.eos_token;
   for (auto& [k, v] : in.extra.items()) ctx[k] = v;  // extra kwargs override the special tokens
   ctx["messages"] = in.messages;
   ctx["tools"] = in.tools;
-  ctx["documents"] = nullptr;
+  // documents is a parameter of apply_chat_template: a `documents` kwarg is it, else None.
+  if (!ctx.contains("documents")) ctx["documents"] = nullptr;
+  const nlohmann::ordered_json& docs = ctx["documents"];
+  bool docs_ok = docs.is_null() || docs.is_array();
+  if (docs.is_array())
+    for (const auto& d : docs) docs_ok = docs_ok && d.is_object();
+  if (!docs_ok)
+    return invalid_argument("chat template " + tmpl.name() + ": documents must be a list of objects (with 'title' and 'text')");
   ctx["add_generation_prompt"] = in.add_generation_prompt;
   return ctx;
 }
