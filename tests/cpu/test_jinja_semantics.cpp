@@ -91,5 +91,54 @@ TEST(JinjaSemantics, MarkupAsJinja2WithAutoescapeOff) {
   check_cases(cases);
 }
 
+// Python's string formatting: the % operator and |format (flags, width, precision, *, %(name)s, the
+// conversions), str.format (auto / numbered / named fields, attribute and item lookups, conversions,
+// the format-spec mini-language, nested fields), round as Python rounds (the exact binary value, half
+// to even: 2.675 -> 2.67), int with base prefixes, underscores and its fallback through float.
+TEST(JinjaSemantics, FormattingRoundingAndNumberParsingAsPython) {
+  const Case cases[] = {
+    {"{{ '%s-%s' % ('a', 1) }}|{{ '%d%%' % 50 }}|{{ '%.1f' % 2.25 }}|{{ '%s' % 'x' }}|{{ '%s' % [1, 'a'] }}|{{ '%s' % {'a': 1} }}|{{ '%(a)s+%(b)05.1f' % {'a': 'x', 'b': 2.5} }}", "", "a-1|50%|2.2|x|[1, 'a']|{'a': 1}|x+002.5"},
+    {"{{ '%5s|%-5s|%.2s|%5.1s|' % ('a', 'b', 'xyz', 'pq') }}{{ '%-5d|%05d|%+d|% d|%3d|%.3d' % (3, -3, 3, 3, 42, 7) }}", "", "    a|b    |xy|    p|3    |-0003|+3| 3| 42|007"},
+    {"{{ '%x %X %o %#x %#o %e %E %g %G %c %c %r %i %u' % (255, 255, 8, 255, 8, 12345.678, 0.000123, 1e-5, 1e20, 65, 'z', 'q', 3.9, -2) }}", "", "ff FF 10 0xff 0o10 1.234568e+04 1.230000E-04 1e-05 1E+20 A z 'q' 3 -2"},
+    {"{{ '%5.2f|%-8.3e|%08.3f|%+.0f|%.0f|%.0f|%#.0f' % (3.14159, 1234.5, -3.14159, 2.5, 0.5, 1.5, 3.0) }}", "", " 3.14|1.234e+03|-003.142|+2|0|2|3."},
+    {"{{ '%*d|%-*d|%.*f' % (5, 42, 4, 7, 2, 3.14159) }}", "", "   42|7   |3.14"},
+    {"{{ '%d'|format(3.7) }}|{{ '%.2f'|format(2) }}|{{ '%5s|%-5s|'|format('a','b') }}|{{ '%x %o %e'|format(255, 8, 12345.678) }}|{{ '%s %r'|format(none, 'q') }}|{{ '%(a)s'|format(a=1) }}|{{ '%%'|format() }}|{{ '%s'|format([1,'a']) }}|{{ '%5.1f|'|format(3.14159) }}|{{ '%c'|format(65) }}|{{ '%+d'|format(3) }}", "", "3|2.00|    a|b    ||ff 10 1.234568e+04|None 'q'|1|%|[1, 'a']|  3.1||A|+3"},
+    {"{{ '%d'|format('3') }}", "", nullptr},  // TypeError: %d format: a real number is required, not str
+    {"{{ '%s %s' % ('a',) }}", "", nullptr},  // TypeError: not enough arguments for format string
+    {"{{ '%s' % ('a', 'b') }}", "", nullptr},  // TypeError: not all arguments converted during string formatting
+    {"{{ '%x' % 2.5 }}", "", nullptr},  // TypeError: %x format: an integer is required, not float
+    {"{{ '%f' % 'x' }}", "", nullptr},  // TypeError: must be real number, not str
+    {"{{ '%(a)s' % ('x',) }}", "", nullptr},  // TypeError: format requires a mapping
+    {"{{ '<%s>'|safe % '<b>' }}|{{ ('%s'|safe % 5) is escaped }}|{{ ('%s and %d'|safe)|format('&', 3) }}", "", "<&lt;b&gt;>|True|&amp; and 3"},
+    {"{{ '{} and {}'.format('a', 1) }}|{{ '{0}{0}{1}'.format('r', 's') }}|{{ '{name}!'.format(name='N') }}|{{ '{{literal}}'.format() }}|{{ '{!r}'.format('x') }}|{{ '{0!s:>4}'.format(1) }}", "", "a and 1|rrs|N!|{literal}|'x'|   1"},
+    {"{{ '{:>5}|{:<5}|{:^5}|{:*^7}|{:05}|{:>5}'.format('a', 'b', 'c', 'ab', 42, 1.5) }}", "", "    a|b    |  c  |**ab***|00042|  1.5"},
+    {"{{ '{:.2f}|{:05d}|{:,}|{:_}|{:,.2f}|{:+d}|{: d}|{:x}|{:#x}|{:#b}|{:o}|{:X}|{:e}|{:.3e}|{:g}|{:%}|{:.1%}|{:c}'.format(3.14159, 42, 1234567, 1234567, 1234567.891, 5, 5, 255, 255, 5, 8, 255, 1234.5, 0.00012345, 0.0001, 0.5, 0.123, 65) }}", "", "3.14|00042|1,234,567|1_234_567|1,234,567.89|+5| 5|ff|0xff|0b101|10|FF|1.234500e+03|1.234e-04|0.0001|50.000000%|12.3%|A"},
+    {"{{ '{}|{:.3}|{:.3}|{:.2}|{:10.3f}|{:<10.3f}|{:=+8}|{:08}|{}|{}|{:.0f}|{:.0f}'.format(1.0, 1.0, 1234.5678, 0.0001, 3.14159, 3.14159, -5, -5, 1e16, 1e-5, 0.5, 2.5) }}", "", "1.0|1.0|1.23e+03|0.0001|     3.142|3.142     |-      5|-0000005|1e+16|1e-05|0|2"},
+    {"{{ '{:>{w}}|{:{f}^{w}}|{:.{p}f}'.format('x', 'y', 2.71828, w=5, f='-', p=3) }}", "", "    x|--y--|2.718"},
+    {"{{ '{0[a]}|{0.a}|{1[1]}|{0[b][0]}'.format(d, [1, 2]) }}", "{\"d\": {\"a\": \"A\", \"b\": [7]}}", "A|A|2|7"},
+    {"{{ '{}'.format(none) }}|{{ '{}'.format([1, 'a']) }}|{{ '{:>3}'.format(true) }}|{{ '{}'.format(true) }}|{{ '{:d}'.format(true) }}", "", "None|[1, 'a']|  1|True|1"},
+    {"{{ '{:d}'.format('x') }}", "", nullptr},  // ValueError: Unknown format code 'd' for object of type 'str'
+    {"{{ '{:.2}'.format(5) }}", "", nullptr},  // ValueError: Precision not allowed in integer format specifier
+    {"{{ '{} {}'.format(1) }}", "", nullptr},  // IndexError: tuple index out of range
+    {"{{ '{0} {}'.format(1, 2) }}", "", nullptr},  // ValueError: cannot switch from manual field specification to automatic field num
+    {"{{ '{x}'.format(y=1) }}", "", nullptr},  // KeyError: 'x'
+    {"{{ '{:>5}'.format(none) }}", "", nullptr},  // TypeError: unsupported format string passed to NoneType.__format__
+    {"{{ 2.675|round(2) }} {{ 2.5|round }} {{ 3.5|round }} {{ -2.5|round }} {{ 0.125|round(2) }} {{ 0.375|round(2) }} {{ 1.005|round(2) }} {{ 1234.5|round(-1) }} {{ 1250.0|round(-2) }} {{ 1350.0|round(-2) }} {{ 15|round(-1) }} {{ 25|round(-1) }} {{ -15|round(-1) }} {{ 3|round }} {{ 3|round(2) }} {{ true|round }}", "", "2.67 2.0 4.0 -2.0 0.12 0.38 1.0 1230.0 1200.0 1400.0 20 20 -20 3 3 1"},
+    {"{{ 2.675|round(2, 'floor') }} {{ 2.671|round(2, 'ceil') }} {{ 3|round(method='ceil') }} {{ -2.5|round(0, 'floor') }} {{ 1e300|round(2) }} {{ 123.456|round(-5) }} {{ 0.1|round(20) }}", "", "2.67 2.68 3.0 -3.0 1e+300 0.0 0.1"},
+    {"{{ 1e300|round(-400) }} {{ 5e-324|round(400) }} {{ 123456789.123|round(-3) }}", "", "0.0 5e-324 123457000.0"},
+    {"{{ '0b11'|int(base=2) }} {{ '0o17'|int(base=8) }} {{ '0x1A'|int(0, 16) }} {{ '0x1a'|int(base=0) }} {{ ' -1_000 '|int }} {{ '1__0'|int }} {{ '12'|int(base=3) }} {{ 'z'|int(base=36) }} {{ '010'|int(base=0) }} {{ '0b2'|int(7, 2) }} {{ '3.9'|int }} {{ '-3.9e1'|int }} {{ 'nan'|int(5) }} {{ none|int }} {{ ''|int }} {{ '1_0.5'|float }} {{ '0x10'|float(-1) }} {{ ' inf '|float }} {{ '_1'|int(-1) }}", "", "3 15 26 26 -1000 0 5 35 10 7 3 -39 5 0 0 10.5 -1 inf -1"},
+    {"{{ 9223372036854775807|string|int }} {{ '-9223372036854775808'|int }} {{ 1e18|int }} {{ -3.99|int }}", "", "9223372036854775807 -9223372036854775808 1000000000000000000 -3"},
+    {"{{ 'inf'|int }}", "", "0"},
+  };
+  check_cases(cases);
+  // Python's ints are unbounded, kiln's are 64-bit: a value past that is an error, never a wrong number
+  // (jinja2 gives 99999999999999999999 and 100000000000000000000).
+  for (const char* src : {"{{ '99999999999999999999'|int }}", "{{ 1e20|int }}"}) {
+    auto r = ChatTemplate::parse(src, "t").value().render(ojson::object());
+    ASSERT_FALSE(r.ok()) << src;
+    EXPECT_NE(r.status().message().find("64-bit"), std::string::npos) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace kiln

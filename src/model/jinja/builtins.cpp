@@ -13,6 +13,7 @@
 #include <utf8proc.h>
 
 #include "model/chat_template.h"
+#include "model/jinja/format.h"
 #include "model/jinja/interp.h"
 #include "model/jinja/py_string.h"
 
@@ -192,21 +193,6 @@ Value Interp::method(const Value& obj, const std::string& name) {
         }
         return Value::str(out);
       });
-    if (name == "splitlines")
-      return bind([](Interp&, const Value& s, Args&) -> Result<Value> {
-        List out;
-        std::string cur;
-        for (size_t k = 0; k < s.s.size(); ++k) {
-          char c = s.s[k];
-          if (c == '\n' || c == '\r') {
-            out.push_back(Value::str(cur));
-            cur.clear();
-            if (c == '\r' && k + 1 < s.s.size() && s.s[k + 1] == '\n') ++k;
-          } else cur += c;
-        }
-        if (!cur.empty()) out.push_back(Value::str(cur));
-        return Value::list(std::move(out));
-      });
     if (name == "isdigit" || name == "isalpha" || name == "isspace" || name == "isalnum" || name == "islower" || name == "isupper")
       return bind([name](Interp&, const Value& s, Args&) -> Result<Value> {
         std::u32string u = utf8_decode(s.s);
@@ -226,27 +212,12 @@ Value Interp::method(const Value& obj, const std::string& name) {
       });
     if (name == "format")
       return bind([](Interp& in, const Value& s, Args& a) -> Result<Value> {
-        std::string out;
-        size_t auto_idx = 0;
-        for (size_t k = 0; k < s.s.size(); ++k) {
-          char c = s.s[k];
-          if (c == '{' && k + 1 < s.s.size() && s.s[k + 1] == '{') { out += '{'; ++k; continue; }
-          if (c == '}' && k + 1 < s.s.size() && s.s[k + 1] == '}') { out += '}'; ++k; continue; }
-          if (c != '{') { out += c; continue; }
-          size_t e = s.s.find('}', k);
-          if (e == std::string::npos) return in.fail("Single '{' encountered in format string");
-          std::string field = s.s.substr(k + 1, e - k - 1);
-          const Value* v;
-          if (field.empty()) v = auto_idx < a.pos.size() ? &a.pos[auto_idx++] : nullptr;
-          else if (std::isdigit(static_cast<unsigned char>(field[0]))) { size_t i = std::stoul(field); v = i < a.pos.size() ? &a.pos[i] : nullptr; }
-          else v = a.get(size_t(-1), field);
-          if (!v) return in.fail("Replacement index out of range in format string");
-          out += to_str(*v);
-          k = e;
-        }
-        return Value::str(out);
+        auto r = brace_format(in, s.s, a);
+        if (!r.ok()) return in.fail(r.status().message());
+        KILN_RETURN_IF_ERROR(in.check_size(r.value().size()));
+        return Value::str(std::move(r).value());
       });
-    return Value::undef();
+    return str_method(obj, name);
   }
   if (obj.is_dict()) {
     if (name == "items" || name == "keys" || name == "values")
@@ -265,6 +236,12 @@ Value Interp::method(const Value& obj, const std::string& name) {
         const Value* v = d.d->find(a.pos[0]);
         if (v) return *v;
         return a.pos.size() > 1 ? a.pos[1] : Value::none();
+      });
+    if (name == "copy")
+      return bind([](Interp&, const Value& d, Args&) -> Result<Value> {
+        Value c = Value::dict();
+        c.d->items = d.d->items;
+        return c;
       });
     return Value::undef();
   }

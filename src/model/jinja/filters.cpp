@@ -11,6 +11,7 @@
 #include <utf8proc.h>
 
 #include "model/chat_template.h"
+#include "model/jinja/format.h"
 #include "model/jinja/interp.h"
 #include "model/jinja/py_string.h"
 
@@ -142,63 +143,55 @@ Result<Value> f_string(Interp&, const Value& v, Args&) { return v.is_str() ? v :
 Result<Value> f_safe(Interp&, const Value& v, Args&) { return Value::markup(to_str(v)); }
 Result<Value> f_escape(Interp&, const Value& v, Args&) { return markup_escape(v); }
 Result<Value> f_forceescape(Interp&, const Value& v, Args&) { return Value::markup(html_escape(to_str(v))); }
-Result<Value> f_int(Interp&, const Value& v, Args& a) {
+// jinja2's int: int(value) (a str in `base`), else int(float(value)), else the default.
+Result<Value> f_int(Interp& in, const Value& v, Args& a) {
   const Value* d = arg(a, 0, "default");
-  Value def = d ? *d : Value::integer(0);
+  const Value def = d ? *d : Value::integer(0);
+  auto from_double = [&](double x) -> Result<Value> {
+    if (!std::isfinite(x)) return def;
+    if (std::fabs(x) >= 9223372036854775808.0) return in.fail("int(" + float_repr(x) + ") does not fit in kiln's 64-bit template integers");
+    return Value::integer(int64_t(x));
+  };
   if (v.is_int()) return Value::integer(v.as_int());
-  if (v.t == Value::T::Float) return std::isfinite(v.f) ? Value::integer(int64_t(v.f)) : def;
-  if (v.is_str()) {
-    std::string s = py_strip(v.s, nullptr, true, true);
-    const Value* b = arg(a, 1, "base");
-    int base = b ? int(b->as_int()) : 10;
-    try {
-      size_t used = 0;
-      std::string digits;
-      for (char c : s) if (c != '_') digits += c;
-      long long x = std::stoll(digits, &used, base);
-      if (used == digits.size() && !digits.empty()) return Value::integer(x);
-    } catch (...) {}
-    try {
-      size_t used = 0;
-      double x = std::stod(s, &used);
-      if (used == s.size() && std::isfinite(x)) return Value::integer(int64_t(x));
-    } catch (...) {}
-  }
+  if (v.t == Value::T::Float) return from_double(v.f);
+  if (!v.is_str()) return def;
+  const Value* b = arg(a, 1, "base");
+  auto parsed = py_parse_int(v.s, b && b->is_int() ? b->as_int() : 10);
+  if (!parsed.ok()) return in.fail(parsed.status().message());
+  if (parsed.value()) return Value::integer(*parsed.value());
+  if (std::optional<double> x = py_parse_float(v.s)) return from_double(*x);
   return def;
 }
 Result<Value> f_float(Interp&, const Value& v, Args& a) {
   const Value* d = arg(a, 0, "default");
-  Value def = d ? *d : Value::number(0);
   if (v.is_num()) return Value::number(v.as_double());
-  if (v.is_str()) {
-    std::string s = py_strip(v.s, nullptr, true, true);
-    try {
-      size_t used = 0;
-      double x = std::stod(s, &used);
-      if (used == s.size()) return Value::number(x);
-    } catch (...) {}
-  }
-  return def;
+  if (v.is_str())
+    if (std::optional<double> x = py_parse_float(v.s)) return Value::number(*x);
+  return d ? *d : Value::number(0);
 }
 Result<Value> f_abs(Interp& in, const Value& v, Args&) {
   if (v.t == Value::T::Float) return Value::number(std::fabs(v.f));
   if (v.is_int()) return Value::integer(std::llabs(v.as_int()));
   return in.fail(std::string("bad operand type for abs(): '") + type_name(v) + "'");
 }
+// jinja2's round: Python's round(value, precision) ('common'), else ceil / floor of value * 10**precision
+// divided back.
 Result<Value> f_round(Interp& in, const Value& v, Args& a) {
   const Value* p = arg(a, 0, "precision");
   const Value* m = arg(a, 1, "method");
-  int64_t prec = p ? p->as_int() : 0;
-  std::string method = m ? to_str(*m) : "common";
-  if (!v.is_num()) return in.fail("round needs a number");
-  double x = v.as_double(), scale = std::pow(10.0, double(prec)), r;
-  if (method == "ceil") r = std::ceil(x * scale) / scale;
-  else if (method == "floor") r = std::floor(x * scale) / scale;
-  else if (method == "common") {
-    if (v.is_int()) return Value::integer(v.as_int());
-    r = std::nearbyint(x * scale) / scale;  // Python round(): half to even
-  } else return in.fail("method must be 'common', 'ceil' or 'floor'");
-  return Value::number(r);
+  const std::string method = m ? to_str(*m) : "common";
+  if (method != "common" && method != "ceil" && method != "floor") return in.fail("method must be common, ceil or floor");
+  if (p && !p->is_int()) return in.fail(std::string("'") + type_name(*p) + "' object cannot be interpreted as an integer");
+  if (!v.is_num()) return in.fail(std::string("type ") + type_name(v) + " doesn't define __round__ method");
+  const int64_t prec = p ? p->as_int() : 0;
+  if (method == "common") {
+    if (!v.is_int()) return Value::number(py_round(v.f, prec));
+    auto r = py_round_int(v.as_int(), prec);
+    if (!r.ok()) return in.fail(r.status().message());
+    return Value::integer(r.value());
+  }
+  const double scale = std::pow(10.0, double(prec)), x = v.as_double() * scale;
+  return Value::number((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
 }
 Result<Value> f_reverse(Interp& in, const Value& v, Args&) {
   if (v.is_str()) { std::u32string u = utf8_decode(v.s); std::reverse(u.begin(), u.end()); return Value::str(utf8_encode(u)); }
@@ -404,22 +397,19 @@ Result<Value> f_center(Interp&, const Value& v, Args& a) {
   int64_t pad = width - n, left = pad / 2 + (pad & width & 1);
   return like(v, std::string(size_t(left), ' ') + to_str(v) + std::string(size_t(pad - left), ' '));
 }
+// jinja2's format: value % args (a tuple), or value % kwargs (a dict); a Markup escapes what it formats.
 Result<Value> f_format(Interp& in, const Value& v, Args& a) {
-  std::string s = to_str(v), out;
-  size_t idx = 0;
-  for (size_t k = 0; k < s.size(); ++k) {
-    if (s[k] != '%') { out += s[k]; continue; }
-    if (k + 1 >= s.size()) return in.fail("incomplete format");
-    char c = s[++k];
-    if (c == '%') { out += '%'; continue; }
-    if (idx >= a.pos.size()) return in.fail("not enough arguments for format string");
-    const Value& x = a.pos[idx++];
-    if (c == 's') out += to_str(x);
-    else if (c == 'r') out += repr(x);
-    else if (c == 'd' || c == 'i') out += std::to_string(x.is_num() ? (x.t == Value::T::Float ? int64_t(x.f) : x.as_int()) : 0);
-    else return in.fail(std::string("unsupported format character '") + c + "'");
+  if (!a.pos.empty() && !a.kw.empty()) return in.fail("can't handle positional and keyword arguments at the same time");
+  Value args = Value::list(a.pos, true);
+  if (!a.kw.empty()) {
+    args = Value::dict();
+    for (const auto& [k, x] : a.kw) args.d->set(k, x);
   }
-  return Value::str(out);
+  const bool safe = v.is_str() && v.safe;
+  auto r = percent_format(to_str(v), safe ? escape_format_args(args) : args);
+  if (!r.ok()) return in.fail(r.status().message());
+  KILN_RETURN_IF_ERROR(in.check_size(r.value().size()));
+  return like(v, std::move(r).value());
 }
 
 

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "model/chat_template.h"
+#include "model/jinja/format.h"
 #include "model/jinja/interp.h"
 #include "model/jinja/py_string.h"
 
@@ -264,6 +265,12 @@ Result<Value> Interp::binary(const std::string& op, const Value& a, const Value&
     return Value::list(std::move(l), a.tuple);
   }
   if (op == "*" && a.is_int() && (b.is_str() || b.is_list())) return binary(op, b, a);
+  if (op == "%" && a.is_str()) {  // printf-style formatting; a Markup escapes what it formats
+    auto r = percent_format(a.s, a.safe ? escape_format_args(b) : b);
+    if (!r.ok()) return fail(r.status().message());
+    KILN_RETURN_IF_ERROR(check_size(r.value().size()));
+    return a.safe ? Value::markup(std::move(r).value()) : Value::str(std::move(r).value());
+  }
   return bad();
 }
 

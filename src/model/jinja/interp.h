@@ -157,6 +157,8 @@ struct Interp {
   // Bound methods of str, dict and list (the sandbox's safe ones); undefined when none.
   Value method(const Value& obj, const std::string& name);
   Value markup_method(const Value& obj, const std::string& name);
+  // The str methods of str_methods.cpp (partition, zfill, ljust, splitlines, ...); undefined when none.
+  Value str_method(const Value& obj, const std::string& name);
 
   // ---- expressions ----
   Result<Value> eval(const Expr& e, const FrameP& f);

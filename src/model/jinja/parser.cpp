@@ -7,6 +7,7 @@
 #include "model/jinja/lexer.h"
 
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -198,8 +199,12 @@ struct Parser {
     if (t.type == TT::Int || t.type == TT::Float) {
       ++k;
       auto e = make(EK::Const, line);
+      if (t.type == TT::Float) {
+        e->cval = Value::number(std::strtod(t.v.c_str(), nullptr));  // as Python: 5e-324 is subnormal, 1e400 inf
+        return e;
+      }
       try {
-        e->cval = t.type == TT::Int ? Value::integer(std::stoll(t.v)) : Value::number(std::stod(t.v));
+        e->cval = Value::integer(std::stoll(t.v));
       } catch (...) {
         return err("number out of range: " + t.v, line);
       }
