@@ -7,6 +7,7 @@
 
 #include "infer/engine_internal.h"
 #include "infer/executor.h"
+#include "infer/structured/token_masks.h"
 #include "infer/scheduler.h"
 #include "infer/stop_strings.h"
 
@@ -187,6 +188,8 @@ Status Engine::validate(const GenerationRequest& r) const {
     if (s.empty()) return invalid_argument("a stop string must not be empty");
   if (!r.stop.empty() && !tokenizer_)
     return invalid_argument("stop strings need the model's tokenizer (tokenizer.json), which is not loaded");
+  if (r.json_schema && !tokenizer_)
+    return invalid_argument("structured output (a JSON schema) needs the model's tokenizer (tokenizer.json), which is not loaded");
   return Status::Ok();
 }
 
@@ -196,6 +199,12 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
   live->request = std::move(request);
   if (tokenizer_)
     live->text = std::make_unique<StopStringMatcher>(*tokenizer_, live->request.stop, live->request.skip_special_tokens);
+  if (live->request.json_schema) {
+    std::call_once(vocab_once_, [&] {
+      token_vocab_ = structured::TokenVocabulary::build(*tokenizer_, static_cast<int32_t>(model_->config().vocab_size));
+    });
+    live->matcher = std::make_unique<structured::JsonMatcher>(live->request.json_schema);
+  }
   std::shared_ptr<RequestStream> stream;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -40,11 +40,16 @@
 #include <utility>
 #include <vector>
 
+#include "infer/structured/json_schema.h"
 #include "model/tokenizer.h"
 #include "model/transformer.h"
 
 namespace kiln {
 
+namespace structured {
+class TokenVocabulary;
+class TokenMasker;
+}  // namespace structured
 class Scheduler;
 struct Sequence;
 class Executor;
@@ -79,6 +84,14 @@ struct GenerationRequest {
   // served by the prefix cache. With max_tokens 0 the request ends ("length") once they are out.
   // Needs an engine created with max_score_rows > 0.
   int32_t prompt_logprobs_from = 0;
+  // Structured output: the generated text is a JSON value following this schema
+  // (structured/json_schema.h). Each token is drawn among those that keep the text a beginning of
+  // such a value (the model's distribution masked: log-probabilities are of the masked
+  // distribution too); the request ends ("stop") once the value is complete and nothing may follow
+  // it, at an EOS / stop token where the value may end (a number), or at max_tokens ("length",
+  // the value unfinished). Needs the model's tokenizer; the step after each such token waits for
+  // it (no lookahead while such a request decodes).
+  std::shared_ptr<const structured::JsonSchema> json_schema;
 };
 
 enum class WeightUpdateMode { sync, abort, keep };
@@ -261,6 +274,8 @@ class Engine final : public EngineApi {
   // The sampling rows of work.plan's entries from `first` on, admission bookkeeping included
   // (penalty counts rebuilt); false after a failure ended everything.
   bool plan_rows(StepWork& work, size_t first);
+  // The token mask of a structured output's next token (Live::mask, from its matcher).
+  const uint32_t* next_token_mask(Live& live);
   // Plans the continuation of `current` (in flight) for lookahead; false when it may not run now.
   bool plan_lookahead(const StepWork& current, StepWork& next, std::vector<int32_t>& continued_from);
   void launch_step(StepWork& work, const std::vector<int32_t>* continued_from);
@@ -305,6 +320,11 @@ class Engine final : public EngineApi {
 
   std::shared_ptr<const Transformer> model_;
   const Tokenizer* tokenizer_;
+  // Structured outputs: the vocabulary's bytes, built at the first request with a schema
+  // (vocab_once_), and the engine thread's mask computer over them.
+  std::once_flag vocab_once_;
+  std::shared_ptr<const structured::TokenVocabulary> token_vocab_;
+  std::unique_ptr<structured::TokenMasker> masker_;
   std::vector<int32_t> eos_ids_;
   EngineOptions options_;
   int64_t max_sequence_tokens_ = 0, model_seq_limit_ = 0;

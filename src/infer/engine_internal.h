@@ -12,6 +12,7 @@
 #include "infer/engine.h"
 #include "infer/scheduler.h"
 #include "infer/stop_strings.h"
+#include "infer/structured/json_matcher.h"
 #include "kernels/sampling.h"
 
 namespace kiln {
@@ -38,12 +39,16 @@ struct Engine::Live {
   int32_t cached_tokens = 0;       // usage: prefix-cached prompt tokens, kept when it is retired
   int32_t preemptions = 0;         // usage, kept when it is retired
   std::optional<uint64_t> admission_version;  // the version at its first admission, kept when retired
+  // Structured output (request.json_schema): the text so far, and the mask of its next token.
+  std::unique_ptr<structured::JsonMatcher> matcher;
+  std::vector<uint32_t> mask;
 };
 
 struct Engine::StepWork {
   StepPlan plan;
   std::vector<ops::SamplingRow> rows;  // one per entry that wants logits, in plan order
   std::vector<Live*> sampled;          // ... and its request
+  std::vector<const uint32_t*> masks;  // ... and its token mask (nullptr: none): Live::mask
   uint64_t version = 0;                // the policy version of the weights it runs on
   uint64_t number = 0;                 // launched_steps_ when it was launched
 };

@@ -22,6 +22,7 @@
 
 #include "infer/engine_internal.h"
 #include "infer/executor.h"
+#include "infer/structured/token_masks.h"
 
 namespace kiln {
 namespace {
@@ -77,8 +78,14 @@ void Engine::commit_step(const StepWork& work, const std::vector<SampledToken>& 
     p.token->logprob = s.logprob;
     p.token->top = s.top;
     p.token->policy_version = work.version;
-    const bool stop = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), s.token) != r.stop_token_ids.end() ||
-                      (!r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), s.token) != eos_ids_.end());
+    bool stop = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), s.token) != r.stop_token_ids.end() ||
+                (!r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), s.token) != eos_ids_.end());
+    if (live.matcher && !stop) {
+      // A structured output ends once its value is complete and nothing may follow (or, had no
+      // token continued it, at whatever was drawn).
+      const std::optional<std::string> bytes = tokenizer_->token_bytes(s.token);
+      stop = !bytes || !live.matcher->advance(*bytes) || live.matcher->finished();
+    }
     if (stop || live.generated >= r.max_tokens) {
       p.finish_reason = stop ? "stop" : "length";
       live.ended = true;
@@ -190,12 +197,28 @@ bool Engine::plan_rows(StepWork& work, size_t first) {
     row.position = e.start + e.count;  // the position the new token will take
     work.rows.push_back(row);
     work.sampled.push_back(&live);
+    work.masks.push_back(live.matcher ? next_token_mask(live) : nullptr);
   }
   return true;
 }
 
+const uint32_t* Engine::next_token_mask(Live& live) {
+  if (!masker_) masker_ = std::make_unique<structured::TokenMasker>(token_vocab_);
+  const GenerationRequest& r = live.request;
+  std::vector<int32_t> end_ids = r.stop_token_ids;
+  if (!r.ignore_eos) end_ids.insert(end_ids.end(), eos_ids_.begin(), eos_ids_.end());
+  live.mask.resize(static_cast<size_t>(masker_->vocabulary().words()));
+  masker_->allowed(*live.matcher, end_ids, live.mask.data());
+  if (std::all_of(live.mask.begin(), live.mask.end(), [](uint32_t w) { return w == 0; }))
+    for (int32_t t : end_ids) live.mask[t >> 5] |= uint32_t(1) << (t & 31);  // no token continues it: end it
+  return live.mask.data();
+}
+
 bool Engine::plan_lookahead(const StepWork& current, StepWork& next, std::vector<int32_t>& continued_from) {
   if (!options_.lookahead || current.sampled.size() != current.plan.entries.size()) return false;
+  // A structured output's next mask needs the token this step draws.
+  for (const Live* live : current.sampled)
+    if (live->matcher) return false;
   std::vector<std::pair<uint64_t, std::unique_ptr<Live>>> arrivals;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -222,6 +245,7 @@ bool Engine::plan_lookahead(const StepWork& current, StepWork& next, std::vector
     ++row.position;
     next.rows.push_back(row);
     next.sampled.push_back(current.sampled[i]);
+    next.masks.push_back(nullptr);
     continued_from.push_back(static_cast<int32_t>(i));
   }
   // Admissions after the continued entries.
@@ -231,7 +255,7 @@ bool Engine::plan_lookahead(const StepWork& current, StepWork& next, std::vector
 void Engine::launch_step(StepWork& work, const std::vector<int32_t>* continued_from) {
   work.number = ++launched_steps_;
   for (const StepEntry& e : work.plan.entries) live_.at(e.seq->id)->last_step = work.number;
-  executor_->launch(work.plan, work.rows, continued_from);
+  executor_->launch(work.plan, work.rows, continued_from, &work.masks);
   if (continued_from) ++lookahead_steps_;
 }
 

@@ -76,7 +76,8 @@ Status Executor::init() {
   section(off_params_, Bm * ops::kSamplingRowWords);
   section(off_targets_, std::max<int64_t>(SR, 1));
   off_tokens_ = at;  // then ids, positions and slots of T tokens and the page lists (pack)
-  staging_ints_ = (at + 3 * Tm + max_pages_per_step_ + 31) / 32 * 32;
+  // Then a token mask per sampled row at most (constrained decoding).
+  staging_ints_ = (at + 3 * Tm + max_pages_per_step_ + Bm * mask_words() + 31) / 32 * 32;
   KILN_ASSIGN_OR_RETURN(staging_dev_, empty(be(), {staging_ints_}, DType::i32));
   be().zero(staging_dev_);
 
@@ -173,8 +174,8 @@ Status Executor::warm_up() {
     }
     const std::vector<ops::SamplingRow> rows(seqs.size());
     const Packed p = pack(sides_[0], plan, rows, shape.q_len == 1 ? bucket_for(shape.requests) : 0);
-    finish_staging(sides_[0], p, nullptr);
-    issue(sides_[0], p, true, 0);
+    finish_staging(sides_[0], input_words(p), nullptr);
+    issue(sides_[0], p, true, false, 0);
     KILN_RETURN_IF_ERROR(be().synchronize());
   }
   std::swap(cache_, dummy);
@@ -300,11 +301,29 @@ Executor::Packed Executor::pack(HostSide& side, const StepPlan& plan, const std:
   return p;
 }
 
-void Executor::finish_staging(HostSide& side, const Packed& p, const std::vector<int32_t>* continued_from) {
+int64_t Executor::input_words(const Packed& p) const {
+  // The per-request sections, the sampling parameters and targets, then the token rows (ids,
+  // positions, slots of p.tokens rows) and the page lists right after them.
+  return off_tokens_ + 3 * static_cast<int64_t>(p.tokens) + p.pages;
+}
+
+int64_t Executor::pack_masks(HostSide& side, const Packed& p, const std::vector<const uint32_t*>& masks) {
+  int64_t n = input_words(p);
   int32_t* h = side.staging.ptr<int32_t>();
-  // The words to move: the per-request sections, the sampling parameters and targets, then the
-  // token rows (ids, positions, slots of p.tokens rows) and the page lists right after them.
-  const int64_t n = off_tokens_ + 3 * static_cast<int64_t>(p.tokens) + p.pages;
+  const int64_t words = mask_words();
+  for (size_t i = 0; i < masks.size(); ++i) {
+    if (!masks[i]) continue;
+    KILN_ASSERT(n + words <= staging_ints_ && n < (int64_t(1) << 31));
+    std::memcpy(h + n, masks[i], static_cast<size_t>(words) * 4);
+    ops::SamplingRow* row = reinterpret_cast<ops::SamplingRow*>(h + off_params_) + i;
+    row->mask_offset = static_cast<int32_t>(n);
+    n += words;
+  }
+  return n;
+}
+
+void Executor::finish_staging(HostSide& side, int64_t n, const std::vector<int32_t>* continued_from) {
+  int32_t* h = side.staging.ptr<int32_t>();
   KILN_ASSERT(n <= staging_ints_);
   h[0] = static_cast<int32_t>(n);
   if (!continued_from) return;
@@ -318,14 +337,14 @@ void Executor::finish_staging(HostSide& side, const Packed& p, const std::vector
   }
 }
 
-void Executor::issue(const HostSide& side, const Packed& p, bool full, int64_t output_words) {
+void Executor::issue(const HostSide& side, const Packed& p, bool full, bool masked, int64_t output_words) {
   // At most the longest context's pages for every request: the bound a captured step reads ahead.
   const int64_t expected = std::min<int64_t>(
       staging_ints_, off_tokens_ + 3 * static_cast<int64_t>(p.tokens) +
                          static_cast<int64_t>(p.requests) * ceil_div(p.max_kv, config_.page_size));
   ops::stage_step_inputs(be(), staging_dev_.view(), side.staging.view(), expected, off_tokens_, p.tokens,
                          output_view(outputs_dev_, 0, config_.max_running, DType::i32));
-  forward_and_sample(p, full);
+  forward_and_sample(p, full, masked);
   if (output_words > 0)
     ops::publish_step_outputs(be(), side.outputs.view().rows(0, output_words), outputs_dev_.view().rows(0, output_words));
 }
@@ -376,8 +395,12 @@ ops::SamplingBatch Executor::sampling_view(int32_t rows, bool full) const {
   return s;
 }
 
-void Executor::forward_and_sample(const Packed& p, bool full) {
+void Executor::forward_and_sample(const Packed& p, bool full, bool masked) {
   last_logits_ = model_.forward(batch_view(p), cache_, ws_);
+  if (masked) {
+    const int32_t rows = p.score_rows == 0 ? p.logit_rows : p.sampled_rows;
+    ops::mask_logits(be(), last_logits_.rows(0, rows), sampling_view(rows, full).params, staging_dev_.view());
+  }
   if (p.score_rows == 0) return ops::sample(be(), sampling_view(p.logit_rows, full));
   if (p.sampled_rows > 0) ops::sample(be(), sampling_view(p.sampled_rows, full));
   const int32_t s0 = p.sampled_rows, s1 = p.sampled_rows + p.score_rows;
@@ -392,7 +415,8 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
 }
 
 void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows,
-                      const std::vector<int32_t>* continued_from) {
+                      const std::vector<int32_t>* continued_from, const std::vector<const uint32_t*>* masks) {
+  KILN_ASSERT(!masks || masks->empty() || masks->size() == rows.size());
   KILN_ASSERT(!plan.entries.empty() && in_flight_ < static_cast<int32_t>(sides_.size()));
   KILN_ASSERT(!continued_from || (in_flight_ == 1 && continued_from->size() <= plan.entries.size()));
   const auto t0 = std::chrono::steady_clock::now();
@@ -414,12 +438,13 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
     for (size_t i = 0; i < continued_from->size(); ++i)
       KILN_ASSERT(plan.entries[i].count == 1 &&
                   static_cast<int32_t>(plan.entries[i].seq->tokens.size()) == plan.entries[i].start);
-  finish_staging(side, p, continued_from);
+  const bool masked = masks && std::any_of(masks->begin(), masks->end(), [](const uint32_t* m) { return m != nullptr; });
+  finish_staging(side, masked ? pack_masks(side, p, *masks) : input_words(p), continued_from);
   // The step moves its own inputs in and its samples out (issue()): the outputs' sections up to the
   // last one the rows ask for.
   const int32_t level = any_top ? 2 : any_logprobs ? 1 : 0;
   if (bucket > 0 && config_.use_graphs && graphs_ok_) {
-    const GraphKey key{bucket, p.max_kv, full, level, next_side_};
+    const GraphKey key{bucket, p.max_kv, full, level, next_side_, masked};
     const int64_t words = output_words(p.logit_rows, level);  // the bucket's rows: fixed per graph
     auto it = graphs_.find(key);
     if (it != graphs_.end()) {
@@ -433,15 +458,15 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
       last_logits_ = ws_.logits.view().rows(0, p.logit_rows);
       ++graph_replays_;
     } else {
-      issue(side, p, full, words);  // eager first: sizes scratch and tunes GEMMs outside capture
-      Result<std::unique_ptr<CapturedWork>> g = be().capture([&] { issue(side, p, full, words); });
+      issue(side, p, full, masked, words);  // eager first: sizes scratch and tunes GEMMs outside capture
+      Result<std::unique_ptr<CapturedWork>> g = be().capture([&] { issue(side, p, full, masked, words); });
       if (g.ok())
         graphs_[key] = std::move(g).value();
       else
         graphs_ok_ = false;  // CPU, or capture unsupported: stay eager
     }
   } else {
-    issue(side, p, full, real_rows > 0 ? output_words(real_rows, level) : 0);
+    issue(side, p, full, masked, real_rows > 0 ? output_words(real_rows, level) : 0);
   }
   if (p.score_rows > 0)
     be().copy_async(side.score_logprobs.view().rows(0, p.score_rows), score_logprobs_dev_.view().rows(0, p.score_rows));

@@ -74,8 +74,11 @@ class Executor {
   // entry i's input token (its last, tokens[start], which the host does not know yet:
   // tokens.size() == start) is the token that step samples in its row continued_from[i]; such an
   // entry computes one token. The entries after them are planned as usual.
+  // masks (constrained decoding): empty, or one per row: nullptr, or mask_words() words whose set
+  // bits are the tokens the row may draw (ops::mask_logits); read before launch returns.
   void launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows,
-              const std::vector<int32_t>* continued_from = nullptr);
+              const std::vector<int32_t>* continued_from = nullptr, const std::vector<const uint32_t*>* masks = nullptr);
+  int32_t mask_words() const { return static_cast<int32_t>((vocab_ + 31) / 32); }
   Result<std::vector<SampledToken>> wait();
   bool in_flight() const { return in_flight_ > 0; }
   // After wait(): the log-probabilities of the step's score rows, in plan order (entry by entry,
@@ -138,12 +141,17 @@ class Executor {
     bool every_row = false;  // one logit row per token row, in order (a decode step)
   };
   Packed pack(HostSide& side, const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
+  // The staging words a packed step's inputs take (what stage_step_inputs moves without masks).
+  int64_t input_words(const Packed& p) const;
+  // The rows' token masks after the packed inputs (their offsets into the rows' parameters);
+  // returns the words the staging then takes.
+  int64_t pack_masks(HostSide& side, const Packed& p, const std::vector<const uint32_t*>& masks);
   // Word 0 of the staging (the words the step's inputs take) and its continued entries' ids.
-  void finish_staging(HostSide& side, const Packed& p, const std::vector<int32_t>* continued_from);
+  void finish_staging(HostSide& side, int64_t words, const std::vector<int32_t>* continued_from);
   // The step on the device: its inputs from `side`'s staging (ops::stage_step_inputs), the forward
   // and the sampler, then output_words of the outputs into `side`'s pinned copy. A graph captures
   // all of it, so that nothing runs between two replays.
-  void issue(const HostSide& side, const Packed& p, bool full, int64_t output_words);
+  void issue(const HostSide& side, const Packed& p, bool full, bool masked, int64_t output_words);
   // Words of the outputs (outputs_dev_'s layout) for `rows` rows: tokens (level 0), then their
   // log-probs (1), then their top alternatives (2).
   int64_t output_words(int32_t rows, int32_t level) const;
@@ -152,7 +160,7 @@ class Executor {
   ops::SamplingBatch sampling_view(int32_t rows, bool full) const;
   // n words of `buffer` from `offset`, as `dtype` (i32 or f32).
   static Tensor output_view(const TensorBuffer& buffer, int64_t offset, int64_t n, DType dtype);
-  void forward_and_sample(const Packed& p, bool full);
+  void forward_and_sample(const Packed& p, bool full, bool masked);
   int32_t bucket_for(int32_t batch) const;
   // The attention bound of a decode step whose longest context is kv_len: powers of two from 1024
   // up to max_seq_len (a tight bound keeps the split-KV decode grid small).
@@ -196,9 +204,10 @@ class Executor {
     bool full_sampler;
     int32_t output_level;  // output_words' level
     int32_t side;
+    bool masked;  // token masks applied before sampling
     bool operator<(const GraphKey& o) const {
-      return std::tie(batch, context, full_sampler, output_level, side) <
-             std::tie(o.batch, o.context, o.full_sampler, o.output_level, o.side);
+      return std::tie(batch, context, full_sampler, output_level, side, masked) <
+             std::tie(o.batch, o.context, o.full_sampler, o.output_level, o.side, o.masked);
     }
   };
   std::map<GraphKey, std::unique_ptr<CapturedWork>> graphs_;

@@ -21,7 +21,8 @@ json request_json(const GenerationRequest& r) {
           {"top_logprobs", r.top_logprobs},
           {"behaviour_logprobs", r.behaviour_logprobs},
           {"skip_special_tokens", r.skip_special_tokens},
-          {"prompt_logprobs_from", r.prompt_logprobs_from}};
+          {"prompt_logprobs_from", r.prompt_logprobs_from},
+          {"json_schema", r.json_schema ? r.json_schema->source() : json(nullptr)}};
 }
 
 GenerationRequest request_from(const json& j) {
@@ -44,6 +45,12 @@ GenerationRequest request_from(const json& j) {
   j.at("behaviour_logprobs").get_to(r.behaviour_logprobs);
   j.at("skip_special_tokens").get_to(r.skip_special_tokens);
   j.at("prompt_logprobs_from").get_to(r.prompt_logprobs_from);
+  if (j.contains("json_schema") && !j["json_schema"].is_null()) {
+    // The sender compiled the same schema with the same code.
+    Result<std::shared_ptr<const structured::JsonSchema>> schema = structured::JsonSchema::compile(j["json_schema"]);
+    KILN_ASSERT(schema.ok());
+    r.json_schema = *schema;
+  }
   return r;
 }
 

@@ -56,7 +56,8 @@ struct SamplingRow {
   int32_t counts_row = -1;          // row of the token-count table (penalties), -1: none
   uint32_t seed_lo = 0, seed_hi = 0;  // the request's seed
   int32_t position = 0;             // absolute position of the token being drawn (prompt + output so far)
-  int32_t reserved = 0;
+  int32_t mask_offset = -1;         // >= 0: the row's token mask starts at this word of mask_logits'
+                                    //   mask_words (constrained decoding); -1: none
 };
 constexpr int64_t kSamplingRowWords = sizeof(SamplingRow) / 4;
 static_assert(sizeof(SamplingRow) % 4 == 0);
@@ -108,6 +109,13 @@ void sample(Backend& be, const SamplingBatch& batch);
 // output id (ids outside [0, V) are ignored). counts_row: [V] i32 (a row of the table); prompt,
 // output: [n] i32 on the device (may be empty).
 void reset_token_counts(Backend& be, Tensor counts_row, Tensor prompt, Tensor output);
+
+// Constrained decoding: for each row b whose params give mask_offset >= 0, logits[b][v] = -inf for
+// every token v whose bit (v % 32 of word mask_offset + v / 32 of mask_words) is clear; other rows
+// and set bits are untouched. Runs before sample(), so every later step (penalties, cuts, raw and
+// behaviour log-probabilities, top-N) sees the masked distribution. logits: [B, V] f32 (written in
+// place); params: [B, kSamplingRowWords] i32; mask_words: [n] i32 (words past n read as 0).
+void mask_logits(Backend& be, Tensor logits, Tensor params, Tensor mask_words);
 
 // The uniform draw of sample(): u in [0, 1) from (seed, position), the same on every device.
 double sampling_uniform(uint64_t seed, uint64_t position);

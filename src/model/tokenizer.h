@@ -61,6 +61,10 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;  // added token with special=true
+  // The bytes token `id` adds to a decoded text in mid-sequence (byte-level and byte-fallback
+  // tokens may hold part of a UTF-8 character): what constrained decoding matches. nullopt for an id
+  // the vocabulary does not use.
+  std::optional<std::string> token_bytes(int32_t id) const;
 
  private:
   explicit Tokenizer(std::unique_ptr<tok::TokenizerImpl> impl);

@@ -251,9 +251,10 @@ Result<CompletionJob> parse_openai_chat(const Json& body, const ServeContext& ct
   job.request.logprobs = logprobs;
   job.request.top_logprobs = top;
   if (const Json* rf = f.get("response_format")) {
-    if (string_member(*rf, "type") != "text")
-      return unsupported("'response_format' other than {\"type\": \"text\"} (JSON mode, JSON schema) is not supported "
-                         "by kiln yet: it has no constrained decoding");
+    KILN_ASSIGN_OR_RETURN(job.request.json_schema, structured::JsonSchema::from_response_format(*rf));
+    if (job.request.json_schema && ctx.reasoning)
+      return unsupported("'response_format' with a reasoning parser (--reasoning-parser) is not supported: the schema "
+                         "would constrain the thinking too");
   }
   for (const char* k : {"audio", "modalities", "prediction", "reasoning_effort", "web_search_options"})
     if (const Json* v = f.get(k))

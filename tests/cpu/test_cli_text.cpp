@@ -386,6 +386,34 @@ TEST(CliText, RequestsFileNumbersOutOfRangeAreErrors) {
   EXPECT_EQ(out[5]["ids"].size(), 3u);
 }
 
+// A request line's response_format (OpenAI's): the text is a JSON value of the schema; a schema
+// kiln cannot enforce is that line's error, naming the keyword.
+TEST(CliText, RequestsFileResponseFormat) {
+  TempDir tmp;
+  const std::string model = " --model " + testdata_dir() + "/tiny-tools";
+  const std::string schema = R"({"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "n": {"type": "integer"}}, "required": ["answer", "n"]})";
+  const std::string file = tmp.file("requests.jsonl",
+      "{\"prompt\": \"Is it?\", \"max_tokens\": 300, \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"schema\": " +
+          schema + "}}}\n"
+      "{\"prompt\": \"Is it?\", \"max_tokens\": 300, \"temperature\": 1, \"seed\": 3, \"response_format\": {\"type\": \"json_object\"}}\n"
+      "{\"prompt\": \"Is it?\", \"max_tokens\": 5, \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {\"type\": \"string\", \"pattern\": \"x\"}}}}\n");
+  RunResult r = run_kiln("generate" + model + " --requests " + file);
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // the third line's error
+  std::vector<nlohmann::json> out = json_lines(r.stdout_only);
+  ASSERT_EQ(out.size(), 3u) << r.output;
+  ASSERT_EQ(out[0]["finish_reason"], "stop") << out[0].dump();
+  const nlohmann::json v = nlohmann::json::parse(out[0]["text"].get<std::string>());
+  ASSERT_TRUE(v.is_object()) << out[0].dump();
+  EXPECT_EQ(v.size(), 2u) << v.dump();
+  EXPECT_TRUE(v["answer"] == "yes" || v["answer"] == "no") << v.dump();
+  EXPECT_TRUE(v["n"].is_number_integer()) << v.dump();
+  if (out[1]["finish_reason"] == "stop") {
+    EXPECT_TRUE(nlohmann::json::parse(out[1]["text"].get<std::string>()).is_object()) << out[1].dump();
+  }
+  ASSERT_TRUE(out[2].contains("error")) << out[2].dump();
+  EXPECT_NE(out[2]["error"].get<std::string>().find("'pattern'"), std::string::npos) << out[2].dump();
+}
+
 TEST(CliText, StopStringsEndTheTextAcrossTokenBoundaries) {
   ChatModel m;
   TempDir tmp;

@@ -133,7 +133,9 @@ TEST_F(ServeProtocol, RefusesWhatItDoesNotSupport) {
     return parse_openai_chat(Json::parse(std::string(R"({"model": "tiny-tools", "messages": [{"role": "user", "content": "x"}])") +
                                          extra + "}"), ctx());
   };
-  for (const char* extra : {R"(, "response_format": {"type": "json_object"})", R"(, "logit_bias": {"1": 5})",
+  for (const char* extra : {R"(, "response_format": {"type": "regex", "regex": "a+"})", R"(, "logit_bias": {"1": 5})",
+                            R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "p"}})",
+                            R"(, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a"}}})",
                             R"(, "functions": [])", R"(, "n": 5)", R"(, "top_logprobs": 2)", R"(, "temperature": -1)",
                             R"(, "max_tokens": 1, "max_completion_tokens": 2)", R"(, "whatever": 1)",
                             R"(, "stream_options": {"include_usage": true})", R"(, "tool_choice": "required")"}) {
@@ -144,6 +146,28 @@ TEST_F(ServeProtocol, RefusesWhatItDoesNotSupport) {
   Result<CompletionJob> job = parse_openai_chat(Json::parse(R"({"model": "other", "messages": []})"), ctx());
   EXPECT_EQ(api_error_from(job.status()).status, 404);
   EXPECT_TRUE(chat(R"(, "response_format": {"type": "text"}, "user": "u", "store": false)").ok());
+}
+
+TEST_F(ServeProtocol, ResponseFormatsBecomeSchemas) {
+  auto chat = [&](const std::string& rf) {
+    return parse_openai_chat(Json::parse(R"({"model": "tiny-tools", "messages": [{"role": "user", "content": "x"}], "response_format": )" +
+                                         rf + "}"), ctx());
+  };
+  Result<CompletionJob> job = chat(R"({"type": "text"})");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->request.json_schema, nullptr);
+  job = chat(R"({"type": "json_object"})");
+  ASSERT_TRUE(job.ok());
+  ASSERT_NE(job->request.json_schema, nullptr);
+  EXPECT_EQ(job->request.json_schema->source(), Json::parse(R"({"type": "object"})"));
+  const std::string schema = R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})";
+  job = chat(R"({"type": "json_schema", "json_schema": {"name": "n", "strict": true, "schema": )" + schema + "}}");
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  ASSERT_NE(job->request.json_schema, nullptr);
+  EXPECT_EQ(job->request.json_schema->source(), Json::parse(schema));
+  job = chat(R"({"type": "json_schema", "json_schema": {"schema": {"type": "integer", "minimum": 0}}})");
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.status().message().find("'minimum'"), std::string::npos) << job.status().message();
 }
 
 TEST_F(ServeProtocol, CompletionPrompts) {

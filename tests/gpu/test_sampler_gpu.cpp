@@ -284,5 +284,39 @@ TEST(CudaSampler, ResetTokenCountsMatchesCpu) {
   EXPECT_EQ(sampler_read<int32_t>(*be, *d_row), std::vector<int32_t>(V, 0));
 }
 
+// ops::mask_logits (constrained decoding): CUDA equals the CPU twin bit for bit, rows without a mask
+// untouched, masks at odd word offsets, words past the end read as 0.
+TEST(CudaSampler, MaskLogitsMatchesCpu) {
+  KILN_REQUIRE_GPU(be);
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  for (int64_t V : {1, 33, 1000, 151936}) {
+    const int64_t B = 5, W = (V + 31) / 32;
+    TensorBuffer logits = random_host(Shape{B, V}, DType::f32, 11 + V, 3.0f);
+    // Masks of rows 0, 2 and 4 at offsets 3, 3 + W and 3 + 2W - 1 (the last one runs past the end).
+    TensorBuffer words = host_empty(Shape{3 + 2 * W + 1}, DType::i32);
+    for (int64_t i = 0; i < words.numel(); ++i)
+      words.ptr<int32_t>()[i] = static_cast<int32_t>(rng::splitmix64(static_cast<uint64_t>(V * 1000 + i)));
+    std::vector<ops::SamplingRow> rows(B);
+    rows[0].mask_offset = 3;
+    rows[2].mask_offset = static_cast<int32_t>(3 + W);
+    rows[4].mask_offset = static_cast<int32_t>(3 + 2 * W - (W > 1 ? 1 : 0));
+    TensorBuffer params = host_empty(Shape{B, ops::kSamplingRowWords}, DType::i32);
+    std::memcpy(params.ptr<int32_t>(), rows.data(), rows.size() * sizeof(ops::SamplingRow));
+    TensorBuffer want = host_copy(logits);
+    ops::mask_logits(*cpu, want, params, words);
+    TensorBuffer d_logits = upload(*be, logits), d_params = upload(*be, params), d_words = upload(*be, words);
+    ops::mask_logits(*be, d_logits, d_params, d_words);
+    const std::vector<float> got = sampler_read<float>(*be, d_logits);
+    ASSERT_EQ(got.size(), static_cast<size_t>(B * V));
+    int64_t masked = 0;
+    for (int64_t i = 0; i < B * V; ++i) {
+      EXPECT_EQ(std::memcmp(&got[i], want.ptr<float>() + i, 4), 0) << "V " << V << " element " << i;
+      masked += std::isinf(got[i]) && got[i] < 0;
+      if ((i / V) % 2 == 1) EXPECT_EQ(got[i], logits.ptr<float>()[i]);  // rows 1 and 3: no mask
+    }
+    if (V >= 1000) EXPECT_GT(masked, V);  // about half of three rows
+  }
+}
+
 }  // namespace
 }  // namespace kiln::test

@@ -484,8 +484,10 @@ class ServeSdkTest(unittest.TestCase):
         self.assertEqual(e.exception.body["code"], "context_length_exceeded")
         with self.assertRaises(openai.BadRequestError) as e:
             self.oai.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "x"}],
-                                             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})
+                                             response_format={"type": "json_schema", "json_schema": {
+                                                 "name": "a", "schema": {"type": "string", "pattern": "^a"}}})
         self.assertIn("response_format", e.exception.body["message"])
+        self.assertIn("'pattern'", e.exception.body["message"])
         with self.assertRaises(openai.BadRequestError) as e:
             self.oai.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "x"}],
                                              extra_body={"bogus_field": 1})

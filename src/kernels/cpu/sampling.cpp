@@ -346,4 +346,19 @@ void reset_token_counts(Tensor counts_row, Tensor prompt, Tensor output) {
   }
 }
 
+void mask_logits(Tensor logits, Tensor params, Tensor mask_words) {
+  const int64_t B = logits.size(0), V = logits.size(1), n = mask_words.numel();
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(mask_words.ptr<const int32_t>());
+  for (int64_t b = 0; b < B; ++b) {
+    ops::SamplingRow p;
+    std::memcpy(static_cast<void*>(&p), params.ptr<const int32_t>() + b * ops::kSamplingRowWords, sizeof(p));
+    if (p.mask_offset < 0) continue;
+    float* row = logits.ptr<float>() + b * V;
+    for (int64_t v = 0; v < V; ++v) {
+      const int64_t w = p.mask_offset + (v >> 5);
+      if (!(w < n && (words[w] >> (v & 31) & 1))) row[v] = -INFINITY;
+    }
+  }
+}
+
 }  // namespace kiln::cpu

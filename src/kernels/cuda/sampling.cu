@@ -536,7 +536,32 @@ __global__ void reset_counts_kernel(int32_t* row, int64_t V, const int32_t* prom
   }
 }
 
+// Grid (blocks over the vocabulary, B): rows without a mask return at once.
+__global__ void mask_logits_kernel(float* __restrict__ logits, int64_t V, const ops::SamplingRow* __restrict__ params,
+                                   const uint32_t* __restrict__ words, int64_t n_words) {
+  const int32_t off = params[blockIdx.y].mask_offset;
+  if (off < 0) return;
+  float* row = logits + static_cast<int64_t>(blockIdx.y) * V;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < V;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t w = off + (v >> 5);
+    if (!(w < n_words && (words[w] >> (v & 31) & 1u))) row[v] = -INFINITY;
+  }
+}
+
 }  // namespace
+
+void mask_logits(CudaBackend& be, Tensor logits, Tensor params, Tensor mask_words) {
+  detail::check_float(be, logits);
+  detail::check_i32(be, params);
+  detail::check_i32(be, mask_words);
+  const int64_t B = logits.size(0), V = logits.size(1);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((V + kThreads - 1) / kThreads, 64));
+  mask_logits_kernel<<<dim3(blocks, static_cast<unsigned>(B)), kThreads, 0, detail::stream_of(be)>>>(
+      logits.ptr<float>(), V, reinterpret_cast<const ops::SamplingRow*>(params.data),
+      reinterpret_cast<const uint32_t*>(mask_words.data), mask_words.numel());
+  KILN_CUDA_CHECK_LAUNCH();
+}
 
 void sample(CudaBackend& be, const ops::SamplingBatch& s) {
   detail::check_float(be, s.logits);

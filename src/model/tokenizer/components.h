@@ -110,6 +110,9 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // One token's text -> the bytes it adds to a decoded text in mid-sequence, before any UTF-8
+  // repair (byte-level tokens may hold part of a character). Default: the text itself.
+  virtual void token_bytes(std::string& token) const { (void)token; }
 };
 
 Result<std::unique_ptr<Normalizer>> make_normalizer(const Json& j, const std::string& source);

@@ -22,6 +22,15 @@ class ByteLevelDec final : public Decoder {
     }
     tokens.assign(1, utf8_lossy(bytes));
   }
+  void token_bytes(std::string& token) const override {
+    std::string bytes;
+    for (size_t i = 0; i < token.size();) {
+      const int b = unicode_to_byte(next_cp(token, i));
+      if (b < 0) return;  // not a byte-level token: its text as it is (decode_chain does the same)
+      bytes.push_back(static_cast<char>(b));
+    }
+    token = std::move(bytes);
+  }
 };
 
 class MetaspaceDec final : public Decoder {
@@ -42,6 +51,11 @@ class MetaspaceDec final : public Decoder {
       }
       tokens[k] = std::move(out);
     }
+  }
+  void token_bytes(std::string& token) const override {
+    std::vector<std::string> one = {"", token};  // not the first token: no prefix space dropped
+    decode_chain(one);
+    token = std::move(one[1]);
   }
  private:
   char32_t rep_;
@@ -74,6 +88,11 @@ class ReplaceDec final : public Decoder {
       out.append(t, prev, std::string::npos);
       t = std::move(out);
     }
+  }
+  void token_bytes(std::string& token) const override {
+    std::vector<std::string> one = {token};
+    decode_chain(one);
+    token = std::move(one[0]);
   }
  private:
   std::string literal_;
@@ -117,6 +136,9 @@ class ByteFallbackDec final : public Decoder {
     }
     flush();
     tokens = std::move(out);
+  }
+  void token_bytes(std::string& token) const override {
+    if (auto b = byte_token(token)) token.assign(1, static_cast<char>(*b));
   }
 };
 
@@ -204,6 +226,9 @@ class SequenceDec final : public Decoder {
   explicit SequenceDec(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
+  }
+  void token_bytes(std::string& token) const override {
+    for (const auto& p : parts_) p->token_bytes(token);
   }
  private:
   std::vector<std::unique_ptr<Decoder>> parts_;

@@ -244,6 +244,14 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
 
 bool Tokenizer::is_special(int32_t id) const { return impl_->special(id); }
 
+std::optional<std::string> Tokenizer::token_bytes(int32_t id) const {
+  const std::string* s = id >= 0 && id < impl_->vocab_size ? impl_->token_of(id) : nullptr;
+  if (!s) return std::nullopt;
+  std::string bytes = *s;
+  if (impl_->decoder) impl_->decoder->token_bytes(bytes);
+  return bytes;
+}
+
 StreamingDecoder::StreamingDecoder(const Tokenizer& tok, bool skip_special_tokens)
     : tok_(tok), skip_special_(skip_special_tokens) {}
 
