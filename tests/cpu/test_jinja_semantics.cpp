@@ -140,5 +140,31 @@ TEST(JinjaSemantics, FormattingRoundingAndNumberParsingAsPython) {
   }
 }
 
+// Features real templates use: loop.changed, {% call %} blocks with caller() (and its arguments),
+// macro varargs / kwargs (extra arguments only where the body uses them) / name, groupby (with default and case_sensitive; the (grouper, list)
+// tuples), batch, slice, truncate, striptags, pprint, and |attr (getattr only: not a dict's keys).
+TEST(JinjaSemantics, LoopChangedCallBlocksMacroArgumentsAndMoreFilters) {
+  const Case cases[] = {
+    {"{% for x in [1,1,2,3,3] %}{% if loop.changed(x) %}{{ x }}{% endif %}{{ loop.depth }}{{ loop.depth0 }}{% endfor %}|{% for x in [1,2,3] %}{{ loop.previtem|default('-') }}{{ loop.nextitem|default('-') }};{% endfor %}", "", "1101021031010|-2;13;2-;"},
+    {"{% for m in msgs %}{% if loop.changed(m.role) %}[{{ m.role }}]{% endif %}{{ m.content }}{% endfor %}", "{\"msgs\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": \"b\"}, {\"role\": \"assistant\", \"content\": \"c\"}]}", "[user]ab[assistant]c"},
+    {"{% macro wrap(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}{% call wrap('b') %}inner {{ n }}{% endcall %}", "{\"n\": 7}", "<b>inner 7</b>"},
+    {"{% macro each(xs) %}{% for x in xs %}{{ caller(x) }}{% endfor %}{% endmacro %}{% call(v) each(items) %}[{{ v }}]{% endcall %}", "{\"items\": [3, 1, 2]}", "[3][1][2]"},
+    {"{% macro m() %}\n  {{ caller() }}\n{% endmacro %}\n{% call m() %}\n  body\n{% endcall %}\nend", "", "    body\n\nend"},
+    {"{% macro f(a) %}{{ a }}|{{ varargs }}|{{ kwargs }}{% endmacro %}{{ f(1, 2, 3, k=4) }}|{{ f(5) }}", "", "1|(2, 3)|{'k': 4}|5|()|{}"},
+    {"{% macro f(a, b=2) %}{% endmacro %}{{ f.name }}", "", "f"},
+    {"{% for g in [{'k':'a','v':1},{'k':'b','v':2},{'k':'A','v':3}]|groupby('k') %}{{ g.grouper }}={{ g.list|map(attribute='v')|list }};{% endfor %}|{{ [{'k':'b'},{'k':'a'}]|groupby('k') }}", "", "a=[1, 3];b=[2];|[('a', [{'k': 'a'}]), ('b', [{'k': 'b'}])]"},
+    {"{% for grouper, list in users|groupby('city', default='NY') %}{{ grouper }}:{{ list|map(attribute='name')|join(',') }};{% endfor %}", "{\"users\": [{\"name\": \"a\", \"city\": \"LA\"}, {\"name\": \"b\"}, {\"name\": \"c\", \"city\": \"la\"}]}", "LA:a,c;NY:b;"},
+    {"{{ users|groupby('city', case_sensitive=true)|map(attribute='grouper')|list }}|{{ users|groupby('city')|map(attribute='grouper')|list }}|{{ users|groupby('city')|first|last|length }}", "{\"users\": [{\"name\": \"a\", \"city\": \"LA\"}, {\"name\": \"c\", \"city\": \"la\"}, {\"name\": \"d\", \"city\": \"NY\"}]}", "['LA', 'NY', 'la']|['LA', 'NY']|2"},
+    {"{{ [1,2,3,4,5]|batch(2)|list }} {{ [1,2,3,4,5]|batch(3, 0)|list }} {{ [1,2,3,4,5]|slice(2)|list }} {{ [1,2,3,4,5,6,7]|slice(3, 'x')|list }} {{ []|batch(2)|list }}", "", "[[1, 2], [3, 4], [5]] [[1, 2, 3], [4, 5, 0]] [[1, 2, 3], [4, 5]] [[1, 2, 3], [4, 5, 'x'], [6, 7, 'x']] []"},
+    {"{{ 'hello world foo'|truncate(9) }}|{{ 'foo bar baz qux'|truncate(9, true) }}|{{ 'foo bar baz qux'|truncate(11) }}|{{ 'foo bar baz qux'|truncate(11, false, '...', 0) }}|{{ 'abcdefghijklmnop'|truncate(10, leeway=0) }}", "", "hello...|foo ba...|foo bar baz qux|foo bar...|abcdefg..."},
+    {"{{ '<b>x</b>   y <!-- c --> &amp; &lt;z&gt; &#65;&#x42;'|striptags }}|{{ 'x'|pprint }}|{{ [1, 'a', {'k': none}]|pprint }}", "", "x y & <z> AB|'x'|[1, 'a', {'k': None}]"},
+    {"{{ d|attr('z') }}|{{ {'a': {'b': 1}}|attr('a') }}|{{ (d|attr('items'))()|list }}|{% set ns = namespace(q=3) %}{{ ns|attr('q') }}", "{\"d\": {\"z\": 1}}", "||[('z', 1)]|3"},
+    {"{% macro f(a) %}{{ a }}{% endmacro %}{{ f(1, 2) }}", "", nullptr},  // TypeError: macro 'f' takes not more than 1 argument(s)
+    {"{% macro f(a) %}{{ a }}{% endmacro %}{{ f(1, b=2) }}", "", nullptr},  // TypeError: macro 'f' takes no keyword argument 'b'
+    {"{% macro f(a) %}{{ a }}{{ varargs|length }}{% endmacro %}{{ f(1, 2) }}", "", "11"},
+  };
+  check_cases(cases);
+}
+
 }  // namespace
 }  // namespace kiln

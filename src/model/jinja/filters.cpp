@@ -16,11 +16,6 @@
 #include "model/jinja/py_string.h"
 
 namespace kiln::jinja {
-namespace {
-
-// ---- filters ----
-const Value* arg(const Args& a, size_t k, const char* name) { return a.get(k, name); }
-bool arg_bool(const Args& a, size_t k, const char* name, bool def) { const Value* v = arg(a, k, name); return v ? v->truthy() : def; }
 
 Result<Value> attr_path(Interp& in, const Value& v, const std::string& path) {
   Value cur = v;
@@ -38,6 +33,14 @@ Result<Value> attr_path(Interp& in, const Value& v, const std::string& path) {
     b = e + 1;
   }
 }
+
+Value sort_key(const Value& v, bool case_sensitive) { return !case_sensitive && v.is_str() ? Value::str(map_case(v.s, false)) : v; }
+
+namespace {
+
+// ---- filters ----
+const Value* arg(const Args& a, size_t k, const char* name) { return a.get(k, name); }
+bool arg_bool(const Args& a, size_t k, const char* name, bool def) { const Value* v = arg(a, k, name); return v ? v->truthy() : def; }
 
 Result<Value> f_length(Interp& in, const Value& v, Args&) {
   if (v.is_str()) return Value::integer(str_len(v.s));
@@ -199,7 +202,7 @@ Result<Value> f_reverse(Interp& in, const Value& v, Args&) {
   std::reverse(items.begin(), items.end());
   return Value::list(std::move(items));
 }
-Value sort_key(const Value& v, bool case_sensitive) { return !case_sensitive && v.is_str() ? Value::str(map_case(v.s, false)) : v; }
+
 Result<Value> sorted(Interp& in, List items, bool reverse, std::vector<Value> keys) {
   std::vector<size_t> idx(items.size());
   for (size_t k = 0; k < idx.size(); ++k) idx[k] = k;
@@ -385,9 +388,12 @@ Result<Value> minmax(Interp& in, const Value& v, Args& a, bool want_max) {
 }
 Result<Value> f_min(Interp& in, const Value& v, Args& a) { return minmax(in, v, a, false); }
 Result<Value> f_max(Interp& in, const Value& v, Args& a) { return minmax(in, v, a, true); }
+// jinja2's attr: getattr only, so a dict's keys are not attributes (its methods and a namespace's are).
 Result<Value> f_attr(Interp& in, const Value& v, Args& a) {
   if (a.pos.empty()) return in.fail("attr needs a name");
-  return in.getattr(v, to_str(a.pos[0]));
+  const std::string name = to_str(a.pos[0]);
+  if (v.is_dict() && !v.ns) return in.method(v, name);
+  return in.getattr(v, name);
 }
 Result<Value> f_center(Interp&, const Value& v, Args& a) {
   const Value* w = arg(a, 0, "width");
@@ -416,7 +422,8 @@ Result<Value> f_format(Interp& in, const Value& v, Args& a) {
 }  // namespace
 
 const std::map<std::string, FilterFn>& filters() {
-  static const std::map<std::string, FilterFn> m = {
+  static const std::map<std::string, FilterFn> m = [] {
+    std::map<std::string, FilterFn> all = {
       {"length", f_length}, {"count", f_length}, {"tojson", f_tojson}, {"trim", f_trim}, {"upper", f_upper},
       {"lower", f_lower}, {"capitalize", f_capitalize}, {"title", f_title}, {"default", f_default}, {"d", f_default},
       {"join", f_join}, {"replace", f_replace}, {"items", f_items}, {"list", f_list}, {"first", f_first},
@@ -426,7 +433,10 @@ const std::map<std::string, FilterFn>& filters() {
       {"select", f_select}, {"reject", f_reject}, {"selectattr", f_selectattr}, {"rejectattr", f_rejectattr},
       {"indent", f_indent}, {"wordcount", f_wordcount}, {"sum", f_sum}, {"min", f_min}, {"max", f_max},
       {"attr", f_attr}, {"center", f_center}, {"format", f_format},
-  };
+    };
+    for (const auto& [name, fn] : more_filters()) all[name] = fn;
+    return all;
+  }();
   return m;
 }
 

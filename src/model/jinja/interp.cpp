@@ -1,9 +1,10 @@
 // The tree-walking evaluator of chat templates, with Jinja's runtime semantics as jinja2's
 // ImmutableSandboxedEnvironment has them under transformers: scopes (a for-loop iteration and a macro
 // call get their own; if/else does not), the loop object, undefined values, attribute-then-item lookup,
-// Python operators, and the globals range, dict, namespace, raise_exception and strftime_now (the
-// methods are in builtins.cpp, the filters and tests in filters.cpp), and transformers' {% generation %} call block with
-// its span tracking. Also ChatTemplate and apply_chat_template (the public API in
+// Python operators, macros and {% call %} blocks, and the globals range, dict, namespace,
+// raise_exception and strftime_now (the methods are in builtins.cpp and str_methods.cpp, the filters
+// and tests in filters.cpp and filters_more.cpp, Python's formatting in format.cpp), and
+// transformers' {% generation %} call block with its span tracking. Also ChatTemplate and apply_chat_template (the public API in
 // model/chat_template.h).
 #include <algorithm>
 #include <climits>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <ctime>
 #include <map>
+#include <optional>
 
 #include "model/chat_template.h"
 #include "model/jinja/format.h"
@@ -274,16 +276,27 @@ Result<Value> Interp::binary(const std::string& op, const Value& a, const Value&
   return bad();
 }
 
+// A macro (or a call block's caller): parameters by position or name, then defaults; extra positional
+// arguments are `varargs`, extra keyword arguments `kwargs` (accepted only where the body uses those
+// names, as jinja2 does), and a `caller` keyword is the call block's body.
 Value Interp::make_macro(const Node& n, const FrameP& defining) {
   const Node* node = &n;
   Interp* self = this;
-  return Value::func([self, node, defining](Args& a) -> Result<Value> {
+  Value macro = Value::func([self, node, defining](Args& a) -> Result<Value> {
     FrameP f = self->child(defining);
-    if (a.pos.size() > node->targets.size())
+    if (a.pos.size() > node->targets.size() && !node->catch_varargs)
       return self->fail("macro '" + node->text + "' takes not more than " + std::to_string(node->targets.size()) + " argument(s)");
-    for (auto& [k, v] : a.kw)
-      if (std::find(node->targets.begin(), node->targets.end(), k) == node->targets.end())
-        return self->fail("macro '" + node->text + "' takes no keyword argument '" + k + "'");
+    List varargs;
+    for (size_t k = node->targets.size(); k < a.pos.size(); ++k) varargs.push_back(a.pos[k]);
+    Value kwargs = Value::dict();
+    for (auto& [k, v] : a.kw) {
+      if (std::find(node->targets.begin(), node->targets.end(), k) != node->targets.end()) continue;
+      if (k == "caller") f->set("caller", v);
+      else if (node->catch_kwargs) kwargs.d->set(k, v);
+      else return self->fail("macro '" + node->text + "' takes no keyword argument '" + k + "'");
+    }
+    f->set("varargs", Value::list(std::move(varargs), true));
+    f->set("kwargs", kwargs);
     for (size_t k = 0; k < node->targets.size(); ++k) {
       const Value* v = a.get(k, node->targets[k]);
       if (v) { f->set(node->targets[k], *v); continue; }
@@ -299,6 +312,8 @@ Value Interp::make_macro(const Node& n, const FrameP& defining) {
     KILN_RETURN_IF_ERROR(self->exec(node->body, f, out, flow));
     return Value::str(out);
   });
+  macro.s = n.text;  // its name (macro.name)
+  return macro;
 }
 
 Status Interp::exec_for(const Node& n, const FrameP& f, std::string& out) {
@@ -317,6 +332,13 @@ Status Interp::exec_for(const Node& n, const FrameP& f, std::string& out) {
     items = std::move(kept);
   }
   int64_t len = int64_t(items.size());
+  // loop.changed(*values): whether the values differ from the last call's. The values are dropped when
+  // the loop ends (they may hold the loop object, whose changed() holds them).
+  auto last_changed = std::make_shared<std::optional<Value>>();
+  struct Drop {
+    std::shared_ptr<std::optional<Value>> p;
+    ~Drop() { p->reset(); }
+  } drop{last_changed};
   for (int64_t k = 0; k < len; ++k) {
     if (++iterations > limits.max_loop_iterations)
       return fail("more than " + std::to_string(limits.max_loop_iterations) +
@@ -339,6 +361,12 @@ Status Interp::exec_for(const Node& n, const FrameP& f, std::string& out) {
     d.set("cycle", Value::func([self, k](Args& a) -> Result<Value> {
       if (a.pos.empty()) return self->fail("no items for cycling given");
       return a.pos[size_t(k) % a.pos.size()];
+    }));
+    d.set("changed", Value::func([last_changed](Args& a) -> Result<Value> {
+      Value now = Value::list(a.pos, true);
+      if (*last_changed && equals(**last_changed, now)) return Value::boolean(false);
+      *last_changed = std::move(now);
+      return Value::boolean(true);
     }));
     it->set("loop", loop);
     KILN_RETURN_IF_ERROR(assign(n.targets, items[size_t(k)], *it));
@@ -404,6 +432,17 @@ Status Interp::exec(const Body& body, const FrameP& f, std::string& out, Flow& f
         break;
       }
       case NK::Macro: f->set(n.text, make_macro(n, f)); break;
+      case NK::CallBlock: {
+        const Expr& c = *n.expr;
+        KILN_ASSIGN_OR_RETURN(Value fn, eval(*c.ch[0], f));
+        KILN_ASSIGN_OR_RETURN(Args a, eval_args(c, f, 1));
+        a.kw.emplace_back("caller", make_macro(n, f));
+        line = n.line;
+        KILN_ASSIGN_OR_RETURN(Value r, call(fn, a));
+        out += to_str(r);
+        KILN_RETURN_IF_ERROR(check_size(out.size()));
+        break;
+      }
       case NK::Break: flow = Flow::Break; return Status::Ok();
       case NK::Continue: flow = Flow::Continue; return Status::Ok();
       case NK::Scope: {

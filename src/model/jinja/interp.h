@@ -47,6 +47,14 @@ struct Interp;
 using FilterFn = Result<Value> (*)(Interp&, const Value&, Args&);
 using TestFn = Result<bool> (*)(Interp&, const Value&, Args&);
 const std::map<std::string, FilterFn>& filters();
+// The sequence and text filters of filters_more.cpp (groupby, batch, slice, truncate, ...), part of filters().
+const std::map<std::string, FilterFn>& more_filters();
+// jinja2's attribute getter of filters (`a.b.0`: item lookups, all-digit parts as ints).
+Result<Value> attr_path(Interp& in, const Value& v, const std::string& path);
+// A sort key: lower case for a str unless case_sensitive.
+Value sort_key(const Value& v, bool case_sensitive);
+// The marker (Value::s) of groupby's (grouper, list) tuples, whose items are also those attributes.
+inline const char* const kGroupTuple = "\x01groupby";
 const std::map<std::string, TestFn>& tests();
 
 struct Interp {
@@ -123,6 +131,8 @@ struct Interp {
       const Value* v = obj.d->find(name);
       return v ? *v : Value::undef("'dict object' has no attribute '" + name + "'");
     }
+    if (obj.t == Value::T::Func && name == "name" && !obj.s.empty()) return Value::str(obj.s);  // a macro's name
+    if (obj.is_list() && obj.s == kGroupTuple && (name == "grouper" || name == "list")) return (*obj.l)[name == "grouper" ? 0 : 1];
     Value m = method(obj, name);
     if (!m.is_undef()) return m;
     return Value::undef(std::string("'") + type_name(obj) + " object' has no attribute '" + name + "'");

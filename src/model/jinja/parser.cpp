@@ -36,6 +36,10 @@ struct Parser {
   size_t k = 0;
   int nesting = 0;  // recursive parse calls in progress (kMaxParseNesting)
   bool saw_generation = false;
+  // For each macro / call block being parsed: whether its body names varargs / kwargs (jinja2 accepts
+  // extra arguments only then).
+  struct MacroRefs { bool varargs = false, kwargs = false; };
+  std::vector<MacroRefs> macro_refs;
 
   struct Nest {
     int& n;
@@ -186,7 +190,14 @@ struct Parser {
       if (t.v == "true" || t.v == "True") e->cval = Value::boolean(true);
       else if (t.v == "false" || t.v == "False") e->cval = Value::boolean(false);
       else if (t.v == "none" || t.v == "None") e->cval = Value::none();
-      else { e->kind = EK::Name; e->name = t.v; }
+      else {
+        e->kind = EK::Name;
+        e->name = t.v;
+        for (MacroRefs& r : macro_refs) {
+          r.varargs = r.varargs || t.v == "varargs";
+          r.kwargs = r.kwargs || t.v == "kwargs";
+        }
+      }
       return e;
     }
     if (t.type == TT::String) {
@@ -494,19 +505,28 @@ struct Parser {
     if (tag == "macro") {
       n->kind = NK::Macro;
       KILN_ASSIGN_OR_RETURN(n->text, expect_name());
-      KILN_RETURN_IF_ERROR(expect_op("("));
-      while (!is_op(")")) {
-        if (!n->targets.empty()) KILN_RETURN_IF_ERROR(expect_op(","));
-        KILN_ASSIGN_OR_RETURN(std::string p, expect_name());
-        n->targets.push_back(p);
-        ExprP def;
-        if (skip_op("=")) { KILN_ASSIGN_OR_RETURN(def, expression()); }
-        else if (!n->defaults.empty() && n->defaults.back()) return err("non-default argument follows default argument");
-        n->defaults.push_back(std::move(def));
-      }
-      ++k;
+      KILN_RETURN_IF_ERROR(parameters(*n));
       KILN_RETURN_IF_ERROR(expect_block_end());
+      macro_refs.emplace_back();
       KILN_RETURN_IF_ERROR(body(n->body, {"endmacro"}, &which, "macro", line));
+      n->catch_varargs = macro_refs.back().varargs;
+      n->catch_kwargs = macro_refs.back().kwargs;
+      macro_refs.pop_back();
+      KILN_RETURN_IF_ERROR(expect_block_end());
+      return n;
+    }
+    if (tag == "call") {
+      n->kind = NK::CallBlock;
+      n->text = "caller";
+      if (is_op("(")) KILN_RETURN_IF_ERROR(parameters(*n));
+      KILN_ASSIGN_OR_RETURN(n->expr, expression());
+      if (n->expr->kind != EK::Call) return err("expected call", line);
+      KILN_RETURN_IF_ERROR(expect_block_end());
+      macro_refs.emplace_back();
+      KILN_RETURN_IF_ERROR(body(n->body, {"endcall"}, &which, "call", line));
+      n->catch_varargs = macro_refs.back().varargs;
+      n->catch_kwargs = macro_refs.back().kwargs;
+      macro_refs.pop_back();
       KILN_RETURN_IF_ERROR(expect_block_end());
       return n;
     }
@@ -550,6 +570,21 @@ struct Parser {
     }
     k -= 1;
     return err("Encountered unknown tag '" + tag + "'.");
+  }
+  // A macro's or call block's `(a, b=default, ...)`.
+  Status parameters(Node& n) {
+    KILN_RETURN_IF_ERROR(expect_op("("));
+    while (!is_op(")")) {
+      if (!n.targets.empty()) KILN_RETURN_IF_ERROR(expect_op(","));
+      KILN_ASSIGN_OR_RETURN(std::string p, expect_name());
+      n.targets.push_back(p);
+      ExprP def;
+      if (skip_op("=")) { KILN_ASSIGN_OR_RETURN(def, expression()); }
+      else if (!n.defaults.empty() && n.defaults.back()) return err("non-default argument follows default argument");
+      n.defaults.push_back(std::move(def));
+    }
+    ++k;
+    return Status::Ok();
   }
   // `| f(args) | g` applied to a placeholder name holding the block's rendered body.
   Result<ExprP> filter_chain() {

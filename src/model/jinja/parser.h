@@ -45,16 +45,20 @@ using Body = std::vector<NodeP>;
 
 // Generation: transformers' {% generation %} ... {% endgeneration %} (its AssistantTracker): renders
 // its body in a scope of its own; a tracked render also records where that output lands.
-enum class NK { Text, Output, If, For, Set, SetBlock, Macro, Break, Continue, FilterBlock, Scope, With, Generation };
+// CallBlock: {% call(params) macro(args) %}body{% endcall %}: the body is a macro named caller (params
+// in targets/defaults) passed to the call in expr as the keyword argument caller.
+enum class NK { Text, Output, If, For, Set, SetBlock, Macro, Break, Continue, FilterBlock, Scope, With, Generation, CallBlock };
 
 struct Node {
   NK kind;
   int line = 0;
   std::string text;                  // Text; Macro name; Set: namespace attribute (ns.attr) when non-empty
-  ExprP expr;                        // Output; If test; For iterable; Set value; FilterBlock filter chain
-  std::vector<std::string> targets;  // For/Set names (several: tuple unpacking); Macro parameters
-  std::vector<ExprP> defaults;       // Macro parameter defaults (nullptr: required); With values
+  ExprP expr;                        // Output; If test; For iterable; Set value; FilterBlock filter chain; CallBlock call
+  std::vector<std::string> targets;  // For/Set names (several: tuple unpacking); Macro / CallBlock parameters
+  std::vector<ExprP> defaults;       // Macro / CallBlock parameter defaults (nullptr: required); With values
   ExprP cond;                        // For ... if cond
+  bool catch_varargs = false;        // Macro / CallBlock: the body uses varargs (extra positional args go there)
+  bool catch_kwargs = false;         // ... uses kwargs (extra keyword args go there)
   Body body, else_body;
 };
 

@@ -38,7 +38,8 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;  // Str; for Undefined, the name that was missing (for error messages)
+  std::string s;  // Str; for Undefined, the name that was missing (for error messages); a macro's
+                  // name; kGroupTuple on groupby's tuples
   bool safe = false;       // Str that is a Markup (|safe, |escape): + escapes the other operand
   std::shared_ptr<List> l;
   bool tuple = false;      // List printed as a tuple
