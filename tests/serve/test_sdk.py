@@ -121,6 +121,42 @@ class ServeSdkTest(unittest.TestCase):
         self.assertEqual([c.index for c in a.choices], [0, 1, 2])
         self.assertEqual(a.usage.prompt_tokens, CASES["chat"]["prompt_tokens"])  # the prompt counts once
 
+    def test_structured_output(self):
+        # response_format json_schema: every choice (greedy, sampled, streamed) is a JSON object of
+        # the schema, checked field by field.
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                   "sunny": {"type": "boolean"},
+                                                   "days": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
+                  "required": ["city", "sunny"]}
+        rf = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}}
+        kw = dict(model=self.model, messages=openai_messages(CASES["chat"]), max_tokens=400, response_format=rf)
+
+        def check(text):
+            v = json.loads(text)
+            self.assertIsInstance(v, dict, text)
+            self.assertLessEqual(set(v), {"city", "sunny", "days"}, text)
+            self.assertIsInstance(v["city"], str, text)
+            self.assertLessEqual(len(v["city"]), 12, text)
+            self.assertIsInstance(v["sunny"], bool, text)
+            if "days" in v:
+                self.assertLessEqual(len(v["days"]), 3, text)
+                self.assertTrue(all(isinstance(d, int) and not isinstance(d, bool) for d in v["days"]), text)
+
+        greedy = self.oai.chat.completions.create(temperature=0, **kw)
+        self.assertEqual(greedy.choices[0].finish_reason, "stop")
+        check(greedy.choices[0].message.content)
+        sampled = self.oai.chat.completions.create(temperature=1.0, seed=5, n=3, **kw)
+        for c in sampled.choices:
+            if c.finish_reason == "stop":
+                check(c.message.content)
+        text = "".join(c.choices[0].delta.content or ""
+                       for c in self.oai.chat.completions.create(stream=True, temperature=0, **kw) if c.choices)
+        self.assertEqual(text, greedy.choices[0].message.content)
+        obj = self.oai.chat.completions.create(model=self.model, messages=openai_messages(CASES["chat"]),
+                                               max_tokens=400, response_format={"type": "json_object"})
+        if obj.choices[0].finish_reason == "stop":
+            self.assertIsInstance(json.loads(obj.choices[0].message.content), dict)
+
     def test_max_tokens_length(self):
         for kw in ({"max_tokens": 3}, {"max_completion_tokens": 3}):
             r = self.chat("chat", **kw)
