@@ -7,6 +7,9 @@
 
 #include "kernels/step_io.h"
 #include "kernels/train_ops.h"
+#ifdef KILN_WITH_CUDA
+#include "backend/cuda_backend.h"
+#endif
 
 namespace kiln {
 namespace {
@@ -27,6 +30,40 @@ int32_t padded_tokens(int32_t t) {
 bool row_needs_full_sampler(const ops::SamplingRow& r) {
   return r.temperature > 0.0f || r.logprobs != 0 || r.top_logprobs > 0 || r.counts_row >= 0;
 }
+
+// Decode buckets above this many rows launch every kernel after the one before it has finished:
+// programmatic launch (kernels starting under their predecessor's tail) pays at small batches
+// (8-11% of a B=1 step) and costs 1-2% from 32 rows (docs/perf-notes.md, 2026-12-05).
+constexpr int32_t kProgrammaticMaxBucket = 16;
+
+// Turns programmatic launch off on a CUDA backend while it lives (when `off`), as it was after.
+class SerialLaunches {
+ public:
+  SerialLaunches(Backend& be, bool off) {
+#ifdef KILN_WITH_CUDA
+    cuda_ = off ? dynamic_cast<CudaBackend*>(&be) : nullptr;
+    if (cuda_) {
+      was_ = cuda_->programmatic_launch();
+      cuda_->set_programmatic_launch(false);
+    }
+#else
+    (void)be, (void)off;
+#endif
+  }
+  ~SerialLaunches() {
+#ifdef KILN_WITH_CUDA
+    if (cuda_) cuda_->set_programmatic_launch(was_);
+#endif
+  }
+  SerialLaunches(const SerialLaunches&) = delete;
+  SerialLaunches& operator=(const SerialLaunches&) = delete;
+
+ private:
+#ifdef KILN_WITH_CUDA
+  CudaBackend* cuda_ = nullptr;
+  bool was_ = false;
+#endif
+};
 
 }  // namespace
 
@@ -443,6 +480,7 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   // The step moves its own inputs in and its samples out (issue()): the outputs' sections up to the
   // last one the rows ask for.
   const int32_t level = any_top ? 2 : any_logprobs ? 1 : 0;
+  const SerialLaunches serial(be(), bucket > kProgrammaticMaxBucket);
   if (bucket > 0 && config_.use_graphs && graphs_ok_) {
     const GraphKey key{bucket, p.max_kv, full, level, next_side_, masked};
     const int64_t words = output_words(p.logit_rows, level);  // the bucket's rows: fixed per graph
