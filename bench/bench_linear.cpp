@@ -3,13 +3,11 @@
 // rows), and the streaming TMA kernel (Hopper, up to 128 rows), over every layer's own weights (as
 // a decode step reads them: from HBM, not L2), captured in a CUDA graph and replayed like a decode
 // step. Prints JSON: microseconds per layer (median of repeats, CUDA events) and the weight bytes'
-// GB/s, per row count; optionally a sweep of the TMA kernel's K split and of its weight rows a tile
-// (one, two or four consumer warpgroups: entries suffixed _wg2, _wg4). Entries suffixed _bare run the projection
+// GB/s, per row count; optionally a sweep of the TMA kernel's K split. Entries suffixed _bare run the projection
 // without the norm kernel before it (the step's q/k/v and gate/up read rows normed by the kernel
 // before); down_ksplit is what the step runs at 9 to 128 rows (cuBLASLt's K quarters, then their sum
 // into the residual with the next norm), down_tma_norm its counterpart on the TMA kernel.
 // Usage: bench_linear --config bench/configs/astrai-1b-shape.config.json [--rows 1,8,32,128] [--splits]
-//        [--tma-wg 1,2,4]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -47,15 +45,11 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "Hugging Face config.json")->required();
   app.add_option("--rows", row_counts, "batch rows (tokens of the step)")->delimiter(',');
   app.add_option("--reps", reps, "timed repeats (median)");
-  std::vector<int> weight_groups = {1};
   app.add_flag("--splits", sweep_splits, "also time the TMA kernel at each K split (1, 2, 4, 8)");
-  app.add_option("--tma-wg", weight_groups, "the TMA kernel's warpgroups a tile to time (1, 2, 4)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({1, 2, 4}));
   app.add_option("--only", only, "time only these entries (e.g. gate_up_tma; for profilers)")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 #ifndef KILN_WITH_CUDA
-  (void)reps, (void)sweep_splits, (void)weight_groups;
+  (void)reps, (void)sweep_splits;
   return fail(unsupported("kiln was built without CUDA"));
 #else
   Result<ModelConfig> cr = load_model_config_file(config_path);
@@ -170,43 +164,41 @@ int main(int argc, char** argv) {
         cuda::fused_linear_kernel_forward(cbe, FusedLinear::norm, logits, resid, w_norm, 1e-5f, w, Tensor{});
       });
     }
-    for (const int wg : weight_groups) {
-      if (!tma) break;
-      const std::string wgs = wg == 1 ? "" : "_wg" + std::to_string(wg);
+    if (tma) {
       auto tma_entries = [&](int splits, const std::string& suffix) {
         entry("qkv_tma" + suffix, 0, e2 * QKV * H, [&](Tensor w) {
           ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-          cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, splits, wg);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, splits);
         });
         entry("o_tma" + suffix, 1, e2 * H * Q, [&](Tensor w) {
-          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, attn, w, Tensor{}, splits, wg);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, attn, w, Tensor{}, splits);
         });
         entry("gate_up_tma" + suffix, 2, e2 * 2 * I * H, [&](Tensor w) {
           ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-          cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, splits, wg);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, splits);
         });
         entry("down_tma" + suffix, 3, e2 * H * I, [&](Tensor w) {
-          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits, wg);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits);
         });
         entry("down_tma_norm" + suffix, 3, e2 * H * I, [&](Tensor w) {
-          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits, wg);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits);
           ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
         });
         if (splits == 0)
           entry("head_tma" + suffix, -1, e2 * c.vocab_size * H, [&](Tensor w) {
             ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-            cuda::linear_tma_forward(cbe, TmaEpilogue::store, logits, normed, w, Tensor{}, 0, wg);
+            cuda::linear_tma_forward(cbe, TmaEpilogue::store, logits, normed, w, Tensor{}, 0);
           });
       };
-      tma_entries(0, wgs);
+      tma_entries(0, "");
       if (sweep_splits)
-        for (int s : {1, 2, 4, 8}) tma_entries(s, wgs + "_ks" + std::to_string(s));
+        for (int s : {1, 2, 4, 8}) tma_entries(s, "_ks" + std::to_string(s));
       // The projections alone, without the norm kernels between (what the step runs where the kernel
       // before writes the normed rows).
-      entry("qkv_tma_bare" + wgs, 0, e2 * QKV * H,
-            [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, 0, wg); });
-      entry("gate_up_tma_bare" + wgs, 2, e2 * 2 * I * H,
-            [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, 0, wg); });
+      entry("qkv_tma_bare", 0, e2 * QKV * H,
+            [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, 0); });
+      entry("gate_up_tma_bare", 2, e2 * 2 * I * H,
+            [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, 0); });
     }
     res["rows"][std::to_string(M)] = row;
   }

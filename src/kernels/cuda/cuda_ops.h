@@ -39,8 +39,7 @@ void fused_linear_kernel_forward(CudaBackend& be, ops::FusedLinear kind, Tensor 
 // Streaming linear layers on Hopper for 1 .. kLinearTmaMaxRows rows (linear_tma.cu): TMA weight
 // stream into wgmma, K split over a cluster for few-tile matrices, deterministic. x and w bf16, K a
 // multiple of 8, 16-byte aligned bases. y = epilogue(x @ w^T + bias): stored in y's dtype, added
-// into the f32 residual y, or SwiGLU of w = [gate; up] (y [M, N / 2]). k_splits 0 chooses;
-// weight_groups (consumer warpgroups of 64 weight rows a tile: 1, 2 or 4) 0 chooses.
+// into the f32 residual y, or SwiGLU of w = [gate; up] (y [M, N / 2]). k_splits 0 chooses.
 constexpr int64_t kLinearTmaMaxRows = 128;
 enum class TmaEpilogue { store, add_residual, swiglu };
 bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype);
@@ -49,7 +48,7 @@ bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype);
 // environment's KILN_LINEAR_TMA replaces the measured rule, for measuring others (linear_tma.cu).
 bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype);
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
-                        int k_splits = 0, int weight_groups = 0);
+                        int k_splits = 0);
 void swiglu_forward(CudaBackend& be, Tensor out, Tensor gate_up);
 void softmax_forward(CudaBackend& be, Tensor y, Tensor x);
 void log_softmax_forward(CudaBackend& be, Tensor y, Tensor x);

@@ -1,15 +1,15 @@
 // Streaming linear layers for a few to 128 rows on Hopper (cuda_ops.h: linear_tma_forward): the
 // batched decode steps' projections, bound by reading each weight byte once.
 //
-// y^T = W x^T on wgmma with the weight tile as operand A (64 weight rows per consumer warpgroup,
-// WG warpgroups: 64, 128 or 256 rows a tile) and the batch rows as operand B (N = BM, 16 to 128
-// rows, zero-padded by TMA past M). Both tiles arrive by TMA in 64-wide k steps (128-byte rows,
+// y^T = W x^T on wgmma with the weight tile as operand A (64 weight rows, one consumer warpgroup)
+// and the batch rows as operand B (N = BM, 16 to 128 rows, zero-padded by TMA past M). Both tiles arrive by TMA in 64-wide k steps (128-byte rows,
 // 128-byte swizzle) into a ring of shared-memory stages that complete on mbarriers. A producer warp
 // refills a stage as soon as the consumer warpgroups' wgmmas on it have completed (an "empty"
-// mbarrier per stage), so the ring keeps kStages tiles in flight per block; two blocks share an SM
-// (one of four warpgroups). The consumers' accumulators are the (64 WG) x BM tile of y^T. Every
-// block reads all BM batch rows of its k range, so at many rows the batch tiles outweigh the
-// weight tiles: more warpgroups a tile cut that traffic (per weight byte) at the cost of tiles.
+// mbarrier per stage), so the ring keeps kStages tiles in flight per block; two blocks share an SM.
+// The consumers' accumulators are the 64 x BM tile of y^T. Every block reads all BM batch rows of its
+// k range, so at many rows the batch tiles outweigh the weight tiles; tiles of 128 or 256 weight rows
+// (two or four consumer warpgroups), which cut that traffic, were slower in every projection at 32
+// to 128 rows (docs/perf-notes.md, 2026-12-05; the code is in the history, commit c2cefd5).
 //
 // Few-tile matrices (the attention projections, the long-K down projection) split K over a cluster
 // of up to 8 blocks; the blocks' tiles meet in shared memory and each block finishes a share of the
@@ -46,34 +46,33 @@ namespace cg = cooperative_groups;
 using namespace hopper;
 
 constexpr int kBK = 64;        // k per stage: one 128-byte swizzled row per tile row
-constexpr int kWgRows = 64;    // weight rows per consumer warpgroup (wgmma M)
+constexpr int kWgRows = 64;    // weight rows of a tile: one consumer warpgroup (wgmma M)
 constexpr int kMaxSplits = 8;  // portable cluster size
 
-// BM batch rows (wgmma N) against WG consumer warpgroups of 64 weight rows each (1, 2 or 4). Two
-// blocks share an SM, one of four warpgroups (its registers: 64 accumulators a thread at 128 rows).
-template <int BM, int WG>
+// BM batch rows (wgmma N) against a consumer warpgroup of 64 weight rows. Two blocks share an SM
+// (registers: 64 accumulators a thread at 128 rows).
+template <int BM>
 struct Geometry {
-  static constexpr int kBlocksPerSm = WG >= 4 ? 1 : 2;
+  static constexpr int kBlocksPerSm = 2;
   static constexpr int kStageBudget = 192 * 1024 / kBlocksPerSm;  // shared-memory bytes of the stage ring
-  static constexpr int kConsumers = 128 * WG;
+  static constexpr int kConsumers = 128;
   static constexpr int kConsumerWarps = kConsumers / 32;
   static constexpr int kThreads = kConsumers + 32;  // and a producer warp
-  static constexpr int kBW = kWgRows * WG;          // weight rows per tile
+  static constexpr int kBW = kWgRows;               // weight rows per tile
   static constexpr int kWBytes = kBW * kBK * 2;
   static constexpr int kXBytes = BM * kBK * 2;
   static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024 (BM % 8 == 0)
   static constexpr int kStages = std::clamp(kStageBudget / kStageBytes, 2, 8);
-  static_assert(WG == 1 || WG == 2 || WG == 4, "one, two or four consumer warpgroups");
   static constexpr int kRedStride = BM + 4;  // floats per weight row of the reduction tile
   static constexpr int kRedBytes = kBW * kRedStride * 4;
   static constexpr int kSmem = std::max(kStages * kStageBytes, kRedBytes) + 1024;  // + alignment slack
 };
 
-template <int BM, int WG, TmaEpilogue kEpi>
-__global__ void __launch_bounds__(Geometry<BM, WG>::kThreads, Geometry<BM, WG>::kBlocksPerSm)
+template <int BM, TmaEpilogue kEpi>
+__global__ void __launch_bounds__(Geometry<BM>::kThreads, Geometry<BM>::kBlocksPerSm)
     linear_tma_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                       void* __restrict__ y, DType y_dt, const void* __restrict__ bias, DType b_dt, int M, int N, int K) {
-  using G = Geometry<BM, WG>;
+  using G = Geometry<BM>;
   constexpr int kStages = G::kStages;
   constexpr int kConsumers = G::kConsumers;
   constexpr bool kSwiglu = kEpi == TmaEpilogue::swiglu;
@@ -139,15 +138,15 @@ __global__ void __launch_bounds__(Geometry<BM, WG>::kThreads, Geometry<BM, WG>::
       grid_dependency_wait();
     }
   } else {
-    // Consumer warpgroups, each on its 64 weight rows of the tile: one wgmma group per stage, the
-    // previous stage released as soon as its group has completed (one group stays in flight).
+    // The consumer warpgroup: one wgmma group per stage, the previous stage released as soon as its
+    // group has completed (one group stays in flight).
     grid_dependency_wait();
-    const int lane = tid % 32, wg = tid / 128;
+    const int lane = tid % 32;
     for (int i = 0; i < n_k; ++i) {
       const int s = i % kStages;
       mbar_wait(&full[s], (i / kStages) & 1);
       const uint32_t stage = smem_u32(smem + s * G::kStageBytes);
-      const uint32_t wa = stage + wg * (kWgRows * kBK * 2), xa = stage + G::kWBytes;
+      const uint32_t wa = stage, xa = stage + G::kWBytes;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) WgmmaSS<BM>::run(acc, sw128_desc(wa + kk * 32), sw128_desc(xa + kk * 32));
@@ -169,7 +168,7 @@ __global__ void __launch_bounds__(Geometry<BM, WG>::kThreads, Geometry<BM, WG>::
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
-      const int r = kWgRows * (warp / 4) + 16 * (warp % 4) + g, m = 8 * j + 2 * t;
+      const int r = 16 * warp + g, m = 8 * j + 2 * t;
       *reinterpret_cast<float2*>(&red[r * G::kRedStride + m]) = make_float2(acc[4 * j], acc[4 * j + 1]);
       *reinterpret_cast<float2*>(&red[(r + 8) * G::kRedStride + m]) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
     }
@@ -288,10 +287,10 @@ int choose_splits(int tiles, int k_tiles, int sm_count) {
   return s;
 }
 
-template <int BM, int WG, TmaEpilogue kEpi>
+template <int BM, TmaEpilogue kEpi>
 void launch_bm(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, const void* bias, DType b_dt,
                int M, int N, int K, int splits) {
-  using G = Geometry<BM, WG>;
+  using G = Geometry<BM>;
   constexpr bool kSwiglu = kEpi == TmaEpilogue::swiglu;
   constexpr int kBoxRows = kSwiglu ? G::kBW / 2 : G::kBW;  // weight rows per TMA box (= outputs per tile)
   const int out_rows = kSwiglu ? N / 2 : N;
@@ -301,7 +300,7 @@ void launch_bm(CudaBackend& be, void* y, DType y_dt, const void* x, const void* 
   splits = std::clamp(splits, 1, kMaxSplits);
   const CUtensorMap w_map = tile_map(w, N, K, kBoxRows);
   const CUtensorMap x_map = tile_map(x, M, K, BM);
-  auto kernel = linear_tma_kernel<BM, WG, kEpi>;
+  auto kernel = linear_tma_kernel<BM, kEpi>;
   attention_allow_smem(be, reinterpret_cast<const void*>(kernel), G::kSmem);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
@@ -320,28 +319,20 @@ void launch_bm(CudaBackend& be, void* y, DType y_dt, const void* x, const void* 
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, w_map, x_map, y, y_dt, bias, b_dt, M, N, K));
 }
 
-template <int WG, TmaEpilogue kEpi>
-void launch_wg(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, const void* bias, DType b_dt, int M,
-               int N, int K, int splits) {
-  if (M <= 16) launch_bm<16, WG, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
-  else if (M <= 32) launch_bm<32, WG, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
-  else if (M <= 64) launch_bm<64, WG, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
-  else launch_bm<128, WG, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
-}
-
 template <TmaEpilogue kEpi>
 void launch(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, const void* bias, DType b_dt, int M,
-            int N, int K, int splits, int weight_groups) {
-  if (weight_groups == 4) return launch_wg<4, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
-  if (weight_groups == 2) return launch_wg<2, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
-  launch_wg<1, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+            int N, int K, int splits) {
+  if (M <= 16) launch_bm<16, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  else if (M <= 32) launch_bm<32, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  else if (M <= 64) launch_bm<64, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
+  else launch_bm<128, kEpi>(be, y, y_dt, x, w, bias, b_dt, M, N, K, splits);
 }
 
 // Where the streaming kernel is preferred: for one epilogue, steps of [min_rows, max_rows] rows,
-// with weight_groups warpgroups a tile and k_splits blocks splitting K (0: choose_splits).
+// with k_splits blocks splitting K (0: choose_splits).
 struct TmaRange {
   TmaEpilogue epilogue;
-  int min_rows, max_rows, weight_groups, k_splits;
+  int min_rows, max_rows, k_splits;
 };
 
 // Measured on the H200 (bench_linear, graph replay, astrai-1b shape over 24 layers' weights;
@@ -350,15 +341,15 @@ struct TmaRange {
 // cuBLASLt or the fused small-batch kernel. In the decode step (bench_decode_step, 1K, ms per
 // step) taking it from 17 rows: B=32 1.475 against 1.489 from 33 rows; from 9 rows B=16 1.346
 // against 1.347 (no gain), so 17.
-constexpr TmaRange kMeasuredRanges[] = {{TmaEpilogue::swiglu, 17, 64, 1, 0}};
+constexpr TmaRange kMeasuredRanges[] = {{TmaEpilogue::swiglu, 17, 64, 0}};
 
 const char* epilogue_name(TmaEpilogue e) {
   return e == TmaEpilogue::store ? "store" : e == TmaEpilogue::add_residual ? "residual" : "swiglu";
 }
 
 // KILN_LINEAR_TMA, for measuring other choices in the whole step: comma-separated
-// `EPILOGUE=MIN-MAX[/WG[xSPLITS]]` (EPILOGUE store, residual or swiglu; WG 1, 2 or 4, default 1;
-// SPLITS 1-8, default chosen), e.g. `swiglu=17-64/1,swiglu=65-128/2,residual=65-128/2x8`. An
+// `EPILOGUE=MIN-MAX[xSPLITS]` (EPILOGUE store, residual or swiglu; SPLITS 1-8, default chosen),
+// e.g. `swiglu=17-128,residual=65-128x8`. An
 // epilogue it names takes only its ranges (`store=0-0`: never); the others keep the measured ones.
 // Malformed: ignored, with a message.
 std::vector<TmaRange> read_env_ranges() {
@@ -373,18 +364,16 @@ std::vector<TmaRange> read_env_ranges() {
     const std::string item = spec.substr(begin, end - begin);
     begin = end + 1;
     char name[16] = {};
-    int lo = 0, hi = 0, wg = 1, splits = 0, used = 0, tail = 0;
+    int lo = 0, hi = 0, splits = 0, used = 0, tail = 0;
     const int n = std::sscanf(item.c_str(), "%15[a-z]=%d-%d%n", name, &lo, &hi, &used);
-    if (n == 3 && item[used] == '/' && std::sscanf(item.c_str() + used, "/%d%n", &wg, &tail) == 1) used += tail;
     if (n == 3 && item[used] == 'x' && std::sscanf(item.c_str() + used, "x%d%n", &splits, &tail) == 1) used += tail;
-    TmaRange r{TmaEpilogue::store, lo, hi, wg, splits};
-    bool ok = n == 3 && used == static_cast<int>(item.size()) && lo <= hi && (wg == 1 || wg == 2 || wg == 4) &&
-              splits >= 0 && splits <= kMaxSplits;
+    TmaRange r{TmaEpilogue::store, lo, hi, splits};
+    bool ok = n == 3 && used == static_cast<int>(item.size()) && lo <= hi && splits >= 0 && splits <= kMaxSplits;
     if (ok && std::strcmp(name, "residual") == 0) r.epilogue = TmaEpilogue::add_residual;
     else if (ok && std::strcmp(name, "swiglu") == 0) r.epilogue = TmaEpilogue::swiglu;
     else ok = ok && std::strcmp(name, "store") == 0;
     if (!ok) {
-      std::fprintf(stderr, "kiln: ignoring KILN_LINEAR_TMA=%s (want e.g. swiglu=17-128/2,store=65-128/1x4)\n", env);
+      std::fprintf(stderr, "kiln: ignoring KILN_LINEAR_TMA=%s (want e.g. swiglu=17-128,store=65-128x4)\n", env);
       return out;
     }
     named[static_cast<int>(r.epilogue)] = true;
@@ -393,9 +382,8 @@ std::vector<TmaRange> read_env_ranges() {
   std::erase_if(out, [&](const TmaRange& r) { return named[static_cast<int>(r.epilogue)]; });
   out.insert(out.end(), given.begin(), given.end());
   for (const TmaRange& r : given)
-    std::fprintf(stderr, "kiln: streaming linear kernel for %s at %d-%d rows, %d warpgroup(s) a tile, K split %d%s\n",
-                 epilogue_name(r.epilogue), r.min_rows, r.max_rows, r.weight_groups, r.k_splits,
-                 r.k_splits ? "" : " (chosen)");
+    std::fprintf(stderr, "kiln: streaming linear kernel for %s at %d-%d rows, K split %d%s\n",
+                 epilogue_name(r.epilogue), r.min_rows, r.max_rows, r.k_splits, r.k_splits ? "" : " (chosen)");
   return out;
 }
 
@@ -421,7 +409,7 @@ bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int6
 }
 
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
-                        int k_splits, int weight_groups) {
+                        int k_splits) {
   detail::check_float(be, y);
   detail::check_float(be, x);
   detail::check_float(be, w);
@@ -437,24 +425,18 @@ void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor 
     detail::check_float(be, bias);
     KILN_ASSERT(bias.numel() == N);
   }
-  KILN_ASSERT(weight_groups == 0 || weight_groups == 1 || weight_groups == 2 || weight_groups == 4);
   if (N == 0) return;
-  if (const TmaRange* r = preferred_range(epilogue, M)) {
-    if (weight_groups == 0) weight_groups = r->weight_groups;
+  if (const TmaRange* r = preferred_range(epilogue, M))
     if (k_splits <= 0) k_splits = r->k_splits;
-  }
-  if (weight_groups == 0) weight_groups = 1;
-  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K), wg = weight_groups;
+  const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
   switch (epilogue) {
     case TmaEpilogue::store:
-      return launch<TmaEpilogue::store>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits,
-                                        wg);
+      return launch<TmaEpilogue::store>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits);
     case TmaEpilogue::add_residual:
       return launch<TmaEpilogue::add_residual>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k,
-                                               k_splits, wg);
+                                               k_splits);
     case TmaEpilogue::swiglu:
-      return launch<TmaEpilogue::swiglu>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits,
-                                         wg);
+      return launch<TmaEpilogue::swiglu>(be, y.data, y.dtype, x.data, w.data, bias.data, bias.dtype, m, n, k, k_splits);
   }
 }
 
