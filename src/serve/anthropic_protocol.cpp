@@ -80,6 +80,29 @@ Result<CompletionJob> parse_anthropic_messages(const Json& body, const ServeCont
       return invalid_argument("thinking.type: must be 'enabled' or 'disabled'");
     }
   }
+  // Structured outputs: output_config.format (Anthropic's GA field) or output_format (its beta's),
+  // {"type": "json_schema", "schema": {...}}.
+  const Json* format = nullptr;
+  if (const Json* config = f.get("output_config")) {
+    if (!config->is_object()) return invalid_argument("output_config: must be an object");
+    for (auto it = config->begin(); it != config->end(); ++it)
+      if (it.key() != "format") return unsupported("output_config." + it.key() + " is not supported by kiln");
+    if (config->contains("format") && !(*config)["format"].is_null()) format = &(*config)["format"];
+  }
+  if (const Json* beta = f.get("output_format")) {
+    if (format) return invalid_argument("give output_config.format or output_format, not both");
+    if (!beta->is_null()) format = beta;
+  }
+  if (format) {
+    if (!format->is_object() || string_member(*format, "type") != "json_schema" || !format->contains("schema"))
+      return invalid_argument("output format: must be {\"type\": \"json_schema\", \"schema\": {...}}");
+    Result<std::shared_ptr<const structured::JsonSchema>> schema = structured::JsonSchema::compile((*format)["schema"]);
+    if (!schema.ok()) return invalid_argument("output format schema: " + schema.status().message());
+    if (ctx.reasoning)
+      return unsupported("structured outputs with a reasoning parser (--reasoning-parser) are not supported: the schema "
+                         "would constrain the thinking too");
+    r.json_schema = *schema;
+  }
   // Tools.
   Json tools;
   const Json* tool_list = f.get("tools");

@@ -170,6 +170,28 @@ TEST_F(ServeProtocol, ResponseFormatsBecomeSchemas) {
   EXPECT_NE(job.status().message().find("'minimum'"), std::string::npos) << job.status().message();
 }
 
+// Anthropic's structured outputs: output_config.format (GA) or output_format (beta).
+TEST_F(ServeProtocol, AnthropicOutputFormatsBecomeSchemas) {
+  const std::string head = R"({"model": "tiny-tools", "max_tokens": 20, "messages": [{"role": "user", "content": "x"}])";
+  const std::string schema = R"({"type": "object", "properties": {"a": {"type": "boolean"}}})";
+  for (const std::string& field : {R"("output_config": {"format": {"type": "json_schema", "schema": )" + schema + "}}",
+                                   R"("output_format": {"type": "json_schema", "schema": )" + schema + "}"}) {
+    Result<CompletionJob> job = parse_anthropic_messages(Json::parse(head + ", " + field + "}"), ctx());
+    ASSERT_TRUE(job.ok()) << field << ": " << job.status().message();
+    ASSERT_NE(job->request.json_schema, nullptr) << field;
+    EXPECT_EQ(job->request.json_schema->source(), Json::parse(schema));
+  }
+  Result<CompletionJob> job = parse_anthropic_messages(Json::parse(head + "}"), ctx());
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->request.json_schema, nullptr);
+  for (const std::string& bad : {std::string(R"("output_format": {"type": "json_schema", "schema": {"pattern": "x", "type": "string"}})"),
+                                 std::string(R"("output_format": {"type": "text"})"),
+                                 std::string(R"("output_config": {"effort": "high"})")}) {
+    job = parse_anthropic_messages(Json::parse(head + ", " + bad + "}"), ctx());
+    EXPECT_FALSE(job.ok()) << bad;
+  }
+}
+
 TEST_F(ServeProtocol, CompletionPrompts) {
   Result<CompletionJob> job = parse_openai_completion(
       Json::parse(R"({"model": "tiny-tools", "prompt": [[5, 6], [7]], "n": 2, "max_tokens": 3})"), ctx());

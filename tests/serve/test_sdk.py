@@ -152,6 +152,12 @@ class ServeSdkTest(unittest.TestCase):
         text = "".join(c.choices[0].delta.content or ""
                        for c in self.oai.chat.completions.create(stream=True, temperature=0, **kw) if c.choices)
         self.assertEqual(text, greedy.choices[0].message.content)
+        # Anthropic's output_config.format (extra_body: older SDKs lack the field), stop reason end_turn.
+        m = self.ant.messages.create(model=self.model, max_tokens=400, messages=[{"role": "user", "content": "Hi!"}],
+                                     extra_body=dict(T0, output_config={"format": {"type": "json_schema", "schema": schema}}))
+        self.assertEqual(m.stop_reason, "end_turn")
+        self.assertEqual(m.content[0].text, greedy.choices[0].message.content)  # the same prompt, greedy
+        check(m.content[0].text)
         obj = self.oai.chat.completions.create(model=self.model, messages=openai_messages(CASES["chat"]),
                                                max_tokens=400, response_format={"type": "json_object"})
         if obj.choices[0].finish_reason == "stop":
