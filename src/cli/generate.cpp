@@ -30,6 +30,7 @@ struct GenerateFlags {
   int32_t max_tokens = 16;
   SamplingFlags sampling{0.0f, 1.0f};
   bool ignore_eos = false;
+  std::string json_schema;  // a JSON schema file: structured output
   EngineFlags engine;
   RequestsFlags requests;
 };
@@ -43,6 +44,15 @@ int run_generate(const GenerateFlags& f) {
   if (f.max_tokens < 0) return fail(invalid_argument("--max-tokens must be >= 0"));
   request.max_tokens = f.max_tokens;
   request.ignore_eos = f.ignore_eos;
+  if (!f.json_schema.empty()) {
+    Result<std::string> text = read_text(f.json_schema);
+    if (!text.ok()) return fail(text.status());
+    const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return fail(invalid_argument("--json-schema " + f.json_schema + ": not valid JSON"));
+    Result<std::shared_ptr<const structured::JsonSchema>> schema = structured::JsonSchema::compile(j);
+    if (!schema.ok()) return fail(invalid_argument("--json-schema " + f.json_schema + ": " + schema.status().message()));
+    request.json_schema = *schema;
+  }
   std::vector<int32_t> prompt_ids;
   if (!f.prompt_given) {
     std::string listed = f.prompt_ids;
@@ -57,7 +67,8 @@ int run_generate(const GenerateFlags& f) {
     prompt_ids = std::move(ids).value();
   }
   auto t0 = std::chrono::steady_clock::now();
-  Result<std::unique_ptr<EngineSession>> started = start_engine(f.model, f.engine, f.prompt_given);
+  Result<std::unique_ptr<EngineSession>> started =
+      start_engine(f.model, f.engine, f.prompt_given || request.json_schema != nullptr);
   if (!started.ok()) return fail(started.status());
   EngineSession& s = **started;
   f.sampling.prefer_model_defaults(s.sampling_defaults, &request);
@@ -193,9 +204,12 @@ Runner add_generate(CLI::App& app) {
   g->add_option("--max-tokens", f->max_tokens, "new tokens to generate")->capture_default_str();
   f->sampling.add(g);
   g->add_flag("--ignore-eos", f->ignore_eos, "do not stop at the model's EOS token");
+  CLI::Option* schema = g->add_option("--json-schema", f->json_schema,
+                                      "structured output: the reply is a JSON value of this JSON schema (a file; "
+                                      "{\"type\": \"object\"} for any object); needs the folder's tokenizer");
   CLI::Option* requests = g->add_option("--requests", f->requests.requests,
                                          "a JSONL file of requests run together through the engine (one result line each, in order)");
-  requests->excludes(ids)->excludes(text)->excludes(text_file);
+  requests->excludes(ids)->excludes(text)->excludes(text_file)->excludes(schema);
   g->add_option("--output", f->requests.output, "with --requests: write the results here instead of stdout")->needs(requests);
   f->engine.add(g);
   f->engine.add_generation_config(g);

@@ -414,6 +414,30 @@ TEST(CliText, RequestsFileResponseFormat) {
   EXPECT_NE(out[2]["error"].get<std::string>().find("'pattern'"), std::string::npos) << out[2].dump();
 }
 
+// kiln generate --json-schema FILE: one prompt's reply is a JSON value of the schema, with prompt
+// ids too (the tokenizer is loaded for the masks); a schema kiln cannot enforce is a clear error.
+TEST(CliText, GenerateJsonSchema) {
+  TempDir tmp;
+  const std::string model = " --model " + testdata_dir() + "/tiny-tools";
+  const std::string schema = tmp.file("schema.json", R"({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})");
+  for (const std::string& prompt : {std::string(" --prompt 'Is it?' --json"), std::string(" --prompt-ids 5,6,7")}) {
+    RunResult r = run_kiln("generate" + model + prompt + " --max-tokens 200 --json-schema " + schema);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const nlohmann::json out = nlohmann::json::parse(r.stdout_only);
+    EXPECT_EQ(out["finish_reason"], "stop") << r.output;
+    const nlohmann::json v = nlohmann::json::parse(out["text"].get<std::string>());
+    EXPECT_TRUE(v.is_object() && v.size() == 1 && v["ok"].is_boolean()) << out.dump();
+  }
+  RunResult bad = run_kiln("generate" + model + " --prompt x --json-schema " +
+                           tmp.file("bad.json", R"({"type": "string", "pattern": "a"})"));
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_FALSE(bad.crashed);
+  EXPECT_NE(bad.output.find("'pattern'"), std::string::npos) << bad.output;
+  RunResult missing = run_kiln("generate" + model + " --prompt x --json-schema " + tmp.sub("none.json"));
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_NE(missing.output.find("none.json"), std::string::npos) << missing.output;
+}
+
 TEST(CliText, StopStringsEndTheTextAcrossTokenBoundaries) {
   ChatModel m;
   TempDir tmp;
