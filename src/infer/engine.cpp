@@ -204,6 +204,8 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest request)
       token_vocab_ = structured::TokenVocabulary::build(*tokenizer_, static_cast<int32_t>(model_->config().vocab_size));
     });
     live->matcher = std::make_unique<structured::JsonMatcher>(live->request.json_schema);
+    live->end_ids = live->request.stop_token_ids;
+    if (!live->request.ignore_eos) live->end_ids.insert(live->end_ids.end(), eos_ids_.begin(), eos_ids_.end());
   }
   std::shared_ptr<RequestStream> stream;
   {

@@ -39,9 +39,11 @@ struct Engine::Live {
   int32_t cached_tokens = 0;       // usage: prefix-cached prompt tokens, kept when it is retired
   int32_t preemptions = 0;         // usage, kept when it is retired
   std::optional<uint64_t> admission_version;  // the version at its first admission, kept when retired
-  // Structured output (request.json_schema): the text so far, and the mask of its next token.
+  // Structured output (request.json_schema): the text so far, the mask of its next token, and the
+  // tokens that may end it once the value is complete (its stop tokens, and EOS unless ignored).
   std::unique_ptr<structured::JsonMatcher> matcher;
   std::vector<uint32_t> mask;
+  std::vector<int32_t> end_ids;
 };
 
 struct Engine::StepWork {

@@ -204,13 +204,10 @@ bool Engine::plan_rows(StepWork& work, size_t first) {
 
 const uint32_t* Engine::next_token_mask(Live& live) {
   if (!masker_) masker_ = std::make_unique<structured::TokenMasker>(token_vocab_);
-  const GenerationRequest& r = live.request;
-  std::vector<int32_t> end_ids = r.stop_token_ids;
-  if (!r.ignore_eos) end_ids.insert(end_ids.end(), eos_ids_.begin(), eos_ids_.end());
   live.mask.resize(static_cast<size_t>(masker_->vocabulary().words()));
-  masker_->allowed(*live.matcher, end_ids, live.mask.data());
+  masker_->allowed(*live.matcher, live.end_ids, live.mask.data());
   if (std::all_of(live.mask.begin(), live.mask.end(), [](uint32_t w) { return w == 0; }))
-    for (int32_t t : end_ids) live.mask[t >> 5] |= uint32_t(1) << (t & 31);  // no token continues it: end it
+    for (int32_t t : live.end_ids) live.mask[t >> 5] |= uint32_t(1) << (t & 31);  // no token continues it: end it
   return live.mask.data();
 }
 

@@ -480,7 +480,8 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   // The step moves its own inputs in and its samples out (issue()): the outputs' sections up to the
   // last one the rows ask for.
   const int32_t level = any_top ? 2 : any_logprobs ? 1 : 0;
-  const SerialLaunches serial(be(), bucket > kProgrammaticMaxBucket);
+  // Launch attributes matter where kernels are launched or captured, not where a graph replays.
+  const bool serial = bucket > kProgrammaticMaxBucket;
   if (bucket > 0 && config_.use_graphs && graphs_ok_) {
     const GraphKey key{bucket, p.max_kv, full, level, next_side_, masked};
     const int64_t words = output_words(p.logit_rows, level);  // the bucket's rows: fixed per graph
@@ -496,6 +497,7 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
       last_logits_ = ws_.logits.view().rows(0, p.logit_rows);
       ++graph_replays_;
     } else {
+      const SerialLaunches launches(be(), serial);
       issue(side, p, full, masked, words);  // eager first: sizes scratch and tunes GEMMs outside capture
       Result<std::unique_ptr<CapturedWork>> g = be().capture([&] { issue(side, p, full, masked, words); });
       if (g.ok())
@@ -504,6 +506,7 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
         graphs_ok_ = false;  // CPU, or capture unsupported: stay eager
     }
   } else {
+    const SerialLaunches launches(be(), serial);
     issue(side, p, full, masked, real_rows > 0 ? output_words(real_rows, level) : 0);
   }
   if (p.score_rows > 0)

@@ -24,6 +24,21 @@ bool number_complete(uint8_t phase) {
   return phase == kNumZero || phase == kNumInt || phase == kNumFrac || phase == kNumExp;
 }
 
+// A container frame (s's top) takes a whitespace byte while its run has room (pushing s to out);
+// true when the byte was whitespace, taken or not. Any other byte ends the run.
+bool take_whitespace(Stack& s, uint8_t byte, std::vector<Stack>& out) {
+  Frame& f = s.back();
+  if (!is_ws(byte)) {
+    f.ws = 0;
+    return false;
+  }
+  if (f.ws < kMaxWhitespace) {
+    ++f.ws;
+    out.push_back(std::move(s));
+  }
+  return true;
+}
+
 void dedupe(std::vector<Stack>& v) {
   if (v.size() < 2) return;
   std::vector<Stack> unique;
@@ -217,13 +232,7 @@ int32_t JsonMatcher::key_property(const Frame& object, const std::string& key) c
 void JsonMatcher::step_object(Stack& s, uint8_t byte, std::vector<Stack>& out) const {
   Frame& f = s.back();
   const SchemaNode& n = schema_->nodes()[f.node];
-  if (is_ws(byte)) {
-    if (f.ws >= kMaxWhitespace) return;
-    ++f.ws;
-    out.push_back(std::move(s));
-    return;
-  }
-  f.ws = 0;
+  if (take_whitespace(s, byte, out)) return;
   auto key_possible = [&] {
     if (n.additional >= 0) return true;
     for (size_t i = 0; i < n.properties.size(); ++i)
@@ -280,13 +289,7 @@ void JsonMatcher::step_object(Stack& s, uint8_t byte, std::vector<Stack>& out) c
 void JsonMatcher::step_array(Stack& s, uint8_t byte, std::vector<Stack>& out) const {
   Frame& f = s.back();
   const SchemaNode& n = schema_->nodes()[f.node];
-  if (is_ws(byte)) {
-    if (f.ws >= kMaxWhitespace) return;
-    ++f.ws;
-    out.push_back(std::move(s));
-    return;
-  }
-  f.ws = 0;
+  if (take_whitespace(s, byte, out)) return;
   auto start_item = [&] {
     if (f.count >= n.max_items) return;
     const int32_t child = f.count < static_cast<int32_t>(n.prefix.size()) ? n.prefix[f.count] : n.items;

@@ -36,6 +36,19 @@ Result<Value> attr_path(Interp& in, const Value& v, const std::string& path) {
 
 Value sort_key(const Value& v, bool case_sensitive) { return !case_sensitive && v.is_str() ? Value::str(map_case(v.s, false)) : v; }
 
+Result<std::vector<size_t>> sort_order(Interp& in, const std::vector<Value>& keys, bool reverse) {
+  std::vector<size_t> idx(keys.size());
+  for (size_t k = 0; k < idx.size(); ++k) idx[k] = k;
+  Status st;
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
+    auto c = compare3(keys[x], keys[y]);
+    if (!c.ok()) { st = c.status(); return false; }
+    return reverse ? c.value() > 0 : c.value() < 0;
+  });
+  if (!st.ok()) return in.fail(st.message());
+  return idx;
+}
+
 namespace {
 
 // ---- filters ----
@@ -204,15 +217,7 @@ Result<Value> f_reverse(Interp& in, const Value& v, Args&) {
 }
 
 Result<Value> sorted(Interp& in, List items, bool reverse, std::vector<Value> keys) {
-  std::vector<size_t> idx(items.size());
-  for (size_t k = 0; k < idx.size(); ++k) idx[k] = k;
-  Status st;
-  std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
-    auto c = compare3(keys[x], keys[y]);
-    if (!c.ok()) { st = c.status(); return false; }
-    return reverse ? c.value() > 0 : c.value() < 0;
-  });
-  if (!st.ok()) return in.fail(st.message());
+  KILN_ASSIGN_OR_RETURN(std::vector<size_t> idx, sort_order(in, keys, reverse));
   List out;
   for (size_t k : idx) out.push_back(items[k]);
   return Value::list(std::move(out));

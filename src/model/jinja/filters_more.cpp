@@ -40,15 +40,7 @@ Result<Value> f_groupby(Interp& in, const Value& v, Args& a) {
     shown.push_back(k);
     keys.push_back(sort_key(k, case_sensitive));
   }
-  std::vector<size_t> order(items.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  Status st;
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    auto c = compare3(keys[x], keys[y]);
-    if (!c.ok()) { st = c.status(); return false; }
-    return c.value() < 0;
-  });
-  if (!st.ok()) return in.fail(st.message());
+  KILN_ASSIGN_OR_RETURN(std::vector<size_t> order, sort_order(in, keys, false));
   List groups;
   for (size_t k = 0; k < order.size();) {
     List members;

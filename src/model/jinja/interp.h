@@ -53,6 +53,9 @@ const std::map<std::string, FilterFn>& more_filters();
 Result<Value> attr_path(Interp& in, const Value& v, const std::string& path);
 // A sort key: lower case for a str unless case_sensitive.
 Value sort_key(const Value& v, bool case_sensitive);
+// The stable order of `keys` (ascending, or descending when reverse), compared as Python compares;
+// keys Python cannot order are an error of the interpreter.
+Result<std::vector<size_t>> sort_order(Interp& in, const std::vector<Value>& keys, bool reverse);
 // The marker (Value::s) of groupby's (grouper, list) tuples, whose items are also those attributes.
 inline const char* const kGroupTuple = "\x01groupby";
 const std::map<std::string, TestFn>& tests();

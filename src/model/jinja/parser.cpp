@@ -398,6 +398,17 @@ struct Parser {
   }
 
   // ---- statements ----
+  // A macro's or call block's body up to `end`, noting whether it reads varargs / kwargs (which
+  // makes the callable take extra arguments, as in jinja2), then the closing tag's end.
+  Status callable_body(Node& n, const char* end, std::string* which, const std::string& opener, int line) {
+    macro_refs.emplace_back();
+    KILN_RETURN_IF_ERROR(body(n.body, {end}, which, opener, line));
+    n.catch_varargs = macro_refs.back().varargs;
+    n.catch_kwargs = macro_refs.back().kwargs;
+    macro_refs.pop_back();
+    return expect_block_end();
+  }
+
   // Parses nodes until a block tag named in `ends`; leaves the parser after that tag's name.
   Status body(Body& out, const std::set<std::string>& ends, std::string* which, const std::string& opener, int open_line) {
     Nest nest(nesting);
@@ -507,12 +518,7 @@ struct Parser {
       KILN_ASSIGN_OR_RETURN(n->text, expect_name());
       KILN_RETURN_IF_ERROR(parameters(*n));
       KILN_RETURN_IF_ERROR(expect_block_end());
-      macro_refs.emplace_back();
-      KILN_RETURN_IF_ERROR(body(n->body, {"endmacro"}, &which, "macro", line));
-      n->catch_varargs = macro_refs.back().varargs;
-      n->catch_kwargs = macro_refs.back().kwargs;
-      macro_refs.pop_back();
-      KILN_RETURN_IF_ERROR(expect_block_end());
+      KILN_RETURN_IF_ERROR(callable_body(*n, "endmacro", &which, "macro", line));
       return n;
     }
     if (tag == "call") {
@@ -522,12 +528,7 @@ struct Parser {
       KILN_ASSIGN_OR_RETURN(n->expr, expression());
       if (n->expr->kind != EK::Call) return err("expected call", line);
       KILN_RETURN_IF_ERROR(expect_block_end());
-      macro_refs.emplace_back();
-      KILN_RETURN_IF_ERROR(body(n->body, {"endcall"}, &which, "call", line));
-      n->catch_varargs = macro_refs.back().varargs;
-      n->catch_kwargs = macro_refs.back().kwargs;
-      macro_refs.pop_back();
-      KILN_RETURN_IF_ERROR(expect_block_end());
+      KILN_RETURN_IF_ERROR(callable_body(*n, "endcall", &which, "call", line));
       return n;
     }
     if (tag == "filter") {
