@@ -6,7 +6,9 @@
 //            (from the moment every request has its first token to the first request's last), after
 //            a warm-up batch of the same shape (other prompts) has captured the steps' graphs, as the
 //            single-request runs measure their second repetition; the engine's counters in the
-//            JSON are those of the measured batch
+//            JSON are those of the measured batch (graph_device_s over every replay, including the
+//            cheaper ones of a part-filled bucket as requests finish; full_bucket_graph_ms: the
+//            device time of a replay with all B rows, the steady step)
 //   online:  N requests with Poisson arrivals at --rate requests/s, prompt and output lengths from
 //            a fixed-seed long-tailed (log-normal) distribution; throughput, TTFT and TPOT p50/p99
 //   prefix:  64 requests sharing a 2K-token prefix (each with its own 32-token tail), after one
@@ -215,6 +217,8 @@ int main(int argc, char** argv) {
       st.graph_device_seconds -= warm.graph_device_seconds;
       st.graph_gap_seconds -= warm.graph_gap_seconds;
       st.graph_gaps -= warm.graph_gaps;
+      st.full_bucket_replays -= warm.full_bucket_replays;
+      st.full_bucket_seconds -= warm.full_bucket_seconds;
       st.steps -= warm.steps;
       out["decode"].push_back({{"batch", B},
                                {"context", context},
@@ -235,6 +239,9 @@ int main(int argc, char** argv) {
                                {"graph_device_s", st.graph_device_seconds},
                                {"graph_gap_s", st.graph_gap_seconds},
                                {"graph_gaps", st.graph_gaps},
+                               {"full_bucket_replays", st.full_bucket_replays},
+                               {"full_bucket_graph_ms",
+                                st.full_bucket_replays > 0 ? 1e3 * st.full_bucket_seconds / st.full_bucket_replays : 0.0},
                                {"steps", st.steps},
                                {"kv_capacity_tokens", (*engine)->kv_capacity_tokens()}});
       std::fprintf(stderr, "decode B=%d: %.0f tok/s\n", B, dt > 0 ? tokens / dt : 0.0);

@@ -357,6 +357,8 @@ void Engine::publish_stats() {
   s.graph_device_seconds = executor_->graph_device_seconds();
   s.graph_gap_seconds = executor_->graph_gap_seconds();
   s.graph_gaps = executor_->graph_gaps();
+  s.full_bucket_replays = executor_->full_bucket_replays();
+  s.full_bucket_seconds = executor_->full_bucket_seconds();
   s.policy_version = scheduler_->policy_version();
   s.prefix_hit_tokens = hits_total_;
   s.weight_updates = updates_done_;

@@ -214,6 +214,9 @@ struct EngineStats {
   double graph_launch_seconds = 0.0, graph_device_seconds = 0.0;  // replays: host launch, device time
   double graph_gap_seconds = 0.0;  // device time between consecutive replays (Executor::graph_gap_seconds)
   int64_t graph_gaps = 0;
+  // Replays of a full bucket (every row a request) and their device time: the steady decode step.
+  int64_t full_bucket_replays = 0;
+  double full_bucket_seconds = 0.0;
   uint64_t policy_version = 0;
   int64_t weight_updates = 0;         // acknowledged updates
   int64_t cross_version_hits = 0;     // radix pages matched of another version: always 0 (an audit)

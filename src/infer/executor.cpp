@@ -518,6 +518,7 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
   run_seconds_ += std::chrono::duration<double>(t1 - t0).count();
   side.rows.assign(rows.begin(), rows.end());
   side.timed_graph = timed_graph;
+  side.full_bucket = timed_graph && real_rows == bucket;
   side.launch = launches_++;
   next_side_ = (next_side_ + 1) % static_cast<int32_t>(sides_.size());
   ++in_flight_;
@@ -544,6 +545,10 @@ Result<std::vector<SampledToken>> Executor::wait() {
   }
   last_timed_launch_ = side.timed_graph ? side.launch : -2;
   graph_device_seconds_ += last_graph_seconds_;
+  if (side.full_bucket) {
+    ++full_bucket_replays_;
+    full_bucket_seconds_ += last_graph_seconds_;
+  }
   wait_seconds_ += std::chrono::duration<double>(t2 - t1).count();
   run_seconds_ += std::chrono::duration<double>(t2 - t1).count();
   const float* scored = side.score_rows > 0 ? side.score_logprobs.ptr<float>() : nullptr;

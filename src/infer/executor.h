@@ -103,6 +103,10 @@ class Executor {
   // Graph replays: host time in the launch call, and device time between events around it.
   double graph_launch_seconds() const { return graph_launch_seconds_; }
   double graph_device_seconds() const { return graph_device_seconds_; }
+  // The same for the replays whose bucket was full (every row a request): a batch's steady decode
+  // step, without the cheaper replays of a bucket part-filled as requests finish.
+  int64_t full_bucket_replays() const { return full_bucket_replays_; }
+  double full_bucket_seconds() const { return full_bucket_seconds_; }
   // Device time between a replay and the one launched right before it (the stream idle, waiting for
   // the host's launch, plus whatever runs between them), and the number of such pairs.
   double graph_gap_seconds() const { return graph_gap_seconds_; }
@@ -131,6 +135,7 @@ class Executor {
     std::vector<ops::SamplingRow> rows;  // the step's sampling rows (their log-prob requests)
     int32_t score_rows = 0;
     bool timed_graph = false;
+    bool full_bucket = false;  // a replay whose bucket rows are all real requests
   };
   // Fills `side`'s staging buffer for `plan`, padding a pure decode step to `bucket` rows when > 0.
   struct Packed {
@@ -215,6 +220,8 @@ class Executor {
   int64_t graph_replays_ = 0;
   double run_seconds_ = 0, wait_seconds_ = 0, pack_seconds_ = 0, issue_seconds_ = 0;
   double graph_launch_seconds_ = 0, graph_device_seconds_ = 0, last_graph_seconds_ = 0, graph_gap_seconds_ = 0;
+  int64_t full_bucket_replays_ = 0;
+  double full_bucket_seconds_ = 0;
   int64_t graph_gaps_ = 0;
   // Events around the replays, by launch number modulo 3: the step waited for, the one before it
   // (for the gap) and the one in flight after it never share a slot.
