@@ -45,7 +45,7 @@
 #   rules: the same comparison between streaming-kernel rules of this build instead of two builds:
 #          each of RULES (space-separated KILN_LINEAR_TMA values, linear_tma.cu; `default` for the
 #          measured rule), after the streaming kernel's GPU test and bench_linear --splits
-#          at TMA_ROWS (32,64,96,128).
+#          at TMA_ROWS (32,64,96,128) (with TMA_MULTICAST, e.g. 2,4,8: --multicast too).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -341,17 +341,18 @@ if [ "$WHAT" = ab ] || [ "$WHAT" = rules ]; then
     VARIANTS="$BUILD $REF"
   else
     VARIANTS=${RULES:?RULES: the KILN_LINEAR_TMA values to compare}
-    "$BUILD/tests/kiln_gpu_tests" --gtest_filter='CudaFusedKernels.StreamingLinear*' > "$OUT/tma_tests.log" 2>&1 \
+    timeout 300 "$BUILD/tests/kiln_gpu_tests" --gtest_filter='CudaFusedKernels.StreamingLinear*' > "$OUT/tma_tests.log" 2>&1 \
       || { status=1; grep -E "Failure|FAILED" "$OUT/tma_tests.log" | head -20; }
     tail -1 "$OUT/tma_tests.log"
     timeout 200 "$BUILD/bin/bench_linear" --config bench/configs/astrai-1b-shape.config.json --rows ${TMA_ROWS:-32,64,96,128} \
-      --splits > "$OUT/bench_linear.json" 2> /tmp/bench_linear.err || { status=1; tail -3 /tmp/bench_linear.err; }
+      --splits ${TMA_MULTICAST:+--multicast $TMA_MULTICAST} > "$OUT/bench_linear.json" 2> /tmp/bench_linear.err \
+      || { status=1; tail -3 /tmp/bench_linear.err; }
     python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
 for rows, e in r["rows"].items():
     for p in ("qkv", "o", "gate_up", "down"):
         best = sorted((v["us"], k) for k, v in e.items() if k.startswith(p + "_"))
-        print(rows, p, " ".join("%s %.2f" % (k, us) for us, k in best[:8]))' "$OUT/bench_linear.json" || status=1
+        print(rows, p, " ".join("%s %.2f" % (k, us) for us, k in best[:10]))' "$OUT/bench_linear.json" || status=1
   fi
   # bench VARIANT PROGRAM ARGS...: the program of the variant's build in its environment, under timeout.
   bench() {
@@ -379,7 +380,7 @@ print(sys.argv[2], " ".join("B=%d C=%d %.3f (serial %.3f)" % (x["batch"], x["con
     python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
 print(sys.argv[2], "decode tok/s", [(x["batch"], round(x["tokens_per_s"])) for x in r.get("decode", [])],
-      "graph ms", [(x["batch"], round(1e3 * x["graph_device_s"] / max(1, x["graph_replays"]), 3)) for x in r.get("decode", [])],
+      "full-bucket graph ms", [(x["batch"], round(x.get("full_bucket_graph_ms", 0), 3)) for x in r.get("decode", [])],
       "single ms/token", [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r.get("single", [])])' \
       "$OUT/ab_engine.json" "engine $v" || status=1
   done
