@@ -207,7 +207,8 @@ int main(int argc, char** argv) {
           entry("gate_up_tma_bare" + suffix, 2, e2 * 2 * I * H,
                 [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, 0, mc); });
         }
-        for (const char* p : {"qkv_tma", "qkv_tma_bare"}) note_multicast(p + suffix, TmaEpilogue::store, QKV, H, splits, mc);
+        for (const char* p : {"qkv_tma", "qkv_tma_bare"})
+          note_multicast(p + suffix, TmaEpilogue::store, QKV, H, splits, mc);
         note_multicast("o_tma" + suffix, TmaEpilogue::add_residual, H, Q, splits, mc);
         for (const char* p : {"gate_up_tma", "gate_up_tma_bare"})
           note_multicast(p + suffix, TmaEpilogue::swiglu, 2 * I, H, splits, mc);

@@ -124,7 +124,8 @@ TEST(CudaFusedKernels, StreamingLinearMatchesCpu) {
         cuda::linear_tma_forward(cuda_be, TmaEpilogue::store, dy2, dx, dw, dbias, c.splits, 1);
         EXPECT_EQ(to_f32(*gpu, dy2), to_f32(*gpu, dy));
         for (int mc : {2, 4, 8}) {
-          if (cuda::linear_tma_launch(cuda_be, TmaEpilogue::store, c.M, c.N, c.K, c.splits, mc).multicast != mc) continue;
+          if (cuda::linear_tma_launch(cuda_be, TmaEpilogue::store, c.M, c.N, c.K, c.splits, mc).multicast != mc)
+            continue;
           SCOPED_TRACE(testing::Message() << "store, multicast " << mc);
           ++engaged[mc];
           ops::fill_constant(*gpu, dy2, NAN);

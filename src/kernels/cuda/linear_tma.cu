@@ -393,11 +393,12 @@ void launch(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, 
   }
 }
 
-// Where the streaming kernel is preferred: for one epilogue, steps of [min_rows, max_rows] rows,
-// with k_splits blocks splitting K (0: choose_splits) and `multicast` blocks sharing batch tiles.
+// Where the streaming kernel is preferred: for one epilogue, steps of [min_rows, max_rows] rows and
+// widths K >= min_k (the down projection apart from o, say), with k_splits blocks splitting K (0:
+// choose_splits) and `multicast` blocks sharing batch tiles.
 struct TmaRange {
   TmaEpilogue epilogue;
-  int min_rows, max_rows, k_splits, multicast = 1;
+  int min_rows, max_rows, k_splits, multicast = 1, min_k = 0;
 };
 
 // Measured on the H200 (bench_linear, graph replay, astrai-1b shape over 24 layers' weights;
@@ -413,8 +414,9 @@ const char* epilogue_name(TmaEpilogue e) {
 }
 
 // KILN_LINEAR_TMA, for measuring other choices in the whole step: comma-separated
-// `EPILOGUE=MIN-MAX[xSPLITS][mMULTICAST]` (EPILOGUE store, residual or swiglu; SPLITS 1-8, default
-// chosen; MULTICAST 1-8, default 1), e.g. `swiglu=17-128m2,residual=65-128x4m2`. An
+// `EPILOGUE=MIN-MAX[xSPLITS][mMULTICAST][kMIN_K]` (EPILOGUE store, residual or swiglu; SPLITS 1-8,
+// default chosen; MULTICAST 1-8, default 1; MIN_K: only widths of at least that), e.g.
+// `swiglu=17-128m2,residual=65-128x4m2k4096`. An
 // epilogue it names takes only its ranges (`store=0-0`: never); the others keep the measured ones.
 // Malformed: ignored, with a message.
 std::vector<TmaRange> read_env_ranges() {
@@ -429,13 +431,14 @@ std::vector<TmaRange> read_env_ranges() {
     const std::string item = spec.substr(begin, end - begin);
     begin = end + 1;
     char name[16] = {};
-    int lo = 0, hi = 0, splits = 0, multicast = 1, used = 0, tail = 0;
+    int lo = 0, hi = 0, splits = 0, multicast = 1, min_k = 0, used = 0, tail = 0;
     const int n = std::sscanf(item.c_str(), "%15[a-z]=%d-%d%n", name, &lo, &hi, &used);
     if (n == 3 && item[used] == 'x' && std::sscanf(item.c_str() + used, "x%d%n", &splits, &tail) == 1) used += tail;
     if (n == 3 && item[used] == 'm' && std::sscanf(item.c_str() + used, "m%d%n", &multicast, &tail) == 1) used += tail;
-    TmaRange r{TmaEpilogue::store, lo, hi, splits, multicast};
+    if (n == 3 && item[used] == 'k' && std::sscanf(item.c_str() + used, "k%d%n", &min_k, &tail) == 1) used += tail;
+    TmaRange r{TmaEpilogue::store, lo, hi, splits, multicast, min_k};
     bool ok = n == 3 && used == static_cast<int>(item.size()) && lo <= hi && splits >= 0 && splits <= kMaxSplits &&
-              multicast >= 1 && multicast <= kMaxSplits;
+              multicast >= 1 && multicast <= kMaxSplits && min_k >= 0;
     if (ok && std::strcmp(name, "residual") == 0) r.epilogue = TmaEpilogue::add_residual;
     else if (ok && std::strcmp(name, "swiglu") == 0) r.epilogue = TmaEpilogue::swiglu;
     else ok = ok && std::strcmp(name, "store") == 0;
@@ -449,18 +452,18 @@ std::vector<TmaRange> read_env_ranges() {
   std::erase_if(out, [&](const TmaRange& r) { return named[static_cast<int>(r.epilogue)]; });
   out.insert(out.end(), given.begin(), given.end());
   for (const TmaRange& r : given)
-    std::fprintf(stderr, "kiln: streaming linear kernel for %s at %d-%d rows, K split %d%s, multicast %d\n",
-                 epilogue_name(r.epilogue), r.min_rows, r.max_rows, r.k_splits, r.k_splits ? "" : " (chosen)",
+    std::fprintf(stderr, "kiln: streaming linear kernel for %s at %d-%d rows and K >= %d, K split %d%s, multicast %d\n",
+                 epilogue_name(r.epilogue), r.min_rows, r.max_rows, r.min_k, r.k_splits, r.k_splits ? "" : " (chosen)",
                  r.multicast);
   return out;
 }
 
-// The range taking M rows of this epilogue, or none. Read once per process: a measurement switch,
+// The range taking M rows of width K of this epilogue, or none. Read once per process: a measurement switch,
 // not device state.
-const TmaRange* preferred_range(TmaEpilogue epilogue, int64_t M) {
+const TmaRange* preferred_range(TmaEpilogue epilogue, int64_t M, int64_t K) {
   static const std::vector<TmaRange> ranges = read_env_ranges();
   for (const TmaRange& r : ranges)
-    if (r.epilogue == epilogue && M >= r.min_rows && M <= r.max_rows) return &r;
+    if (r.epilogue == epilogue && M >= r.min_rows && M <= r.max_rows && K >= r.min_k) return &r;
   return nullptr;
 }
 
@@ -473,7 +476,7 @@ bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype) {
 
 bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype) {
   (void)N;
-  return linear_tma_valid(be, M, K, dtype) && preferred_range(epilogue, M) != nullptr;
+  return linear_tma_valid(be, M, K, dtype) && preferred_range(epilogue, M, K) != nullptr;
 }
 
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
@@ -494,7 +497,7 @@ void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor 
     KILN_ASSERT(bias.numel() == N);
   }
   if (N == 0) return;
-  if (const TmaRange* r = preferred_range(epilogue, M)) {
+  if (const TmaRange* r = preferred_range(epilogue, M, K)) {
     if (k_splits <= 0) k_splits = r->k_splits;
     if (multicast <= 0) multicast = r->multicast;
   }
