@@ -8,6 +8,8 @@
 #include <fstream>
 #include <numeric>
 
+#include "core/json_text.h"
+
 namespace kiln::cli {
 namespace {
 
@@ -17,7 +19,7 @@ Status take(const nlohmann::json& j, const char* key, double step, RunMetrics::P
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return Status::Ok();
   if (!it->is_number())
-    return invalid_argument(where + "\"" + key + "\" must be a number (got " + it->dump() + ")");
+    return invalid_argument(where + "\"" + key + "\" must be a number (got " + json_brief(*it) + ")");
   out->step.push_back(step);
   out->value.push_back(it->get<double>());
   return Status::Ok();

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/json_text.h"
 #include "core/plural.h"
 #include "cli/engine_flags.h"
 #include "cli/requests.h"
@@ -41,8 +42,8 @@ Status read_field(const Json& line, const char* key, T* out, const char* expecte
   else if constexpr (std::is_floating_point_v<T>)
     ok = it->is_number() && std::fabs(it->template get<double>()) <= std::numeric_limits<T>::max();
   if (!ok && std::is_floating_point_v<T> && it->is_number())
-    return invalid_argument(std::string("'") + key + "' is out of range (at most 3.4e38 in size): " + it->dump());
-  if (!ok) return invalid_argument(std::string("'") + key + "' must be " + expected + ", not " + it->dump());
+    return invalid_argument(std::string("'") + key + "' is out of range (at most 3.4e38 in size): " + json_brief(*it));
+  if (!ok) return invalid_argument(std::string("'") + key + "' must be " + expected + ", not " + json_brief(*it));
   *out = it->template get<T>();
   return Status::Ok();
 }
@@ -51,7 +52,7 @@ Status read_ids(const Json& v, const char* key, std::vector<int32_t>* out) {
   if (!v.is_array()) return invalid_argument(std::string("'") + key + "' must be a list of token ids");
   for (const Json& x : v) {
     if (!integer_within(x, 0, INT32_MAX))
-      return invalid_argument(std::string("'") + key + "' must hold token ids (integers >= 0), not " + x.dump());
+      return invalid_argument(std::string("'") + key + "' must hold token ids (integers >= 0), not " + json_brief(x));
     out->push_back(x.get<int32_t>());
   }
   return Status::Ok();

@@ -4,7 +4,9 @@
 #include <memory>
 #include <utility>
 
+#include "core/json_text.h"
 #include "eval/eval.h"
+#include "model/chat_template.h"
 
 namespace kiln::eval {
 
@@ -58,6 +60,9 @@ Result<nlohmann::ordered_json> parse_object_line(const std::string& line, const 
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument(where + ": not valid JSON");
   if (!j.is_object()) return invalid_argument(where + ": not a JSON object");
+  // Lines are kept, copied and printed (details), which recurses as deep as a value nests.
+  const int64_t limit = TemplateLimits{}.max_context_depth - 1;
+  if (json_depth(j) > limit) return invalid_argument(where + ": the line nests deeper than " + std::to_string(limit) + " levels");
   return j;
 }
 

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
+
 namespace kiln {
 namespace {
 
@@ -26,7 +28,7 @@ Status read_number(const Json& j, const std::string& src, const char* key, doubl
   const double v = it->is_number() ? it->get<double>() : NAN;
   if (!it->is_number() || !std::isfinite(v) || v < lo || v > hi || (open_low && v == lo))
     return invalid_argument(src + ": '" + key + "' must be a number within " + (open_low ? "(" : "[") + number(lo) +
-                            ", " + number(hi) + "], but it is " + it->dump() +
+                            ", " + number(hi) + "], but it is " + json_brief(*it) +
                             " (or run with --generation-config none)");
   *out = static_cast<float>(v);
   return Status::Ok();
@@ -37,7 +39,7 @@ Status read_count(const Json& j, const std::string& src, const char* key, int64_
   if (it == j.end() || it->is_null()) return Status::Ok();
   if (!it->is_number_integer() || it->get<int64_t>() < lo || it->get<int64_t>() > INT32_MAX)
     return invalid_argument(src + ": '" + key + "' must be an integer within [" + std::to_string(lo) +
-                            ", 2147483647], but it is " + it->dump() + " (or run with --generation-config none)");
+                            ", 2147483647], but it is " + json_brief(*it) + " (or run with --generation-config none)");
   *out = static_cast<int32_t>(it->get<int64_t>());
   return Status::Ok();
 }

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
 #include "core/status.h"
 
 namespace kiln {
@@ -34,23 +35,6 @@ struct TemplateLimits {
   int64_t max_list_items = 10'000'000;          // any list built (repetition, concatenation)
   int32_t max_context_depth = 1000;             // nesting of the JSON context (messages, tools)
 };
-
-// Nesting depth of a JSON value (a scalar is 1; nlohmann::json or ordered_json), found without
-// recursion: copying or printing a value recurses as deep as it nests, so values from outside are
-// measured before either.
-template <typename Json>
-int64_t json_depth(const Json& root) {
-  int64_t deepest = 0;
-  std::vector<std::pair<const Json*, int64_t>> stack = {{&root, 1}};
-  while (!stack.empty()) {
-    auto [j, d] = stack.back();
-    stack.pop_back();
-    deepest = std::max(deepest, d);
-    if (j->is_array() || j->is_object())
-      for (const auto& e : *j) stack.emplace_back(&e, d + 1);
-  }
-  return deepest;
-}
 
 // A render with the places of its {% generation %} blocks: byte ranges [first, second) of `text`,
 // in the order the blocks ran (transformers' generation_indices, in bytes where it counts characters).

@@ -1,4 +1,5 @@
 // config.json parsing and validation, and the RoPE inverse-frequency table. See config.h.
+#include "core/json_text.h"
 #include "core/plural.h"
 #include "model/config.h"
 
@@ -510,6 +511,12 @@ Result<ModelConfig> load_model_config_file(const std::string& path) {
   } catch (const json::exception& e) {  // syntax errors, and numbers out of range
     return invalid_argument(path + " is not valid JSON: " + e.what());
   }
+  // A trained model's config.json is this one written back, and printing a value recurses as deep
+  // as it nests: a hostile file must fail here, not at the end of a training run.
+  constexpr int64_t kMaxNesting = 64;  // transformers' configs nest a few levels
+  if (json_depth(j) > kMaxNesting)
+    return invalid_argument(path + " nests deeper than " + std::to_string(kMaxNesting) +
+                            " levels; a transformers config.json is a few levels deep");
   return parse_model_config(j, path);
 }
 

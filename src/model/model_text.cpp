@@ -6,6 +6,8 @@
 #include <optional>
 #include <sstream>
 
+#include "core/json_text.h"
+
 namespace kiln {
 namespace {
 
@@ -72,7 +74,7 @@ Result<std::optional<bool>> config_flag(const nlohmann::ordered_json& cfg, const
   const nlohmann::ordered_json& v = cfg[key];
   if (v.is_boolean()) return std::optional<bool>(v.get<bool>());
   if (v.is_null()) return std::optional<bool>();
-  return invalid_argument(path.string() + ": " + key + " must be true, false or null; it is " + v.dump());
+  return invalid_argument(path.string() + ": " + key + " must be true, false or null; it is " + json_brief(v));
 }
 
 Status add_template(std::map<std::string, std::shared_ptr<const ChatTemplate>>& out, const std::string& name,

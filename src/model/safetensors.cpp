@@ -1,4 +1,5 @@
 // Safetensors reading (mmap) and writing. See safetensors.h.
+#include "core/json_text.h"
 #include "core/plural.h"
 #include "model/safetensors.h"
 
@@ -189,24 +190,24 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     int64_t numel = 1;
     for (const json& d : *shape_it) {
       int64_t n = 0;
-      if (!to_offset(d, &n)) return invalid_argument(where + ": shape " + shape_it->dump() +
+      if (!to_offset(d, &n)) return invalid_argument(where + ": shape " + json_brief(*shape_it) +
                                                      " must hold non-negative integers" + corrupt);
       if (__builtin_mul_overflow(numel, n, &numel))
-        return invalid_argument(where + ": shape " + shape_it->dump() + " has too many elements" + corrupt);
+        return invalid_argument(where + ": shape " + json_brief(*shape_it) + " has too many elements" + corrupt);
       dims.push_back(n);
     }
     if (!to_offset((*offs_it)[0], &e.begin) || !to_offset((*offs_it)[1], &e.end) || e.begin > e.end)
-      return invalid_argument(where + ": data_offsets " + offs_it->dump() +
+      return invalid_argument(where + ": data_offsets " + json_brief(*offs_it) +
                               " must be two non-negative integers with begin <= end" + corrupt);
     if (e.end > data_bytes)
-      return invalid_argument(where + ": data_offsets " + offs_it->dump() + " reach past the end of the data section (" +
+      return invalid_argument(where + ": data_offsets " + json_brief(*offs_it) + " reach past the end of the data section (" +
                               std::to_string(data_bytes) + " bytes)" + corrupt);
 
     const DTypeSpec* spec = find_dtype(e.dtype_name);
     if (spec && spec->size > 0) {
       int64_t expected = 0;
       if (__builtin_mul_overflow(numel, spec->size, &expected) || expected != e.end - e.begin)
-        return invalid_argument(where + ": data_offsets " + offs_it->dump() + " cover " +
+        return invalid_argument(where + ": data_offsets " + json_brief(*offs_it) + " cover " +
                                 std::to_string(e.end - e.begin) + " bytes, but shape " + dims_text(dims) + " of " +
                                 e.dtype_name + " needs " + std::to_string(numel) + " x " + std::to_string(spec->size) +
                                 " bytes" + corrupt);

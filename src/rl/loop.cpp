@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 
+#include "core/json_text.h"
 #include "infer/remote_engine.h"
 #include "model/model_text.h"
 #include "rl/batches.h"
@@ -190,8 +191,8 @@ Status Run::resume_from(const std::string& checkpoint) {
     if (may_change_on_resume(key)) continue;
     const nlohmann::json recorded = state.config.contains(key) ? state.config[key] : nlohmann::json();
     if (recorded != value)
-      return invalid_argument("--resume: " + key + " was " + recorded.dump() + " in " + checkpoint + ", now " +
-                              value.dump() + "; a resumed run keeps its settings");
+      return invalid_argument("--resume: " + key + " was " + json_brief(recorded) + " in " + checkpoint + ", now " +
+                              json_brief(value) + "; a resumed run keeps its settings");
   }
   trainer_->restore_policy_version(state.policy_version);
   step_ = state.sampler.value("rl_step", int64_t{0});

@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "core/json_text.h"
 #include "model/chat_template.h"
 
 namespace kiln::rl {
@@ -12,7 +13,7 @@ Result<std::vector<int32_t>> ids_of(const nlohmann::json& v, const std::string& 
   std::vector<int32_t> ids;
   for (const nlohmann::json& x : v) {
     if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
-      return invalid_argument(where + " holds " + x.dump() + ", not a token id");
+      return invalid_argument(where + " holds " + json_brief(x) + ", not a token id");
     ids.push_back(x.get<int32_t>());
   }
   return ids;
@@ -43,13 +44,15 @@ Result<std::vector<Prompt>> load_prompts(const std::string& path, const ModelTex
     const std::string where = path + ":" + std::to_string(number);
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return invalid_argument(where + ": not a JSON object");
+    // The line is kept (the reward reads its fields, rollout records copy and print it), and copying
+    // or printing a value recurses as deep as it nests.
+    const int64_t limit = TemplateLimits{}.max_context_depth - 1;
+    if (json_depth(j) > limit) return invalid_argument(where + ": the line nests deeper than " + std::to_string(limit) + " levels");
     Prompt p;
     if (j.contains("prompt_ids")) {
       KILN_ASSIGN_OR_RETURN(p.ids, ids_of(j["prompt_ids"], where + ": \"prompt_ids\""));
     } else if (j.contains("messages") || (prompt_as_chat && j.contains("prompt") && j["prompt"].is_string())) {
       if (!text) return invalid_argument(where + ": \"messages\" need the model's tokenizer and chat template");
-      const int64_t limit = TemplateLimits{}.max_context_depth - 1;  // before the copies below recurse
-      if (json_depth(j) > limit) return invalid_argument(where + ": the line nests deeper than " + std::to_string(limit) + " levels");
       const nlohmann::ordered_json messages =
           j.contains("messages") ? nlohmann::ordered_json::parse(j["messages"].dump())
                                  : nlohmann::ordered_json::array({{{"role", "user"}, {"content", j["prompt"]}}});

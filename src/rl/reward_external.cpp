@@ -28,6 +28,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/json_text.h"
 #include "core/plural.h"
 #include "rl/reward.h"
 #include "rl/reward_text.h"
@@ -431,7 +432,7 @@ class UrlReward final : public Reward {
       const nlohmann::json& v = rewards[i];
       if (!v.is_number() || !std::isfinite(v.get<double>()))
         return invalid_argument(who + ": rewards[" + std::to_string(i) + "], for " + sample_name(i, rollouts[i]) +
-                                ", is " + quote(v.dump()) + ", not a finite number");
+                                ", is " + quote(json_brief(v)) + ", not a finite number");
       out[i].reward = v.get<double>();
     }
     return out;

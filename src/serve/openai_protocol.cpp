@@ -1,5 +1,6 @@
 #include "serve/openai_protocol.h"
 
+#include "core/json_text.h"
 #include "serve/chat_messages.h"
 #include "serve/reasoning.h"
 #include "serve/request_fields.h"
@@ -57,7 +58,7 @@ Status read_common(FieldReader& f, const ServeContext& ctx, CompletionJob* job) 
   if (const Json* ids = f.get("stop_token_ids")) {
     if (!ids->is_array()) return invalid_argument("'stop_token_ids' must be a list of token ids");
     for (const Json& x : *ids) {
-      if (!integer_within(x, 0, INT32_MAX)) return invalid_argument("'stop_token_ids' must hold token ids, not " + x.dump());
+      if (!integer_within(x, 0, INT32_MAX)) return invalid_argument("'stop_token_ids' must hold token ids, not " + json_brief(x));
       r.stop_token_ids.push_back(x.get<int32_t>());
     }
   }
@@ -302,7 +303,7 @@ Result<CompletionJob> parse_openai_completion(const Json& body, const ServeConte
     for (const Json& x : a) {
       if (!x.is_number_integer()) return invalid_argument("'prompt' token lists must hold integers");
       const int64_t v = x.get<int64_t>();
-      if (v < 0 || v > INT32_MAX) return invalid_argument("'prompt' holds the token id " + x.dump() + ", out of range");
+      if (v < 0 || v > INT32_MAX) return invalid_argument("'prompt' holds the token id " + json_brief(x) + ", out of range");
       ids.push_back(static_cast<int32_t>(v));
     }
     job.prompts.push_back(std::move(ids));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/json_text.h"
+
 namespace kiln::serve {
 
 std::string string_member(const Json& object, const char* key) {
@@ -54,7 +56,7 @@ Status FieldReader::read_int(const std::string& key, int32_t* out, int64_t min, 
                                              : static_cast<int64_t>(d);
   if (x < min || x > max)
     return invalid_argument("'" + key + "' must be within [" + std::to_string(min) + ", " + std::to_string(max) +
-                            "], got " + v->dump());
+                            "], got " + json_brief(*v));
   *out = static_cast<int32_t>(x);
   return Status::Ok();
 }
@@ -66,7 +68,7 @@ Status FieldReader::read_float(const std::string& key, float* out, double min, d
   const double x = v->get<double>();
   if (!(x >= min && x <= max))
     return invalid_argument("'" + key + "' must be within [" + std::to_string(min).substr(0, 6) + ", " +
-                            std::to_string(max).substr(0, 6) + "], got " + v->dump());
+                            std::to_string(max).substr(0, 6) + "], got " + json_brief(*v));
   *out = static_cast<float>(x);
   return Status::Ok();
 }

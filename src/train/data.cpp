@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
+
 namespace kiln {
 namespace {
 
@@ -21,9 +23,9 @@ Status read_ints(const nlohmann::json& obj, const char* key, bool required, std:
   out->reserve(it->size());
   for (const nlohmann::json& v : *it) {
     if (!v.is_number_integer())
-      return invalid_argument(where + ": \"" + key + "\" must be an array of integers (found " + v.dump() + ")");
+      return invalid_argument(where + ": \"" + key + "\" must be an array of integers (found " + json_brief(v) + ")");
     const int64_t x = v.get<int64_t>();
-    if (x < INT32_MIN || x > INT32_MAX) return invalid_argument(where + ": \"" + key + "\" value " + v.dump() + " is out of range");
+    if (x < INT32_MIN || x > INT32_MAX) return invalid_argument(where + ": \"" + key + "\" value " + json_brief(v) + " is out of range");
     out->push_back(static_cast<int32_t>(x));
   }
   return Status::Ok();

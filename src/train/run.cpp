@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "core/json_text.h"
 #include "train/data.h"
 #include "train/dataset.h"
 #include "train/metrics.h"
@@ -42,8 +43,8 @@ Status check_resumable(const nlohmann::json& saved, const nlohmann::json& now, c
     std::string flag = key;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (before != value)
-      return invalid_argument("cannot resume from '" + checkpoint + "': --" + flag + " was " + before.dump() +
-                              " and is now " + value.dump() + " (resume with the run's settings, or start a new run " +
+      return invalid_argument("cannot resume from '" + checkpoint + "': --" + flag + " was " + json_brief(before) +
+                              " and is now " + json_brief(value) + " (resume with the run's settings, or start a new run " +
                               "with --model " + checkpoint + ")");
   }
   return Status::Ok();

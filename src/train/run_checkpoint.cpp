@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "core/sha256.h"
 #include "model/safetensors.h"
 #include "train/checkpoint.h"
@@ -329,7 +330,7 @@ Result<TrainingState> load_training_checkpoint(Backend& be, ParameterSet& params
                        p.at("end").get<int64_t>(), p.at("space").get<int64_t>()};
       if (piece.file.find("..") != std::string::npos || piece.begin < 0 || piece.end < piece.begin ||
           piece.end > piece.space)
-        return invalid_argument(where + ": its manifest lists an invalid optimizer piece (" + p.dump() + ")");
+        return invalid_argument(where + ": its manifest lists an invalid optimizer piece (" + json_brief(p) + ")");
       pieces.push_back(std::move(piece));
     }
   } catch (const nlohmann::json::exception& e) {

@@ -11,6 +11,7 @@
 #include <regex>
 #include <string>
 
+#include "core/json_text.h"
 #include "core/plural.h"
 #include "golden.h"
 #include "model/safetensors.h"
@@ -138,6 +139,16 @@ TEST(Cli, MessagesUseSingularsAndArticles) {
   EXPECT_EQ(with_article("array"), "an array");
   EXPECT_EQ(with_article("object"), "an object");
   EXPECT_EQ(with_article("string"), "a string");
+  // JSON values as messages quote them: short ones as they are, deep or large ones described, long
+  // texts cut at a character boundary.
+  EXPECT_EQ(json_brief(nlohmann::json::parse(R"({"a": [1, 2.5, "x"]})")), R"({"a":[1,2.5,"x"]})");
+  EXPECT_EQ(json_brief(nlohmann::json::parse(std::string(9, '[') + std::string(9, ']'))),
+            "an array of 1 value nested 9 levels deep");
+  EXPECT_EQ(json_brief(nlohmann::json(std::vector<int>(65, 1))), "an array of 65 values");
+  EXPECT_EQ(json_brief(nlohmann::json::object()), "{}");
+  EXPECT_EQ(json_brief(nlohmann::json(std::string(100, 'y')), 10), "\"yyyyyyyyy...");
+  EXPECT_EQ(json_brief(nlohmann::json("\u00e9\u00e9\u00e9"), 4), "\"\u00e9...");  // not inside the second é
+  EXPECT_EQ(json_depth(nlohmann::json::parse(std::string(100000, '[') + std::string(100000, ']'))), 100000);
   ModelCopy m("tiny-llama");
   nlohmann::json c = m.config();
   c["hidden_size"] = nlohmann::json::array({64});

@@ -280,6 +280,12 @@ TEST(CliRl, BadConfigurationAndRewardsFailCleanly) {
   expect_clean_failure(run_kiln("rl --model " + testdata_dir() + "/tiny-chat --prompts " + tmp.sub("broken.jsonl") +
                                 " --output " + tmp.sub("bad2")),
                        "broken.jsonl:2");
+  // A field nested 100,000 levels deep (the reward's "answer", kept with the prompt): an error
+  // naming the line, not a crash where the line is copied or printed.
+  tmp.file("deep.jsonl", "{\"prompt\": \"hi\", \"answer\": " + std::string(100000, '[') + std::string(100000, ']') + "}\n");
+  expect_clean_failure(run_kiln("rl --model " + testdata_dir() + "/tiny-chat --prompts " + tmp.sub("deep.jsonl") +
+                                " --output " + tmp.sub("bad3")),
+                       "deep.jsonl:1: the line nests deeper than 999 levels");
   // The TOML form of a good run: a [reward] table and top-level keys.
   RunResult ok = run_kiln("rl --config " +
                           tmp.file("good.toml", "model = \"" + testdata_dir() + "/tiny-chat\"\nprompts = \"" +

@@ -414,6 +414,23 @@ TEST(CliText, RequestsFileResponseFormat) {
   EXPECT_NE(out[2]["error"].get<std::string>().find("'pattern'"), std::string::npos) << out[2].dump();
 }
 
+// A requests line holding a value nested 100,000 levels deep gets an error naming its line (the
+// value described, not printed: printing it recursed to a crash), and the other lines still run.
+TEST(CliText, RequestsLineNestedDeeplyIsItsOwnError) {
+  TempDir tmp;
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string file = tmp.file("requests.jsonl", "{\"prompt_ids\": [5, " + deep + "]}\n" +
+                                                          "{\"prompt_ids\": [5, 6], \"max_tokens\": 2}\n");
+  RunResult r = run_kiln("generate --model " + testdata_dir() + "/tiny-llama --requests " + file);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_FALSE(r.crashed) << r.output;
+  std::vector<nlohmann::json> out = json_lines(r.stdout_only);
+  ASSERT_EQ(out.size(), 2u) << r.output;
+  EXPECT_NE(out[0].value("error", "").find("line 1"), std::string::npos) << out[0].dump();
+  EXPECT_NE(out[0].value("error", "").find("nested 100000 levels deep"), std::string::npos) << out[0].dump();
+  EXPECT_EQ(out[1]["ids"].size(), 2u) << out[1].dump();
+}
+
 // kiln generate --json-schema FILE: one prompt's reply is a JSON value of the schema, with prompt
 // ids too (the tokenizer is loaded for the masks); a schema kiln cannot enforce is a clear error.
 TEST(CliText, GenerateJsonSchema) {

@@ -158,6 +158,9 @@ TEST(CliTrain, BadInputFailsCleanly) {
   expect_clean_failure(train(good + "[1, 2, 3]\n"), "d.jsonl:2");
   expect_clean_failure(train("{\"labels\": [1, 2]}\n"), "input_ids");
   expect_clean_failure(train("{\"input_ids\": [5, \"x\"]}\n"), "d.jsonl:1");
+  // A value nested 100,000 levels deep is described, not printed (printing it recursed to a crash).
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  expect_clean_failure(train("{\"input_ids\": [5, " + deep + "]}\n"), "nested 100000 levels deep");
   expect_clean_failure(train("{\"input_ids\": [5, 6, 384]}\n"), "vocabulary");
   expect_clean_failure(train("{\"input_ids\": [5, 6, 7], \"labels\": [5, 6, 999]}\n"), "labels[2]");
   expect_clean_failure(train("{\"input_ids\": [5, 6, 7], \"labels\": [5, 6]}\n"), "labels");

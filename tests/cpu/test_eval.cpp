@@ -232,6 +232,9 @@ TEST(CliEval, BadInputIsAClearError) {
       {"--task generate --scorer regex --data " + tmp.file("f.jsonl", "{\"prompt\": \"a\"}\n"), "pattern"},
       {"--task generate --samples 2 --pass-at 3 --data " + tmp.file("g.jsonl", "{\"prompt\": \"a\", \"answer\": 1}\n"),
        "--pass-at 3 must be within [1, --samples = 2]"},
+      {"--task generate --data " + tmp.file("h.jsonl", "{\"prompt\": \"a\", \"answer\": " + std::string(100000, '[') +
+                                                           std::string(100000, ']') + "}\n"),
+       "h.jsonl:1: the line nests deeper than 999 levels"},
   };
   for (const Case& c : cases) {
     RunResult r = run_kiln("eval" + model + " " + c.args);

@@ -263,6 +263,12 @@ TEST(ModelConfigErrors, MalformedJson) {
                StatusCode::invalid_argument);
   write_bytes(tmp.sub("config.json"), "[1, 2]");
   expect_error(load_model_config(tmp.path.string()), {tmp.sub("config.json"), "object"}, StatusCode::invalid_argument);
+  // Nested 100,000 levels deep: refused at load (writing it back after training recursed to a crash).
+  std::string text = read_file(kTinyLlama + "/config.json");
+  text = text.substr(0, text.rfind('}')) + ", \"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  write_bytes(tmp.sub("config.json"), text);
+  expect_error(load_model_config(tmp.path.string()), {tmp.sub("config.json"), "nests deeper than 64 levels"},
+               StatusCode::invalid_argument);
 }
 
 // Loads the tiny-llama config with `edit` applied, from a file, and expects an error naming the

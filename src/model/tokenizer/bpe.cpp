@@ -4,6 +4,7 @@
 // cached (bounded; guarded by a shared mutex), so the model is safe to use from several threads.
 #include <queue>
 
+#include "core/json_text.h"
 #include "model/tokenizer/components.h"
 
 namespace kiln::tok {
@@ -56,7 +57,7 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const Json& j, const std::
       a = mj[0];
       b = mj[1];
     } else {
-      return config_error(source, "a merge is neither \"a b\" nor [\"a\", \"b\"]: " + mj.dump());
+      return config_error(source, "a merge is neither \"a b\" nor [\"a\", \"b\"]: " + json_brief(mj));
     }
     auto ia = m->find(a), ib = m->find(b);
     if (!ia || !ib) return config_error(source, "merge token '" + (ia ? b : a) + "' is not in the vocab");

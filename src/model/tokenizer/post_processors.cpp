@@ -3,6 +3,7 @@
 // With offsets, added tokens get {0, 0}, and ByteLevel / RobertaProcessing with trim_offsets move
 // each token's offsets past its leading and trailing spaces as tokenizers' process_offsets does.
 // Immutable after construction; thread-safe.
+#include "core/json_text.h"
 #include "model/tokenizer/components.h"
 
 namespace kiln::tok {
@@ -160,7 +161,7 @@ Result<std::unique_ptr<PostProcessor>> make_post_processor(const Json& j, const 
         for (const auto& id : specials[name].value("ids", Json::array())) it.push_back(id.get<int32_t>());
         items.push_back(std::move(it));
       } else {
-        return config_error(source, "TemplateProcessing piece is neither Sequence nor SpecialToken: " + piece.dump());
+        return config_error(source, "TemplateProcessing piece is neither Sequence nor SpecialToken: " + json_brief(piece));
       }
     }
     return std::unique_ptr<PostProcessor>(new TemplatePost(std::move(items)));

@@ -1,6 +1,7 @@
 // Tokenizer (tokenizer.json loading, encode, decode) and StreamingDecoder; see model/tokenizer.h.
 // The pipeline is tokenizers' Tokenizer::encode for one sequence: added tokens and normalizer,
 // pre-tokenizer, BPE model, post-processor. Immutable after loading; thread-safe.
+#include "core/json_text.h"
 #include "model/tokenizer.h"
 
 #include <algorithm>
@@ -91,9 +92,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_unchecked(const std::str
   const Json no_tokens = Json::array();
   for (const auto& t : present("added_tokens") ? j["added_tokens"] : no_tokens) {
     if (!t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") || !t["content"].is_string())
-      return config_error(source, "an added_tokens entry needs \"id\" and \"content\": " + t.dump());
+      return config_error(source, "an added_tokens entry needs \"id\" and \"content\": " + json_brief(t));
     if (t["id"].get<int64_t>() < 0 || t["id"].get<int64_t>() > tok::kMaxTokenId)
-      return config_error(source, "added token " + t["content"].dump() + " has id " + t["id"].dump() +
+      return config_error(source, "added token " + json_brief(t["content"]) + " has id " + json_brief(t["id"]) +
                                       "; ids go from 0 to " + std::to_string(tok::kMaxTokenId));
     tok::AddedToken a;
     a.id = t["id"].get<int32_t>();
