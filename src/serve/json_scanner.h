@@ -22,10 +22,13 @@ inline int hex_value(char c) { return is_digit(c) ? c - '0' : (c | 0x20) - 'a' +
 // A strict JSON (RFC 8259) recognizer fed one byte at a time: one value, its nesting on an explicit
 // stack, strings checked for UTF-8 (RFC 3629) and paired surrogate escapes. It says when the value
 // ends: `done` on its last byte, `done_before` when a number is ended by the byte after it (which
-// the caller then reads again).
+// the caller then reads again). A value nested deeper than kMaxNesting is an error: what it accepts
+// (a model's tool-call arguments) is later parsed, copied and printed by code that recurses as deep
+// as the value nests, and a model can write 100,000 brackets.
 class JsonScanner {
  public:
   enum class Step : uint8_t { more, done, done_before, error };
+  static constexpr size_t kMaxNesting = 512;
 
   void reset() {
     stack_.clear();
@@ -81,8 +84,11 @@ class JsonScanner {
   Step begin_value(char ch) {
     key_ = false;
     switch (ch) {
-      case '{': stack_.push_back('{'); return go(S::key_or_close);
-      case '[': stack_.push_back('['); return go(S::value_or_close);
+      case '{':
+      case '[':
+        if (stack_.size() >= kMaxNesting) return Step::error;
+        stack_.push_back(ch);
+        return go(ch == '{' ? S::key_or_close : S::value_or_close);
       case '"': return go(S::string);
       case 't': lit_ = "rue"; return go(S::literal);
       case 'f': lit_ = "alse"; return go(S::literal);

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "serve/json_scanner.h"
 #include "serve/tool_calls.h"
 
 namespace kiln::serve {
@@ -201,6 +202,22 @@ TEST(ToolCallHermes, MalformedBecomesContent) {
   // A broken marker, then a real call: the first marker is content.
   check(F::hermes, "<tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
         {"<tool_call>\n", {{"f", "{}"}}});
+}
+
+// Arguments may nest JsonScanner::kMaxNesting containers (their own object included); deeper, the
+// call breaks there like other bad arguments (a model can write 100,000 brackets, which the
+// Anthropic reply would parse, copy and print by recursion).
+TEST(ToolCallHermes, ArgumentsNestedTooDeeplyBreakTheCall) {
+  const size_t inner = JsonScanner::kMaxNesting - 1;
+  const std::string at_limit = "{\"a\": " + std::string(inner, '[') + std::string(inner, ']') + "}";
+  check(F::hermes, "<tool_call>{\"name\": \"f\", \"arguments\": " + at_limit + "}</tool_call>", {"", {{"f", at_limit}}});
+  const std::string head = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + std::string(inner, '[');
+  const std::string tail = std::string(100000, '[') + std::string(100000 + inner, ']') + "}}</tool_call>";
+  const ParsedToolCalls one = parse_tool_calls(F::hermes, head + tail, "");
+  expect_same({tail, {{"f", "{\"a\": " + std::string(inner, '['), false}}}, one, "100,000 brackets");
+  std::vector<std::string> pieces;
+  for (size_t i = 0; i < head.size() + tail.size(); i += 4093) pieces.push_back((head + tail).substr(i, 4093));
+  expect_same(one, stream(F::hermes, "", pieces), "100,000 brackets, streamed");
 }
 
 TEST(ToolCallHermes, BrokenAfterAnnouncement) {
