@@ -279,6 +279,17 @@ TEST(TokenizerErrors, MalformedJsonAndMissingModel) {
   json j = small_bpe();
   j.erase("model");
   expect_load_error(j, "model");
+  // Normalizers nested 50,000 Sequences deep (the components are built by recursion, which ended
+  // the process): an error naming the file. The text is built as text (json would recurse too).
+  std::string text = small_bpe().dump();
+  std::string deep = "{\"type\": \"Lowercase\"}";
+  std::string open, close;
+  for (int i = 0; i < 50000; ++i) open += "{\"type\": \"Sequence\", \"normalizers\": [", close += "]}";
+  text = text.substr(0, text.rfind('}')) + ", \"normalizer\": " + open + deep + close + "}";
+  auto deep_r = Tokenizer::from_json_text(text, "deep/tokenizer.json");
+  ASSERT_FALSE(deep_r.ok());
+  EXPECT_NE(deep_r.status().message().find("deep/tokenizer.json"), std::string::npos) << deep_r.status().message();
+  EXPECT_NE(deep_r.status().message().find("nests deeper than 64 levels"), std::string::npos) << deep_r.status().message();
   auto missing = Tokenizer::from_file("/nonexistent/tokenizer.json");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("/nonexistent/tokenizer.json"), std::string::npos);

@@ -1,13 +1,13 @@
 // Tokenizer (tokenizer.json loading, encode, decode) and StreamingDecoder; see model/tokenizer.h.
 // The pipeline is tokenizers' Tokenizer::encode for one sequence: added tokens and normalizer,
 // pre-tokenizer, BPE model, post-processor. Immutable after loading; thread-safe.
-#include "core/json_text.h"
 #include "model/tokenizer.h"
 
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "model/tokenizer/components.h"
 
 namespace kiln {
@@ -72,6 +72,11 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_unchecked(const std::str
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     return config_error(source, "not valid JSON (expected a Hugging Face tokenizer.json object)");
+  // The components are built by recursion over nested Sequence entries.
+  constexpr int64_t kMaxNesting = 64;  // tokenizers' own files nest a few levels
+  if (json_depth(j) > kMaxNesting)
+    return config_error(source, "nests deeper than " + std::to_string(kMaxNesting) +
+                                    " levels; a tokenizer.json saved by the tokenizers library is a few levels deep");
   auto impl = std::make_unique<tok::TokenizerImpl>();
   impl->source = source;
   auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
