@@ -19,6 +19,7 @@
 #include "core/plural.h"
 #include "cli/engine_flags.h"
 #include "cli/requests.h"
+#include "model/chat_template.h"
 #include "serve/request_fields.h"
 
 namespace kiln::cli {
@@ -68,6 +69,10 @@ Result<Parsed> parse_line(const std::string& text, const EngineSession& s, int32
   Json line = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (line.is_discarded()) return invalid_argument("not valid JSON");
   if (!line.is_object()) return invalid_argument("expected a JSON object");
+  // Parts of the line are copied (a response_format into the schema's type), which recurses as deep
+  // as they nest.
+  const int64_t limit = TemplateLimits{}.max_context_depth - 1;
+  if (json_depth(line) > limit) return invalid_argument("the line nests deeper than " + std::to_string(limit) + " levels");
   Parsed p;
   GenerationRequest& r = p.request;
   r.max_tokens = default_max_tokens;

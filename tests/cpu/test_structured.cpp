@@ -106,6 +106,54 @@ TEST(StructuredSchema, RefusesWhatItCannotEnforceAndNamesIt) {
   EXPECT_TRUE(JsonSchema::compile(json::parse(R"({"$defs": {"l": {"type": "array", "items": {"$ref": "#/$defs/l"}}}, "$ref": "#/$defs/l"})")).ok());
 }
 
+// Schemas that would send the compiler or the matcher into unbounded recursion or work are refused
+// or bounded (each of the first five ended the process: kiln serve died on a one-line request).
+TEST(StructuredSchema, SelfReferenceDepthAndAmbiguityAreBounded) {
+  // Referring to itself before any value begins: no JSON text follows it (Python's jsonschema
+  // recurses until RecursionError on these).
+  for (const char* text : {R"({"$ref": "#"})", R"({"allOf": [{"$ref": "#"}]})", R"({"anyOf": [{"$ref": "#"}, {"type": "integer"}]})",
+                           R"({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})",
+                           R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/b"}]}, "b": {"oneOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"})"}) {
+    Result<std::shared_ptr<const JsonSchema>> r = JsonSchema::compile(json::parse(text));
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find("refers to itself"), std::string::npos) << text << " -> " << r.status().message();
+  }
+  // Nesting, and a chain of 10,000 definitions each referring to the next.
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += R"({"type": "array", "items": )";
+  deep += "{}" + std::string(100000, '}');
+  Result<std::shared_ptr<const JsonSchema>> r = JsonSchema::compile(json::parse(deep));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("nests deeper than 128 levels"), std::string::npos) << r.status().message();
+  json chain = {{"$ref", "#/$defs/d0"}};
+  for (int i = 0; i < 10000; ++i) chain["$defs"]["d" + std::to_string(i)] = {{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+  chain["$defs"]["d10000"] = {{"type", "integer"}};
+  r = JsonSchema::compile(chain);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("go deeper than 128 levels"), std::string::npos) << r.status().message();
+  // 60 levels of two alternatives that both refer to the next level: 2^60 paths to one array
+  // schema, one stack.
+  json dag = {{"$ref", "#/$defs/a0"}};
+  for (int i = 0; i < 60; ++i) {
+    const std::string next = "#/$defs/a" + std::to_string(i + 1);
+    dag["$defs"]["a" + std::to_string(i)] = {{"anyOf", {{{"$ref", next}}, {{"$ref", next}}}}};
+  }
+  dag["$defs"]["a60"] = {{"type", "array"}, {"items", {{"type", "integer"}}}};
+  JsonMatcher shared(compile_ok(dag));
+  ASSERT_TRUE(shared.advance("[1, 2]"));
+  EXPECT_TRUE(shared.finished());
+  EXPECT_EQ(shared.stacks().size(), 1u);
+  // Two identical alternatives of a recursive array double the parses at every '[': capped, and the
+  // text still goes on and ends as the schema says.
+  JsonMatcher ambiguous(compile_ok(json::parse(
+      R"({"$defs": {"n": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/n"}}, {"type": "array", "items": {"$ref": "#/$defs/n"}}, {"type": "integer"}]}}, "$ref": "#/$defs/n"})")));
+  ASSERT_TRUE(ambiguous.advance(std::string(40, '[')));
+  EXPECT_LE(ambiguous.stacks().size(), kMaxStacks);
+  EXPECT_FALSE(ambiguous.advance("\"s\""));
+  ASSERT_TRUE(ambiguous.advance("7" + std::string(40, ']')));
+  EXPECT_TRUE(ambiguous.can_end());
+}
+
 // The bytes of a sequence's tokens joined equal its decoded text (where that text is whole UTF-8).
 TEST(StructuredTokens, TokenBytesJoinToTheDecodedText) {
   for (const char* name : {"bytelevel-bpe", "sentencepiece-bpe"}) {

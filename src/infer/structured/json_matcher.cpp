@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <unordered_set>
 
 namespace kiln::structured {
 namespace {
@@ -88,8 +89,13 @@ bool JsonMatcher::finished() const {
 }
 
 void JsonMatcher::step(const std::vector<Stack>& stacks, uint8_t byte, std::vector<Stack>& out) const {
-  for (const Stack& s : stacks) step_stack(s, byte, out);
+  for (const Stack& s : stacks) {
+    step_stack(s, byte, out);
+    if (out.size() > 4 * kMaxStacks) dedupe(out);  // ambiguous alternatives multiply
+    if (out.size() > 4 * kMaxStacks) out.resize(4 * kMaxStacks);
+  }
   dedupe(out);
+  if (out.size() > kMaxStacks) out.resize(kMaxStacks);  // the first parses, in a fixed order
 }
 
 void JsonMatcher::step_stack(Stack s, uint8_t byte, std::vector<Stack>& out) const {
@@ -145,6 +151,24 @@ void JsonMatcher::step_stack(Stack s, uint8_t byte, std::vector<Stack>& out) con
 }
 
 void JsonMatcher::start_value(Stack s, int32_t node, uint8_t byte, std::vector<Stack>& out) const {
+  // The alternatives of an anyOf tree (through $refs, a graph: compile refused its cycles) in
+  // depth-first order, each node once, without recursion: two paths to one node give the same stack.
+  if (schema_->nodes()[node].kind == NodeKind::kAnyOf) {
+    std::vector<int32_t> todo = {node};
+    std::unordered_set<int32_t> seen;
+    while (!todo.empty()) {
+      const int32_t n = todo.back();
+      todo.pop_back();
+      if (!seen.insert(n).second) continue;
+      const SchemaNode& alt = schema_->nodes()[n];
+      if (alt.kind != NodeKind::kAnyOf) {
+        start_value(s, n, byte, out);
+        continue;
+      }
+      for (auto o = alt.options.rbegin(); o != alt.options.rend(); ++o) todo.push_back(*o);
+    }
+    return;
+  }
   const SchemaNode& n = schema_->nodes()[node];
   Frame f;
   f.node = node;
@@ -201,9 +225,7 @@ void JsonMatcher::start_value(Stack s, int32_t node, uint8_t byte, std::vector<S
         out.push_back(std::move(t));
       }
       return;
-    case NodeKind::kAnyOf:
-      for (int32_t o : n.options) start_value(s, o, byte, out);
-      return;
+    case NodeKind::kAnyOf: return;  // expanded above
     case NodeKind::kNever: return;
   }
   s.push_back(std::move(f));

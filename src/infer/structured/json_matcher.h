@@ -8,7 +8,10 @@
 // (e.g. after a key, after a value) and, while a child value is open, the phase that follows it, so
 // a child that closes is simply popped. Numbers (and literals ending in a digit) have no closing
 // byte: such a frame stays complete-but-extensible, and a byte that cannot extend it pops it and
-// goes to the frame below.
+// goes to the frame below. Alternatives that stay ambiguous multiply the stacks (two identical
+// alternatives of a recursive array double them at every '['): past kMaxStacks a state keeps the
+// first kMaxStacks in a fixed order, so every text it accepts still follows the schema, though some
+// continuations of the dropped parses may be refused.
 // Value type (copyable); not thread-safe.
 #pragma once
 
@@ -21,6 +24,8 @@
 #include "infer/structured/json_schema.h"
 
 namespace kiln::structured {
+
+constexpr size_t kMaxStacks = 256;  // parse stacks a state keeps
 
 // UTF-8 as a byte automaton (Unicode's well-formed sequences: no overlong forms, no surrogates, at
 // most U+10FFFF). `pending`: continuation bytes still expected (bits 0-1) and the range the next one

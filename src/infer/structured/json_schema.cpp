@@ -7,6 +7,8 @@
 #include <map>
 #include <set>
 
+#include "core/json_text.h"
+
 namespace kiln::structured {
 
 using nlohmann::json;
@@ -21,6 +23,17 @@ class SchemaCompiler {
   }
 
   Result<int32_t> compile(const json& s, const std::string& where) {
+    // Recursion follows the document's nesting (bounded by JsonSchema::compile) and its $refs: a
+    // chain of definitions each referring to the next is bounded here.
+    if (depth_ >= kMaxSchemaNesting)
+      return bad(where, "the schema's nesting and references go deeper than " + std::to_string(kMaxSchemaNesting) + " levels");
+    ++depth_;
+    Result<int32_t> n = compile_at(s, where);
+    --depth_;
+    return n;
+  }
+
+  Result<int32_t> compile_at(const json& s, const std::string& where) {
     if (s.is_boolean()) return s.get<bool>() ? JsonSchema::kAnyValue : add(NodeKind::kNever);
     if (!s.is_object()) return bad(where, "a schema must be an object or a boolean");
     for (auto it = s.begin(); it != s.end(); ++it)
@@ -104,6 +117,8 @@ class SchemaCompiler {
     return n;
   }
 
+  const std::vector<SchemaNode>& nodes() const { return nodes_; }
+  const std::map<std::string, int32_t>& refs() const { return refs_; }
   std::vector<SchemaNode> take() { return std::move(nodes_); }
 
  private:
@@ -256,11 +271,50 @@ class SchemaCompiler {
   const json& document_;
   std::vector<SchemaNode> nodes_;
   std::map<std::string, int32_t> refs_;
+  int64_t depth_ = 0;
 };
 
+// A schema that refers to itself before any value begins ({"$ref": "#"}, two definitions that are
+// each other's alternative) describes no JSON text and would send the matcher around the cycle for
+// ever: found as a cycle among anyOf nodes (references compile to anyOf nodes), by an iterative
+// depth-first walk. The error names one node of the cycle's reference, when it has one.
+Status check_alternative_cycles(const std::vector<SchemaNode>& nodes, const std::map<std::string, int32_t>& refs) {
+  enum : uint8_t { kNew, kOpen, kDone };
+  std::vector<uint8_t> state(nodes.size(), kNew);
+  for (int32_t start = 0; start < static_cast<int32_t>(nodes.size()); ++start) {
+    if (nodes[start].kind != NodeKind::kAnyOf || state[start] != kNew) continue;
+    std::vector<std::pair<int32_t, size_t>> path = {{start, 0}};  // node, next option to visit
+    state[start] = kOpen;
+    while (!path.empty()) {
+      auto& [n, next] = path.back();
+      if (next == nodes[n].options.size()) {
+        state[n] = kDone;
+        path.pop_back();
+        continue;
+      }
+      const int32_t o = nodes[n].options[next++];
+      if (nodes[o].kind != NodeKind::kAnyOf || state[o] == kDone) continue;
+      if (state[o] == kOpen) {
+        std::string name;
+        for (const auto& [ref, node] : refs)
+          if (node == o) name = " ('" + ref + "')";
+        return invalid_argument("the schema refers to itself" + name +
+                                " before any value begins, so no JSON text can follow it");
+      }
+      state[o] = kOpen;
+      path.push_back({o, 0});
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const json& schema) {
+  // The compiler recurses as deep as the schema nests (and keeps it: copying recurses too).
+  if (json_depth(schema) > kMaxSchemaNesting)
+    return invalid_argument("the schema nests deeper than " + std::to_string(kMaxSchemaNesting) + " levels");
   SchemaCompiler c(schema);
   KILN_ASSIGN_OR_RETURN(int32_t root, c.compile(schema, ""));
+  KILN_RETURN_IF_ERROR(check_alternative_cycles(c.nodes(), c.refs()));
   auto s = std::make_shared<JsonSchema>();
   s->source_ = schema;
   s->nodes_ = c.take();

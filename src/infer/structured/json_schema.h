@@ -32,6 +32,7 @@ namespace kiln::structured {
 
 constexpr int32_t kMaxWhitespace = 16;       // bytes of one whitespace run
 constexpr int32_t kMaxObjectProperties = 64;  // declared properties of one object
+constexpr int64_t kMaxSchemaNesting = 128;    // JSON levels of a schema document
 
 // kBoolean and kNull compile to kLiterals.
 enum class NodeKind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kLiterals, kAnyOf, kNever };
