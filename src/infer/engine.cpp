@@ -184,8 +184,15 @@ Status Engine::validate(const GenerationRequest& r) const {
   for (int32_t id : r.stop_token_ids)
     if (id < 0 || id >= vocab)
       return invalid_argument("stop token id " + std::to_string(id) + " is outside the vocabulary");
-  for (const std::string& s : r.stop)
+  if (r.stop.size() > static_cast<size_t>(kMaxStopStrings))
+    return invalid_argument("at most " + std::to_string(kMaxStopStrings) + " stop strings (" +
+                            std::to_string(r.stop.size()) + " given)");
+  for (const std::string& s : r.stop) {
     if (s.empty()) return invalid_argument("a stop string must not be empty");
+    if (s.size() > static_cast<size_t>(kMaxStopStringBytes))
+      return invalid_argument("a stop string is at most " + std::to_string(kMaxStopStringBytes) + " bytes long (one has " +
+                              std::to_string(s.size()) + ")");
+  }
   if (!r.stop.empty() && !tokenizer_)
     return invalid_argument("stop strings need the model's tokenizer (tokenizer.json), which is not loaded");
   if (r.json_schema && !tokenizer_)

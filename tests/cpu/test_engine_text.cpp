@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <random>
 
 #include "infer/engine.h"
+#include "infer/stop_strings.h"
 #include "model/model_text.h"
 #include "test_util.h"
 
@@ -77,6 +79,69 @@ TEST_F(EngineText, FinalEventNamesTheStopString) {
   EXPECT_EQ(last.stop_string, " can");
   r.stop.clear();
   EXPECT_EQ(run(r).second.stop_string, "");  // ended by EOS
+}
+
+TEST_F(EngineText, StopStringsAreBounded) {
+  GenerationRequest r;
+  r.prompt = prompt_;
+  r.stop.assign(kMaxStopStrings + 1, "x");
+  Result<std::shared_ptr<RequestStream>> s = engine_->submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("at most 64 stop strings"), std::string::npos) << s.status().message();
+  r.stop = {std::string(kMaxStopStringBytes + 1, 'a')};
+  s = engine_->submit(r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("at most 1024 bytes"), std::string::npos) << s.status().message();
+}
+
+// StopStrings against a brute force over the whole text after every piece, on random texts and
+// strings of a two-letter alphabet (overlaps, repeats, strings that begin other strings): the text
+// released so far is the text minus its longest tail that is a proper beginning of a string, and
+// the stop is at the earliest start of any string in the text (the first listed on a tie).
+TEST(StopStrings, AgreeWithABruteForceOverTheWholeText) {
+  std::mt19937 rng(7);
+  auto word = [&](int lo, int hi) {
+    std::string w(std::uniform_int_distribution<int>(lo, hi)(rng), 'a');
+    for (char& c : w) c = "ab"[rng() % 2];
+    return w;
+  };
+  int stopped = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::vector<std::string> stops;
+    for (int i = std::uniform_int_distribution<int>(1, 4)(rng); i > 0; --i) stops.push_back(word(1, 6));
+    StopStrings m(stops);
+    std::string text, released;
+    bool done = false;
+    for (int p = 0; p < 12 && !done; ++p) {
+      const std::string piece = word(0, 4);
+      text += piece;
+      StopStrings::Update u = m.push(piece);
+      released += u.text;
+      // The brute force.
+      size_t first = std::string::npos;
+      std::string matched;
+      for (const std::string& s : stops) {
+        const size_t at = text.find(s);
+        if (at < first) first = at, matched = s;
+      }
+      if (first != std::string::npos) {
+        ASSERT_TRUE(u.stopped) << "text " << text;
+        EXPECT_EQ(u.matched, matched) << "text " << text;
+        EXPECT_EQ(released, text.substr(0, first)) << "text " << text;
+        done = true;
+        ++stopped;
+        break;
+      }
+      ASSERT_FALSE(u.stopped) << "text " << text;
+      size_t hold = 0;
+      for (const std::string& s : stops)
+        for (size_t k = std::min(s.size() - 1, text.size()); k > hold; --k)
+          if (text.compare(text.size() - k, k, s, 0, k) == 0) hold = k;
+      EXPECT_EQ(released, text.substr(0, text.size() - hold)) << "text " << text;
+    }
+    if (!done) EXPECT_EQ(released + m.flush(), text);
+  }
+  EXPECT_GT(stopped, 1000);
 }
 
 TEST_F(EngineText, ListenerRunsForEveryEvent) {
