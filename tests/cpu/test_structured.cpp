@@ -152,6 +152,19 @@ TEST(StructuredSchema, SelfReferenceDepthAndAmbiguityAreBounded) {
   EXPECT_FALSE(ambiguous.advance("\"s\""));
   ASSERT_TRUE(ambiguous.advance("7" + std::string(40, ']')));
   EXPECT_TRUE(ambiguous.can_end());
+  // A key of 200,000 bytes in an object that allows other keys: its text is dropped once it names no
+  // declared property (it was copied with the stack at every byte), and declared ones still count.
+  JsonMatcher long_key(compile_ok(json::parse(
+      R"({"type": "object", "properties": {"kk": {"type": "integer"}}, "required": ["kk"], "additionalProperties": {"type": "string"}})")));
+  ASSERT_TRUE(long_key.advance("{\"" + std::string(200000, 'k') + "\": \"v\""));
+  for (const Stack& st : long_key.stacks())
+    for (const Frame& f : st) EXPECT_LT(f.key.size(), 3u);
+  EXPECT_FALSE(long_key.advance("}"));  // "kk" is required
+  ASSERT_TRUE(long_key.advance(", \"kk\": 5}"));
+  EXPECT_TRUE(long_key.finished());
+  JsonMatcher repeated(compile_ok(json::parse(R"({"type": "object", "properties": {"kk": {"type": "integer"}}, "additionalProperties": {"type": "string"}})")));
+  EXPECT_FALSE(repeated.advance(R"({"kk": 1, "kk": "x")"));  // a declared key at most once, not as another key
+  EXPECT_TRUE(repeated.advance(R"({"kk": 1, "k": "x", "kkk": "y"})"));
 }
 
 // The bytes of a sequence's tokens joined equal its decoded text (where that text is whole UTF-8).

@@ -380,7 +380,7 @@ void JsonMatcher::step_string(Stack& s, uint8_t byte, std::vector<Stack>& out) c
       }
       if (byte == '"') {
         if (key) {
-          const int32_t prop = key_property(*parent, f.key);
+          const int32_t prop = f.pos == kKeyOther ? -1 : key_property(*parent, f.key);
           if (prop == -2) return;
           s.pop_back();
           Frame& obj = s.back();
@@ -404,7 +404,21 @@ void JsonMatcher::step_string(Stack& s, uint8_t byte, std::vector<Stack>& out) c
       }
       break;
   }
-  if (key) f.key.push_back(static_cast<char>(byte));
+  if (key && f.pos != kKeyOther) {
+    f.key.push_back(static_cast<char>(byte));
+    // Once no declared property (present already or not: a repeated one is refused) begins with
+    // it, the key's text no longer matters, only that other keys are allowed: dropped, so that a
+    // long key costs no copying per byte.
+    const SchemaNode& object = schema_->nodes()[parent->node];
+    bool declared = false;
+    for (size_t i = 0; i < object.properties.size() && !declared; ++i)
+      declared = object.properties[i].key.compare(0, f.key.size(), f.key) == 0;
+    if (!declared) {
+      f.key.clear();
+      f.key.shrink_to_fit();
+      f.pos = kKeyOther;
+    }
+  }
   out.push_back(std::move(s));
 }
 

@@ -53,6 +53,8 @@ inline bool utf8_continue(uint8_t b, uint8_t& pending) {
 
 enum class FrameKind : uint8_t { kRoot, kObject, kArray, kString, kNumber, kLiteral };
 
+constexpr int32_t kKeyOther = 1;  // Frame::pos of a key string that names no declared property
+
 struct Frame {
   FrameKind kind = FrameKind::kRoot;
   uint8_t phase = 0;
@@ -60,7 +62,9 @@ struct Frame {
   uint8_t pending = 0;   // strings: UTF-8 continuation bytes or \u hex digits still expected
   int32_t node = -1;     // the schema node (literals: the kLiterals node)
   int32_t count = 0;     // arrays: items begun; strings: code points; literals: the candidate
-  int32_t pos = 0;       // literals: bytes matched; objects: the property of the current key (-1: other)
+  int32_t pos = 0;       // literals: bytes matched; objects: the property of the current key (-1: other);
+                         //   key strings: kKeyOther once the key can name no declared property
+                         //   (its text, no longer needed, is then dropped)
   uint64_t seen = 0;     // objects: declared properties present
   std::string key;       // key strings: the text so far
   bool operator==(const Frame&) const = default;
