@@ -107,7 +107,8 @@ TEST(StructuredSchema, RefusesWhatItCannotEnforceAndNamesIt) {
 }
 
 // Schemas that would send the compiler or the matcher into unbounded recursion or work are refused
-// or bounded (each of the first five ended the process: kiln serve died on a one-line request).
+// or bounded (each of the first five ended the process: kiln serve died on a one-line request), and
+// large enums stay one parse.
 TEST(StructuredSchema, SelfReferenceDepthAndAmbiguityAreBounded) {
   // Referring to itself before any value begins: no JSON text follows it (Python's jsonschema
   // recurses until RecursionError on these).
@@ -162,6 +163,24 @@ TEST(StructuredSchema, SelfReferenceDepthAndAmbiguityAreBounded) {
   EXPECT_FALSE(long_key.advance("}"));  // "kk" is required
   ASSERT_TRUE(long_key.advance(", \"kk\": 5}"));
   EXPECT_TRUE(long_key.finished());
+  // An enum of 2,000 strings (all begin with '"'; many share longer beginnings) and numbers that
+  // extend each other: one stack for all the candidates, and every member, and nothing else, whole.
+  json values = json::array();
+  for (int i = 0; i < 2000; ++i) values.push_back("v" + std::to_string(i * 7919 % 100000));
+  for (int v : {1, 12, 120, 3}) values.push_back(v);
+  const auto big_enum = compile_ok(json{{"enum", values}});
+  JsonMatcher opened(big_enum);
+  ASSERT_TRUE(opened.advance("\"v1"));
+  EXPECT_EQ(opened.stacks().size(), 1u);
+  for (const json& v : values) {
+    JsonMatcher m(big_enum);
+    ASSERT_TRUE(m.advance(v.dump())) << v.dump();
+    EXPECT_TRUE(m.can_end()) << v.dump();
+  }
+  for (const std::string bad : {"\"v\"", "\"v100000\"", "121", "2", "\"v1"}) {
+    JsonMatcher m(big_enum);
+    EXPECT_FALSE(m.advance(bad) && m.can_end()) << bad;
+  }
   JsonMatcher repeated(compile_ok(json::parse(R"({"type": "object", "properties": {"kk": {"type": "integer"}}, "additionalProperties": {"type": "string"}})")));
   EXPECT_FALSE(repeated.advance(R"({"kk": 1, "kk": "x")"));  // a declared key at most once, not as another key
   EXPECT_TRUE(repeated.advance(R"({"kk": 1, "k": "x", "kkk": "y"})"));

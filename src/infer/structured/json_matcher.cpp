@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <ranges>
 #include <unordered_set>
 
 namespace kiln::structured {
@@ -77,7 +78,7 @@ bool JsonMatcher::stack_can_end(const Stack& s) const {
   const Frame& top = s[1];
   if (top.kind == FrameKind::kNumber) return number_complete(top.phase);
   return top.kind == FrameKind::kLiteral &&
-         top.pos == static_cast<int32_t>(schema_->nodes()[top.node].literals[top.count].size());
+         top.pos == static_cast<int32_t>(schema_->nodes()[top.node].literals[top.count].size());  // the shortest candidate
 }
 
 bool JsonMatcher::can_end() const {
@@ -136,16 +137,12 @@ void JsonMatcher::step_stack(Stack s, uint8_t byte, std::vector<Stack>& out) con
       return step_stack(std::move(s), byte, out);
     }
     case FrameKind::kLiteral: {
-      const std::string& text = schema_->nodes()[top.node].literals[top.count];
-      if (top.pos == static_cast<int32_t>(text.size())) {  // a complete literal ending in a digit
-        s.pop_back();
-        return step_stack(std::move(s), byte, out);
-      }
-      if (static_cast<uint8_t>(text[top.pos]) != byte) return;
-      ++top.pos;
-      if (top.pos == static_cast<int32_t>(text.size()) && !is_digit(static_cast<uint8_t>(text.back()))) s.pop_back();
-      out.push_back(std::move(s));
-      return;
+      const Frame lit = top;
+      s.pop_back();
+      // The shortest candidate, when complete (a number that more digits could extend), may end
+      // before this byte: the frame below takes it.
+      if (static_cast<int32_t>(schema_->nodes()[lit.node].literals[lit.count].size()) == lit.pos) step_stack(s, byte, out);
+      return literal_byte(std::move(s), lit.node, lit.count, lit.end, lit.pos, byte, out);
     }
   }
 }
@@ -210,25 +207,41 @@ void JsonMatcher::start_value(Stack s, int32_t node, uint8_t byte, std::vector<S
       f.count = n.kind == NodeKind::kInteger ? 1 : 0;
       break;
     case NodeKind::kLiterals:
-      for (int32_t i = 0; i < static_cast<int32_t>(n.literals.size()); ++i) {
-        const std::string& text = n.literals[i];
-        if (static_cast<uint8_t>(text[0]) != byte) continue;
-        Stack t = s;
-        if (text.size() > 1 || is_digit(byte)) {
-          Frame lit;
-          lit.kind = FrameKind::kLiteral;
-          lit.node = node;
-          lit.count = i;
-          lit.pos = 1;
-          t.push_back(lit);
-        }
-        out.push_back(std::move(t));
-      }
-      return;
+      return literal_byte(std::move(s), node, 0, static_cast<int32_t>(n.literals.size()), 0, byte, out);
     case NodeKind::kAnyOf: return;  // expanded above
     case NodeKind::kNever: return;
   }
   s.push_back(std::move(f));
+  out.push_back(std::move(s));
+}
+
+void JsonMatcher::literal_byte(Stack s, int32_t node, int32_t lo, int32_t hi, int32_t pos, uint8_t byte,
+                               std::vector<Stack>& out) const {
+  // The candidates are sorted and share their first pos bytes, so those whose next byte is `byte`
+  // are a contiguous run, and a candidate that is exactly pos + 1 long comes first in it.
+  const std::vector<std::string>& lits = schema_->nodes()[node].literals;
+  const auto next = [&](int32_t i) -> int32_t {
+    return lits[i].size() > static_cast<size_t>(pos) ? static_cast<uint8_t>(lits[i][pos]) : -1;
+  };
+  const auto ids = std::views::iota(lo, hi);
+  const auto first_where = [&](auto pred) {
+    return lo + static_cast<int32_t>(std::ranges::distance(ids.begin(), std::ranges::partition_point(ids, pred)));
+  };
+  int32_t a = first_where([&](int32_t i) { return next(i) < byte; });
+  const int32_t end = first_where([&](int32_t i) { return next(i) <= byte; });
+  if (a == end) return;
+  if (lits[a].size() == static_cast<size_t>(pos) + 1 && !is_digit(byte)) {
+    out.push_back(s);  // a complete literal (not a number that could go on): the value ended
+    ++a;
+  }
+  if (a == end) return;
+  Frame lit;
+  lit.kind = FrameKind::kLiteral;
+  lit.node = node;
+  lit.count = a;
+  lit.end = end;
+  lit.pos = pos + 1;
+  s.push_back(lit);
   out.push_back(std::move(s));
 }
 
@@ -452,6 +465,7 @@ std::string JsonMatcher::stack_key(const Stack& s) const {
         int64_t(static_cast<uint32_t>(f.node)) << 32);
     put(static_cast<int64_t>(static_cast<uint32_t>(count)) | int64_t(static_cast<uint32_t>(f.pos)) << 32);
     put(static_cast<int64_t>(f.seen));
+    put(static_cast<int64_t>(f.end));
     put(static_cast<int64_t>(f.key.size()));
     k += f.key;
   }

@@ -61,7 +61,10 @@ struct Frame {
   uint8_t ws = 0;        // whitespace bytes of the current run (containers)
   uint8_t pending = 0;   // strings: UTF-8 continuation bytes or \u hex digits still expected
   int32_t node = -1;     // the schema node (literals: the kLiterals node)
-  int32_t count = 0;     // arrays: items begun; strings: code points; literals: the candidate
+  int32_t count = 0;     // arrays: items begun; strings: code points; literals: the first candidate
+  int32_t end = 0;       // literals: one past the last candidate (the node's literals are sorted; the
+                         //   candidates [count, end) begin with the pos bytes read, and each is longer
+                         //   or, the first only, exactly as long and a number more digits could extend)
   int32_t pos = 0;       // literals: bytes matched; objects: the property of the current key (-1: other);
                          //   key strings: kKeyOther once the key can name no declared property
                          //   (its text, no longer needed, is then dropped)
@@ -103,6 +106,9 @@ class JsonMatcher {
   void step_object(Stack& s, uint8_t byte, std::vector<Stack>& out) const;
   void step_array(Stack& s, uint8_t byte, std::vector<Stack>& out) const;
   void step_string(Stack& s, uint8_t byte, std::vector<Stack>& out) const;
+  // Below `s`, a literal of `node` whose candidates [lo, hi) share `pos` bytes read, after `byte`.
+  void literal_byte(Stack s, int32_t node, int32_t lo, int32_t hi, int32_t pos, uint8_t byte,
+                    std::vector<Stack>& out) const;
   // The key string on top of an object frame may take `byte` (key text so far + byte).
   bool key_allows(const Frame& object, const std::string& key, uint8_t byte) const;
   // After a key's closing quote: the declared property it names (-1: another key), or -2: refused.
