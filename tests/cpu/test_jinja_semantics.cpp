@@ -145,6 +145,10 @@ TEST(JinjaSemantics, FormattingRoundingAndNumberParsingAsPython) {
 // tuples), batch, slice, truncate, striptags, pprint, and |attr (getattr only: not a dict's keys).
 TEST(JinjaSemantics, LoopChangedCallBlocksMacroArgumentsAndMoreFilters) {
   const Case cases[] = {
+    {"{{ 'x\ny'|indent(-3) }}|{{ 'x\ny'|indent(true) }}|{{ 'x\ny'|indent('--', true) }}", "", "x\ny|x\n y|--x\n--y"},
+    {"{{ 'x\ny'|indent(2.5) }}", "", nullptr},
+    // jinja2 would build a string of 999999999 spaces (1 GB); kiln's output bound refuses it first.
+    {"{{ 'x\ny'|indent(999999999) }}", "", nullptr},
     {"{% for x in [1,1,2,3,3] %}{% if loop.changed(x) %}{{ x }}{% endif %}{{ loop.depth }}{{ loop.depth0 }}{% endfor %}|{% for x in [1,2,3] %}{{ loop.previtem|default('-') }}{{ loop.nextitem|default('-') }};{% endfor %}", "", "1101021031010|-2;13;2-;"},
     {"{% for m in msgs %}{% if loop.changed(m.role) %}[{{ m.role }}]{% endif %}{{ m.content }}{% endfor %}", "{\"msgs\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": \"b\"}, {\"role\": \"assistant\", \"content\": \"c\"}]}", "[user]ab[assistant]c"},
     {"{% macro wrap(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}{% call wrap('b') %}inner {{ n }}{% endcall %}", "{\"n\": 7}", "<b>inner 7</b>"},

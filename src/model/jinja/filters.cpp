@@ -321,11 +321,24 @@ Result<Value> f_select(Interp& in, const Value& v, Args& a) { return select_impl
 Result<Value> f_reject(Interp& in, const Value& v, Args& a) { return select_impl(in, v, a, false, false); }
 Result<Value> f_selectattr(Interp& in, const Value& v, Args& a) { return select_impl(in, v, a, true, true); }
 Result<Value> f_rejectattr(Interp& in, const Value& v, Args& a) { return select_impl(in, v, a, true, false); }
-Result<Value> f_indent(Interp&, const Value& v, Args& a) {
+Result<Value> f_indent(Interp& in, const Value& v, Args& a) {
   const Value* w = arg(a, 0, "width");
   bool first = arg_bool(a, 1, "first", false), blank = arg_bool(a, 2, "blank", false);
-  std::string ind = w && w->is_str() ? w->s : std::string(size_t(w ? w->as_int() : 4), ' ');
+  // jinja2: a str width is the indentation, an int n is n spaces (none for n <= 0).
+  std::string ind = "    ";
+  if (w && w->is_str()) {
+    ind = w->s;
+  } else if (w && w->is_int()) {
+    KILN_RETURN_IF_ERROR(in.check_size(static_cast<size_t>(std::max<int64_t>(w->as_int(), 0))));
+    ind.assign(static_cast<size_t>(std::max<int64_t>(w->as_int(), 0)), ' ');
+  } else if (w && !w->is_undef()) {
+    return in.fail(std::string("can't multiply sequence by non-int of type '") + type_name(*w) + "'");
+  }
   std::string s = to_str(v) + "\n";
+  // Every line may get the indentation: bounded before it is built.
+  KILN_RETURN_IF_ERROR(in.check_size(s.size() + static_cast<size_t>(std::count(s.begin(), s.end(), '\n') +
+                                                                    std::count(s.begin(), s.end(), '\r') + 1) *
+                                                    ind.size()));
   std::vector<std::string> lines;
   std::string cur;
   for (size_t k = 0; k < s.size(); ++k) {
