@@ -32,7 +32,7 @@ struct TemplateLimits {
   int32_t max_depth = 400;                      // nested expressions, blocks and macro calls
   int64_t max_loop_iterations = 1'000'000;      // for-loop iterations in one render (about 1 s)
   int64_t max_output_bytes = int64_t(64) << 20; // the rendered text, and any string built on the way
-  int64_t max_list_items = 10'000'000;          // any list built (repetition, concatenation)
+  int64_t max_list_items = 1'000'000;           // any list built (repetition, concatenation, split)
   int32_t max_context_depth = 1000;             // nesting of the JSON context (messages, tools)
 };
 

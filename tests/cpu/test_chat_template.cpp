@@ -187,6 +187,17 @@ TEST(ChatTemplate, LimitsEndHostileTemplatesWithClearErrors) {
   expect_error("{{ 'ab' * 9223372036854775807 }}", "max_output_bytes");
   expect_error("{{ [1, 2] * 100000000000 }}", "max_list_items");
   expect_error("{% set s = 'x' * 1000 %}{% for i in range(100000) %}{{ s }}{% endfor %}", "max_output_bytes");
+  // Builders that multiply their input are checked before they build (replace took 1 GB, split of a
+  // 60 MB string 8 GB and 45 s, before the check after them).
+  expect_error("{{ ('a' * 1000000).replace('a', 'a' * 1000) }}", "max_output_bytes");
+  expect_error("{{ ('a' * 1000000)|replace('a', 'a' * 1000) }}", "max_output_bytes");
+  expect_error("{{ (['a' * 1000000] * 100)|join }}", "max_output_bytes");
+  expect_error("{{ ''.join(['a' * 1000000] * 100) }}", "max_output_bytes");
+  expect_error("{{ ('a ' * 3000000).split() }}", "max_list_items");
+  expect_error("{{ ('a,' * 3000000).split(',') }}", "max_list_items");
+  expect_error("{{ ('a\\n' * 3000000).splitlines() }}", "max_list_items");
+  expect_error("{{ ('\"' * 40000000)|tojson }}", "max_output_bytes");  // 40 MB, escaped to 80
+  expect_error("{{ 'x\\ny'|indent(999999999) }}", "max_output_bytes");
   TemplateLimits few_loops;
   few_loops.max_loop_iterations = 20000;
   expect_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "max_loop_iterations",

@@ -98,7 +98,7 @@ Value Interp::markup_method(const Value& obj, const std::string& name) {
 Value Interp::method(const Value& obj, const std::string& name) {
   if (obj.is_str() && obj.safe) return markup_method(obj, name);
   Interp* self = this;
-  auto bind = [&](auto fn) { return Value::func([self, obj, fn](Args& a) -> Result<Value> { return fn(*self, obj, a); }); };
+  auto bind = [&](auto fn) { return Value::func([self, obj, fn](Args& a) -> Result<Value> { return self->bounded(fn(*self, obj, a)); }); };
   auto arg_str = [](Interp& in, const Args& a, size_t k, const char* n) -> Result<std::string> {
     const Value* v = a.get(k, n);
     if (!v || !v->is_str()) return in.fail(std::string("expected a string argument '") + n + "'");
@@ -136,11 +136,11 @@ Value Interp::method(const Value& obj, const std::string& name) {
           std::reverse(u.begin(), u.end());
           Value rsep;
           if (sep && !sep->is_none()) { std::u32string x = utf8_decode(sep->s); std::reverse(x.begin(), x.end()); rsep = Value::str(utf8_encode(x)); }
-          auto parts = py_split(utf8_encode(u), sep && !sep->is_none() ? &rsep : nullptr, maxsplit);
+          auto parts = py_split(utf8_encode(u), sep && !sep->is_none() ? &rsep : nullptr, maxsplit, in.max_items());
           std::reverse(parts.begin(), parts.end());
           for (auto& p : parts) { std::u32string x = utf8_decode(p); std::reverse(x.begin(), x.end()); out.push_back(Value::str(utf8_encode(x))); }
         } else {
-          for (auto& p : py_split(s.s, sep, maxsplit)) out.push_back(Value::str(p));
+          for (auto& p : py_split(s.s, sep, maxsplit, in.max_items())) out.push_back(Value::str(p));
         }
         return Value::list(std::move(out));
       });
@@ -164,6 +164,7 @@ Value Interp::method(const Value& obj, const std::string& name) {
         KILN_ASSIGN_OR_RETURN(std::string x, arg_str(in, a, 0, "old"));
         KILN_ASSIGN_OR_RETURN(std::string y, arg_str(in, a, 1, "new"));
         const Value* c = a.get(2, "count");
+        KILN_RETURN_IF_ERROR(check_replace(in, s.s, x, y, c ? c->as_int() : -1));
         return Value::str(py_replace(s.s, x, y, c ? c->as_int() : -1));
       });
     if (name == "find" || name == "rfind" || name == "count" || name == "index" || name == "rindex")
@@ -190,6 +191,7 @@ Value Interp::method(const Value& obj, const std::string& name) {
         for (size_t k = 0; k < items.size(); ++k) {
           if (!items[k].is_str()) return in.fail("sequence item " + std::to_string(k) + ": expected str instance");
           out += (k ? s.s : "") + items[k].s;
+          KILN_RETURN_IF_ERROR(in.check_size(out.size()));
         }
         return Value::str(out);
       });

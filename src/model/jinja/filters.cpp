@@ -125,14 +125,18 @@ Result<Value> f_join(Interp& in, const Value& v, Args& a) {
     Value x = items[k];
     if (attr) { KILN_ASSIGN_OR_RETURN(x, attr_path(in, x, to_str(*attr))); }
     out += (k && d ? to_str(*d) : "") + to_str(x);
+    KILN_RETURN_IF_ERROR(in.check_size(out.size()));
   }
   return Value::str(out);
 }
-Result<Value> f_replace(Interp&, const Value& v, Args& a) {
+Result<Value> f_replace(Interp& in, const Value& v, Args& a) {
   const Value* x = arg(a, 0, "old");
   const Value* y = arg(a, 1, "new");
   const Value* c = arg(a, 2, "count");
-  return Value::str(py_replace(to_str(v), x ? to_str(*x) : "", y ? to_str(*y) : "", c && !c->is_none() ? c->as_int() : -1));
+  const std::string s = to_str(v), old_s = x ? to_str(*x) : "", new_s = y ? to_str(*y) : "";
+  const int64_t count = c && !c->is_none() ? c->as_int() : -1;
+  KILN_RETURN_IF_ERROR(check_replace(in, s, old_s, new_s, count));
+  return Value::str(py_replace(s, old_s, new_s, count));
 }
 Result<Value> f_items(Interp& in, const Value& v, Args&) {
   if (v.is_undef()) return Value::list();

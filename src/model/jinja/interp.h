@@ -3,6 +3,7 @@
 // interpreter's state and the lookups those files share. Not part of kiln's API.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "model/chat_template.h"
 #include "model/jinja/parser.h"
+#include "model/jinja/py_string.h"
 
 namespace kiln::jinja {
 
@@ -114,6 +116,15 @@ struct Interp {
     return fail("a string of more than " + std::to_string(limits.max_output_bytes) +
                 " bytes; TemplateLimits::max_output_bytes bounds the output and every string built");
   }
+  // A value a filter or a method built, within the limits on strings and lists (each checks what it
+  // could multiply before building it; this catches the rest, whose growth is bounded).
+  Result<Value> bounded(Result<Value> r) const {
+    if (r.ok() && r.value().is_str()) KILN_RETURN_IF_ERROR(check_size(r.value().s.size()));
+    if (r.ok() && r.value().is_list()) KILN_RETURN_IF_ERROR(check_items(r.value().l->size()));
+    return r;
+  }
+  // The most items a list may have (for builders that stop early).
+  size_t max_items() const { return limits.max_list_items >= 0 ? static_cast<size_t>(limits.max_list_items) : SIZE_MAX; }
   Status check_items(size_t n) const {
     if (limits.max_list_items >= 0 && n <= static_cast<uint64_t>(limits.max_list_items)) return Status::Ok();
     return fail("a list of more than " + std::to_string(limits.max_list_items) + " items; TemplateLimits::max_list_items bounds it");
@@ -197,7 +208,7 @@ struct Interp {
   Result<Value> apply_filter(const std::string& name, const Value& v, Args& a) {
     auto it = filters().find(name);
     if (it == filters().end()) return fail("No filter named '" + name + "'.");
-    return it->second(*this, v, a);
+    return bounded(it->second(*this, v, a));
   }
   Result<bool> apply_test(const std::string& name, const Value& v, Args& a) {
     auto it = tests().find(name);
@@ -251,5 +262,19 @@ struct Interp {
   Value make_macro(const Node& n, const FrameP& f);
 };
 
+
+// str.replace's result size, checked before it is built: a long `new` multiplies the string.
+inline Status check_replace(const Interp& in, const std::string& s, const std::string& old_s, const std::string& new_s,
+                            int64_t count) {
+  if (new_s.size() <= old_s.size()) return Status::Ok();
+  uint64_t n = 0;
+  if (old_s.empty()) {
+    n = static_cast<uint64_t>(str_len(s)) + 1;  // before every character and at the end
+  } else {
+    for (size_t p = s.find(old_s); p != std::string::npos; p = s.find(old_s, p + old_s.size())) ++n;
+  }
+  if (count >= 0) n = std::min<uint64_t>(n, static_cast<uint64_t>(count));
+  return in.check_size(s.size() + n * (new_s.size() - old_s.size()));
+}
 
 }  // namespace kiln::jinja

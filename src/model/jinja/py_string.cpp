@@ -26,12 +26,12 @@ std::string py_strip(const std::string& s, const Value* chars, bool left, bool r
   if (right) while (e > b && strip(u[e - 1])) --e;
   return utf8_encode(u.substr(b, e - b));
 }
-std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_t maxsplit) {
+std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_t maxsplit, size_t max_parts) {
   std::vector<std::string> out;
   if (!sep || sep->is_none()) {
     std::u32string u = utf8_decode(s);
     size_t k = 0;
-    while (true) {
+    while (out.size() <= max_parts) {
       while (k < u.size() && py_space(u[k])) ++k;
       if (k >= u.size()) break;
       if (maxsplit >= 0 && int64_t(out.size()) == maxsplit) {
@@ -47,7 +47,7 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
     return out;
   }
   size_t b = 0;
-  for (;;) {
+  while (out.size() <= max_parts) {
     size_t p = (maxsplit >= 0 && int64_t(out.size()) == maxsplit) ? std::string::npos : s.find(sep->s, b);
     if (p == std::string::npos) { out.push_back(s.substr(b)); break; }
     out.push_back(s.substr(b, p - b));

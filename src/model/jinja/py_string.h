@@ -22,7 +22,9 @@ std::string map_case(const std::string& s, bool upper);
 // str.strip / lstrip / rstrip with optional `chars` (a string Value; else whitespace).
 std::string py_strip(const std::string& s, const Value* chars, bool left, bool right);
 // str.split(sep, maxsplit): sep absent or none splits on runs of whitespace; maxsplit < 0: no limit.
-std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_t maxsplit);
+// str.split; stops after max_parts + 1 parts (more than the caller allows: it then refuses them).
+std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_t maxsplit,
+                                  size_t max_parts = SIZE_MAX);
 // str.replace(a, b, count): count < 0 replaces every occurrence.
 std::string py_replace(const std::string& s, const std::string& a, const std::string& b, int64_t count);
 std::string html_escape(const std::string& s);

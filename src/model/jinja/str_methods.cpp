@@ -36,7 +36,7 @@ Result<std::u32string> fill_arg(Interp& in, const Args& a) {
 
 Value Interp::str_method(const Value& obj, const std::string& name) {
   Interp* self = this;
-  auto bind = [&](auto fn) { return Value::func([self, obj, fn](Args& a) -> Result<Value> { return fn(*self, obj.s, a); }); };
+  auto bind = [&](auto fn) { return Value::func([self, obj, fn](Args& a) -> Result<Value> { return self->bounded(fn(*self, obj.s, a)); }); };
   if (name == "partition" || name == "rpartition") {
     const bool right = name[0] == 'r';
     return bind([right](Interp& in, const std::string& s, Args& a) -> Result<Value> {
@@ -127,7 +127,7 @@ Value Interp::str_method(const Value& obj, const std::string& name) {
       return Value::boolean(cased);
     });
   if (name == "splitlines")
-    return bind([](Interp&, const std::string& s, Args& a) -> Result<Value> {
+    return bind([](Interp& in, const std::string& s, Args& a) -> Result<Value> {
       const Value* keep = a.get(0, "keepends");
       const bool keepends = keep && keep->truthy();
       const std::u32string u = utf8_decode(s);
@@ -138,6 +138,7 @@ Value Interp::str_method(const Value& obj, const std::string& name) {
         size_t end = k + 1;
         if (u[k] == '\r' && end < u.size() && u[end] == '\n') ++end;
         out.push_back(Value::str(utf8_encode(u.substr(start, (keepends ? end : k) - start))));
+        KILN_RETURN_IF_ERROR(in.check_items(out.size()));
         start = end;
         k = end - 1;
       }
