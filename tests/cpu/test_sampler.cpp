@@ -205,6 +205,15 @@ TEST_F(Sampler, MaskedNanAndInfiniteLogits) {
   EXPECT_EQ(token({1.0f, kInf, 3.0f, kInf}, row(0.7f, 2, 0.5f)), 1);  // no finite distribution: the head
   EXPECT_EQ(token({-kInf, -kInf, -kInf}, row(1.0f)), 0);
   EXPECT_EQ(token({kNaN, kNaN}, row(1.0f)), 0);
+  // A temperature so small that finite logits overflow to +-inf: the greedy token, the limit of
+  // sampling as the temperature goes to 0 (it was the first index that overflowed: token 0 in the
+  // first and third rows).
+  for (float t : {1e-45f, 1e-40f}) {
+    EXPECT_EQ(token({1.0f, 3.0f, 2.0f, 3.0f}, row(t)), 1) << t;
+    EXPECT_EQ(token({1.0f, 3.0f, 2.0f, 3.0f}, row(t, 2, 0.5f, 0.1f)), 1) << t;
+    EXPECT_EQ(token({-3.0f, -1.0f, -2.0f}, row(t)), 1) << t;
+    EXPECT_EQ(token({-kInf, -1.0f, kNaN, -0.5f}, row(t)), 3) << t;
+  }
   for (int32_t pos = 0; pos < 20; ++pos) {
     ops::SamplingRow r = row(1.3f, 3, 0.9f, 0.1f);
     r.position = pos;

@@ -55,6 +55,7 @@ SamplerCall random_call(int64_t B, int64_t V, uint64_t seed) {
     r.temperature = kind == 0 ? 0.0f : static_cast<float>(0.1 + 2 * u(b, 3));
     if (special == 6) r.temperature = 1e-3f;
     if (special == 7) r.temperature = 1e3f;
+    if (special == 8) r.temperature = 1e-45f;  // finite logits overflow: the greedy token
     if (kind == 2 || kind == 6) r.top_k = 1 + static_cast<int32_t>(u(b, 4) * std::min<int64_t>(V + 3, 300));
     if (kind == 3 || kind == 6) r.top_p = static_cast<float>(u(b, 5) < 0.1 ? 1e-6 : 0.05 + 0.94 * u(b, 6));
     if (kind == 4 || (kind == 6 && u(b, 7) < 0.5)) r.min_p = static_cast<float>(0.4 * u(b, 8));

@@ -13,7 +13,9 @@
 //     first index of the largest x_i; go to 10. Otherwise z_i = x_i / temperature (NaN as -inf).
 //  2. Order: z descending, ties by ascending index; key_i = order_key(z_i) (a > b <=> key a > key b).
 //     m = max z and `first` = the first index with z == m (the head of the order). If m is +-inf
-//     there is no finite distribution: the token is `first`; go to 10.
+//     there is no finite distribution (infinite or masked logits, or a temperature so small that
+//     finite values overflowed): the token is the greedy one, the first index of the largest x_i
+//     (the limit of sampling as the temperature goes to 0); go to 10.
 //  3. Weights: d_i = z_i - m (f32), w_i = weight(d_i) = floor(exp_nonpos(d_i) * 2^40), 0 when
 //     d_i < -27 (relative probability below 2e-12); w_first = 2^40. Masses are uint64 sums of weights
 //     (exact, so independent of the summation order). Only positive weights can be drawn.
@@ -177,15 +179,15 @@ struct Drawn {
 Drawn sample_row(const float* logits, const int32_t* counts, const ops::SamplingRow& p, int64_t V,
                  std::vector<float>& z, Candidates& c) {
   const bool greedy = !(p.temperature > 0.0f);
-  for (int64_t i = 0; i < V; ++i) {
-    const float x = counts ? sm::penalise(logits[i], counts[i], p.repetition_penalty, p.frequency_penalty,
-                                          p.presence_penalty)
-                           : sm::clean(logits[i]);
-    z[i] = greedy ? x : sm::scaled(x, p.temperature);
-  }
+  for (int64_t i = 0; i < V; ++i)
+    z[i] = counts ? sm::penalise(logits[i], counts[i], p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
+                  : sm::clean(logits[i]);
+  const int32_t greedy_first = first_max(z, V);  // of x
+  if (greedy) return Drawn{greedy_first};
+  for (int64_t i = 0; i < V; ++i) z[i] = sm::scaled(z[i], p.temperature);
   const int32_t first = first_max(z, V);
   const float m = z[first];
-  if (greedy || !std::isfinite(m)) return Drawn{first};
+  if (!std::isfinite(m)) return Drawn{greedy_first};
 
   uint64_t count[sm::kBins] = {}, mass[sm::kBins] = {};
   uint64_t n_pos = 0, total = 0;

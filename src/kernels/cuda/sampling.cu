@@ -474,6 +474,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (i + j < hi) best = better(best, ArgMax{v[j], static_cast<int32_t>(i + j)});
   });
   best = block_argmax(best, s.arg);
+  if (!r.greedy && !isfinite(best.v)) {
+    // Step 2's infinite maximum (a temperature that overflowed finite values among them): the greedy
+    // token, the first index of the largest x.
+    Row x = r;
+    x.greedy = true;
+    best = ArgMax{-INFINITY, INT_MAX};
+    walk_chunk(x, lo, hi, [&](int64_t i, const float (&v)[4]) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (i + j < hi) best = better(best, ArgMax{v[j], static_cast<int32_t>(i + j)});
+    });
+    best = block_argmax(best, s.arg);
+    best.v = INFINITY;  // no draw follows
+  }
   Drawn d{best.i, 0, 0};  // greedy or no finite maximum: a point mass
   if (!r.greedy && isfinite(best.v)) {
     char* ws = workspace + b * row_bytes;
