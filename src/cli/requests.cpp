@@ -124,13 +124,14 @@ Result<Parsed> parse_line(const std::string& text, const EngineSession& s, int32
       return invalid_argument("'stop' must be a string or a list of strings");
     }
   }
+  if (line.contains("logit_bias")) KILN_RETURN_IF_ERROR(serve::read_logit_bias(line["logit_bias"], &r.logit_bias));
   if (line.contains("response_format")) {
     KILN_ASSIGN_OR_RETURN(r.json_schema, structured::JsonSchema::from_response_format(line["response_format"]));
   }
   static const char* const kKnown[] = {"prompt_ids", "prompt", "messages", "max_tokens", "temperature", "top_k",
                                        "top_p", "min_p", "repetition_penalty", "frequency_penalty",
                                        "presence_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
-                                       "logprobs", "top_logprobs", "response_format"};
+                                       "logprobs", "top_logprobs", "response_format", "logit_bias"};
   for (auto it = line.begin(); it != line.end(); ++it)
     if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown))
       return invalid_argument("unknown field '" + it.key() + "'");

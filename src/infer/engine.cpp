@@ -184,6 +184,21 @@ Status Engine::validate(const GenerationRequest& r) const {
   for (int32_t id : r.stop_token_ids)
     if (id < 0 || id >= vocab)
       return invalid_argument("stop token id " + std::to_string(id) + " is outside the vocabulary");
+  if (r.logit_bias.size() > static_cast<size_t>(ops::kMaxLogitBias))
+    return invalid_argument("at most " + std::to_string(ops::kMaxLogitBias) + " logit biases (" +
+                            std::to_string(r.logit_bias.size()) + " given)");
+  {
+    std::vector<int32_t> ids;
+    for (const auto& [id, bias] : r.logit_bias) {
+      if (id < 0 || id >= vocab)
+        return invalid_argument("logit_bias names token " + std::to_string(id) + ", outside the vocabulary");
+      if (!(bias >= -100.0f && bias <= 100.0f))
+        return invalid_argument("logit_bias of token " + std::to_string(id) + " must be within [-100, 100]");
+      ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) return invalid_argument("logit_bias names a token twice");
+  }
   if (r.stop.size() > static_cast<size_t>(kMaxStopStrings))
     return invalid_argument("at most " + std::to_string(kMaxStopStrings) + " stop strings (" +
                             std::to_string(r.stop.size()) + " given)");

@@ -75,6 +75,10 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids; // finish after one of these (it is included)
   std::vector<std::string> stop;       // finish when the text contains one (trimmed; needs a tokenizer;
                                        //   at most kMaxStopStrings of kMaxStopStringBytes)
+  // Added to these tokens' logits before sampling (OpenAI's logit_bias): distinct ids of the
+  // vocabulary, biases within [-100, 100], at most ops::kMaxLogitBias. Log-probabilities are then of
+  // the biased logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   bool ignore_eos = false;             // do not stop at the model's EOS ids
   bool logprobs = false;               // log-probability of each generated token
   int32_t top_logprobs = 0;            // and this many alternatives (0 .. 20)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "infer/engine.h"
+#include "infer/executor.h"
 #include "infer/scheduler.h"
 #include "infer/stop_strings.h"
 #include "infer/structured/json_matcher.h"
@@ -50,7 +51,7 @@ struct Engine::StepWork {
   StepPlan plan;
   std::vector<ops::SamplingRow> rows;  // one per entry that wants logits, in plan order
   std::vector<Live*> sampled;          // ... and its request
-  std::vector<const uint32_t*> masks;  // ... and its token mask (nullptr: none): Live::mask
+  std::vector<Executor::RowConstraints> constraints;  // ... and its token mask (Live::mask) and logit biases
   uint64_t version = 0;                // the policy version of the weights it runs on
   uint64_t number = 0;                 // launched_steps_ when it was launched
 };

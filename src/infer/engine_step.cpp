@@ -197,7 +197,7 @@ bool Engine::plan_rows(StepWork& work, size_t first) {
     row.position = e.start + e.count;  // the position the new token will take
     work.rows.push_back(row);
     work.sampled.push_back(&live);
-    work.masks.push_back(live.matcher ? next_token_mask(live) : nullptr);
+    work.constraints.push_back({live.matcher ? next_token_mask(live) : nullptr, &r.logit_bias});
   }
   return true;
 }
@@ -242,7 +242,7 @@ bool Engine::plan_lookahead(const StepWork& current, StepWork& next, std::vector
     ++row.position;
     next.rows.push_back(row);
     next.sampled.push_back(current.sampled[i]);
-    next.masks.push_back(nullptr);
+    next.constraints.push_back({nullptr, &current.sampled[i]->request.logit_bias});
     continued_from.push_back(static_cast<int32_t>(i));
   }
   // Admissions after the continued entries.
@@ -252,7 +252,7 @@ bool Engine::plan_lookahead(const StepWork& current, StepWork& next, std::vector
 void Engine::launch_step(StepWork& work, const std::vector<int32_t>* continued_from) {
   work.number = ++launched_steps_;
   for (const StepEntry& e : work.plan.entries) live_.at(e.seq->id)->last_step = work.number;
-  executor_->launch(work.plan, work.rows, continued_from, &work.masks);
+  executor_->launch(work.plan, work.rows, continued_from, &work.constraints);
   if (continued_from) ++lookahead_steps_;
 }
 

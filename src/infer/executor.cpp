@@ -1,6 +1,7 @@
 #include "infer/executor.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -113,8 +114,8 @@ Status Executor::init() {
   section(off_params_, Bm * ops::kSamplingRowWords);
   section(off_targets_, std::max<int64_t>(SR, 1));
   off_tokens_ = at;  // then ids, positions and slots of T tokens and the page lists (pack)
-  // Then a token mask per sampled row at most (constrained decoding).
-  staging_ints_ = (at + 3 * Tm + max_pages_per_step_ + Bm * mask_words() + 31) / 32 * 32;
+  // Then a token mask and logit biases per sampled row at most (ops::adjust_logits).
+  staging_ints_ = (at + 3 * Tm + max_pages_per_step_ + Bm * (mask_words() + 2 * ops::kMaxLogitBias) + 31) / 32 * 32;
   KILN_ASSIGN_OR_RETURN(staging_dev_, empty(be(), {staging_ints_}, DType::i32));
   be().zero(staging_dev_);
 
@@ -344,17 +345,28 @@ int64_t Executor::input_words(const Packed& p) const {
   return off_tokens_ + 3 * static_cast<int64_t>(p.tokens) + p.pages;
 }
 
-int64_t Executor::pack_masks(HostSide& side, const Packed& p, const std::vector<const uint32_t*>& masks) {
+int64_t Executor::pack_constraints(HostSide& side, const Packed& p, const std::vector<RowConstraints>& constraints) {
   int64_t n = input_words(p);
   int32_t* h = side.staging.ptr<int32_t>();
   const int64_t words = mask_words();
-  for (size_t i = 0; i < masks.size(); ++i) {
-    if (!masks[i]) continue;
-    KILN_ASSERT(n + words <= staging_ints_ && n < (int64_t(1) << 31));
-    std::memcpy(h + n, masks[i], static_cast<size_t>(words) * 4);
+  for (size_t i = 0; i < constraints.size(); ++i) {
     ops::SamplingRow* row = reinterpret_cast<ops::SamplingRow*>(h + off_params_) + i;
-    row->mask_offset = static_cast<int32_t>(n);
-    n += words;
+    if (const uint32_t* mask = constraints[i].mask) {
+      KILN_ASSERT(n + words <= staging_ints_ && n < (int64_t(1) << 31));
+      std::memcpy(h + n, mask, static_cast<size_t>(words) * 4);
+      row->mask_offset = static_cast<int32_t>(n);
+      n += words;
+    }
+    if (const auto* bias = constraints[i].bias; bias && !bias->empty()) {
+      const int64_t pairs = static_cast<int64_t>(bias->size());
+      KILN_ASSERT(pairs <= ops::kMaxLogitBias && n + 2 * pairs <= staging_ints_ && n < (int64_t(1) << 31));
+      for (const auto& [id, value] : *bias) {
+        h[n++] = id;
+        h[n++] = std::bit_cast<int32_t>(value);
+      }
+      row->bias_offset = static_cast<int32_t>(n - 2 * pairs);
+      row->bias_count = static_cast<int32_t>(pairs);
+    }
   }
   return n;
 }
@@ -436,7 +448,7 @@ void Executor::forward_and_sample(const Packed& p, bool full, bool masked) {
   last_logits_ = model_.forward(batch_view(p), cache_, ws_);
   if (masked) {
     const int32_t rows = p.score_rows == 0 ? p.logit_rows : p.sampled_rows;
-    ops::mask_logits(be(), last_logits_.rows(0, rows), sampling_view(rows, full).params, staging_dev_.view());
+    ops::adjust_logits(be(), last_logits_.rows(0, rows), sampling_view(rows, full).params, staging_dev_.view());
   }
   if (p.score_rows == 0) return ops::sample(be(), sampling_view(p.logit_rows, full));
   if (p.sampled_rows > 0) ops::sample(be(), sampling_view(p.sampled_rows, full));
@@ -452,8 +464,8 @@ Result<std::vector<SampledToken>> Executor::run(const StepPlan& plan, const std:
 }
 
 void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows,
-                      const std::vector<int32_t>* continued_from, const std::vector<const uint32_t*>* masks) {
-  KILN_ASSERT(!masks || masks->empty() || masks->size() == rows.size());
+                      const std::vector<int32_t>* continued_from, const std::vector<RowConstraints>* constraints) {
+  KILN_ASSERT(!constraints || constraints->empty() || constraints->size() == rows.size());
   KILN_ASSERT(!plan.entries.empty() && in_flight_ < static_cast<int32_t>(sides_.size()));
   KILN_ASSERT(!continued_from || (in_flight_ == 1 && continued_from->size() <= plan.entries.size()));
   const auto t0 = std::chrono::steady_clock::now();
@@ -475,8 +487,10 @@ void Executor::launch(const StepPlan& plan, const std::vector<ops::SamplingRow>&
     for (size_t i = 0; i < continued_from->size(); ++i)
       KILN_ASSERT(plan.entries[i].count == 1 &&
                   static_cast<int32_t>(plan.entries[i].seq->tokens.size()) == plan.entries[i].start);
-  const bool masked = masks && std::any_of(masks->begin(), masks->end(), [](const uint32_t* m) { return m != nullptr; });
-  finish_staging(side, masked ? pack_masks(side, p, *masks) : input_words(p), continued_from);
+  const bool masked = constraints && std::any_of(constraints->begin(), constraints->end(), [](const RowConstraints& c) {
+                       return c.mask != nullptr || (c.bias && !c.bias->empty());
+                     });
+  finish_staging(side, masked ? pack_constraints(side, p, *constraints) : input_words(p), continued_from);
   // The step moves its own inputs in and its samples out (issue()): the outputs' sections up to the
   // last one the rows ask for.
   const int32_t level = any_top ? 2 : any_logprobs ? 1 : 0;

@@ -74,10 +74,15 @@ class Executor {
   // entry i's input token (its last, tokens[start], which the host does not know yet:
   // tokens.size() == start) is the token that step samples in its row continued_from[i]; such an
   // entry computes one token. The entries after them are planned as usual.
-  // masks (constrained decoding): empty, or one per row: nullptr, or mask_words() words whose set
-  // bits are the tokens the row may draw (ops::mask_logits); read before launch returns.
+  // constraints: empty, or one per row (ops::adjust_logits); read before launch returns.
+  struct RowConstraints {
+    const uint32_t* mask = nullptr;  // mask_words() words whose set bits are the tokens it may draw
+    const std::vector<std::pair<int32_t, float>>* bias = nullptr;  // (token, added to its logit),
+                                                                    // distinct, at most kMaxLogitBias
+  };
   void launch(const StepPlan& plan, const std::vector<ops::SamplingRow>& rows,
-              const std::vector<int32_t>* continued_from = nullptr, const std::vector<const uint32_t*>* masks = nullptr);
+              const std::vector<int32_t>* continued_from = nullptr,
+              const std::vector<RowConstraints>* constraints = nullptr);
   int32_t mask_words() const { return static_cast<int32_t>((vocab_ + 31) / 32); }
   Result<std::vector<SampledToken>> wait();
   bool in_flight() const { return in_flight_ > 0; }
@@ -146,11 +151,11 @@ class Executor {
     bool every_row = false;  // one logit row per token row, in order (a decode step)
   };
   Packed pack(HostSide& side, const StepPlan& plan, const std::vector<ops::SamplingRow>& rows, int32_t bucket);
-  // The staging words a packed step's inputs take (what stage_step_inputs moves without masks).
+  // The staging words a packed step's inputs take (what stage_step_inputs moves without constraints).
   int64_t input_words(const Packed& p) const;
-  // The rows' token masks after the packed inputs (their offsets into the rows' parameters);
-  // returns the words the staging then takes.
-  int64_t pack_masks(HostSide& side, const Packed& p, const std::vector<const uint32_t*>& masks);
+  // The rows' token masks and logit biases after the packed inputs (their offsets into the rows'
+  // parameters); returns the words the staging then takes.
+  int64_t pack_constraints(HostSide& side, const Packed& p, const std::vector<RowConstraints>& constraints);
   // Word 0 of the staging (the words the step's inputs take) and its continued entries' ids.
   void finish_staging(HostSide& side, int64_t words, const std::vector<int32_t>* continued_from);
   // The step on the device: its inputs from `side`'s staging (ops::stage_step_inputs), the forward
@@ -209,7 +214,7 @@ class Executor {
     bool full_sampler;
     int32_t output_level;  // output_words' level
     int32_t side;
-    bool masked;  // token masks applied before sampling
+    bool masked;  // token masks or logit biases applied before sampling
     bool operator<(const GraphKey& o) const {
       return std::tie(batch, context, full_sampler, output_level, side, masked) <
              std::tie(o.batch, o.context, o.full_sampler, o.output_level, o.side, o.masked);

@@ -16,6 +16,7 @@ json request_json(const GenerationRequest& r) {
           {"seed", r.seed},
           {"stop_token_ids", r.stop_token_ids},
           {"stop", r.stop},
+          {"logit_bias", r.logit_bias},
           {"ignore_eos", r.ignore_eos},
           {"logprobs", r.logprobs},
           {"top_logprobs", r.top_logprobs},
@@ -39,6 +40,7 @@ GenerationRequest request_from(const json& j) {
   j.at("seed").get_to(r.seed);
   j.at("stop_token_ids").get_to(r.stop_token_ids);
   j.at("stop").get_to(r.stop);
+  if (j.contains("logit_bias")) j["logit_bias"].get_to(r.logit_bias);
   j.at("ignore_eos").get_to(r.ignore_eos);
   j.at("logprobs").get_to(r.logprobs);
   j.at("top_logprobs").get_to(r.top_logprobs);

@@ -337,17 +337,17 @@ void sample(Backend& be, const SamplingBatch& batch) {
   cpu::sample(batch);
 }
 
-void mask_logits(Backend& be, Tensor logits, Tensor params, Tensor mask_words) {
+void adjust_logits(Backend& be, Tensor logits, Tensor params, Tensor mask_words) {
   KILN_ASSERT(logits.dtype == DType::f32 && logits.ndim() == 2);
   KILN_ASSERT(params.dtype == DType::i32 && params.ndim() == 2 && params.size(0) == logits.size(0) &&
               params.size(1) == kSamplingRowWords);
   KILN_ASSERT(mask_words.dtype == DType::i32 && mask_words.ndim() == 1);
   if (logits.numel() == 0) return;
 #ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::mask_logits(cuda_backend(be), logits, params, mask_words);
+  if (be.device().is_cuda()) return cuda::adjust_logits(cuda_backend(be), logits, params, mask_words);
 #endif
   KILN_ASSERT(be.device().is_cpu());
-  cpu::mask_logits(logits, params, mask_words);
+  cpu::adjust_logits(logits, params, mask_words);
 }
 
 void reset_token_counts(Backend& be, Tensor counts_row, Tensor prompt, Tensor output) {

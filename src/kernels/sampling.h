@@ -31,6 +31,7 @@
 namespace kiln::ops {
 
 constexpr int32_t kMaxTopLogprobs = 20;  // top-N alternatives per token, as the OpenAI API allows
+constexpr int32_t kMaxLogitBias = 1024;  // logit biases per request (adjust_logits)
 
 // SamplingRow::logprobs values.
 constexpr int32_t kLogprobsOff = 0;
@@ -56,8 +57,10 @@ struct SamplingRow {
   int32_t counts_row = -1;          // row of the token-count table (penalties), -1: none
   uint32_t seed_lo = 0, seed_hi = 0;  // the request's seed
   int32_t position = 0;             // absolute position of the token being drawn (prompt + output so far)
-  int32_t mask_offset = -1;         // >= 0: the row's token mask starts at this word of mask_logits'
+  int32_t mask_offset = -1;         // >= 0: the row's token mask starts at this word of adjust_logits'
                                     //   mask_words (constrained decoding); -1: none
+  int32_t bias_offset = -1;         // >= 0: the row's logit biases start at this word of adjust_logits'
+  int32_t bias_count = 0;           //   mask_words: bias_count (token id, f32 bias) word pairs; -1: none
 };
 constexpr int64_t kSamplingRowWords = sizeof(SamplingRow) / 4;
 static_assert(sizeof(SamplingRow) % 4 == 0);
@@ -110,12 +113,16 @@ void sample(Backend& be, const SamplingBatch& batch);
 // output: [n] i32 on the device (may be empty).
 void reset_token_counts(Backend& be, Tensor counts_row, Tensor prompt, Tensor output);
 
-// Constrained decoding: for each row b whose params give mask_offset >= 0, logits[b][v] = -inf for
-// every token v whose bit (v % 32 of word mask_offset + v / 32 of mask_words) is clear; other rows
-// and set bits are untouched. Runs before sample(), so every later step (penalties, cuts, raw and
-// behaviour log-probabilities, top-N) sees the masked distribution. logits: [B, V] f32 (written in
-// place); params: [B, kSamplingRowWords] i32; mask_words: [n] i32 (words past n read as 0).
-void mask_logits(Backend& be, Tensor logits, Tensor params, Tensor mask_words);
+// A request's constraints on its logits, before sample(), so every later step (penalties, cuts, raw
+// and behaviour log-probabilities, top-N) sees the adjusted distribution. For each row b whose
+// params give mask_offset >= 0 (constrained decoding): logits[b][v] = -inf for every token v whose
+// bit (v % 32 of word mask_offset + v / 32 of mask_words) is clear; set bits are untouched. Then,
+// for rows with bias_offset >= 0 (a request's logit_bias): for each of the bias_count word pairs
+// (id, bits of an f32 bias) from word bias_offset, logits[b][id] += bias where id is in [0, V) and
+// not masked out (a masked token stays -inf); the ids of a row are distinct. Other rows are
+// untouched. logits: [B, V] f32 (written in place); params: [B, kSamplingRowWords] i32; mask_words:
+// [n] i32 (words past n read as 0).
+void adjust_logits(Backend& be, Tensor logits, Tensor params, Tensor mask_words);
 
 // The uniform draw of sample(): u in [0, 1) from (seed, position), the same on every device.
 double sampling_uniform(uint64_t seed, uint64_t position);

@@ -65,8 +65,7 @@ Status read_common(FieldReader& f, const ServeContext& ctx, CompletionJob* job) 
   KILN_RETURN_IF_ERROR(f.read_bool("ignore_eos", &r.ignore_eos));
   KILN_RETURN_IF_ERROR(f.read_bool("skip_special_tokens", &r.skip_special_tokens));
   KILN_RETURN_IF_ERROR(f.read_bool("return_token_ids", &job->return_token_ids));
-  if (const Json* lb = f.get("logit_bias"))
-    if (!(lb->is_object() && lb->empty())) return unsupported("'logit_bias' is not supported by kiln yet");
+  if (const Json* lb = f.get("logit_bias")) KILN_RETURN_IF_ERROR(read_logit_bias(*lb, &r.logit_bias));
   if (const Json* st = f.get("store"))
     if (!(st->is_boolean() && !st->get<bool>())) return unsupported("'store' is not supported: kiln keeps no responses");
   if (const Json* tier = f.get("service_tier"))

@@ -1,6 +1,8 @@
 #include "serve/request_fields.h"
 
 #include <algorithm>
+#include <charconv>
+#include <climits>
 #include <cmath>
 
 #include "core/json_text.h"
@@ -11,6 +13,22 @@ std::string string_member(const Json& object, const char* key) {
   if (!object.is_object()) return "";
   auto it = object.find(key);
   return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+Status read_logit_bias(const Json& v, std::vector<std::pair<int32_t, float>>* out) {
+  if (v.is_null()) return Status::Ok();
+  if (!v.is_object()) return invalid_argument("'logit_bias' must be an object mapping token ids to biases");
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || key.empty() || id < 0 || id > INT32_MAX)
+      return invalid_argument("'logit_bias' keys must be token ids, not '" + key.substr(0, 40) + "'");
+    if (!it.value().is_number() || !std::isfinite(it.value().get<double>()))
+      return invalid_argument("'logit_bias' of token " + key + " must be a number");
+    out->emplace_back(static_cast<int32_t>(id), it.value().get<float>());
+  }
+  return Status::Ok();
 }
 
 bool integer_within(const Json& x, int64_t lo, uint64_t hi) {

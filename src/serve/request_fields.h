@@ -44,4 +44,8 @@ std::string string_member(const Json& object, const char* key);
 // INT64_MAX are not negative; a cast to a narrower type would wrap onto another value).
 bool integer_within(const Json& x, int64_t lo, uint64_t hi);
 
+// OpenAI's logit_bias: {"<token id>": bias, ...} (null or {}: none) as (id, bias) pairs in key
+// order; errors name the key. The engine checks the ids against the vocabulary and the range.
+Status read_logit_bias(const Json& v, std::vector<std::pair<int32_t, float>>* out);
+
 }  // namespace kiln::serve

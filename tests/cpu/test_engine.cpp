@@ -312,6 +312,41 @@ TEST_F(EngineTest, GreedyContinuationEqualsTransformers) {
   }
 }
 
+// logit_bias: the first greedy token after the fixture prompt is the argmax of transformers' logits
+// for it plus the biases (a ban of the reference's choice, a forced unlikely token, a mix), taken
+// only where the reference's best and second best differ by more than f32 noise.
+TEST_F(EngineTest, LogitBiasShiftsTheTransformersLogits) {
+  int checked = 0;
+  for (const char* m : {"tiny-llama", "tiny-qwen2"}) {
+    load(m);
+    const std::vector<int32_t> ids = golden_ints(m, "seq_a.input_ids");
+    const std::vector<float> logits = golden_floats(m, "seq_a.logits");
+    const int64_t vocab = static_cast<int64_t>(logits.size() / ids.size());
+    const float* last = logits.data() + (ids.size() - 1) * vocab;
+    const int32_t best = static_cast<int32_t>(std::max_element(last, last + vocab) - last);
+    const int32_t worst = static_cast<int32_t>(std::min_element(last, last + vocab) - last);
+    const std::vector<std::vector<std::pair<int32_t, float>>> cases = {
+        {{best, -100.0f}}, {{worst, 100.0f}}, {{best, -100.0f}, {worst, 50.0f}, {(best + 1) % vocab, 0.25f}}};
+    for (const auto& bias : cases) {
+      std::vector<float> biased(last, last + vocab);
+      for (const auto& [id, v] : bias) biased[id] += v;
+      std::vector<float> sorted = biased;
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      if (sorted[0] - sorted[1] < 1e-3f) continue;  // a near tie: f32 noise decides
+      GenerationRequest r;
+      r.prompt = ids;
+      r.max_tokens = 1;
+      r.ignore_eos = true;
+      r.logit_bias = bias;
+      const Outcome got = alone(r);
+      ASSERT_EQ(got.ids.size(), 1u) << m;
+      EXPECT_EQ(got.ids[0], std::max_element(biased.begin(), biased.end()) - biased.begin()) << m;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 5);
+}
+
 // log p(ids[t] | ids[<t]) from transformers' logits of the fixture sequence.
 std::vector<double> reference_prompt_logprobs(const std::string& model, const std::vector<int32_t>& ids) {
   const std::vector<float> logits = golden_floats(model, "seq_a.logits");

@@ -221,6 +221,34 @@ TEST_F(Sampler, MaskedNanAndInfiniteLogits) {
   }
 }
 
+// ops::adjust_logits on the CPU, against values worked out here: the mask first (a masked token
+// stays -inf whatever its bias), then each bias added to its token's logit; ids outside the
+// vocabulary are skipped.
+TEST_F(Sampler, AdjustLogitsMasksThenBiases) {
+  TensorBuffer logits = host_empty(Shape{2, 4}, DType::f32);
+  const float l[8] = {1, 2, 3, 4, 1, 2, 3, 4};
+  std::memcpy(logits.ptr<float>(), l, sizeof(l));
+  TensorBuffer words = host_empty(Shape{1 + 2 * 4 + 2}, DType::i32);
+  int32_t* w = words.ptr<int32_t>();
+  w[0] = 0b1101;  // tokens 0, 2, 3 allowed
+  const std::pair<int32_t, float> bias[4] = {{1, 10.0f}, {2, -1.5f}, {3, 0.5f}, {7, 1.0f}};
+  for (int k = 0; k < 4; ++k) {
+    w[1 + 2 * k] = bias[k].first;
+    std::memcpy(&w[2 + 2 * k], &bias[k].second, 4);
+  }
+  w[9] = 0;
+  const float second = -3.0f;
+  std::memcpy(&w[10], &second, 4);
+  std::vector<ops::SamplingRow> rows(2);
+  rows[0].mask_offset = 0, rows[0].bias_offset = 1, rows[0].bias_count = 4;
+  rows[1].bias_offset = 9, rows[1].bias_count = 1;
+  TensorBuffer params = host_empty(Shape{2, ops::kSamplingRowWords}, DType::i32);
+  std::memcpy(params.ptr<int32_t>(), rows.data(), rows.size() * sizeof(ops::SamplingRow));
+  ops::adjust_logits(*be, logits, params, words);
+  const std::vector<float> got(logits.ptr<float>(), logits.ptr<float>() + 8);
+  EXPECT_EQ(got, (std::vector<float>{1, -kInf, 1.5f, 4.5f, -2, 2, 3, 4}));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Random rows against the reference
 

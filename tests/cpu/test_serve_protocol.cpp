@@ -133,7 +133,8 @@ TEST_F(ServeProtocol, RefusesWhatItDoesNotSupport) {
     return parse_openai_chat(Json::parse(std::string(R"({"model": "tiny-tools", "messages": [{"role": "user", "content": "x"}])") +
                                          extra + "}"), ctx());
   };
-  for (const char* extra : {R"(, "response_format": {"type": "regex", "regex": "a+"})", R"(, "logit_bias": {"1": 5})",
+  for (const char* extra : {R"(, "response_format": {"type": "regex", "regex": "a+"})", R"(, "logit_bias": {"x": 5})",
+                            R"(, "logit_bias": {"1": "5"})", R"(, "logit_bias": [1, 5])",
                             R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "p"}})",
                             R"(, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a"}}})",
                             R"(, "functions": [])", R"(, "n": 5)", R"(, "top_logprobs": 2)", R"(, "temperature": -1)",
@@ -146,6 +147,10 @@ TEST_F(ServeProtocol, RefusesWhatItDoesNotSupport) {
   Result<CompletionJob> job = parse_openai_chat(Json::parse(R"({"model": "other", "messages": []})"), ctx());
   EXPECT_EQ(api_error_from(job.status()).status, 404);
   EXPECT_TRUE(chat(R"(, "response_format": {"type": "text"}, "user": "u", "store": false)").ok());
+  // logit_bias: token id keys, in the order given.
+  Result<CompletionJob> biased = chat(R"(, "logit_bias": {"7": -100, "3": 2.5})");
+  ASSERT_TRUE(biased.ok()) << biased.status().message();
+  EXPECT_EQ(biased->request.logit_bias, (std::vector<std::pair<int32_t, float>>{{7, -100.0f}, {3, 2.5f}}));
 }
 
 TEST_F(ServeProtocol, ResponseFormatsBecomeSchemas) {

@@ -12,6 +12,8 @@
 // come from the same integers (kept weight and mass) through one double log each: to 1e-6.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -285,36 +287,56 @@ TEST(CudaSampler, ResetTokenCountsMatchesCpu) {
   EXPECT_EQ(sampler_read<int32_t>(*be, *d_row), std::vector<int32_t>(V, 0));
 }
 
-// ops::mask_logits (constrained decoding): CUDA equals the CPU twin bit for bit, rows without a mask
-// untouched, masks at odd word offsets, words past the end read as 0.
-TEST(CudaSampler, MaskLogitsMatchesCpu) {
+// ops::adjust_logits (constrained decoding and logit biases): CUDA equals the CPU twin bit for bit;
+// row 1 has biases only (one id outside the vocabulary, skipped), row 2 a mask and biases (those of
+// masked tokens skipped), row 3 nothing; over vocabularies of odd sizes.
+TEST(CudaSampler, AdjustLogitsMatchesCpu) {
   KILN_REQUIRE_GPU(be);
   std::unique_ptr<Backend> cpu = make_cpu_backend();
   for (int64_t V : {1, 33, 1000, 151936}) {
     const int64_t B = 5, W = (V + 31) / 32;
     TensorBuffer logits = random_host(Shape{B, V}, DType::f32, 11 + V, 3.0f);
-    // Masks of rows 0, 2 and 4 at offsets 3, 3 + W and 3 + 2W - 1 (the last one runs past the end).
-    TensorBuffer words = host_empty(Shape{3 + 2 * W + 1}, DType::i32);
-    for (int64_t i = 0; i < words.numel(); ++i)
+    // Masks of rows 0, 2 and 4 at offsets 3, 3 + W and 3 + 2W - 1 (the last one runs past the
+    // masks), then the biases of rows 1 and 2.
+    std::vector<std::pair<int32_t, float>> bias1, bias2;
+    for (int64_t id : {int64_t(0), V - 1, V / 2, V + 5})
+      if (std::none_of(bias1.begin(), bias1.end(), [&](const auto& b) { return b.first == id; }))
+        bias1.emplace_back(static_cast<int32_t>(id), 0.75f * static_cast<float>(bias1.size() + 1) - 2.0f);
+    for (int64_t id = 0; id < std::min<int64_t>(V, 40); id += 3) bias2.emplace_back(static_cast<int32_t>(id), 1.5f);
+    const int64_t b1 = 3 + 2 * W, b2 = b1 + 2 * static_cast<int64_t>(bias1.size());
+    TensorBuffer words = host_empty(Shape{b2 + 2 * static_cast<int64_t>(bias2.size())}, DType::i32);
+    for (int64_t i = 0; i < b1; ++i)
       words.ptr<int32_t>()[i] = static_cast<int32_t>(rng::splitmix64(static_cast<uint64_t>(V * 1000 + i)));
+    auto put = [&](int64_t at, const std::vector<std::pair<int32_t, float>>& bias) {
+      for (const auto& [id, v] : bias) {
+        words.ptr<int32_t>()[at++] = id;
+        std::memcpy(words.ptr<int32_t>() + at++, &v, 4);
+      }
+    };
+    put(b1, bias1);
+    put(b2, bias2);
     std::vector<ops::SamplingRow> rows(B);
     rows[0].mask_offset = 3;
     rows[2].mask_offset = static_cast<int32_t>(3 + W);
     rows[4].mask_offset = static_cast<int32_t>(3 + 2 * W - (W > 1 ? 1 : 0));
+    rows[1].bias_offset = static_cast<int32_t>(b1), rows[1].bias_count = static_cast<int32_t>(bias1.size());
+    rows[2].bias_offset = static_cast<int32_t>(b2), rows[2].bias_count = static_cast<int32_t>(bias2.size());
     TensorBuffer params = host_empty(Shape{B, ops::kSamplingRowWords}, DType::i32);
     std::memcpy(params.ptr<int32_t>(), rows.data(), rows.size() * sizeof(ops::SamplingRow));
     TensorBuffer want = host_copy(logits);
-    ops::mask_logits(*cpu, want, params, words);
+    ops::adjust_logits(*cpu, want, params, words);
     TensorBuffer d_logits = upload(*be, logits), d_params = upload(*be, params), d_words = upload(*be, words);
-    ops::mask_logits(*be, d_logits, d_params, d_words);
+    ops::adjust_logits(*be, d_logits, d_params, d_words);
     const std::vector<float> got = sampler_read<float>(*be, d_logits);
     ASSERT_EQ(got.size(), static_cast<size_t>(B * V));
     int64_t masked = 0;
     for (int64_t i = 0; i < B * V; ++i) {
       EXPECT_EQ(std::memcmp(&got[i], want.ptr<float>() + i, 4), 0) << "V " << V << " element " << i;
       masked += std::isinf(got[i]) && got[i] < 0;
-      if ((i / V) % 2 == 1) EXPECT_EQ(got[i], logits.ptr<float>()[i]);  // rows 1 and 3: no mask
+      if (i / V == 3) EXPECT_EQ(got[i], logits.ptr<float>()[i]);  // nothing asked
     }
+    for (const auto& [id, v] : bias1)  // row 1: biases alone, as added here
+      if (id < V) EXPECT_EQ(got[V + id], logits.ptr<float>()[V + id] + v) << "V " << V << " token " << id;
     if (V >= 1000) EXPECT_GT(masked, V);  // about half of three rows
   }
 }

@@ -212,6 +212,19 @@ class ServeSdkTest(unittest.TestCase):
                                      extra_body={"temperature": 1.0, "top_k": 1, "top_p": 0.5})
         self.assertEqual(m.content[0].text, GREETING)
 
+    def test_logit_bias(self):
+        # Through the client: +100 on a token makes it the greedy first token, -100 on the greedy
+        # reply's first token moves the reply off it; a bad key is a 400.
+        kw = dict(model=self.model, messages=openai_messages(CASES["chat"]), temperature=0, max_tokens=3,
+                  extra_body={"return_token_ids": True})
+        base = self.oai.chat.completions.create(**kw).choices[0].token_ids
+        forced = self.oai.chat.completions.create(**kw, logit_bias={"50": 100}).choices[0].token_ids
+        self.assertEqual(forced[0], 50)
+        banned = self.oai.chat.completions.create(**kw, logit_bias={str(base[0]): -100}).choices[0].token_ids
+        self.assertNotEqual(banned[0], base[0])
+        with self.assertRaises(openai.BadRequestError):
+            self.oai.chat.completions.create(**kw, logit_bias={"x": 1})
+
     def test_penalties(self):
         # "Once upon a time" with EOS ignored: the story, then <|im_end|> (258) again and again, each chosen
         # with logit 20 against exactly 0 for every other token (tests/reference/make_tool_model.py: the

@@ -38,7 +38,7 @@ void attention_forward(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Ten
                        ops::AttentionBounds bounds, float scale);
 void sample(const ops::SamplingBatch& batch);
 void reset_token_counts(Tensor counts_row, Tensor prompt, Tensor output);
-void mask_logits(Tensor logits, Tensor params, Tensor mask_words);
+void adjust_logits(Tensor logits, Tensor params, Tensor mask_words);
 void stage_step_inputs(Tensor dst, Tensor host, int64_t ids_begin, int64_t ids_count, Tensor prev_tokens);
 
 }  // namespace kiln::cpu

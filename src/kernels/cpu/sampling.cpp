@@ -348,17 +348,26 @@ void reset_token_counts(Tensor counts_row, Tensor prompt, Tensor output) {
   }
 }
 
-void mask_logits(Tensor logits, Tensor params, Tensor mask_words) {
+void adjust_logits(Tensor logits, Tensor params, Tensor mask_words) {
   const int64_t B = logits.size(0), V = logits.size(1), n = mask_words.numel();
   const uint32_t* words = reinterpret_cast<const uint32_t*>(mask_words.ptr<const int32_t>());
   for (int64_t b = 0; b < B; ++b) {
     ops::SamplingRow p;
     std::memcpy(static_cast<void*>(&p), params.ptr<const int32_t>() + b * ops::kSamplingRowWords, sizeof(p));
-    if (p.mask_offset < 0) continue;
     float* row = logits.ptr<float>() + b * V;
-    for (int64_t v = 0; v < V; ++v) {
+    auto allowed = [&](int64_t v) {
       const int64_t w = p.mask_offset + (v >> 5);
-      if (!(w < n && (words[w] >> (v & 31) & 1))) row[v] = -INFINITY;
+      return p.mask_offset < 0 || (w < n && (words[w] >> (v & 31) & 1));
+    };
+    if (p.mask_offset >= 0)
+      for (int64_t v = 0; v < V; ++v)
+        if (!allowed(v)) row[v] = -INFINITY;
+    for (int32_t k = 0; p.bias_offset >= 0 && k < p.bias_count; ++k) {
+      const int64_t w = p.bias_offset + 2 * static_cast<int64_t>(k);
+      if (w + 1 >= n) break;
+      const int64_t id = static_cast<int32_t>(words[w]);
+      if (id < 0 || id >= V || !allowed(id)) continue;
+      row[id] += std::bit_cast<float>(words[w + 1]);
     }
   }
 }

@@ -84,6 +84,6 @@ void attention_decode_rope_forward(CudaBackend& be, Tensor out, Tensor q, Tensor
                                    ops::AttentionBounds bounds, float scale);
 void sample(CudaBackend& be, const ops::SamplingBatch& batch);
 void reset_token_counts(CudaBackend& be, Tensor counts_row, Tensor prompt, Tensor output);
-void mask_logits(CudaBackend& be, Tensor logits, Tensor params, Tensor mask_words);
+void adjust_logits(CudaBackend& be, Tensor logits, Tensor params, Tensor mask_words);
 
 }  // namespace kiln::cuda

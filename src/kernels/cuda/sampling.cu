@@ -551,27 +551,41 @@ __global__ void reset_counts_kernel(int32_t* row, int64_t V, const int32_t* prom
 }
 
 // Grid (blocks over the vocabulary, B): rows without a mask return at once.
-__global__ void mask_logits_kernel(float* __restrict__ logits, int64_t V, const ops::SamplingRow* __restrict__ params,
-                                   const uint32_t* __restrict__ words, int64_t n_words) {
-  const int32_t off = params[blockIdx.y].mask_offset;
-  if (off < 0) return;
+// The masks and the biases touch disjoint elements (a bias only where the mask allows its token,
+// and a row's bias ids are distinct), so the blocks need no order between them.
+__global__ void adjust_logits_kernel(float* __restrict__ logits, int64_t V, const ops::SamplingRow* __restrict__ params,
+                                     const uint32_t* __restrict__ words, int64_t n_words) {
+  const ops::SamplingRow& p = params[blockIdx.y];
+  const int32_t off = p.mask_offset;
   float* row = logits + static_cast<int64_t>(blockIdx.y) * V;
-  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < V;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  auto allowed = [&](int64_t v) {
     const int64_t w = off + (v >> 5);
-    if (!(w < n_words && (words[w] >> (v & 31) & 1u))) row[v] = -INFINITY;
+    return off < 0 || (w < n_words && (words[w] >> (v & 31) & 1u));
+  };
+  if (off >= 0)
+    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < V;
+         v += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      if (!allowed(v)) row[v] = -INFINITY;
+  if (p.bias_offset < 0) return;
+  for (int32_t k = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x); k < p.bias_count;
+       k += static_cast<int32_t>(gridDim.x * blockDim.x)) {
+    const int64_t w = p.bias_offset + 2 * static_cast<int64_t>(k);
+    if (w + 1 >= n_words) break;
+    const int64_t id = static_cast<int32_t>(words[w]);
+    if (id < 0 || id >= V || !allowed(id)) continue;
+    row[id] += __uint_as_float(words[w + 1]);
   }
 }
 
 }  // namespace
 
-void mask_logits(CudaBackend& be, Tensor logits, Tensor params, Tensor mask_words) {
+void adjust_logits(CudaBackend& be, Tensor logits, Tensor params, Tensor mask_words) {
   detail::check_float(be, logits);
   detail::check_i32(be, params);
   detail::check_i32(be, mask_words);
   const int64_t B = logits.size(0), V = logits.size(1);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((V + kThreads - 1) / kThreads, 64));
-  mask_logits_kernel<<<dim3(blocks, static_cast<unsigned>(B)), kThreads, 0, detail::stream_of(be)>>>(
+  adjust_logits_kernel<<<dim3(blocks, static_cast<unsigned>(B)), kThreads, 0, detail::stream_of(be)>>>(
       logits.ptr<float>(), V, reinterpret_cast<const ops::SamplingRow*>(params.data),
       reinterpret_cast<const uint32_t*>(mask_words.data), mask_words.numel());
   KILN_CUDA_CHECK_LAUNCH();
