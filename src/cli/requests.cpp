@@ -72,7 +72,7 @@ Result<Parsed> parse_line(const std::string& text, const EngineSession& s, int32
   // Parts of the line are copied (a response_format into the schema's type), which recurses as deep
   // as they nest.
   const int64_t limit = TemplateLimits{}.max_context_depth - 1;
-  if (json_depth(line) > limit) return invalid_argument("the line nests deeper than " + std::to_string(limit) + " levels");
+  KILN_RETURN_IF_ERROR(check_nesting(line, limit, "the line"));
   Parsed p;
   GenerationRequest& r = p.request;
   r.max_tokens = default_max_tokens;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/plural.h"
+#include "core/status.h"
 
 namespace kiln {
 
@@ -27,6 +28,14 @@ int64_t json_depth(const Json& root) {
       for (const auto& e : *j) stack.emplace_back(&e, d + 1);
   }
   return deepest;
+}
+
+// invalid_argument "<what> nests deeper than <limit> levels" where `v` does, else Ok: for values
+// about to be copied or printed (both recurse as deep as they nest).
+template <typename Json>
+Status check_nesting(const Json& v, int64_t limit, const std::string& what) {
+  if (json_depth(v) <= limit) return Status::Ok();
+  return invalid_argument(what + " nests deeper than " + std::to_string(limit) + " levels");
 }
 
 // A value as a message quotes it: its compact JSON text when it nests at most 8 levels and holds at

@@ -62,7 +62,7 @@ Result<nlohmann::ordered_json> parse_object_line(const std::string& line, const 
   if (!j.is_object()) return invalid_argument(where + ": not a JSON object");
   // Lines are kept, copied and printed (details), which recurses as deep as a value nests.
   const int64_t limit = TemplateLimits{}.max_context_depth - 1;
-  if (json_depth(j) > limit) return invalid_argument(where + ": the line nests deeper than " + std::to_string(limit) + " levels");
+  KILN_RETURN_IF_ERROR(check_nesting(j, limit, where + ": the line"));
   return j;
 }
 

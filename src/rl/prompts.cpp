@@ -47,7 +47,7 @@ Result<std::vector<Prompt>> load_prompts(const std::string& path, const ModelTex
     // The line is kept (the reward reads its fields, rollout records copy and print it), and copying
     // or printing a value recurses as deep as it nests.
     const int64_t limit = TemplateLimits{}.max_context_depth - 1;
-    if (json_depth(j) > limit) return invalid_argument(where + ": the line nests deeper than " + std::to_string(limit) + " levels");
+    KILN_RETURN_IF_ERROR(check_nesting(j, limit, where + ": the line"));
     Prompt p;
     if (j.contains("prompt_ids")) {
       KILN_ASSIGN_OR_RETURN(p.ids, ids_of(j["prompt_ids"], where + ": \"prompt_ids\""));

@@ -310,8 +310,7 @@ Status check_alternative_cycles(const std::vector<SchemaNode>& nodes, const std:
 
 Result<std::shared_ptr<const JsonSchema>> JsonSchema::compile(const json& schema) {
   // The compiler recurses as deep as the schema nests (and keeps it: copying recurses too).
-  if (json_depth(schema) > kMaxSchemaNesting)
-    return invalid_argument("the schema nests deeper than " + std::to_string(kMaxSchemaNesting) + " levels");
+  KILN_RETURN_IF_ERROR(check_nesting(schema, kMaxSchemaNesting, "the schema"));
   SchemaCompiler c(schema);
   KILN_ASSIGN_OR_RETURN(int32_t root, c.compile(schema, ""));
   KILN_RETURN_IF_ERROR(check_alternative_cycles(c.nodes(), c.refs()));
