@@ -70,7 +70,8 @@
 //     stages tracked by mbarriers; consumer warpgroups (registers raised; D=64: 3 with BM=192,
 //     D=128: 2 with BM=128; BN=128) keep the next tile's S wgmma and the previous tile's PV wgmma
 //     in flight while they run the softmax, and take turns at the tensor cores (ping-pong, named
-//     barriers). The same kernel, in its dense layout (q, k, v [B, H, S, D] viewed as [B*H*S, D]
+//     barriers). Its blocks take their (head, query tile) longest first over the whole grid:
+//     every head's tile of a row range before the next lighter range. The same kernel, in its dense layout (q, k, v [B, H, S, D] viewed as [B*H*S, D]
 //     by the tensor maps, segment-id masks and tile skipping, lse out), is the training forward
 //     of attention_train.cu. Defaults per call (prefill_default_variant; figures in
 //     kernels/cuda/attention_internal.h): D=64 -> 3 when its grid fills two waves of the SMs,

@@ -175,8 +175,13 @@ __global__ void __launch_bounds__(C::NT, 1)
   const bool use_tma = kDense || box_rows > 0;
 
   const int b = blockIdx.z;
-  const int h = blockIdx.y;
-  const int qt = num_qtiles - 1 - static_cast<int>(blockIdx.x);  // heaviest tiles first
+  // Blocks start in the order of their linear index: every head's tile of a row range before the
+  // next lighter range, longest first over the whole grid, so that the launch ends on its lightest
+  // tiles (each head's tiles in turn, a sawtooth, left the last head's heaviest tiles running
+  // alone at the end: 2-11% slower). The GQA heads of one KV head stay adjacent (L2 reuse of K/V).
+  const int lin = static_cast<int>(blockIdx.x) + static_cast<int>(blockIdx.y) * num_qtiles;
+  const int h = lin % Hq;
+  const int qt = num_qtiles - 1 - lin / Hq;
   const int row0 = qt * C::BM;
   const int kvh = h / G;
   int q_start, q_len, kv_len, delta, q_row, q_col, kv_col;
