@@ -3,14 +3,11 @@
 // rows), and the streaming TMA kernel (Hopper, up to 128 rows), over every layer's own weights (as
 // a decode step reads them: from HBM, not L2), captured in a CUDA graph and replayed like a decode
 // step. Prints JSON: microseconds per layer (median of repeats, CUDA events) and the weight bytes'
-// GB/s, per row count; optionally a sweep of the TMA kernel's K split, and its entries again with the
-// batch tiles multicast over 2, 4 or 8 blocks (suffix _mcN; each entry's "multicast" is the width
-// the shape allowed, linear_tma_launch). Entries suffixed _bare run the projection
+// GB/s, per row count; optionally a sweep of the TMA kernel's K split. Entries suffixed _bare run the projection
 // without the norm kernel before it (the step's q/k/v and gate/up read rows normed by the kernel
 // before); down_ksplit is what the step runs at 9 to 128 rows (cuBLASLt's K quarters, then their sum
 // into the residual with the next norm), down_tma_norm its counterpart on the TMA kernel.
 // Usage: bench_linear --config bench/configs/astrai-1b-shape.config.json [--rows 1,8,32,128] [--splits]
-//        [--multicast 2,4,8]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -45,17 +42,14 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool sweep_splits = false;
   std::vector<std::string> only;
-  std::vector<int> multicasts;
   app.add_option("--config", config_path, "Hugging Face config.json")->required();
   app.add_option("--rows", row_counts, "batch rows (tokens of the step)")->delimiter(',');
   app.add_option("--reps", reps, "timed repeats (median)");
   app.add_flag("--splits", sweep_splits, "also time the TMA kernel at each K split (1, 2, 4, 8)");
-  app.add_option("--multicast", multicasts, "also time the TMA entries with batch tiles multicast over N blocks")
-      ->delimiter(',');
   app.add_option("--only", only, "time only these entries (e.g. gate_up_tma; for profilers)")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 #ifndef KILN_WITH_CUDA
-  (void)reps, (void)sweep_splits, (void)multicasts;
+  (void)reps, (void)sweep_splits;
   return fail(unsupported("kiln was built without CUDA"));
 #else
   Result<ModelConfig> cr = load_model_config_file(config_path);
@@ -123,10 +117,6 @@ int main(int argc, char** argv) {
       }) / static_cast<double>(n);
       row[name] = {{"us", us}, {"gb_per_s", bytes / us / 1e3}};
     };
-    // The multicast width a TMA entry ran with, beside its time.
-    auto note_multicast = [&](const std::string& name, TmaEpilogue epi, int64_t N, int64_t K, int splits, int mc) {
-      if (row.contains(name)) row[name]["multicast"] = cuda::linear_tma_launch(cbe, epi, M, N, K, splits, mc).multicast;
-    };
     const bool kernel_rows = M <= ops::kNormLinearMaxRows, tma = cuda::linear_tma_valid(cbe, M, H, bf);
     const double e2 = 2.0;
     entry("qkv_cublas", 0, e2 * QKV * H, [&](Tensor w) {
@@ -175,51 +165,42 @@ int main(int argc, char** argv) {
       });
     }
     if (tma) {
-      auto tma_entries = [&](int splits, int mc, const std::string& suffix) {
+      auto tma_entries = [&](int splits, const std::string& suffix) {
         entry("qkv_tma" + suffix, 0, e2 * QKV * H, [&](Tensor w) {
           ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-          cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, splits, mc);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, splits);
         });
         entry("o_tma" + suffix, 1, e2 * H * Q, [&](Tensor w) {
-          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, attn, w, Tensor{}, splits, mc);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, attn, w, Tensor{}, splits);
         });
         entry("gate_up_tma" + suffix, 2, e2 * 2 * I * H, [&](Tensor w) {
           ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-          cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, splits, mc);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, splits);
         });
         entry("down_tma" + suffix, 3, e2 * H * I, [&](Tensor w) {
-          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits, mc);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits);
         });
         entry("down_tma_norm" + suffix, 3, e2 * H * I, [&](Tensor w) {
-          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits, mc);
+          cuda::linear_tma_forward(cbe, TmaEpilogue::add_residual, resid, act, w, Tensor{}, splits);
           ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
         });
         if (splits == 0)
           entry("head_tma" + suffix, -1, e2 * c.vocab_size * H, [&](Tensor w) {
             ops::rmsnorm_forward(be, normed, resid, w_norm, 1e-5f);
-            cuda::linear_tma_forward(cbe, TmaEpilogue::store, logits, normed, w, Tensor{}, 0, mc);
+            cuda::linear_tma_forward(cbe, TmaEpilogue::store, logits, normed, w, Tensor{}, 0);
           });
         // The projections alone, without the norm kernels between (what the step runs where the
         // kernel before writes the normed rows).
         if (splits == 0) {
           entry("qkv_tma_bare" + suffix, 0, e2 * QKV * H,
-                [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, 0, mc); });
+                [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::store, qkv, normed, w, Tensor{}, 0); });
           entry("gate_up_tma_bare" + suffix, 2, e2 * 2 * I * H,
-                [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, 0, mc); });
+                [&](Tensor w) { cuda::linear_tma_forward(cbe, TmaEpilogue::swiglu, act, normed, w, Tensor{}, 0); });
         }
-        for (const char* p : {"qkv_tma", "qkv_tma_bare"})
-          note_multicast(p + suffix, TmaEpilogue::store, QKV, H, splits, mc);
-        note_multicast("o_tma" + suffix, TmaEpilogue::add_residual, H, Q, splits, mc);
-        for (const char* p : {"gate_up_tma", "gate_up_tma_bare"})
-          note_multicast(p + suffix, TmaEpilogue::swiglu, 2 * I, H, splits, mc);
-        for (const char* p : {"down_tma", "down_tma_norm"})
-          note_multicast(p + suffix, TmaEpilogue::add_residual, H, I, splits, mc);
-        note_multicast("head_tma" + suffix, TmaEpilogue::store, c.vocab_size, H, 0, mc);
       };
-      tma_entries(0, 1, "");
+      tma_entries(0, "");
       if (sweep_splits)
-        for (int s : {1, 2, 4, 8}) tma_entries(s, 1, "_ks" + std::to_string(s));
-      for (int mc : multicasts) tma_entries(0, mc, "_mc" + std::to_string(mc));
+        for (int s : {1, 2, 4, 8}) tma_entries(s, "_ks" + std::to_string(s));
     }
     res["rows"][std::to_string(M)] = row;
   }

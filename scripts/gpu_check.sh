@@ -45,7 +45,7 @@
 #   rules: the same comparison between streaming-kernel rules of this build instead of two builds:
 #          each of RULES (space-separated KILN_LINEAR_TMA values, linear_tma.cu; `default` for the
 #          measured rule), after the streaming kernel's GPU test and bench_linear --splits
-#          at TMA_ROWS (32,64,96,128) (with TMA_MULTICAST, e.g. 2,4,8: --multicast too).
+#          at TMA_ROWS (32,64,96,128).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -345,7 +345,7 @@ if [ "$WHAT" = ab ] || [ "$WHAT" = rules ]; then
       || { status=1; grep -E "Failure|FAILED" "$OUT/tma_tests.log" | head -20; }
     tail -1 "$OUT/tma_tests.log"
     timeout 200 "$BUILD/bin/bench_linear" --config bench/configs/astrai-1b-shape.config.json --rows ${TMA_ROWS:-32,64,96,128} \
-      --splits ${TMA_MULTICAST:+--multicast $TMA_MULTICAST} > "$OUT/bench_linear.json" 2> /tmp/bench_linear.err \
+      --splits > "$OUT/bench_linear.json" 2> /tmp/bench_linear.err \
       || { status=1; tail -3 /tmp/bench_linear.err; }
     python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))

@@ -39,10 +39,8 @@ void fused_linear_kernel_forward(CudaBackend& be, ops::FusedLinear kind, Tensor 
 // Streaming linear layers on Hopper for 1 .. kLinearTmaMaxRows rows (linear_tma.cu): TMA weight
 // stream into wgmma, K split over a cluster for few-tile matrices, deterministic. x and w bf16, K a
 // multiple of 8, 16-byte aligned bases. y = epilogue(x @ w^T + bias): stored in y's dtype, added
-// into the f32 residual y, or SwiGLU of w = [gate; up] (y [M, N / 2]). k_splits 0 chooses;
-// multicast (1, 2, 4, 8: blocks of adjacent weight tiles sharing each batch tile through a cluster
-// multicast, bit-identical results) 0 takes the rule's, 1 where none; both as far as the shape
-// allows (linear_tma_launch says what runs).
+// into the f32 residual y, or SwiGLU of w = [gate; up] (y [M, N / 2]). k_splits 0 takes the rule's
+// or chooses (linear_tma_launch says what runs).
 constexpr int64_t kLinearTmaMaxRows = 128;
 enum class TmaEpilogue { store, add_residual, swiglu };
 bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype);
@@ -51,15 +49,13 @@ bool linear_tma_valid(CudaBackend& be, int64_t M, int64_t K, DType dtype);
 // environment's KILN_LINEAR_TMA replaces the measured rule, for measuring others (linear_tma.cu).
 bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, DType dtype);
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
-                        int k_splits = 0, int multicast = 0);
-// The launch linear_tma_forward makes of a shape with k_splits and multicast as given (0 and 1:
-// none asked, so the chosen split and no multicast): the batch tile (16, 32, 64 or 128 rows), the
-// weight tiles (grid x), the K splits (grid y) and the blocks sharing batch tiles.
+                        int k_splits = 0);
+// The launch linear_tma_forward makes of a shape with k_splits as given (0: chosen): the batch tile
+// (16, 32, 64 or 128 rows), the weight tiles (grid x) and the K splits (grid y).
 struct TmaLaunch {
-  int batch_rows = 0, tiles = 0, splits = 1, multicast = 1;
+  int batch_rows = 0, tiles = 0, splits = 1;
 };
-TmaLaunch linear_tma_launch(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, int k_splits,
-                            int multicast);
+TmaLaunch linear_tma_launch(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, int k_splits);
 void swiglu_forward(CudaBackend& be, Tensor out, Tensor gate_up);
 void softmax_forward(CudaBackend& be, Tensor y, Tensor x);
 void log_softmax_forward(CudaBackend& be, Tensor y, Tensor x);

@@ -1,8 +1,7 @@
 // Hopper (sm_90a) device helpers shared by kiln's wgmma kernels (attention, training attention,
 // the streaming linear layers): shared-memory descriptors and the wgmma fences, wgmma with both
-// operands in shared memory (bf16, f32 accumulators), mbarriers (also another cluster block's), TMA
-// tile loads completing on an mbarrier (also multicast over a cluster), cluster barrier halves, and
-// the programmatic-dependent-launch controls. Header-only device code; no state.
+// operands in shared memory (bf16, f32 accumulators), mbarriers, TMA tile loads completing on an
+// mbarrier, and the programmatic-dependent-launch controls. Header-only device code; no state.
 //
 // Shared-memory tiles are rows of 64 bf16 (128 bytes) written by TMA with the 128-byte swizzle:
 // the canonical wgmma SW128 K-major layout, 1024-byte atoms of 8 rows. A descriptor for k step kk
@@ -125,31 +124,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
       : "memory");
 }
-
-// The same box multicast to the blocks of the cluster whose ranks are set in `mask`: it lands at
-// dst's offset in each of their shared memories and completes `bytes` on the mbarrier at bar's
-// offset in each (a cluster's on-chip multicast; nothing to do with NVLink multicast).
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
-                                                      uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "h"(mask)
-      : "memory");
-}
-// One arrival on the mbarrier at bar's offset in the shared memory of cluster block `rank` (this
-// block's own included).
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
-      "r"(rank)
-      : "memory");
-}
-// The two halves of a cluster barrier, for threads that need not wait where they arrive: every
-// thread of every block arrives once, then waits (before arriving again). Not warp-aligned.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
 
 // Warp-specialised kernels: the register budget of the executing warpgroup raised or lowered to N
 // (a multiple of 8 in [24, 256]; every warp of the warpgroup executes it).

@@ -11,13 +11,9 @@
 // (two or four consumer warpgroups), which cut that traffic, were slower in every projection at 32
 // to 128 rows (docs/perf-notes.md, 2026-12-05; the code is in the history, commit c2cefd5).
 //
-// Batch-tile multicast (`multicast` MC > 1): MC blocks of adjacent weight tiles form a cluster (its
-// x dimension) and share their batch tiles: each block's producer loads BM / MC of the tile's rows
-// and multicasts them into all MC blocks, so each batch byte crosses from L2 once per MC weight
-// tiles, and the grid keeps one block per weight tile. A stage is then refilled only once the
-// consumers of all MC blocks have released it (each consumer warp arrives on the "empty" barrier of
-// every block of its group), so the group streams in step. Same sums in the same order as MC = 1:
-// bit-identical results.
+// The batch tiles multicast over a cluster of adjacent weight tiles (each batch byte crossing from L2
+// once per group) were no faster at any row count, alone or in the step (docs/perf-notes.md,
+// 2026-12-05; the code is in the history, commit 4ba0ef8).
 //
 // Few-tile matrices (the attention projections, the long-K down projection) split K over a cluster
 // of up to 8 blocks; the blocks' tiles meet in shared memory and each block finishes a share of the
@@ -79,8 +75,8 @@ struct Geometry {
 template <int BM, TmaEpilogue kEpi>
 __global__ void __launch_bounds__(Geometry<BM>::kThreads, Geometry<BM>::kBlocksPerSm)
     linear_tma_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
-                      void* __restrict__ y, DType y_dt, const void* __restrict__ bias, DType b_dt, int M, int N, int K,
-                      int multicast) {
+                      void* __restrict__ y, DType y_dt, const void* __restrict__ bias, DType b_dt, int M, int N,
+                      int K) {
   using G = Geometry<BM>;
   constexpr int kStages = G::kStages;
   constexpr int kConsumers = G::kConsumers;
@@ -88,15 +84,11 @@ __global__ void __launch_bounds__(Geometry<BM>::kThreads, Geometry<BM>::kBlocksP
   constexpr int kOuts = kSwiglu ? G::kBW / 2 : G::kBW;  // outputs per tile
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages];   // stage s loaded (TMA transactions)
-  __shared__ __align__(8) uint64_t empty[kStages];  // stage s read (one arrival per consumer warp of the group)
+  __shared__ __align__(8) uint64_t empty[kStages];  // stage s read (one arrival per consumer warp)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 
   const int tid = threadIdx.x;
   const int splits = gridDim.y, rank = blockIdx.y;
-  // The multicast group: MC blocks of one K split, cluster ranks rank * MC + [0, MC) (cluster ranks
-  // run along x first); this block loads batch rows [mc_rank * slice_rows, + slice_rows) of a tile.
-  const int mc = multicast, mc_rank = static_cast<int>(blockIdx.x) % mc, group0 = rank * mc;
-  const int slice_rows = BM / mc;
   const int out_rows = kSwiglu ? N / 2 : N;
   const int o0 = blockIdx.x * kOuts;  // first output of the tile
 
@@ -110,18 +102,11 @@ __global__ void __launch_bounds__(Geometry<BM>::kThreads, Geometry<BM>::kBlocksP
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], G::kConsumerWarps * mc);
+      mbar_init(&empty[s], G::kConsumerWarps);
     }
     mbar_fence_init();
   }
   __syncthreads();
-  // The group's barriers must exist before a peer multicasts into them or arrives on them: every
-  // thread waits for the cluster once past the programmatic wait.
-  if (mc > 1) cluster_arrive();
-  auto wait_for_inputs = [&] {
-    grid_dependency_wait();
-    if (mc > 1) cluster_wait();
-  };
 
   float acc[BM / 2];
 #pragma unroll
@@ -142,18 +127,11 @@ __global__ void __launch_bounds__(Geometry<BM>::kThreads, Geometry<BM>::kBlocksP
         }
       };
       auto load_x = [&](int s, int kt) {
-        uint8_t* dst = smem + s * G::kStageBytes + G::kWBytes;
-        if (mc == 1) {
-          tma_load_2d(dst, &x_map, kt * kBK, 0, &full[s]);
-        } else {
-          const uint16_t group = static_cast<uint16_t>(((1u << mc) - 1) << group0);
-          tma_load_2d_multicast(dst + mc_rank * slice_rows * kBK * 2, &x_map, kt * kBK, mc_rank * slice_rows, &full[s],
-                                group);
-        }
+        tma_load_2d(smem + s * G::kStageBytes + G::kWBytes, &x_map, kt * kBK, 0, &full[s]);
       };
       const int prologue = min(kStages, n_k);
       for (int s = 0; s < prologue; ++s) load_w(s, kt0 + s);
-      wait_for_inputs();
+      grid_dependency_wait();
       for (int s = 0; s < prologue; ++s) load_x(s, kt0 + s);
       for (int i = kStages; i < n_k; ++i) {
         const int s = i % kStages;
@@ -161,20 +139,16 @@ __global__ void __launch_bounds__(Geometry<BM>::kThreads, Geometry<BM>::kBlocksP
         load_w(s, kt0 + i);
         load_x(s, kt0 + i);
       }
-      // The tail: every stage released by every block of the group. Past it no peer still reads a
-      // batch slice this block multicast or arrives on this block's barriers, so it may exit.
-      for (int j = max(0, n_k - kStages); j < n_k; ++j) mbar_wait(&empty[j % kStages], (j / kStages) & 1);
     } else {
-      wait_for_inputs();
+      grid_dependency_wait();
     }
   } else {
     // The consumer warpgroup: one wgmma group per stage, the previous stage released as soon as its
-    // group has completed (one group stays in flight); the last one too (the producers' tails).
-    wait_for_inputs();
+    // group has completed (one group stays in flight).
+    grid_dependency_wait();
     const int lane = tid % 32;
     auto release = [&](int s) {
-      if (mc == 1 && lane == 0) mbar_arrive(&empty[s]);
-      else if (mc > 1 && lane < mc) mbar_arrive_cluster(&empty[s], group0 + lane);
+      if (lane == 0) mbar_arrive(&empty[s]);
     };
     for (int i = 0; i < n_k; ++i) {
       const int s = i % kStages;
@@ -191,7 +165,6 @@ __global__ void __launch_bounds__(Geometry<BM>::kThreads, Geometry<BM>::kBlocksP
     }
     wgmma_wait<0>();
     fence_regs(acc);
-    if (n_k > 0) release((n_k - 1) % kStages);
   }
   launch_dependents();
   __syncthreads();  // every load issued has been consumed: the stages are free
@@ -228,7 +201,7 @@ __global__ void __launch_bounds__(Geometry<BM>::kThreads, Geometry<BM>::kBlocksP
 #pragma unroll
       for (int q = 0; q < kMaxSplits; ++q) {  // unrolled: the ranks' loads are in flight together
         if (q >= splits) break;
-        const float* src = splits == 1 ? red : cg::this_cluster().map_shared_rank(red, q * mc + mc_rank);
+        const float* src = splits == 1 ? red : cg::this_cluster().map_shared_rank(red, q);
         const float4 a = *reinterpret_cast<const float4*>(&src[jl * G::kRedStride + 4 * mq]);
         v[c].x += a.x, v[c].y += a.y, v[c].z += a.z, v[c].w += a.w;
         if constexpr (kSwiglu) {
@@ -322,25 +295,11 @@ int choose_splits(int tiles, int k_tiles, int sm_count) {
   return s;
 }
 
-// Blocks sharing their batch tiles (1, 2, 4 or 8): as asked, but each slice at least 8 rows (the
-// swizzle's atom) starting below M (no box wholly outside the matrix), the tiles a whole number of
-// groups, and the cluster (multicast x K splits) at most the portable 8 blocks.
-int clamp_multicast(int multicast, int bm, int splits, int tiles, int M) {
-  int mc = 1;
-  for (int next = 2; next <= multicast; next *= 2) {
-    const int slice = bm / next;
-    if (slice < 8 || (next - 1) * slice >= M || tiles % next != 0 || next * splits > kMaxSplits) break;
-    mc = next;
-  }
-  return mc;
-}
-
 int batch_tile_rows(int M) { return M <= 16 ? 16 : M <= 32 ? 32 : M <= 64 ? 64 : 128; }
 
 }  // namespace
 
-TmaLaunch linear_tma_launch(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, int k_splits,
-                            int multicast) {
+TmaLaunch linear_tma_launch(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, int k_splits) {
   const int bm = batch_tile_rows(static_cast<int>(M));
   const int box_rows = epilogue == TmaEpilogue::swiglu ? kWgRows / 2 : kWgRows;  // outputs per tile
   const int64_t out_rows = epilogue == TmaEpilogue::swiglu ? N / 2 : N;
@@ -350,7 +309,6 @@ TmaLaunch linear_tma_launch(CudaBackend& be, TmaEpilogue epilogue, int64_t M, in
   const int k_tiles = static_cast<int>((K + kBK - 1) / kBK);
   l.splits = std::clamp(k_splits > 0 ? k_splits : choose_splits(l.tiles, k_tiles, be.multiprocessor_count()), 1,
                         kMaxSplits);
-  l.multicast = clamp_multicast(multicast, bm, l.splits, l.tiles, static_cast<int>(M));
   return l;
 }
 
@@ -362,7 +320,7 @@ void launch_bm(CudaBackend& be, void* y, DType y_dt, const void* x, const void* 
   using G = Geometry<BM>;
   constexpr int kBoxRows = kEpi == TmaEpilogue::swiglu ? G::kBW / 2 : G::kBW;  // weight rows per TMA box
   const CUtensorMap w_map = tile_map(w, N, K, kBoxRows);
-  const CUtensorMap x_map = tile_map(x, M, K, BM / l.multicast);
+  const CUtensorMap x_map = tile_map(x, M, K, BM);
   auto kernel = linear_tma_kernel<BM, kEpi>;
   attention_allow_smem(be, reinterpret_cast<const void*>(kernel), G::kSmem);
   cudaLaunchConfig_t cfg = {};
@@ -372,14 +330,14 @@ void launch_bm(CudaBackend& be, void* y, DType y_dt, const void* x, const void* 
   cfg.stream = detail::stream_of(be);
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(l.multicast);
+  attr[0].val.clusterDim.x = 1;
   attr[0].val.clusterDim.y = static_cast<unsigned>(l.splits);
   attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = be.programmatic_launch() ? 2 : 1;  // programmatic_launch.cuh
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, w_map, x_map, y, y_dt, bias, b_dt, M, N, K, l.multicast));
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, w_map, x_map, y, y_dt, bias, b_dt, M, N, K));
 }
 
 template <TmaEpilogue kEpi>
@@ -395,10 +353,10 @@ void launch(CudaBackend& be, void* y, DType y_dt, const void* x, const void* w, 
 
 // Where the streaming kernel is preferred: for one epilogue, steps of [min_rows, max_rows] rows and
 // widths K >= min_k (the down projection apart from o, say), with k_splits blocks splitting K (0:
-// choose_splits) and `multicast` blocks sharing batch tiles.
+// choose_splits).
 struct TmaRange {
   TmaEpilogue epilogue;
-  int min_rows, max_rows, k_splits, multicast = 1, min_k = 0;
+  int min_rows, max_rows, k_splits, min_k = 0;
 };
 
 // Measured on the H200 (bench_linear, graph replay, astrai-1b shape over 24 layers' weights;
@@ -414,9 +372,8 @@ const char* epilogue_name(TmaEpilogue e) {
 }
 
 // KILN_LINEAR_TMA, for measuring other choices in the whole step: comma-separated
-// `EPILOGUE=MIN-MAX[xSPLITS][mMULTICAST][kMIN_K]` (EPILOGUE store, residual or swiglu; SPLITS 1-8,
-// default chosen; MULTICAST 1-8, default 1; MIN_K: only widths of at least that), e.g.
-// `swiglu=17-128m2,residual=65-128x4m2k4096`. An
+// `EPILOGUE=MIN-MAX[xSPLITS][kMIN_K]` (EPILOGUE store, residual or swiglu; SPLITS 1-8, default
+// chosen; MIN_K: only widths of at least that), e.g. `swiglu=17-128,residual=65-128x4k4096`. An
 // epilogue it names takes only its ranges (`store=0-0`: never); the others keep the measured ones.
 // Malformed: ignored, with a message.
 std::vector<TmaRange> read_env_ranges() {
@@ -431,19 +388,18 @@ std::vector<TmaRange> read_env_ranges() {
     const std::string item = spec.substr(begin, end - begin);
     begin = end + 1;
     char name[16] = {};
-    int lo = 0, hi = 0, splits = 0, multicast = 1, min_k = 0, used = 0, tail = 0;
+    int lo = 0, hi = 0, splits = 0, min_k = 0, used = 0, tail = 0;
     const int n = std::sscanf(item.c_str(), "%15[a-z]=%d-%d%n", name, &lo, &hi, &used);
     if (n == 3 && item[used] == 'x' && std::sscanf(item.c_str() + used, "x%d%n", &splits, &tail) == 1) used += tail;
-    if (n == 3 && item[used] == 'm' && std::sscanf(item.c_str() + used, "m%d%n", &multicast, &tail) == 1) used += tail;
     if (n == 3 && item[used] == 'k' && std::sscanf(item.c_str() + used, "k%d%n", &min_k, &tail) == 1) used += tail;
-    TmaRange r{TmaEpilogue::store, lo, hi, splits, multicast, min_k};
+    TmaRange r{TmaEpilogue::store, lo, hi, splits, min_k};
     bool ok = n == 3 && used == static_cast<int>(item.size()) && lo <= hi && splits >= 0 && splits <= kMaxSplits &&
-              multicast >= 1 && multicast <= kMaxSplits && min_k >= 0;
+              min_k >= 0;
     if (ok && std::strcmp(name, "residual") == 0) r.epilogue = TmaEpilogue::add_residual;
     else if (ok && std::strcmp(name, "swiglu") == 0) r.epilogue = TmaEpilogue::swiglu;
     else ok = ok && std::strcmp(name, "store") == 0;
     if (!ok) {
-      std::fprintf(stderr, "kiln: ignoring KILN_LINEAR_TMA=%s (want e.g. swiglu=17-128m2,store=65-128x4)\n", env);
+      std::fprintf(stderr, "kiln: ignoring KILN_LINEAR_TMA=%s (want e.g. swiglu=17-128,store=65-128x4)\n", env);
       return out;
     }
     named[static_cast<int>(r.epilogue)] = true;
@@ -452,9 +408,8 @@ std::vector<TmaRange> read_env_ranges() {
   std::erase_if(out, [&](const TmaRange& r) { return named[static_cast<int>(r.epilogue)]; });
   out.insert(out.end(), given.begin(), given.end());
   for (const TmaRange& r : given)
-    std::fprintf(stderr, "kiln: streaming linear kernel for %s at %d-%d rows and K >= %d, K split %d%s, multicast %d\n",
-                 epilogue_name(r.epilogue), r.min_rows, r.max_rows, r.min_k, r.k_splits, r.k_splits ? "" : " (chosen)",
-                 r.multicast);
+    std::fprintf(stderr, "kiln: streaming linear kernel for %s at %d-%d rows and K >= %d, K split %d%s\n",
+                 epilogue_name(r.epilogue), r.min_rows, r.max_rows, r.min_k, r.k_splits, r.k_splits ? "" : " (chosen)");
   return out;
 }
 
@@ -480,7 +435,7 @@ bool linear_tma_preferred(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int6
 }
 
 void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor x, Tensor w, Tensor bias,
-                        int k_splits, int multicast) {
+                        int k_splits) {
   detail::check_float(be, y);
   detail::check_float(be, x);
   detail::check_float(be, w);
@@ -497,11 +452,8 @@ void linear_tma_forward(CudaBackend& be, TmaEpilogue epilogue, Tensor y, Tensor 
     KILN_ASSERT(bias.numel() == N);
   }
   if (N == 0) return;
-  if (const TmaRange* r = preferred_range(epilogue, M, K)) {
-    if (k_splits <= 0) k_splits = r->k_splits;
-    if (multicast <= 0) multicast = r->multicast;
-  }
-  const TmaLaunch l = linear_tma_launch(be, epilogue, M, N, K, k_splits, multicast);
+  if (const TmaRange* r = preferred_range(epilogue, M, K); r && k_splits <= 0) k_splits = r->k_splits;
+  const TmaLaunch l = linear_tma_launch(be, epilogue, M, N, K, k_splits);
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
   switch (epilogue) {
     case TmaEpilogue::store:
