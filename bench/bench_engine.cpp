@@ -1,7 +1,8 @@
 // Engine benchmark (prints one JSON object): a model built with seeded random weights from a
 // Hugging Face config.json, run through kiln's inference engine.
 //   single:  one request at each of --single-contexts: prefill time (time to first token) and decode
-//            ms per token (the B=1 latency figures)
+//            ms per token (the B=1 latency figures), with the engine's counters of the run (steps,
+//            where the engine thread's time went)
 //   decode:  B requests of a 1K-token prompt decoding together; tokens/s of the decode phase
 //            (from the moment every request has its first token to the first request's last), after
 //            a warm-up batch of the same shape (other prompts) has captured the steps' graphs, as the
@@ -84,6 +85,25 @@ void drain_all(std::vector<std::shared_ptr<RequestStream>>& streams, std::vector
   }
 }
 
+// The engine's counters accumulated between two snapshots, as JSON: steps, where the engine
+// thread's time went (EngineStats), graph replays and their device time.
+nlohmann::json counters_since(const EngineStats& now, const EngineStats& before) {
+  return {{"steps", now.steps - before.steps},
+          {"graph_replays", now.graph_replays - before.graph_replays},
+          {"lookahead_steps", now.lookahead_steps - before.lookahead_steps},
+          {"engine_step_s", now.step_seconds - before.step_seconds},
+          {"executor_s", now.executor_seconds - before.executor_seconds},
+          {"device_wait_s", now.device_wait_seconds - before.device_wait_seconds},
+          {"pack_s", now.pack_seconds - before.pack_seconds},
+          {"issue_s", now.issue_seconds - before.issue_seconds},
+          {"schedule_s", now.schedule_seconds - before.schedule_seconds},
+          {"deliver_s", now.deliver_seconds - before.deliver_seconds},
+          {"graph_launch_s", now.graph_launch_seconds - before.graph_launch_seconds},
+          {"graph_device_s", now.graph_device_seconds - before.graph_device_seconds},
+          {"graph_gap_s", now.graph_gap_seconds - before.graph_gap_seconds},
+          {"graph_gaps", now.graph_gaps - before.graph_gaps}};
+}
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
@@ -145,6 +165,7 @@ int main(int argc, char** argv) {
         r.ignore_eos = true;
         std::vector<std::shared_ptr<RequestStream>> streams;
         std::vector<Timing> t(1);
+        const EngineStats before = (*engine)->stats();
         t[0].submitted = Clock::now();
         Result<std::shared_ptr<RequestStream>> s = (*engine)->submit(r);
         if (!s.ok()) return fail(s.status());
@@ -154,7 +175,8 @@ int main(int argc, char** argv) {
         const double decode_ms = secs(t[0].first, t[0].last) * 1e3 / std::max(1, t[0].tokens - 1);
         out["single"].push_back({{"context", n},
                                  {"prefill_ms", secs(t[0].submitted, t[0].first) * 1e3},
-                                 {"decode_ms_per_token", decode_ms}});
+                                 {"decode_ms_per_token", decode_ms},
+                                 {"counters", counters_since((*engine)->stats(), before)}});
         std::fprintf(stderr, "single %d: prefill %.2f ms, decode %.3f ms/token\n", n,
                      secs(t[0].submitted, t[0].first) * 1e3, decode_ms);
       }
@@ -202,48 +224,21 @@ int main(int argc, char** argv) {
       }
       const double dt = secs(start, stop);
       const Clock::time_point t_submit = t[0].submitted;
-      EngineStats st = (*engine)->stats();
       // The measured batch's share of the counters.
-      st.graph_replays -= warm.graph_replays;
-      st.lookahead_steps -= warm.lookahead_steps;
-      st.step_seconds -= warm.step_seconds;
-      st.executor_seconds -= warm.executor_seconds;
-      st.device_wait_seconds -= warm.device_wait_seconds;
-      st.pack_seconds -= warm.pack_seconds;
-      st.issue_seconds -= warm.issue_seconds;
-      st.schedule_seconds -= warm.schedule_seconds;
-      st.deliver_seconds -= warm.deliver_seconds;
-      st.graph_launch_seconds -= warm.graph_launch_seconds;
-      st.graph_device_seconds -= warm.graph_device_seconds;
-      st.graph_gap_seconds -= warm.graph_gap_seconds;
-      st.graph_gaps -= warm.graph_gaps;
-      st.full_bucket_replays -= warm.full_bucket_replays;
-      st.full_bucket_seconds -= warm.full_bucket_seconds;
-      st.steps -= warm.steps;
-      out["decode"].push_back({{"batch", B},
-                               {"context", context},
-                               {"tokens_per_s", dt > 0 ? static_cast<double>(tokens) / dt : 0.0},
-                               {"ms_per_step", tokens > 0 ? dt * 1e3 / (static_cast<double>(tokens) / B) : 0.0},
-                               {"steady_seconds", dt},
-                               {"all_tokens_per_s", static_cast<double>(all_tokens) / secs(t_submit, end)},
-                               {"graph_replays", st.graph_replays},
-                               {"lookahead_steps", st.lookahead_steps},
-                               {"engine_step_s", st.step_seconds},
-                               {"executor_s", st.executor_seconds},
-                               {"device_wait_s", st.device_wait_seconds},
-                               {"pack_s", st.pack_seconds},
-                               {"issue_s", st.issue_seconds},
-                               {"schedule_s", st.schedule_seconds},
-                               {"deliver_s", st.deliver_seconds},
-                               {"graph_launch_s", st.graph_launch_seconds},
-                               {"graph_device_s", st.graph_device_seconds},
-                               {"graph_gap_s", st.graph_gap_seconds},
-                               {"graph_gaps", st.graph_gaps},
-                               {"full_bucket_replays", st.full_bucket_replays},
-                               {"full_bucket_graph_ms",
-                                st.full_bucket_replays > 0 ? 1e3 * st.full_bucket_seconds / st.full_bucket_replays : 0.0},
-                               {"steps", st.steps},
-                               {"kv_capacity_tokens", (*engine)->kv_capacity_tokens()}});
+      const EngineStats st = (*engine)->stats();
+      const int64_t full_replays = st.full_bucket_replays - warm.full_bucket_replays;
+      const double full_seconds = st.full_bucket_seconds - warm.full_bucket_seconds;
+      nlohmann::json entry = {{"batch", B},
+                              {"context", context},
+                              {"tokens_per_s", dt > 0 ? static_cast<double>(tokens) / dt : 0.0},
+                              {"ms_per_step", tokens > 0 ? dt * 1e3 / (static_cast<double>(tokens) / B) : 0.0},
+                              {"steady_seconds", dt},
+                              {"all_tokens_per_s", static_cast<double>(all_tokens) / secs(t_submit, end)},
+                              {"full_bucket_replays", full_replays},
+                              {"full_bucket_graph_ms", full_replays > 0 ? 1e3 * full_seconds / full_replays : 0.0},
+                              {"kv_capacity_tokens", (*engine)->kv_capacity_tokens()}};
+      entry.update(counters_since(st, warm));
+      out["decode"].push_back(std::move(entry));
       std::fprintf(stderr, "decode B=%d: %.0f tok/s\n", B, dt > 0 ? tokens / dt : 0.0);
     }
   }
