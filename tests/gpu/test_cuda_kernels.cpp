@@ -381,7 +381,8 @@ TEST(CudaKernels, GemmFallbackKernel) {
 TEST(CudaKernels, Swiglu) {
   KILN_REQUIRE_GPU(be);
   uint64_t seed = 700;
-  for (int64_t I : {37, 1001, 4096}) {
+  // 37 and 1001: element by element; 3456 and 4096: chunks of 8, several per thread.
+  for (int64_t I : {37, 1001, 3456, 4096}) {
     for (int64_t T : {1, 3, 17, 300}) {
       for (DType dt : {kF32, kBF16}) {
         SCOPED_TRACE("I=" + std::to_string(I) + " T=" + std::to_string(T) + " " + name(dt));

@@ -17,16 +17,20 @@ TEST(CudaFusedKernels, QkvRopeCacheWrite) {
   KILN_REQUIRE_GPU(gpu);
   auto cpu = make_cpu_backend();
   struct Case { int64_t T, Hq, Hkv, D; bool norms; DType dt; };
+  // Head dims that are multiples of 64 run the vector path, 48 the warp-per-head one.
   for (const Case& c : {Case{1, 24, 4, 64, false, DType::bf16}, Case{37, 24, 4, 64, true, DType::bf16},
                         Case{300, 32, 8, 128, true, DType::bf16}, Case{5, 6, 2, 48, true, DType::f32},
-                        Case{3, 4, 1, 256, false, DType::f32}}) {
+                        Case{3, 4, 1, 256, false, DType::f32}, Case{9, 6, 2, 192, true, DType::bf16},
+                        Case{11, 8, 2, 128, false, DType::f32}}) {
     SCOPED_TRACE(testing::Message() << "T=" << c.T << " Hq=" << c.Hq << " D=" << c.D);
     const int64_t W = (c.Hq + 2 * c.Hkv) * c.D, S = 2 * c.T + 9, half = c.D / 2;
     TensorBuffer qkv = random_host({c.T, W}, c.dt, 21), qn = random_host({c.D}, c.dt, 22), kn = random_host({c.D}, c.dt, 23);
     TensorBuffer inv = host_empty({half}, DType::f32);
     for (int64_t i = 0; i < half; ++i) inv.ptr<float>()[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / c.D));
     std::vector<int32_t> pos(c.T), slot(c.T);
-    for (int64_t t = 0; t < c.T; ++t) pos[t] = static_cast<int32_t>(29000 + t), slot[t] = static_cast<int32_t>(S - 2 - 2 * t);
+    // Every fifth token from the second a padding row (negative slot: q written, nothing cached).
+    for (int64_t t = 0; t < c.T; ++t)
+      pos[t] = static_cast<int32_t>(29000 + t), slot[t] = t % 5 == 1 ? -1 : static_cast<int32_t>(S - 2 - 2 * t);
     TensorBuffer positions = host_ints(pos), slots = host_ints(slot);
     TensorBuffer kc = random_host({S, c.Hkv, c.D}, c.dt, 24), vc = random_host({S, c.Hkv, c.D}, c.dt, 25);
     TensorBuffer q = host_empty({c.T, c.Hq, c.D}, c.dt);
