@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
                         {"cuda_graphs", options.use_graphs},
                         {"lookahead", options.lookahead},
                         {"page_size", options.page_size},
-                        {"max_step_tokens", options.max_step_tokens}};
+                        {"max_step_tokens", options.max_step_tokens},
+                        {"mixed_step_tokens", options.mixed_step_tokens}};
 
   if (skip.find("single") == std::string::npos) {
     Result<std::unique_ptr<Engine>> engine = make_engine(options);

@@ -9,6 +9,10 @@ void EngineFlags::add(CLI::App* cmd) {
   cmd->add_option("--max-running", options.max_running, "requests decoded together at most")->capture_default_str();
   cmd->add_option("--max-step-tokens", options.max_step_tokens, "tokens per engine step (prefill chunks + decodes)")
       ->capture_default_str();
+  cmd->add_option("--mixed-step-tokens", options.mixed_step_tokens,
+                  "tokens per engine step while requests are decoding (a long prompt's chunks hold their next tokens "
+                  "for shorter steps); within [--max-running, --max-step-tokens]")
+      ->capture_default_str();
   cmd->add_option("--kv-tokens", options.kv_tokens,
                   "KV pool capacity in tokens (default: most of the GPU memory left after the weights; on the CPU "
                   "four full-length sequences within 2 GiB)");

@@ -77,6 +77,7 @@ Status Engine::init() {
     return invalid_argument("--max-step-tokens (" + std::to_string(o.max_step_tokens) +
                             ") must be at least --max-running (" + std::to_string(o.max_running) +
                             "): every running request decodes one token per step");
+  if (o.mixed_step_tokens < 1) return invalid_argument("--mixed-step-tokens must be positive");
   if (o.page_size < 1 || o.page_size > 4096) return invalid_argument("--page-size must be within [1, 4096]");
   if (o.kv_tokens < 0 || o.kv_memory < 0) return invalid_argument("--kv-tokens and --kv-memory must not be negative");
   if (!(o.kv_memory_fraction > 0.0 && o.kv_memory_fraction < 1.0))
@@ -121,6 +122,7 @@ Status Engine::init() {
   sc.page_size = o.page_size;
   sc.max_running = o.max_running;
   sc.max_step_tokens = o.max_step_tokens;
+  sc.mixed_step_tokens = std::clamp(o.mixed_step_tokens, o.max_running, o.max_step_tokens);
   sc.prefix_cache = o.prefix_cache;
   sc.max_score_rows = o.max_score_rows;
   scheduler_ = std::make_unique<Scheduler>(sc);

@@ -193,7 +193,11 @@ class RequestStream {
 
 struct EngineOptions {
   int32_t max_running = 256;       // requests decoded together at most
-  int32_t max_step_tokens = 8192;  // tokens per step (prefill chunks + decodes)
+  int32_t max_step_tokens = 16384;  // tokens per step (prefill chunks + decodes)
+  // Tokens per step while requests decode (their next tokens wait for the step): prefill chunks
+  // are cut to fit. Taken within [max_running, max_step_tokens]. Measured (H100, astrai-1b, one
+  // 30K prompt): 16K-token steps prefill it 4.5% faster than 8K ones, 32K no faster than 16K.
+  int32_t mixed_step_tokens = 8192;
   int32_t page_size = 16;          // KV page size in tokens
   int64_t kv_tokens = 0;           // KV pool capacity in tokens; 0: from kv_memory, else automatic
   int64_t kv_memory = 0;           // KV pool bytes; 0: automatic (CUDA: a fraction of free memory)

@@ -96,6 +96,7 @@ EngineEvent event_from(const json& j) {
 
 json options_json(const EngineOptions& o) {
   return {{"max_running", o.max_running},   {"max_step_tokens", o.max_step_tokens},
+          {"mixed_step_tokens", o.mixed_step_tokens},
           {"page_size", o.page_size},       {"kv_tokens", o.kv_tokens},
           {"kv_memory", o.kv_memory},       {"kv_memory_fraction", o.kv_memory_fraction},
           {"max_seq_len", o.max_seq_len},   {"prefix_cache", o.prefix_cache},
@@ -107,6 +108,7 @@ EngineOptions options_from(const json& j) {
   EngineOptions o;
   j.at("max_running").get_to(o.max_running);
   j.at("max_step_tokens").get_to(o.max_step_tokens);
+  j.at("mixed_step_tokens").get_to(o.mixed_step_tokens);
   j.at("page_size").get_to(o.page_size);
   j.at("kv_tokens").get_to(o.kv_tokens);
   j.at("kv_memory").get_to(o.kv_memory);

@@ -12,6 +12,13 @@ Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), pool_(PagePool::paged(config.num_pages, config.page_size)), radix_(pool_) {
   KILN_ASSERT(config.num_pages > 0 && config.page_size > 0 && config.max_running > 0);
   KILN_ASSERT(config.max_step_tokens >= config.max_running);
+  KILN_ASSERT(config.mixed_step_tokens == 0 ||
+              (config.mixed_step_tokens >= config.max_running && config.mixed_step_tokens <= config.max_step_tokens));
+}
+
+int32_t Scheduler::step_budget(const StepPlan& plan) const {
+  const int32_t mixed = config_.mixed_step_tokens > 0 ? config_.mixed_step_tokens : config_.max_step_tokens;
+  return (plan.tokens > 0 ? mixed : config_.max_step_tokens) - plan.tokens;
 }
 
 Scheduler::~Scheduler() {
@@ -225,6 +232,7 @@ StepPlan Scheduler::schedule() {
     }
     add_entry(plan, seq, 1, budget);
   }
+  budget = std::min(budget, step_budget(plan));
   // 2. Chunks of running sequences with more than one token left.
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* seq = running_[i];
@@ -267,7 +275,7 @@ bool Scheduler::plan_continuation(const StepPlan& current, const std::vector<cha
   }
   // Sequences that `current` ends still count against max_running until they leave: every running
   // sequence may hold one of the executor's per-request rows (penalty counts) until then.
-  int32_t budget = config_.max_step_tokens - plan.tokens;
+  int32_t budget = step_budget(plan);
   admit_waiting(plan, budget);
   if (plan.empty()) return false;
   next = std::move(plan);

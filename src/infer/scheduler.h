@@ -3,7 +3,9 @@
 //
 // A sequence is a request's tokens (prompt, then generated ids) of which the first `computed` have
 // their keys/values in the sequence's pages. Every step packs, under a token budget and a limit on
-// running sequences:
+// running sequences (the budget: max_step_tokens, or mixed_step_tokens where the step decodes, so
+// that a long prompt's chunks hold the running requests' next tokens for a shorter step, and a
+// prompt prefilled while nothing decodes takes fewer, larger steps):
 //   1. one token of every running sequence that has exactly one uncomputed token (the decode of
 //      every running request, every step), oldest admission first;
 //   2. the next chunk of every running sequence with more (chunked prefill, or a recompute after
@@ -52,7 +54,9 @@ struct SchedulerConfig {
   int32_t num_pages = 0;
   int32_t page_size = 16;
   int32_t max_running = 256;       // sequences in flight at once
-  int32_t max_step_tokens = 8192;  // tokens packed in one step (>= max_running)
+  int32_t max_step_tokens = 16384;  // tokens packed in one step (>= max_running)
+  int32_t mixed_step_tokens = 0;     // ... in a step that decodes (0: max_step_tokens; else within
+                                     // [max_running, max_step_tokens])
   bool prefix_cache = true;
   int32_t max_score_rows = 0;      // prompt-scoring logit rows per step (0: no sequence may score)
 };
@@ -155,6 +159,9 @@ class Scheduler {
   // Gives `seq` pages for its first `tokens` tokens; evicts, then preempts the newest running
   // sequence other than `seq` (recording it in `plan`). False when even that is not enough.
   bool reserve(Sequence* seq, int32_t tokens, StepPlan& plan, bool may_preempt);
+  // The tokens a step may still take after `plan`'s entries so far: mixed_step_tokens once it
+  // decodes (every entry so far a decode), else max_step_tokens.
+  int32_t step_budget(const StepPlan& plan) const;
   // Appends an entry computing `count` tokens of `seq` from seq->computed (budget -= count).
   void add_entry(StepPlan& plan, Sequence* seq, int32_t count, int32_t& budget);
   // Step 3 of a plan: admissions in arrival order under `budget` (never preempting).

@@ -108,12 +108,15 @@ TEST(RadixCache, EvictsLeastRecentlyUsedUnreferencedLeaves) {
   EXPECT_EQ(pool.used_pages(), 0);
 }
 
-SchedulerConfig small_config(int32_t pages, int32_t page_size, int32_t max_running, int32_t budget) {
+// `mixed`: the budget of steps that decode (0: `budget`, as for the others).
+SchedulerConfig small_config(int32_t pages, int32_t page_size, int32_t max_running, int32_t budget,
+                             int32_t mixed = 0) {
   SchedulerConfig c;
   c.num_pages = pages;
   c.page_size = page_size;
   c.max_running = max_running;
   c.max_step_tokens = budget;
+  c.mixed_step_tokens = mixed;
   return c;
 }
 
@@ -156,6 +159,48 @@ TEST(Scheduler, ChunkedPrefillMixedWithDecodesUnderTheBudget) {
   finish_step(s, p);
   EXPECT_EQ(s.find(2)->tokens.size(), 26u);
   EXPECT_EQ(s.find(2)->pages.size(), 7u);  // 25 computed tokens in pages of 4
+}
+
+TEST(Scheduler, StepsThatDecodeTakeTheMixedBudget) {
+  // max_step_tokens 20, mixed_step_tokens 8: a prompt goes in chunks of 20 while nothing decodes;
+  // once a request decodes, its steps hold 8 tokens in all.
+  Scheduler s(small_config(64, 4, 8, 20, 8));
+  s.add(1, iota_tokens(30, 1000));
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 1u);
+  EXPECT_EQ(p.entries[0].count, 20);
+  finish_step(s, p);
+  s.add(2, iota_tokens(30, 2000));
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[0].seq->id, 1u);
+  EXPECT_EQ(p.entries[0].count, 10);  // the rest of request 1's prompt
+  EXPECT_TRUE(p.entries[0].wants_logits);
+  EXPECT_EQ(p.entries[1].seq->id, 2u);
+  EXPECT_EQ(p.entries[1].count, 10);  // up to max_step_tokens: nothing decodes in this step
+  finish_step(s, p);
+  p = s.schedule();  // request 1 decodes
+  ASSERT_EQ(p.entries.size(), 2u);
+  EXPECT_EQ(p.entries[0].seq->id, 1u);
+  EXPECT_EQ(p.entries[0].count, 1);
+  EXPECT_EQ(p.entries[1].seq->id, 2u);
+  EXPECT_EQ(p.entries[1].start, 10);
+  EXPECT_EQ(p.entries[1].count, 7);
+  EXPECT_EQ(p.tokens, 8);
+  finish_step(s, p);
+  for (int step = 0; step < 8 && s.find(2)->computed < 30; ++step) finish_step(s, s.schedule());
+  ASSERT_EQ(s.find(2)->computed, 30);
+  // A step of two decodes, and an arrival while it runs: the continuation admits it with the 6
+  // tokens the mixed budget leaves, as schedule() would.
+  p = s.schedule();
+  ASSERT_EQ(p.entries.size(), 2u);
+  s.add(3, iota_tokens(30, 3000));
+  StepPlan next;
+  ASSERT_TRUE(s.plan_continuation(p, {1, 1}, next));
+  ASSERT_EQ(next.entries.size(), 3u);
+  EXPECT_EQ(next.entries[2].seq->id, 3u);
+  EXPECT_EQ(next.entries[2].count, 6);
+  EXPECT_EQ(next.tokens, 8);
 }
 
 TEST(Scheduler, RefillsFreedSlotsAndPlansExactlyTheActiveRequests) {
