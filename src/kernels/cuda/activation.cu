@@ -4,10 +4,7 @@
 //   bias_add_forward: y[m, n] += bias[n].  y: [..., N] viewed as [M, N], bias: [N].
 //   add_inplace:      a += b elementwise.  a, b: same shape (dtypes may differ, e.g. bf16 a, f32 b).
 // Grid-stride loops over chunks of N elements: N = 8 (16-byte vector accesses) when the row length
-// is a multiple of 8 and the bases are 16-byte aligned, else N = 1. SwiGLU's vector path takes
-// kSwigluChunks chunks a thread per pass with every load issued before the arithmetic, and finds a
-// chunk's row by 32-bit division (a prefill's 30K x 3456 outputs: each thread kept one chunk's loads
-// in flight and divided in 64 bits, about half the bandwidth).
+// is a multiple of 8 and the bases are 16-byte aligned, else N = 1.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/kernel_util.cuh"
 
@@ -16,46 +13,20 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float swiglu1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
-// Element by element (unaligned or odd row lengths).
+// Chunks never straddle rows: N divides I.
+template <int N>
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(void* out, DType out_dt, const void* gate_up, DType gu_dt, int64_t rows, int64_t I) {
-  const int64_t n = rows * I;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t r = e / I, i = e - r * I;
-    detail::store1(out, e, out_dt,
-                   swiglu1(detail::load1(gate_up, r * 2 * I + i, gu_dt), detail::load1(gate_up, r * 2 * I + I + i, gu_dt)));
-  }
-}
-
-// Chunks of 8 outputs (never straddling rows: 8 divides I); `chunks` = rows * I / 8 < 2^31.
-constexpr int kSwigluChunks = 4;
-__global__ void __launch_bounds__(kThreads)
-    swiglu_vec_kernel(void* out, DType out_dt, const void* gate_up, DType gu_dt, int32_t chunks, int32_t row_chunks) {
-  const int64_t I = static_cast<int64_t>(row_chunks) * 8;
-  constexpr int kPass = kThreads * kSwigluChunks;
-  for (int32_t base = blockIdx.x * kPass + threadIdx.x; base < chunks; base += gridDim.x * kPass) {
-    float g[kSwigluChunks][8], u[kSwigluChunks][8];
+  const int64_t chunks = rows * I / N;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; c < chunks;
+       c += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t e = c * N, r = e / I, i = e - r * I;
+    float g[N], u[N], o[N];
+    detail::load_vec<N>(gate_up, r * 2 * I + i, gu_dt, g);
+    detail::load_vec<N>(gate_up, r * 2 * I + I + i, gu_dt, u);
 #pragma unroll
-    for (int k = 0; k < kSwigluChunks; ++k) {
-      const int32_t c = base + k * kThreads;
-      if (c >= chunks) break;
-      const uint32_t r = static_cast<uint32_t>(c) / static_cast<uint32_t>(row_chunks);
-      const int64_t in = static_cast<int64_t>(r) * 2 * I + (static_cast<int64_t>(c) - static_cast<int64_t>(r) * row_chunks) * 8;
-      detail::load_vec<8>(gate_up, in, gu_dt, g[k]);
-      detail::load_vec<8>(gate_up, in + I, gu_dt, u[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < kSwigluChunks; ++k) {
-      const int32_t c = base + k * kThreads;
-      if (c >= chunks) break;
-      float o[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = swiglu1(g[k][e], u[k][e]);
-      detail::store_vec<8>(out, static_cast<int64_t>(c) * 8, out_dt, o);
-    }
+    for (int k = 0; k < N; ++k) o[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+    detail::store_vec<N>(out, e, out_dt, o);
   }
 }
 
@@ -106,20 +77,14 @@ void swiglu_forward(CudaBackend& be, Tensor out, Tensor gate_up) {
   KILN_ASSERT(gate_up.size(-1) == 2 * I);
   if (I == 0 || out.numel() == 0) return;
   const int64_t rows = out.numel() / I;
-  // The pass stride (grid_for's cap of 16 blocks per SM, kSwigluChunks chunks a thread) stays far
-  // below the margin kept under 2^31.
-  const bool vec = I % 8 == 0 && detail::aligned16(out.data) && detail::aligned16(gate_up.data) &&
-                   rows * I / 8 < (int64_t(1) << 30);
+  const bool vec = I % 8 == 0 && detail::aligned16(out.data) && detail::aligned16(gate_up.data);
+  const int N = vec ? 8 : 1;
+  const unsigned grid = detail::grid_for(be, rows * I / N, kThreads);
   cudaStream_t stream = detail::stream_of(be);
-  if (vec) {
-    const int64_t chunks = rows * I / 8;
-    const unsigned grid = detail::grid_for(be, detail::ceil_div(chunks, kSwigluChunks), kThreads);
-    swiglu_vec_kernel<<<grid, kThreads, 0, stream>>>(out.data, out.dtype, gate_up.data, gate_up.dtype,
-                                                     static_cast<int32_t>(chunks), static_cast<int32_t>(I / 8));
-  } else {
-    const unsigned grid = detail::grid_for(be, rows * I, kThreads);
-    swiglu_kernel<<<grid, kThreads, 0, stream>>>(out.data, out.dtype, gate_up.data, gate_up.dtype, rows, I);
-  }
+  if (vec)
+    swiglu_kernel<8><<<grid, kThreads, 0, stream>>>(out.data, out.dtype, gate_up.data, gate_up.dtype, rows, I);
+  else
+    swiglu_kernel<1><<<grid, kThreads, 0, stream>>>(out.data, out.dtype, gate_up.data, gate_up.dtype, rows, I);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
