@@ -17,7 +17,8 @@
 // sum of squares is formed in the order of the warp-per-head path (lane l = 8 q + e's chain over
 // its segments, then the butterfly over lanes 16, 8, 4, 2, 1: across the quad for 16 and 8, within
 // the thread for the rest), so both paths write the same bits (and the same as the decode kernels
-// that share head_rms_norm). A prefill's 8K-token chunk took 3x its bytes' time on the warp path.
+// that share head_rms_norm). Under Nsight an 8K-token prefill chunk took 3x its bytes' time on the
+// warp path; the engine's 30K prefill gained 1-2 ms with this one (H100, perf-notes).
 // Launched programmatically (programmatic_launch.cuh): it waits for the projection at its start.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hopper_util.cuh"
