@@ -192,7 +192,7 @@ class RequestStream {
 };
 
 struct EngineOptions {
-  int32_t max_running = 256;       // requests decoded together at most
+  int32_t max_running = 256;        // requests decoded together at most
   int32_t max_step_tokens = 16384;  // tokens per step (prefill chunks + decodes)
   // Tokens per step while requests decode (their next tokens wait for the step): prefill chunks
   // are cut to fit. Taken within [max_running, max_step_tokens]. Measured (H100, astrai-1b, one

@@ -53,12 +53,12 @@ namespace kiln {
 struct SchedulerConfig {
   int32_t num_pages = 0;
   int32_t page_size = 16;
-  int32_t max_running = 256;       // sequences in flight at once
+  int32_t max_running = 256;        // sequences in flight at once
   int32_t max_step_tokens = 16384;  // tokens packed in one step (>= max_running)
-  int32_t mixed_step_tokens = 0;     // ... in a step that decodes (0: max_step_tokens; else within
-                                     // [max_running, max_step_tokens])
+  int32_t mixed_step_tokens = 0;    // ... in a step that decodes (0: max_step_tokens; else within
+                                    // [max_running, max_step_tokens])
   bool prefix_cache = true;
-  int32_t max_score_rows = 0;      // prompt-scoring logit rows per step (0: no sequence may score)
+  int32_t max_score_rows = 0;       // prompt-scoring logit rows per step (0: no sequence may score)
 };
 
 struct Sequence {
