@@ -3,7 +3,7 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|ab|rules|train|profile|profile-decode|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|ab|rules|flags|train|profile|profile-decode|all]
 #   attention: the attention GPU tests and bench_attention per prefill variant (D 64 and 128,
 #           16-row pages and one contiguous page), a table of ms and TFLOP/s per case.
 #   decode: the decode path's GPU tests, bench_decode_step (a step with and without programmatic
@@ -46,6 +46,9 @@
 #          each of RULES (space-separated KILN_LINEAR_TMA values, linear_tma.cu; `default` for the
 #          measured rule), after the streaming kernel's GPU test and bench_linear --splits
 #          at TMA_ROWS (32,64,96,128).
+#   flags: bench_engine under each of FLAG_SETS (argument sets separated by ';', e.g.
+#          "--page-size 16;--page-size 64"), alternated FLAG_REPEATS (2) times on FLAG_SHAPES
+#          (astrai-1b): decode at FLAG_BATCHES (32,128), single requests at FLAG_CONTEXTS (8192,30000).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -383,6 +386,28 @@ print(sys.argv[2], "decode tok/s", [(x["batch"], round(x["tokens_per_s"])) for x
       "full-bucket graph ms", [(x["batch"], round(x.get("full_bucket_graph_ms", 0), 3)) for x in r.get("decode", [])],
       "single ms/token", [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r.get("single", [])])' \
       "$OUT/ab_engine.json" "engine $v" || status=1
+  done
+fi
+if [ "$WHAT" = flags ]; then
+  # The engine under each of FLAG_SETS (bench_engine argument sets separated by ';', e.g.
+  # "--page-size 16;--page-size 32;--page-size 64"), alternated FLAG_REPEATS times on each shape.
+  IFS=';' read -r -a sets <<< "${FLAG_SETS:?FLAG_SETS: bench_engine argument sets separated by ;}"
+  for shape in ${FLAG_SHAPES:-astrai-1b}; do
+    for rep in $(seq ${FLAG_REPEATS:-2}); do
+      for args in "${sets[@]}"; do
+        # $args unquoted: one set's words are separate arguments.
+        timeout ${FLAG_TIMEOUT:-200} "$BUILD/bin/bench_engine" --config bench/configs/$shape-shape.config.json \
+          --skip online,prefix --batches ${FLAG_BATCHES:-32,128} --single-contexts ${FLAG_CONTEXTS:-8192,30000} $args \
+          > "$OUT/flags_$shape.json" 2> /tmp/flags.err || { status=1; tail -3 /tmp/flags.err; continue; }
+        python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print(sys.argv[2], "| decode tok/s", [(x["batch"], round(x["tokens_per_s"])) for x in r.get("decode", [])],
+      "full-bucket graph ms", [(x["batch"], round(x.get("full_bucket_graph_ms", 0), 3)) for x in r.get("decode", [])],
+      "| prefill ms", [(x["context"], round(x["prefill_ms"], 2)) for x in r.get("single", [])],
+      "decode ms/token", [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r.get("single", [])])' \
+          "$OUT/flags_$shape.json" "$shape $args" || status=1
+      done
+    done
   done
 fi
 if [ "$WHAT" = profile ]; then
