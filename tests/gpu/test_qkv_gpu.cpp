@@ -17,7 +17,9 @@ TEST(CudaFusedKernels, QkvRopeCacheWrite) {
   KILN_REQUIRE_GPU(gpu);
   auto cpu = make_cpu_backend();
   struct Case { int64_t T, Hq, Hkv, D; bool norms; DType dt; };
-  // Head dims that are multiples of 64 run the vector path, 48 the warp-per-head one.
+  // Without the (cos, sin) table every case runs the warp-per-head path, checked against the CPU;
+  // with it, head dims that are multiples of 64 run the vector path, checked bit for bit against
+  // the warp path (48: the warp path both times).
   for (const Case& c : {Case{1, 24, 4, 64, false, DType::bf16}, Case{37, 24, 4, 64, true, DType::bf16},
                         Case{300, 32, 8, 128, true, DType::bf16}, Case{5, 6, 2, 48, true, DType::f32},
                         Case{3, 4, 1, 256, false, DType::f32}, Case{9, 6, 2, 192, true, DType::bf16},
@@ -49,7 +51,8 @@ TEST(CudaFusedKernels, QkvRopeCacheWrite) {
     EXPECT_CLOSE(to_f32(*gpu, d_kc), to_f32(*cpu, kc), tol);
     EXPECT_EQ(to_f32(*gpu, d_vc), to_f32(*cpu, vc));
 
-    // With the step's (cos, sin) table (rope_cos_sin_table, as prefill steps run it): the same bits.
+    // With the step's (cos, sin) table (rope_cos_sin_table, as prefill steps run it; the vector
+    // path where D is a multiple of 64): the same bits as the warp path without it.
     TensorBuffer d_table = std::move(empty(*gpu, {c.T, half, 2}, DType::f32)).value();
     ops::rope_cos_sin_table(*gpu, d_table, d_pos, d_inv, 1.0f);
     TensorBuffer d_kc2 = dev(random_host({S, c.Hkv, c.D}, c.dt, 24)), d_vc2 = dev(random_host({S, c.Hkv, c.D}, c.dt, 25));

@@ -11,14 +11,15 @@
 // frequencies it stores, or reads them from the step's table (rope_cos_sin_table: prefill steps,
 // where every head of every layer would recompute the same double-precision cos and sin). A
 // negative slot skips the token's cache writes (as kv_cache_write does).
-// Head dims that are a multiple of 64 (64 to 256) take the vector path instead: four threads per
-// (token, head), thread q holding elements [32 s + 8 q, + 8) of every 32-wide segment s, so that
-// each of its loads and stores is 16 bytes and every rotation pair (i, i + D/2) is its own; the
-// sum of squares is formed in the order of the warp-per-head path (lane l = 8 q + e's chain over
-// its segments, then the butterfly over lanes 16, 8, 4, 2, 1: across the quad for 16 and 8, within
-// the thread for the rest), so both paths write the same bits (and the same as the decode kernels
-// that share head_rms_norm). Under Nsight an 8K-token prefill chunk took 3x its bytes' time on the
-// warp path; with this one the engine's prefill is 1 ms faster at 8K, 2.5 ms at 30K (H100, perf-notes).
+// With the step's (cos, sin) table (prefill steps), head dims that are a multiple of 64 (64 to
+// 256) take the vector path instead: four threads per (token, head), thread q holding elements
+// [32 s + 8 q, + 8) of every 32-wide segment s, so that each of its loads and stores is 16 bytes
+// and every rotation pair (i, i + D/2) is its own; the sum of squares is formed in the order of
+// the warp-per-head path (lane l = 8 q + e's chain over its segments, then the butterfly over
+// lanes 16, 8, 4, 2, 1: across the quad for 16 and 8, within the thread for the rest), so both
+// paths write the same bits (and the same as the decode kernels that share head_rms_norm). Under
+// Nsight an 8K-token prefill chunk took 3x its bytes' time on the warp path; with the vector path
+// the engine's prefill is 1 ms faster at 8K, 2.5 ms at 30K (H100, perf-notes).
 // Launched programmatically (programmatic_launch.cuh): it waits for the projection at its start.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/hopper_util.cuh"
@@ -86,15 +87,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The vector path: kSegs = D / 32 segments; a block's 256 threads are 64 (token, head) quads.
-// kNorm: a q or k norm given; kTable: the (cos, sin) table given (each a template parameter so that the
-// prefill's case, table and no norms, holds few registers and many threads per SM).
-template <int kSegs, bool kNorm, bool kTable>
+// The vector path: kSegs = D / 32 segments; a block's 256 threads are 64 (token, head) quads; the
+// (cos, sin) pairs from the step's table. kNorm: a q or k norm given (a template parameter so that
+// the case without, the usual prefill, holds few registers and many threads per SM).
+template <int kSegs, bool kNorm>
 __global__ void __launch_bounds__(kThreads)
     qkv_rope_cache_vec_kernel(void* q_out, DType q_dt, void* k_cache, void* v_cache, DType c_dt, const void* qkv,
-                              DType in_dt, const int32_t* positions, const int32_t* slots, const float* inv_freq,
-                              float scaling, const float2* cos_sin, const void* q_norm, DType qn_dt,
-                              const void* k_norm, DType kn_dt, int64_t T, int Hq, int Hkv, float eps) {
+                              DType in_dt, const int32_t* slots, const float2* cos_sin, const void* q_norm,
+                              DType qn_dt, const void* k_norm, DType kn_dt, int64_t T, int Hq, int Hkv, float eps) {
   constexpr int D = kSegs * 32, kHalfSegs = kSegs / 2;
   hopper::launch_dependents();  // lets the attention kernel get scheduled under this one
   hopper::grid_dependency_wait();
@@ -157,22 +157,16 @@ __global__ void __launch_bounds__(kThreads)
   void* out = is_q ? q_out : k_cache;
   const int64_t dst = is_q ? (t * Hq + h) * static_cast<int64_t>(D)
                            : (static_cast<int64_t>(slot) * Hkv + (h - Hq)) * static_cast<int64_t>(D);
-  const float pos = static_cast<float>(positions[t]);
 #pragma unroll
   for (int s = 0; s < kHalfSegs; ++s) {
     const int i0 = 32 * s + 8 * q4;  // pairs i0 .. i0 + 7 with their partners D / 2 further
     float2 r[8];
-    if constexpr (kTable) {
-      const float4* cs = reinterpret_cast<const float4*>(cos_sin + t * (D / 2) + i0);
+    const float4* cs = reinterpret_cast<const float4*>(cos_sin + t * (D / 2) + i0);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float4 v = cs[k];
-        r[2 * k] = make_float2(v.x, v.y);
-        r[2 * k + 1] = make_float2(v.z, v.w);
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) r[e] = detail::rope_cos_sin(pos, inv_freq[i0 + e], scaling);
+    for (int k = 0; k < 4; ++k) {
+      const float4 v = cs[k];
+      r[2 * k] = make_float2(v.x, v.y);
+      r[2 * k + 1] = make_float2(v.z, v.w);
     }
     float lo[8], hi[8];
 #pragma unroll
@@ -205,26 +199,24 @@ void qkv_rope_cache_write(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor 
   KILN_ASSERT(!k_norm.data || k_norm.numel() == D);
   KILN_ASSERT(!cos_sin.data || (cos_sin.device == be.device() && cos_sin.numel() == T * D));
   if (T == 0) return;
-  const bool vec = D % 64 == 0 && detail::aligned16(qkv.data) && detail::aligned16(q_out.data) &&
-                   detail::aligned16(k_cache.data) && detail::aligned16(v_cache.data) &&
-                   (!q_norm.data || detail::aligned16(q_norm.data)) && (!k_norm.data || detail::aligned16(k_norm.data)) &&
-                   (!cos_sin.data || detail::aligned16(cos_sin.data));
+  // The vector path only with the step's table (prefill steps, where it was measured): computing
+  // eight (cos, sin) pairs a thread would lengthen the chain of a decode step's few tokens, where
+  // packing more heads a warp cost 0.1 ms a step before.
+  const bool vec = D % 64 == 0 && cos_sin.data && detail::aligned16(cos_sin.data) && detail::aligned16(qkv.data) &&
+                   detail::aligned16(q_out.data) && detail::aligned16(k_cache.data) && detail::aligned16(v_cache.data) &&
+                   (!q_norm.data || detail::aligned16(q_norm.data)) && (!k_norm.data || detail::aligned16(k_norm.data));
   if (vec) {
     const int64_t threads = T * (Hq + 2 * Hkv) * 4;
     const dim3 grid(static_cast<unsigned>(detail::ceil_div(threads, kThreads)));
     auto launch_with = [&](auto kernel) {
       detail::launch_programmatic(
           be, kernel, grid, dim3(kThreads), 0, 1, q_out.data, q_out.dtype, k_cache.data, v_cache.data, k_cache.dtype,
-          qkv.data, qkv.dtype, positions.ptr<const int32_t>(), slots.ptr<const int32_t>(), inv_freq.ptr<const float>(),
-          attention_scaling, static_cast<const float2*>(cos_sin.data), q_norm.data, q_norm.dtype, k_norm.data,
-          k_norm.dtype, T, static_cast<int>(Hq), static_cast<int>(Hkv), eps);
+          qkv.data, qkv.dtype, slots.ptr<const int32_t>(), static_cast<const float2*>(cos_sin.data), q_norm.data,
+          q_norm.dtype, k_norm.data, k_norm.dtype, T, static_cast<int>(Hq), static_cast<int>(Hkv), eps);
     };
     auto launch = [&]<int kSegs>() {
-      const bool norm = q_norm.data || k_norm.data, table = cos_sin.data != nullptr;
-      if (norm && table) return launch_with(qkv_rope_cache_vec_kernel<kSegs, true, true>);
-      if (norm) return launch_with(qkv_rope_cache_vec_kernel<kSegs, true, false>);
-      if (table) return launch_with(qkv_rope_cache_vec_kernel<kSegs, false, true>);
-      launch_with(qkv_rope_cache_vec_kernel<kSegs, false, false>);
+      if (q_norm.data || k_norm.data) return launch_with(qkv_rope_cache_vec_kernel<kSegs, true>);
+      launch_with(qkv_rope_cache_vec_kernel<kSegs, false>);
     };
     switch (D) {
       case 64: return launch.template operator()<2>();
