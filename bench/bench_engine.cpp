@@ -141,17 +141,24 @@ int main(int argc, char** argv) {
   std::unique_ptr<Backend>& backend = built->backend;
   std::shared_ptr<const Transformer> model = built->model;
   const int64_t vocab = model->config().vocab_size;
-  auto make_engine = [&](const EngineOptions& o) { return Engine::create(model, nullptr, {}, o); };
+  nlohmann::json out;
+  // Every engine of the run; the first one's step budgets (automatic values resolved) go in the JSON.
+  auto make_engine = [&](const EngineOptions& o) {
+    Result<std::unique_ptr<Engine>> e = Engine::create(model, nullptr, {}, o);
+    if (e.ok() && !out.contains("max_step_tokens")) {
+      out["max_step_tokens"] = (*e)->options().max_step_tokens;
+      out["mixed_step_tokens"] = (*e)->options().mixed_step_tokens;
+    }
+    return e;
+  };
 
-  nlohmann::json out = {{"system", "kiln"},
-                        {"config", config_path},
-                        {"device", backend->device().str()},
-                        {"params", model->parameter_count()},
-                        {"cuda_graphs", options.use_graphs},
-                        {"lookahead", options.lookahead},
-                        {"page_size", options.page_size},
-                        {"max_step_tokens", options.max_step_tokens},
-                        {"mixed_step_tokens", options.mixed_step_tokens}};
+  out.update({{"system", "kiln"},
+              {"config", config_path},
+              {"device", backend->device().str()},
+              {"params", model->parameter_count()},
+              {"cuda_graphs", options.use_graphs},
+              {"lookahead", options.lookahead},
+              {"page_size", options.page_size}});
 
   if (skip.find("single") == std::string::npos) {
     Result<std::unique_ptr<Engine>> engine = make_engine(options);
@@ -190,7 +197,7 @@ int main(int argc, char** argv) {
       const int32_t B = std::stoi(item);
       EngineOptions o = options;
       o.max_running = std::max(o.max_running, B);
-      o.max_step_tokens = std::max(o.max_step_tokens, o.max_running);
+      if (o.max_step_tokens > 0) o.max_step_tokens = std::max(o.max_step_tokens, o.max_running);
       Result<std::unique_ptr<Engine>> engine = make_engine(o);
       if (!engine.ok()) return fail(engine.status());
       std::vector<std::shared_ptr<RequestStream>> streams;

@@ -34,7 +34,7 @@ inline Result<RandomModel> random_model(const std::string& config_path, const st
 // `options` (--no-graphs sets *no_graphs: apply it after parsing).
 inline void add_engine_flags(CLI::App& app, EngineOptions& options, bool* no_graphs) {
   app.add_option("--max-running", options.max_running, "engine: requests decoded together at most");
-  app.add_option("--max-step-tokens", options.max_step_tokens, "engine: tokens per step");
+  app.add_option("--max-step-tokens", options.max_step_tokens, "engine: tokens per step (0: the engine's default)");
   app.add_option("--mixed-step-tokens", options.mixed_step_tokens, "engine: tokens per step while requests decode");
   app.add_option("--page-size", options.page_size, "engine: KV page size");
   app.add_option("--kv-tokens", options.kv_tokens, "engine: KV pool tokens (default: from free memory)");

@@ -212,7 +212,8 @@ Runner add_rl(CLI::App& app) {
   c->add_option("--dump-rollouts", o.dump_rollouts, "append every rollout record (JSONL) to this file");
   c->add_option("--max-running", o.engine.max_running, "engine: requests decoded together at most")
       ->capture_default_str();
-  c->add_option("--max-step-tokens", o.engine.max_step_tokens, "engine: tokens per step")->capture_default_str();
+  c->add_option("--max-step-tokens", o.engine.max_step_tokens, "engine: tokens per step (0: 16384 on CUDA, 8192 on the CPU)")
+      ->capture_default_str();
   c->add_option("--mixed-step-tokens", o.engine.mixed_step_tokens, "engine: tokens per step while requests decode")
       ->capture_default_str();
   c->add_option("--kv-tokens", o.engine.kv_tokens, "engine: KV pool capacity in tokens");

@@ -73,10 +73,14 @@ Status Engine::init() {
   const EngineOptions& o = options_;
   // At most 65535: a step's requests index a CUDA grid dimension in the attention kernels.
   if (o.max_running < 1 || o.max_running > 65535) return invalid_argument("--max-running must be within [1, 65535]");
-  if (o.max_step_tokens < o.max_running)
+  if (o.max_step_tokens < 0) return invalid_argument("--max-step-tokens must not be negative (0: automatic)");
+  if (o.max_step_tokens > 0 && o.max_step_tokens < o.max_running)
     return invalid_argument("--max-step-tokens (" + std::to_string(o.max_step_tokens) +
                             ") must be at least --max-running (" + std::to_string(o.max_running) +
                             "): every running request decodes one token per step");
+  const int32_t step_tokens =
+      o.max_step_tokens > 0 ? o.max_step_tokens
+                            : std::max(o.max_running, model_->backend().device().is_cuda() ? 16384 : 8192);
   if (o.mixed_step_tokens < 1) return invalid_argument("--mixed-step-tokens must be positive");
   if (o.page_size < 1 || o.page_size > 4096) return invalid_argument("--page-size must be within [1, 4096]");
   if (o.kv_tokens < 0 || o.kv_memory < 0) return invalid_argument("--kv-tokens and --kv-memory must not be negative");
@@ -95,6 +99,9 @@ Status Engine::init() {
     return invalid_argument("the sequence limit " + std::to_string(max_seq) + " exceeds the model's context of " +
                             std::to_string(model_context) + " tokens (" + context_name + ")");
   if (max_seq < 1) return invalid_argument("the model's context length must be positive");
+
+  options_.max_step_tokens = step_tokens;  // options() reports what the engine runs with
+  options_.mixed_step_tokens = std::clamp(o.mixed_step_tokens, o.max_running, step_tokens);
 
   ExecutorConfig ec;
   ec.page_size = o.page_size;
@@ -122,7 +129,7 @@ Status Engine::init() {
   sc.page_size = o.page_size;
   sc.max_running = o.max_running;
   sc.max_step_tokens = o.max_step_tokens;
-  sc.mixed_step_tokens = std::clamp(o.mixed_step_tokens, o.max_running, o.max_step_tokens);
+  sc.mixed_step_tokens = o.mixed_step_tokens;
   sc.prefix_cache = o.prefix_cache;
   sc.max_score_rows = o.max_score_rows;
   scheduler_ = std::make_unique<Scheduler>(sc);

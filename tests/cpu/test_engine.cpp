@@ -528,6 +528,26 @@ TEST_F(EngineTest, ContextLimitIsTheModels) {
   EXPECT_NE(s.status().message().find("context"), std::string::npos) << s.status().message();
 }
 
+// The automatic step budgets on the CPU: 8192 tokens (never below max_running), the mixed budget
+// within them; explicit values as given.
+TEST_F(EngineTest, StepBudgetsResolveForTheCpu) {
+  load("tiny-llama");
+  EngineOptions o;
+  o.kv_tokens = 4096;
+  EXPECT_EQ(engine(o)->options().max_step_tokens, 8192);
+  EXPECT_EQ(engine(o)->options().mixed_step_tokens, 8192);
+  o.max_running = 10000;
+  EXPECT_EQ(engine(o)->options().max_step_tokens, 10000);
+  EXPECT_EQ(engine(o)->options().mixed_step_tokens, 10000);  // raised to max_running
+  o.max_running = 4;
+  o.max_step_tokens = 100;
+  o.mixed_step_tokens = 50;
+  EXPECT_EQ(engine(o)->options().max_step_tokens, 100);
+  EXPECT_EQ(engine(o)->options().mixed_step_tokens, 50);
+  o.mixed_step_tokens = 500;
+  EXPECT_EQ(engine(o)->options().mixed_step_tokens, 100);  // lowered to max_step_tokens
+}
+
 // YaRN over 64 pretraining positions x 4: the engine runs 256 (max_position_embeddings is 64), and
 // a prompt past 64 decodes the tokens the reference's full forward picks.
 TEST_F(EngineTest, YarnContextIsTheExtendedOne) {
