@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <thread>
+#include <utility>
 
 #include "golden.h"
 #include "infer/engine.h"
@@ -532,20 +533,22 @@ TEST_F(EngineTest, ContextLimitIsTheModels) {
 // within them; explicit values as given.
 TEST_F(EngineTest, StepBudgetsResolveForTheCpu) {
   load("tiny-llama");
+  // The (max_step_tokens, mixed_step_tokens) an engine made with `o` runs with.
+  auto budgets = [&](const EngineOptions& o) {
+    std::unique_ptr<Engine> e = engine(o);
+    return std::make_pair(e->options().max_step_tokens, e->options().mixed_step_tokens);
+  };
   EngineOptions o;
   o.kv_tokens = 4096;
-  EXPECT_EQ(engine(o)->options().max_step_tokens, 8192);
-  EXPECT_EQ(engine(o)->options().mixed_step_tokens, 8192);
+  EXPECT_EQ(budgets(o), std::make_pair(8192, 8192));
   o.max_running = 10000;
-  EXPECT_EQ(engine(o)->options().max_step_tokens, 10000);
-  EXPECT_EQ(engine(o)->options().mixed_step_tokens, 10000);  // raised to max_running
+  EXPECT_EQ(budgets(o), std::make_pair(10000, 10000));  // both raised to max_running
   o.max_running = 4;
   o.max_step_tokens = 100;
   o.mixed_step_tokens = 50;
-  EXPECT_EQ(engine(o)->options().max_step_tokens, 100);
-  EXPECT_EQ(engine(o)->options().mixed_step_tokens, 50);
+  EXPECT_EQ(budgets(o), std::make_pair(100, 50));
   o.mixed_step_tokens = 500;
-  EXPECT_EQ(engine(o)->options().mixed_step_tokens, 100);  // lowered to max_step_tokens
+  EXPECT_EQ(budgets(o), std::make_pair(100, 100));  // lowered to max_step_tokens
 }
 
 // YaRN over 64 pretraining positions x 4: the engine runs 256 (max_position_embeddings is 64), and
