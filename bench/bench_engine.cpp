@@ -142,12 +142,14 @@ int main(int argc, char** argv) {
   std::shared_ptr<const Transformer> model = built->model;
   const int64_t vocab = model->config().vocab_size;
   nlohmann::json out;
-  // Every engine of the run; the first one's step budgets (automatic values resolved) go in the JSON.
+  // Every engine of the run; the first one's step budgets and page size (automatic values resolved)
+  // go in the JSON.
   auto make_engine = [&](const EngineOptions& o) {
     Result<std::unique_ptr<Engine>> e = Engine::create(model, nullptr, {}, o);
     if (e.ok() && !out.contains("max_step_tokens")) {
       out["max_step_tokens"] = (*e)->options().max_step_tokens;
       out["mixed_step_tokens"] = (*e)->options().mixed_step_tokens;
+      out["page_size"] = (*e)->options().page_size;
     }
     return e;
   };
@@ -157,8 +159,7 @@ int main(int argc, char** argv) {
               {"device", backend->device().str()},
               {"params", model->parameter_count()},
               {"cuda_graphs", options.use_graphs},
-              {"lookahead", options.lookahead},
-              {"page_size", options.page_size}});
+              {"lookahead", options.lookahead}});
 
   if (skip.find("single") == std::string::npos) {
     Result<std::unique_ptr<Engine>> engine = make_engine(options);

@@ -220,7 +220,8 @@ Runner add_rl(CLI::App& app) {
   c->add_option("--kv-memory-fraction", o.engine.kv_memory_fraction,
                 "engine (CUDA): fraction of the free memory for the KV pool")
       ->capture_default_str();
-  c->add_option("--page-size", o.engine.page_size, "engine: KV page size")->capture_default_str();
+  c->add_option("--page-size", o.engine.page_size, "engine: KV page size (0: 128 on CUDA, 16 on the CPU)")
+      ->capture_default_str();
   f->optim.add(c);
   rl::RewardOptions& r = o.reward;
   c->add_option("--reward.kind", r.kind, "answer, regex, command or url (default: from the keys given)");

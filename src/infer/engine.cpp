@@ -82,7 +82,8 @@ Status Engine::init() {
       o.max_step_tokens > 0 ? o.max_step_tokens
                             : std::max(o.max_running, model_->backend().device().is_cuda() ? 16384 : 8192);
   if (o.mixed_step_tokens < 1) return invalid_argument("--mixed-step-tokens must be positive");
-  if (o.page_size < 1 || o.page_size > 4096) return invalid_argument("--page-size must be within [1, 4096]");
+  if (o.page_size < 0 || o.page_size > 4096)
+    return invalid_argument("--page-size must be within [1, 4096] (0: automatic)");
   if (o.kv_tokens < 0 || o.kv_memory < 0) return invalid_argument("--kv-tokens and --kv-memory must not be negative");
   if (!(o.kv_memory_fraction > 0.0 && o.kv_memory_fraction < 1.0))
     return invalid_argument("the KV memory fraction must be within (0, 1)");
@@ -100,7 +101,9 @@ Status Engine::init() {
                             std::to_string(model_context) + " tokens (" + context_name + ")");
   if (max_seq < 1) return invalid_argument("the model's context length must be positive");
 
-  options_.max_step_tokens = step_tokens;  // options() reports what the engine runs with
+  // options() reports what the engine runs with.
+  options_.max_step_tokens = step_tokens;
+  if (o.page_size == 0) options_.page_size = model_->backend().device().is_cuda() ? 128 : 16;
   options_.mixed_step_tokens = std::clamp(o.mixed_step_tokens, o.max_running, step_tokens);
 
   ExecutorConfig ec;

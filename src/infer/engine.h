@@ -201,7 +201,12 @@ struct EngineOptions {
   // Tokens per step while requests decode (their next tokens wait for the step): prefill chunks
   // are cut to fit. Taken within [max_running, max_step_tokens].
   int32_t mixed_step_tokens = 8192;
-  int32_t page_size = 16;          // KV page size in tokens
+  // KV page size in tokens; 0: 128 on CUDA, 16 on the CPU. Measured (H100, bench_engine and
+  // bench_attention, 16 / 64 / 128): head_dim 128 prefill takes its K/V tiles by TMA from pages of
+  // 64+ rows (qwen3-0.6b one 30K prompt 251 / 224 / 218 ms, 8K 31.8 / 26.9 / 26.3; attention 8K
+  // 483 / 607 / 626 TFLOP/s); head_dim 64 and decode at every batch within 1%. Smaller pages
+  // share prefixes at finer grain (the radix cache keeps whole pages), which the CPU keeps.
+  int32_t page_size = 0;
   int64_t kv_tokens = 0;           // KV pool capacity in tokens; 0: from kv_memory, else automatic
   int64_t kv_memory = 0;           // KV pool bytes; 0: automatic (CUDA: a fraction of free memory)
   double kv_memory_fraction = 0.85;

@@ -333,6 +333,7 @@ TEST(CliErrors, BadOrConflictingFlags) {
   for (const char* n : {"0", "-5"})
     expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --mixed-step-tokens " + n), "--mixed-step-tokens");
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens -1"), "--max-step-tokens");
+  for (const char* n : {"-1", "4097"}) expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --page-size " + n), "--page-size");
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-running 8 --max-step-tokens 4"), "--max-step-tokens");
   // Sizes that cannot be allocated: an out-of-memory status naming the flag to change.
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens 2000000000"), "--max-step-tokens");

@@ -531,7 +531,7 @@ TEST_F(EngineTest, ContextLimitIsTheModels) {
 
 // The automatic step budgets on the CPU: 8192 tokens (never below max_running), the mixed budget
 // within them; explicit values as given.
-TEST_F(EngineTest, StepBudgetsResolveForTheCpu) {
+TEST_F(EngineTest, StepBudgetsAndPageSizeResolveForTheCpu) {
   load("tiny-llama");
   // The (max_step_tokens, mixed_step_tokens) an engine made with `o` runs with.
   auto budgets = [&](const EngineOptions& o) {
@@ -549,6 +549,12 @@ TEST_F(EngineTest, StepBudgetsResolveForTheCpu) {
   EXPECT_EQ(budgets(o), std::make_pair(100, 50));
   o.mixed_step_tokens = 500;
   EXPECT_EQ(budgets(o), std::make_pair(100, 100));  // lowered to max_step_tokens
+  // The page size: 16 on the CPU unless given; what the engine runs with is what it reports.
+  EXPECT_EQ(engine(o)->options().page_size, 16);
+  EXPECT_EQ(engine(o)->stats().kv_page_size, 16);
+  o.page_size = 5;
+  EXPECT_EQ(engine(o)->options().page_size, 5);
+  EXPECT_EQ(engine(o)->stats().kv_page_size, 5);
 }
 
 // YaRN over 64 pretraining positions x 4: the engine runs 256 (max_position_embeddings is 64), and

@@ -60,6 +60,7 @@ TEST(EngineGpu, BatchedAgreesWithAloneWithinBf16Tolerance) {
     o.max_step_tokens = 128;
     Result<std::unique_ptr<Engine>> batched = Engine::create(model, nullptr, {}, o);
     ASSERT_TRUE(batched.ok()) << batched.status().message();
+    EXPECT_EQ((*batched)->options().page_size, 128);  // the automatic page size on CUDA
     const int n = 24;
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (int i = 0; i < n; ++i) streams.push_back(*(*batched)->submit(greedy_request(i, vocab)));
