@@ -41,6 +41,7 @@
 #include "kernels/adamw_scalars.h"
 #include "kernels/cuda/cuda_train_ops.h"
 #include "kernels/cuda/kernel_util.cuh"
+#include "kernels/cuda/mma_util.cuh"  // fast_exp2 (results below 2^-126 flush to 0: negligible here)
 
 namespace kiln::cuda {
 namespace {
@@ -53,14 +54,6 @@ constexpr float kLog2eHi = 1.44269502162933349609375f;  // float(log2(e))
 constexpr float kLog2eLo = 1.925963033500011e-08f;      // log2(e) - kLog2eHi (> 0)
 constexpr double kLn2 = 0.69314718055994530942;
 constexpr double kLog2e = 1.44269504088896340736;
-
-// 2^y, one MUFU instruction; results below 2^-126 flush to 0 (negligible next to the row maximum's
-// term, which is ~1).
-__device__ __forceinline__ float fast_exp2(float y) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
-  return r;
-}
 
 // x * (logit_scale * log2(e)) - c, with the product carried to ~2^-48 relative inside the fmas:
 // hi + lo is logit_scale * log2(e) split into two floats, hi below it and lo > 0 (see
