@@ -2,13 +2,15 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <string>
 
 namespace kiln::cli {
 
 void EngineFlags::add(CLI::App* cmd) {
   cmd->add_option("--max-running", options.max_running, "requests decoded together at most")->capture_default_str();
   cmd->add_option("--max-step-tokens", options.max_step_tokens,
-                  "tokens per engine step (prefill chunks + decodes); 0: 16384 on CUDA, 8192 on the CPU")
+                  "tokens per engine step (prefill chunks + decodes); 0: " + std::to_string(kAutoStepTokensCuda) +
+                      " on CUDA, " + std::to_string(kAutoStepTokensCpu) + " on the CPU")
       ->capture_default_str();
   cmd->add_option("--mixed-step-tokens", options.mixed_step_tokens,
                   "tokens per engine step while requests are decoding (a long prompt's chunks hold their next tokens "
@@ -19,7 +21,9 @@ void EngineFlags::add(CLI::App* cmd) {
                   "four full-length sequences within 2 GiB)");
   cmd->add_option("--kv-memory", options.kv_memory, "KV pool size in bytes (instead of --kv-tokens)");
   cmd->add_option("--page-size", options.page_size,
-                  "KV page size in tokens (0: 128 on CUDA, where longer pages make prefill faster; 16 on the CPU)")
+                  "KV page size in tokens (0: " + std::to_string(kAutoPageSizeCuda) +
+                      " on CUDA, where longer pages make prefill faster; " + std::to_string(kAutoPageSizeCpu) +
+                      " on the CPU)")
       ->capture_default_str();
   cmd->add_flag("--no-prefix-cache", no_prefix_cache, "do not reuse the KV of earlier requests' prefixes");
   cmd->add_flag("--no-graphs", no_graphs, "run every step eagerly (no CUDA graph replay)");

@@ -212,7 +212,9 @@ Runner add_rl(CLI::App& app) {
   c->add_option("--dump-rollouts", o.dump_rollouts, "append every rollout record (JSONL) to this file");
   c->add_option("--max-running", o.engine.max_running, "engine: requests decoded together at most")
       ->capture_default_str();
-  c->add_option("--max-step-tokens", o.engine.max_step_tokens, "engine: tokens per step (0: 16384 on CUDA, 8192 on the CPU)")
+  c->add_option("--max-step-tokens", o.engine.max_step_tokens,
+                "engine: tokens per step (0: " + std::to_string(kAutoStepTokensCuda) + " on CUDA, " +
+                    std::to_string(kAutoStepTokensCpu) + " on the CPU)")
       ->capture_default_str();
   c->add_option("--mixed-step-tokens", o.engine.mixed_step_tokens, "engine: tokens per step while requests decode")
       ->capture_default_str();
@@ -220,7 +222,9 @@ Runner add_rl(CLI::App& app) {
   c->add_option("--kv-memory-fraction", o.engine.kv_memory_fraction,
                 "engine (CUDA): fraction of the free memory for the KV pool")
       ->capture_default_str();
-  c->add_option("--page-size", o.engine.page_size, "engine: KV page size (0: 128 on CUDA, 16 on the CPU)")
+  c->add_option("--page-size", o.engine.page_size,
+                "engine: KV page size (0: " + std::to_string(kAutoPageSizeCuda) + " on CUDA, " +
+                    std::to_string(kAutoPageSizeCpu) + " on the CPU)")
       ->capture_default_str();
   f->optim.add(c);
   rl::RewardOptions& r = o.reward;

@@ -78,9 +78,10 @@ Status Engine::init() {
     return invalid_argument("--max-step-tokens (" + std::to_string(o.max_step_tokens) +
                             ") must be at least --max-running (" + std::to_string(o.max_running) +
                             "): every running request decodes one token per step");
+  const bool cuda = model_->backend().device().is_cuda();
   const int32_t step_tokens =
       o.max_step_tokens > 0 ? o.max_step_tokens
-                            : std::max(o.max_running, model_->backend().device().is_cuda() ? 16384 : 8192);
+                            : std::max(o.max_running, cuda ? kAutoStepTokensCuda : kAutoStepTokensCpu);
   if (o.mixed_step_tokens < 1) return invalid_argument("--mixed-step-tokens must be positive");
   if (o.page_size < 0 || o.page_size > 4096)
     return invalid_argument("--page-size must be within [1, 4096] (0: automatic)");
@@ -103,7 +104,7 @@ Status Engine::init() {
 
   // options() reports what the engine runs with.
   options_.max_step_tokens = step_tokens;
-  if (o.page_size == 0) options_.page_size = model_->backend().device().is_cuda() ? 128 : 16;
+  if (o.page_size == 0) options_.page_size = cuda ? kAutoPageSizeCuda : kAutoPageSizeCpu;
   options_.mixed_step_tokens = std::clamp(o.mixed_step_tokens, o.max_running, step_tokens);
 
   ExecutorConfig ec;

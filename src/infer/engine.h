@@ -191,6 +191,10 @@ class RequestStream {
   std::shared_ptr<const std::function<void()>> listener_;
 };
 
+// What EngineOptions' automatic values (0) resolve to, by device (measured: see the fields).
+inline constexpr int32_t kAutoStepTokensCuda = 16384, kAutoStepTokensCpu = 8192;
+inline constexpr int32_t kAutoPageSizeCuda = 128, kAutoPageSizeCpu = 16;
+
 struct EngineOptions {
   int32_t max_running = 256;        // requests decoded together at most
   // Tokens per step (prefill chunks + decodes); 0: 16384 on CUDA, 8192 on the CPU (at least
@@ -279,7 +283,7 @@ class Engine final : public EngineApi {
   void flush_prefix_cache();
   // Longest prompt + max_tokens a request may have.
   int64_t max_sequence_tokens() const { return max_sequence_tokens_; }
-  // The options the engine runs with (automatic step budgets resolved).
+  // The options the engine runs with (automatic step budgets and page size resolved).
   const EngineOptions& options() const { return options_; }
   int32_t kv_capacity_tokens() const;
 

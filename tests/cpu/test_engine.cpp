@@ -530,7 +530,7 @@ TEST_F(EngineTest, ContextLimitIsTheModels) {
 }
 
 // The automatic step budgets on the CPU: 8192 tokens (never below max_running), the mixed budget
-// within them; explicit values as given.
+// within them; the automatic page size 16; explicit values as given.
 TEST_F(EngineTest, StepBudgetsAndPageSizeResolveForTheCpu) {
   load("tiny-llama");
   // The (max_step_tokens, mixed_step_tokens) an engine made with `o` runs with.
