@@ -100,12 +100,12 @@ TEST(CudaFusedKernels, NormLinearQkvRopeMatchesSeparateOps) {
   KILN_REQUIRE_GPU(gpu);
   auto cpu = make_cpu_backend();
   const float eps = 1e-5f;
-  // M rows (1, 2 and 4 batch tiles of the kernel), heads, head_dim, width K (4096: K split over a
-  // cluster of two blocks), bias.
+  // M rows (1: the warp-per-row kernel; 2 to 32: 1, 2 and 4 batch tiles of the tensor-core kernel),
+  // heads, head_dim, width K (4096: K split over a cluster of two blocks), bias.
   struct Case { int64_t M, Hq, Hkv, D, K; bool bias; };
   for (const Case& c : {Case{1, 24, 4, 64, 1536, false}, Case{8, 4, 2, 128, 64, true}, Case{5, 3, 1, 32, 96, true},
                         Case{3, 2, 2, 16, 32, false}, Case{13, 4, 2, 64, 256, true}, Case{32, 2, 1, 64, 64, false},
-                        Case{2, 8, 2, 64, 4096, true}}) {
+                        Case{2, 8, 2, 64, 4096, true}, Case{1, 16, 8, 128, 4096, true}, Case{1, 2, 1, 16, 32, true}}) {
     SCOPED_TRACE(testing::Message() << "M=" << c.M << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " D=" << c.D << " K=" << c.K);
     const int64_t N = (c.Hq + 2 * c.Hkv) * c.D, S = 2 * c.M + 5, half = c.D / 2;
     ASSERT_TRUE(ops::norm_linear_qkv_rope_preferred(*cpu, c.M, N, c.K, c.D, DType::f32));

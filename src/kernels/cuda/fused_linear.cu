@@ -23,6 +23,8 @@
 // and rounds it to the weight dtype, and sums x^2 of its chunks; the block adds those up at the end.
 // Launched programmatically (programmatic_launch.cuh): the first two stages' weight loads are issued
 // before the wait for the kernel that wrote x, so they overlap that kernel's tail.
+// A single row (one request's decode step) goes to the warp-per-row kernel of fused_linear_rows.cu
+// instead (same epilogues): measured faster there, slower from two rows (docs/perf-notes.md).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -32,33 +34,19 @@
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/fused_linear.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
 
 namespace kiln::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
+using fused::Epilogue;
+using fused::RopeOut;
 using T = __nv_bfloat16;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-
-enum class Epilogue { store, add_residual, swiglu, qkv_rope };
-
-// Where the qkv_rope epilogue puts the attention block's inputs (ops.h: norm_linear_qkv_rope_forward):
-// q [M, Hq, D], the key and value caches [S, Hkv, D] at each row's slot (a negative slot: not
-// written), all of dtype dt; the rotation's positions [M] and frequencies [D / 2].
-struct RopeOut {
-  void* q = nullptr;
-  void* k_cache = nullptr;
-  void* v_cache = nullptr;
-  DType dt = DType::bf16;
-  const int32_t* positions = nullptr;
-  const int32_t* slots = nullptr;
-  const float* inv_freq = nullptr;
-  float scaling = 1.0f;
-  int Hq = 0, Hkv = 0, D = 0;
-};
 
 // The qkv_rope epilogue's weight rows: block b holds dims 8 jj + r (r < 8) of head b / (D / 16),
 // jj = b % (D / 16), in its tile rows r, and their rotation partners D / 2 further in rows r + 8, so
@@ -405,6 +393,21 @@ void launch(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor norm_w, Tensor
   const T* wt = static_cast<const T*>(w.data);
   const T* nt = static_cast<const T*>(norm_w.data);
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+  if (fused::rows_kernel_valid(M, K)) {  // one row: the warp-per-row kernel (fused_linear_rows.cu)
+    fused::LinearArgs a;
+    a.y = y.data;
+    a.y_dt = y.dtype;
+    a.x = x.data;
+    a.w = wt;
+    a.norm_w = nt;
+    a.bias = bias.data;
+    a.b_dt = bias.dtype;
+    a.M = m;
+    a.N = n;
+    a.K = k;
+    a.eps = eps;
+    return fused::rows_kernel_launch(be, kEpi, kNorm, a, rope);
+  }
   if (M <= 8)
     launch_for_tiles<1, kNorm, kEpi>(be, y.data, y.dtype, x.data, wt, nt, bias.data, bias.dtype, m, n, k, eps, rope);
   else if (M <= 16)
