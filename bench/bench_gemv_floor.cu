@@ -1,0 +1,303 @@
+// What a launch per projection can reach at one batch row, without kiln's kernels: the astrai-1b
+// projections (q/k/v 2048x1536, o 1536x1536, gate/up 13824x1536, down 1536x6912) over 24 layers'
+// weights, each a plain GEMV (one warp per weight row, all of a warp's loads for its R rows issued
+// before the programmatic wait, the row in shared memory, a shuffle sum; no norm, no epilogue),
+// graph-replayed with and without programmatic dependent launch. Compare with `bench_linear --rows 1`
+// in the same run. Prints one JSON object per line: us per layer and TB/s of the weights for a plain
+// read of every matrix, each kind alone (24 launches), the chain of the four (96 launches), gate/up
+// at other rows per warp / warps per block, and fixed grids walking the rows.
+// Usage: bench_gemv_floor (no arguments; Hopper or later for programmatic launch).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#define CK(x)                                                                       \
+  do {                                                                              \
+    cudaError_t e = (x);                                                            \
+    if (e != cudaSuccess) {                                                         \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+using T = __nv_bfloat16;
+
+__device__ __forceinline__ uint4 ldg_stream(const T* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float dot8(uint4 w, uint4 x) {
+  const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&x);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 fa = __bfloat1622float2(a[i]), fb = __bfloat1622float2(b[i]);
+    s = fmaf(fa.x, fb.x, s);
+    s = fmaf(fa.y, fb.y, s);
+  }
+  return s;
+}
+
+// y[n] = W[n, :] . x, K = 256 * CH. Each warp: R rows at a time, all CH * R loads in flight.
+template <int CH, int R, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) gemv(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
+                                                   int N, int pdl) {
+  constexpr int K = 256 * CH;
+  __shared__ uint4 xs[K / 8];
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = (blockIdx.x * WARPS + warp) * R;
+  uint4 wv[R][CH];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int c = 0; c < CH; ++c)
+      wv[r][c] = row0 + r < N ? ldg_stream(w + static_cast<int64_t>(row0 + r) * K + (c * 32 + lane) * 8)
+                              : make_uint4(0, 0, 0, 0);
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int i = threadIdx.x; i < K / 8; i += WARPS * 32) xs[i] = reinterpret_cast<const uint4*>(x)[i];
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) s += dot8(wv[r][c], xs[c * 32 + lane]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0 && row0 + r < N) y[row0 + r] = __float2bfloat16(s);
+  }
+}
+
+
+// The same GEMV with a fixed grid (blocks per SM x SMs); each warp walks its rows R at a time with the
+// next group's loads issued before the current group's sums (register double buffer).
+template <int CH, int R, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) gemv_persist(T* __restrict__ y, const T* __restrict__ x,
+                                                           const T* __restrict__ w, int N, int pdl) {
+  constexpr int K = 256 * CH;
+  __shared__ uint4 xs[K / 8];
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int stride = gridDim.x * WARPS * R;
+  int row0 = (blockIdx.x * WARPS + warp) * R;
+  uint4 wv[2][R][CH];
+  auto load = [&](uint4 (&d)[R][CH], int r0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int c = 0; c < CH; ++c)
+        d[r][c] = r0 + r < N ? ldg_stream(w + static_cast<int64_t>(r0 + r) * K + (c * 32 + lane) * 8)
+                             : make_uint4(0, 0, 0, 0);
+  };
+  load(wv[0], row0);
+  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int i = threadIdx.x; i < K / 8; i += WARPS * 32) xs[i] = reinterpret_cast<const uint4*>(x)[i];
+  __syncthreads();
+  auto sums = [&](const uint4 (&d)[R][CH], int r0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float s = 0.f;
+#pragma unroll
+      for (int c = 0; c < CH; ++c) s += dot8(d[r][c], xs[c * 32 + lane]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0 && r0 + r < N) y[r0 + r] = __float2bfloat16(s);
+    }
+  };
+  while (row0 < N) {
+    if (row0 + stride < N) load(wv[1], row0 + stride);
+    sums(wv[0], row0);
+    row0 += stride;
+    if (row0 >= N) break;
+    if (row0 + stride < N) load(wv[0], row0 + stride);
+    sums(wv[1], row0);
+    row0 += stride;
+  }
+}
+
+// Reads n uint4 (grid-stride), one sum per block: the plain DRAM read rate.
+__global__ void read_all(const uint4* __restrict__ p, int64_t n, float* out) {
+  float s = 0.f;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    uint4 v = p[i];
+    s += __uint_as_float(v.x) + __uint_as_float(v.w);
+  }
+  if (s == 1.2345f) out[0] = s;
+}
+
+template <int CH, int R, int WARPS>
+void launch(cudaStream_t st, T* y, const T* x, const T* w, int N, bool pdl) {
+  const int rows_per_block = WARPS * R;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((N + rows_per_block - 1) / rows_per_block);
+  cfg.blockDim = dim3(WARPS * 32);
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CK(cudaLaunchKernelEx(&cfg, gemv<CH, R, WARPS>, y, x, w, N, pdl ? 1 : 0));
+}
+
+
+template <int CH, int R, int WARPS>
+void launch_persist(cudaStream_t st, T* y, const T* x, const T* w, int N, int blocks, bool pdl) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(WARPS * 32);
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CK(cudaLaunchKernelEx(&cfg, gemv_persist<CH, R, WARPS>, y, x, w, N, pdl ? 1 : 0));
+}
+
+struct Kind {
+  const char* name;
+  int N, K;
+};
+
+int main() {
+  const int L = 24;
+  const Kind kinds[4] = {{"qkv", 2048, 1536}, {"o", 1536, 1536}, {"gate_up", 13824, 1536}, {"down", 1536, 6912}};
+  std::vector<T*> wts(4 * L);
+  int64_t total = 0;
+  for (int l = 0; l < L; ++l)
+    for (int k = 0; k < 4; ++k) {
+      const int64_t n = (int64_t)kinds[k].N * kinds[k].K;
+      CK(cudaMalloc(&wts[4 * l + k], n * 2));
+      CK(cudaMemset(wts[4 * l + k], 0x3c, n * 2));  // small finite bf16 values
+      total += n * 2;
+    }
+  T *xa, *xb;
+  CK(cudaMalloc(&xa, 16 * 6912 * 2));
+  CK(cudaMalloc(&xb, 16 * 13824 * 2));
+  CK(cudaMemset(xa, 0x3c, 16 * 6912 * 2));
+  CK(cudaMemset(xb, 0x3c, 16 * 13824 * 2));
+  float* dummy;
+  CK(cudaMalloc(&dummy, 4));
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("{\"device\": \"%s\", \"sms\": %d, \"weights_mb\": %.1f}\n", prop.name, prop.multiProcessorCount,
+              total / 1e6);
+
+  auto time_graph = [&](auto&& body) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    body();
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> ms;
+    for (int r = 0; r < 25; ++r) {
+      CK(cudaEventRecord(a, st));
+      CK(cudaGraphLaunch(ge, st));
+      CK(cudaEventRecord(b, st));
+      CK(cudaEventSynchronize(b));
+      float m;
+      CK(cudaEventElapsedTime(&m, a, b));
+      if (r > 2) ms.push_back(m);
+    }
+    std::sort(ms.begin(), ms.end());
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return ms[ms.size() / 2] * 1e3;  // us
+  };
+
+  // The DRAM rate: one read of each layer's weights per kind (same bytes as the chain), 24 x 4 reads.
+  {
+    const double us = time_graph([&] {
+      for (int i = 0; i < 4 * L; ++i) {
+        const int k = i % 4;
+        read_all<<<prop.multiProcessorCount * 4, 512, 0, st>>>(reinterpret_cast<const uint4*>(wts[i]),
+                                                               (int64_t)kinds[k].N * kinds[k].K / 8, dummy);
+      }
+    });
+    std::printf("{\"test\": \"read_all_per_matrix\", \"us_per_layer\": %.2f, \"tb_per_s\": %.3f}\n", us / L,
+                total / us / 1e6);
+  }
+  // The projections, each kind alone and chained, with and without programmatic launch.
+  auto run_kind = [&](int k, int l, bool pdl, const T* x, T* y) {
+    T* w = wts[4 * l + k];
+    switch (k) {
+      case 0: return launch<6, 1, 8>(st, y, x, w, kinds[k].N, pdl);
+      case 1: return launch<6, 1, 8>(st, y, x, w, kinds[k].N, pdl);
+      case 2: return launch<6, 2, 8>(st, y, x, w, kinds[k].N, pdl);
+      default: return launch<27, 1, 4>(st, y, x, w, kinds[k].N, pdl);
+    }
+  };
+  for (int pdl = 0; pdl < 2; ++pdl) {
+    for (int k = 0; k < 4; ++k) {
+      const double us = time_graph([&] {
+        for (int l = 0; l < L; ++l) run_kind(k, l, pdl, xa, xb);
+      });
+      const double bytes = 2.0 * kinds[k].N * kinds[k].K;
+      std::printf("{\"test\": \"%s\", \"pdl\": %d, \"us_per_layer\": %.2f, \"tb_per_s\": %.3f}\n", kinds[k].name, pdl,
+                  us / L, bytes / (us / L) / 1e6);
+    }
+    const double us = time_graph([&] {
+      for (int l = 0; l < L; ++l)
+        for (int k = 0; k < 4; ++k) run_kind(k, l, pdl, k % 2 ? xb : xa, k % 2 ? xa : xb);
+    });
+    std::printf("{\"test\": \"chain\", \"pdl\": %d, \"us_per_layer\": %.2f, \"tb_per_s\": %.3f}\n", pdl, us / L,
+                total / us / 1e6);
+  }
+  // Variants of gate/up: rows per warp and warps per block.
+  for (int v = 0; v < 4; ++v) {
+    const double us = time_graph([&] {
+      for (int l = 0; l < L; ++l) {
+        T* w = wts[4 * l + 2];
+        if (v == 0) launch<6, 1, 8>(st, xb, xa, w, 13824, true);
+        if (v == 1) launch<6, 4, 8>(st, xb, xa, w, 13824, true);
+        if (v == 2) launch<6, 2, 4>(st, xb, xa, w, 13824, true);
+        if (v == 3) launch<6, 4, 4>(st, xb, xa, w, 13824, true);
+      }
+    });
+    std::printf("{\"test\": \"gate_up_variant\", \"v\": %d, \"us_per_layer\": %.2f, \"tb_per_s\": %.3f}\n", v, us / L,
+                2.0 * 13824 * 1536 / (us / L) / 1e6);
+  }
+
+  // Fixed grids walking the rows, double-buffered: gate/up at 1 / 2 blocks per SM, then the chain.
+  const int sms = prop.multiProcessorCount;
+  for (int v = 0; v < 4; ++v) {
+    const double us = time_graph([&] {
+      for (int l = 0; l < L; ++l) {
+        T* w = wts[4 * l + 2];
+        if (v == 0) launch_persist<6, 1, 8>(st, xb, xa, w, 13824, sms, true);
+        if (v == 1) launch_persist<6, 1, 8>(st, xb, xa, w, 13824, 2 * sms, true);
+        if (v == 2) launch_persist<6, 2, 8>(st, xb, xa, w, 13824, sms, true);
+        if (v == 3) launch_persist<6, 1, 16>(st, xb, xa, w, 13824, sms, true);
+      }
+    });
+    std::printf("{\"test\": \"gate_up_persist\", \"v\": %d, \"us_per_layer\": %.2f, \"tb_per_s\": %.3f}\n", v, us / L,
+                2.0 * 13824 * 1536 / (us / L) / 1e6);
+  }
+  {
+    const double us = time_graph([&] {
+      for (int l = 0; l < L; ++l) {
+        launch_persist<6, 1, 8>(st, xb, xa, wts[4 * l], 2048, sms, true);
+        launch_persist<6, 1, 8>(st, xa, xb, wts[4 * l + 1], 1536, sms, true);
+        launch_persist<6, 1, 8>(st, xb, xa, wts[4 * l + 2], 13824, 2 * sms, true);
+        launch<27, 1, 4>(st, xa, xb, wts[4 * l + 3], 1536, true);
+      }
+    });
+    std::printf("{\"test\": \"chain_persist\", \"us_per_layer\": %.2f, \"tb_per_s\": %.3f}\n", us / L,
+                total / us / 1e6);
+  }
+  return 0;
+}
