@@ -1,8 +1,9 @@
 // The small-batch linear layers for one batch row (a single request's decode step) with one warp per
 // weight row (fused_linear.cuh):
 // y^T = W x^T, where each warp reads whole weight rows in 512-byte runs (lane l the 16-byte chunks
-// l, l + 32, ...), dots them with the batch rows staged in shared memory, and sums over its lanes by
+// l, l + 32, ...), dots them with the batch row staged in shared memory, and sums over its lanes by
 // shuffles: no tiles, no shared-memory reduction across warps, no block barrier after the staging.
+// Measured against the tensor-core kernel in docs/perf-notes.md ("One row on a warp-per-row kernel").
 //
 // Work: row groups of R weight rows that one epilogue needs together (store / add_residual: one row;
 // SwiGLU: the gate row and its up row; q/k/v with rotary: a dimension and its rotation partner D / 2
@@ -223,11 +224,13 @@ void rows_kernel_launch(CudaBackend& be, Epilogue epi, bool norm, const LinearAr
   KILN_ASSERT(rows_kernel_valid(a.M, a.K));
   if (a.N == 0) return;
   switch (epi) {
-    case Epilogue::store: return norm ? launch_rows<true, Epilogue::store>(be, a, rope) : launch_rows<false, Epilogue::store>(be, a, rope);
+    case Epilogue::store:
+      return norm ? launch_rows<true, Epilogue::store>(be, a, rope) : launch_rows<false, Epilogue::store>(be, a, rope);
     case Epilogue::add_residual:
       return norm ? launch_rows<true, Epilogue::add_residual>(be, a, rope)
                   : launch_rows<false, Epilogue::add_residual>(be, a, rope);
-    case Epilogue::swiglu: return norm ? launch_rows<true, Epilogue::swiglu>(be, a, rope) : launch_rows<false, Epilogue::swiglu>(be, a, rope);
+    case Epilogue::swiglu:
+      return norm ? launch_rows<true, Epilogue::swiglu>(be, a, rope) : launch_rows<false, Epilogue::swiglu>(be, a, rope);
     case Epilogue::qkv_rope: KILN_ASSERT(norm); return launch_rows<true, Epilogue::qkv_rope>(be, a, rope);
   }
 }
