@@ -136,6 +136,8 @@ if [ "$WHAT" = engine ]; then
     python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
 for m, ops in r["rows"].items(): print("rows", m, {k: round(v["us"], 2) for k, v in ops.items()})' "$OUT/bench_linear.json"
+    # A plain one-row GEMV of the astrai-1b projections beside them (what a launch per projection reaches).
+    [ -x "$BUILD/bin/bench_gemv_floor" ] && { timeout 60 "$BUILD/bin/bench_gemv_floor" || status=1; }
   fi
   # The page size, chosen by measurement: batched decode at each candidate size (one file).
   for ps in ${PAGE_SWEEP:-}; do
