@@ -12,7 +12,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
+
+#include "kernels/cuda/mma_util.cuh"  // ldg_stream
 
 #define CK(x)                                                                       \
   do {                                                                              \
@@ -25,13 +28,8 @@
 
 using T = __nv_bfloat16;
 
-__device__ __forceinline__ uint4 ldg_stream(const T* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+using kiln::cuda::ldg_stream;
+
 __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
   const __nv_bfloat162* a = reinterpret_cast<const __nv_bfloat162*>(&w);
   const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&x);
@@ -132,34 +130,31 @@ __global__ void read_all(const uint4* __restrict__ p, int64_t n, float* out) {
   if (s == 1.2345f) out[0] = s;
 }
 
-template <int CH, int R, int WARPS>
-void launch(cudaStream_t st, T* y, const T* x, const T* w, int N, bool pdl) {
-  const int rows_per_block = WARPS * R;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((N + rows_per_block - 1) / rows_per_block);
-  cfg.blockDim = dim3(WARPS * 32);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, gemv<CH, R, WARPS>, y, x, w, N, pdl ? 1 : 0));
-}
-
-
-template <int CH, int R, int WARPS>
-void launch_persist(cudaStream_t st, T* y, const T* x, const T* w, int N, int blocks, bool pdl) {
+// kernel<<<blocks, threads>>>(y, x, w, N, pdl) on st, with programmatic stream serialization when pdl.
+void launch_on(cudaStream_t st, void (*kernel)(T*, const T*, const T*, int, int), int blocks, int threads, T* y,
+               const T* x, const T* w, int N, bool pdl) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(WARPS * 32);
+  cfg.blockDim = dim3(threads);
   cfg.stream = st;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, gemv_persist<CH, R, WARPS>, y, x, w, N, pdl ? 1 : 0));
+  CK(cudaLaunchKernelEx(&cfg, kernel, y, x, w, N, pdl ? 1 : 0));
+}
+
+// gemv over all N rows in one grid.
+template <int CH, int R, int WARPS>
+void launch(cudaStream_t st, T* y, const T* x, const T* w, int N, bool pdl) {
+  launch_on(st, gemv<CH, R, WARPS>, (N + WARPS * R - 1) / (WARPS * R), WARPS * 32, y, x, w, N, pdl);
+}
+
+// gemv_persist on a grid of `blocks`.
+template <int CH, int R, int WARPS>
+void launch_persist(cudaStream_t st, T* y, const T* x, const T* w, int N, int blocks, bool pdl) {
+  launch_on(st, gemv_persist<CH, R, WARPS>, blocks, WARPS * 32, y, x, w, N, pdl);
 }
 
 struct Kind {

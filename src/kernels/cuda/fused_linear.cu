@@ -43,6 +43,7 @@ namespace {
 namespace cg = cooperative_groups;
 using fused::Epilogue;
 using fused::RopeOut;
+using fused::store_qkv_rope;
 using T = __nv_bfloat16;
 
 constexpr int kWarps = 8;
@@ -262,38 +263,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
   if constexpr (kEpi == Epilogue::qkv_rope) {
-    // One thread per (batch row m, rotation pair p): the projection rounded to the outputs' dtype,
-    // then rotated in f32 (q and k heads) or copied (v heads), as qkv_rope_cache_write does.
+    // One thread per (batch row m, rotation pair p).
     for (int idx = threadIdx.x + rank * kThreads; idx < kCols * 8; idx += KS * kThreads) {
       const int m = idx / 8, p = idx % 8;
       if (m >= M) continue;
       const float scale = kNorm ? 1.0f / sqrtf(total(part_ss, m) / static_cast<float>(K) + eps) : 1.0f;
-      const int half = rope.D / 2, f0 = rope_row(blockIdx.x, p, rope.D), head = f0 / rope.D, i = f0 % rope.D;
-      float x0 = total(&part[0][0], p * (kCols + 1) + m) * scale;
-      float x1 = total(&part[0][0], (p + 8) * (kCols + 1) + m) * scale;
-      if (bias) {
-        x0 += detail::load1(bias, f0, b_dt);
-        x1 += detail::load1(bias, f0 + half, b_dt);
-      }
-      x0 = detail::round_to(rope.dt, x0);
-      x1 = detail::round_to(rope.dt, x1);
-      const int slot = rope.slots[m];
-      if (head >= rope.Hq + rope.Hkv) {
-        if (slot < 0) continue;
-        const int64_t dst = (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq - rope.Hkv)) * rope.D + i;
-        detail::store1(rope.v_cache, dst, rope.dt, x0);
-        detail::store1(rope.v_cache, dst + half, rope.dt, x1);
-        continue;
-      }
-      const bool is_q = head < rope.Hq;
-      if (!is_q && slot < 0) continue;
-      const float2 r = detail::rope_cos_sin(static_cast<float>(rope.positions[m]), rope.inv_freq[i], rope.scaling);
-      void* out = is_q ? rope.q : rope.k_cache;
-      const int64_t dst = is_q ? (static_cast<int64_t>(m) * rope.Hq + head) * rope.D + i
-                               : (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq)) * rope.D + i;
-      const float2 rot = detail::rope_rotate(x0, x1, r);
-      detail::store1(out, dst, rope.dt, rot.x);
-      detail::store1(out, dst + half, rope.dt, rot.y);
+      const int f0 = rope_row(blockIdx.x, p, rope.D);
+      store_qkv_rope(rope, m, f0, total(&part[0][0], p * (kCols + 1) + m) * scale,
+                     total(&part[0][0], (p + 8) * (kCols + 1) + m) * scale, bias, b_dt);
     }
     if constexpr (KS > 1) cg::this_cluster().sync();
     return;
@@ -394,18 +371,8 @@ void launch(CudaBackend& be, Tensor y, Tensor x, Tensor w, Tensor norm_w, Tensor
   const T* nt = static_cast<const T*>(norm_w.data);
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
   if (fused::rows_kernel_valid(M, K)) {  // one row: the warp-per-row kernel (fused_linear_rows.cu)
-    fused::LinearArgs a;
-    a.y = y.data;
-    a.y_dt = y.dtype;
-    a.x = x.data;
-    a.w = wt;
-    a.norm_w = nt;
-    a.bias = bias.data;
-    a.b_dt = bias.dtype;
-    a.M = m;
-    a.N = n;
-    a.K = k;
-    a.eps = eps;
+    const fused::LinearArgs a{.y = y.data, .y_dt = y.dtype, .x = x.data, .w = wt, .norm_w = nt, .bias = bias.data,
+                              .b_dt = bias.dtype, .M = m, .N = n, .K = k, .eps = eps};
     return fused::rows_kernel_launch(be, kEpi, kNorm, a, rope);
   }
   if (M <= 8)

@@ -1,12 +1,14 @@
 // What the two small-batch linear kernels share (fused_linear.cu: tensor-core tiles of 16 weight rows
 // for 2 to 32 batch rows; fused_linear_rows.cu: one warp per weight row for a single batch row):
-// the epilogues and where the q/k/v epilogue writes. Internal to the CUDA kernels.
+// the epilogues, where the q/k/v epilogue writes and how. Internal to the CUDA kernels (device code:
+// include from .cu files only).
 #pragma once
 
 #include <cstdint>
 
 #include "backend/cuda_backend.h"
 #include "core/dtype.h"
+#include "kernels/cuda/kernel_util.cuh"
 
 namespace kiln::cuda::fused {
 
@@ -26,6 +28,39 @@ struct RopeOut {
   float scaling = 1.0f;
   int Hq = 0, Hkv = 0, D = 0;
 };
+
+// The qkv_rope epilogue of batch row m for the projection's output f0 (a dimension i < D / 2 of a
+// head) and its rotation partner f0 + D / 2, whose (normed) sums are x0 and x1: plus the bias,
+// rounded to the outputs' dtype, then rotated in f32 and written to q or the key cache (q and k
+// heads) or copied to the value cache (v heads), as qkv_rope_cache_write does; a row with a negative
+// slot writes no cache.
+__device__ __forceinline__ void store_qkv_rope(const RopeOut& rope, int m, int f0, float x0, float x1,
+                                               const void* bias, DType b_dt) {
+  const int half = rope.D / 2, head = f0 / rope.D, i = f0 % rope.D;
+  if (bias) {
+    x0 += detail::load1(bias, f0, b_dt);
+    x1 += detail::load1(bias, f0 + half, b_dt);
+  }
+  x0 = detail::round_to(rope.dt, x0);
+  x1 = detail::round_to(rope.dt, x1);
+  const int slot = rope.slots[m];
+  if (head >= rope.Hq + rope.Hkv) {
+    if (slot < 0) return;
+    const int64_t dst = (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq - rope.Hkv)) * rope.D + i;
+    detail::store1(rope.v_cache, dst, rope.dt, x0);
+    detail::store1(rope.v_cache, dst + half, rope.dt, x1);
+    return;
+  }
+  const bool is_q = head < rope.Hq;
+  if (!is_q && slot < 0) return;
+  const float2 cs = detail::rope_cos_sin(static_cast<float>(rope.positions[m]), rope.inv_freq[i], rope.scaling);
+  void* out = is_q ? rope.q : rope.k_cache;
+  const int64_t dst = is_q ? (static_cast<int64_t>(m) * rope.Hq + head) * rope.D + i
+                           : (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq)) * rope.D + i;
+  const float2 rot = detail::rope_rotate(x0, x1, cs);
+  detail::store1(out, dst, rope.dt, rot.x);
+  detail::store1(out, dst + half, rope.dt, rot.y);
+}
 
 // One projection's operands: y (epilogue store / swiglu: [M, outputs] of y_dt; add_residual: the f32
 // residual [M, N]); x [M, K] (f32 residual rows when normed, else of the weight dtype); w [N, K]

@@ -143,31 +143,7 @@ __global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut
     }
     if (lane != 0) return;
     if constexpr (kEpi == Epilogue::qkv_rope) {
-      const int half = rope.D / 2, head = g / half, i = g % half, f0 = head * rope.D + i;
-      float x0 = v[0], x1 = v[1];
-      if (a.bias) {
-        x0 += detail::load1(a.bias, f0, a.b_dt);
-        x1 += detail::load1(a.bias, f0 + half, a.b_dt);
-      }
-      x0 = detail::round_to(rope.dt, x0);
-      x1 = detail::round_to(rope.dt, x1);
-      const int slot = rope.slots[0];
-      if (head >= rope.Hq + rope.Hkv) {
-        if (slot < 0) return;
-        const int64_t dst = (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq - rope.Hkv)) * rope.D + i;
-        detail::store1(rope.v_cache, dst, rope.dt, x0);
-        detail::store1(rope.v_cache, dst + half, rope.dt, x1);
-        return;
-      }
-      const bool is_q = head < rope.Hq;
-      if (!is_q && slot < 0) return;
-      const float2 cs = detail::rope_cos_sin(static_cast<float>(rope.positions[0]), rope.inv_freq[i], rope.scaling);
-      void* out = is_q ? rope.q : rope.k_cache;
-      const int64_t dst = is_q ? static_cast<int64_t>(head) * rope.D + i
-                               : (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq)) * rope.D + i;
-      const float2 rot = detail::rope_rotate(x0, x1, cs);
-      detail::store1(out, dst, rope.dt, rot.x);
-      detail::store1(out, dst + half, rope.dt, rot.y);
+      store_qkv_rope(rope, 0, group_row<kEpi>(g, 0, N, rope.D), v[0], v[1], a.bias, a.b_dt);
     } else {
       const int out_rows = kEpi == Epilogue::swiglu ? N / 2 : N;
 #pragma unroll
