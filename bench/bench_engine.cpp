@@ -223,15 +223,29 @@ int main(int argc, char** argv) {
         if (warm_up) warm = (*engine)->stats();
       }
       // Steady state: from the moment every request has its first token to the moment the first
-      // one finishes, all B decode every step; the tokens stamped inside that window, over it.
-      Clock::time_point start = t[0].first, stop = t[0].last, end = t[0].last;
-      for (const Timing& x : t) start = std::max(start, x.first), stop = std::min(stop, x.last), end = std::max(end, x.last);
-      int64_t tokens = 0, all_tokens = 0;
+      // one finishes, all B decode every step. The window is measured in whole steps on the request
+      // that started last (one token a step): from its first token to its last one before the first
+      // request finishes. (Counting every request's tokens between those two moments counts one step
+      // fewer than the window spans, the window ending as the first request's last step is being
+      // delivered: the former estimate, kept as tokens_per_s_counted.)
+      size_t last_in = 0;
+      Clock::time_point stop = t[0].last, end = t[0].last;
+      for (size_t i = 0; i < t.size(); ++i) {
+        if (t[i].first > t[last_in].first) last_in = i;
+        stop = std::min(stop, t[i].last), end = std::max(end, t[i].last);
+      }
+      const Clock::time_point start = t[last_in].first;
+      Clock::time_point stop_step = start;
+      int64_t steps = 0;
+      for (const Clock::time_point& when : t[last_in].times)
+        if (when > start && when <= stop) ++steps, stop_step = std::max(stop_step, when);
+      int64_t counted = 0, all_tokens = 0;
       for (const Timing& x : t) {
-        for (const Clock::time_point& when : x.times) tokens += when > start && when <= stop;
+        for (const Clock::time_point& when : x.times) counted += when > start && when <= stop;
         all_tokens += x.tokens;
       }
-      const double dt = secs(start, stop);
+      const double dt = secs(start, stop_step);
+      const double tokens = static_cast<double>(steps) * B;
       const Clock::time_point t_submit = t[0].submitted;
       // The measured batch's share of the counters.
       const EngineStats st = (*engine)->stats();
@@ -239,9 +253,11 @@ int main(int argc, char** argv) {
       const double full_seconds = st.full_bucket_seconds - warm.full_bucket_seconds;
       nlohmann::json entry = {{"batch", B},
                               {"context", context},
-                              {"tokens_per_s", dt > 0 ? static_cast<double>(tokens) / dt : 0.0},
-                              {"ms_per_step", tokens > 0 ? dt * 1e3 / (static_cast<double>(tokens) / B) : 0.0},
+                              {"tokens_per_s", dt > 0 ? tokens / dt : 0.0},
+                              {"ms_per_step", steps > 0 ? dt * 1e3 / static_cast<double>(steps) : 0.0},
                               {"steady_seconds", dt},
+                              {"steady_steps", steps},
+                              {"tokens_per_s_counted", secs(start, stop) > 0 ? counted / secs(start, stop) : 0.0},
                               {"all_tokens_per_s", static_cast<double>(all_tokens) / secs(t_submit, end)},
                               {"full_bucket_replays", full_replays},
                               {"full_bucket_graph_ms", full_replays > 0 ? 1e3 * full_seconds / full_replays : 0.0},
