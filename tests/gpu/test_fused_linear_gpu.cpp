@@ -17,7 +17,8 @@
 namespace kiln::test {
 
 // Every fused small-batch projection against the CPU twin. One row runs the warp-per-row kernel (one
-// pass of K to many; 20512 wide: the tensor-core kernel takes it), more rows the tensor-core tiles.
+// pass of K to many; 20512 wide: the tensor-core kernel takes it; 70001 outputs: a vocabulary head,
+// many rows a warp), more rows the tensor-core tiles.
 TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
   KILN_REQUIRE_GPU(gpu);
   auto cpu = make_cpu_backend();
@@ -28,7 +29,7 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
                         Case{32, 200, 512, false}, Case{31, 13, 32, true}, Case{16, 40000, 256, true},
                         Case{5, 33800, 96, false}, Case{1, 6912, 1536, true}, Case{8, 4232, 64, true},
                         Case{1, 1537, 6912, true}, Case{1, 3, 20480, false}, Case{1, 5, 20512, true},
-                        Case{2, 300, 1536, true}}) {
+                        Case{2, 300, 1536, true}, Case{1, 70001, 256, true}}) {
     SCOPED_TRACE(testing::Message() << "M=" << c.M << " N=" << c.N << " K=" << c.K << " bias=" << c.bias);
     ASSERT_TRUE(ops::fused_linear_valid(*gpu, ops::FusedLinear::norm, c.M, c.K, DType::bf16));
     auto& cuda_be = static_cast<CudaBackend&>(*gpu);
