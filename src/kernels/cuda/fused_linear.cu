@@ -395,9 +395,9 @@ bool kernel_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t
   if (!kernel_valid(M, K, w_dtype)) return false;
   const bool wide = N >= 32 * static_cast<int64_t>(be.multiprocessor_count()) * 16;
   switch (kind) {
-    // A vocabulary head (wide) only at one row, on the warp-per-row kernel: measured faster there than
-    // the norm kernel and cuBLASLt (docs/perf-notes.md, sixteenth session); at 2-8 rows the tensor-core
-    // kernel's tiles lose to cuBLASLt for it.
+    // A vocabulary head (wide) only at one row, on the warp-per-row kernel with the norm folded in:
+    // H100, 106 us against cuBLASLt's 110-116 without the norm kernel, the step 0.01-0.02 ms faster
+    // (docs/perf-notes.md, sixteenth session); from two rows the tensor-core tiles lose to cuBLASLt.
     case ops::FusedLinear::norm: return (!wide || fused::rows_kernel_valid(M, K)) && M <= 8;
     case ops::FusedLinear::norm_swiglu:
     case ops::FusedLinear::swiglu: return M <= 8;

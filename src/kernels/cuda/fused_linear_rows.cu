@@ -164,8 +164,9 @@ __global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut
 #pragma unroll
     for (int c = 0; c < CHP; ++c) {
       const int chunk = (p * CHP + c) * 32 + lane;
-      // Past the row the weights were loaded as zeros; a zero batch chunk instead of leaving the loop
-      // (measured faster: bench_linear down 9.5 against 10.25 us, perf-notes' sixteenth session).
+      // Past the row the weights were loaded as zeros: a zero batch chunk instead of leaving the loop
+      // (H100, bench_linear --rows 1, us a layer: gate/up 15.1 against 15.7, down 9.45 against 9.65,
+      // o 2.84 against 2.74; the step 3% faster; docs/perf-notes.md, sixteenth session).
       const uint4 xv = chunk < K8 ? xs[chunk] : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r] = dot8(buf[r][c], xv, acc[r]);
