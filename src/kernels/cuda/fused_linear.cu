@@ -397,7 +397,8 @@ bool kernel_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t
   switch (kind) {
     // A vocabulary head (wide) only at one row, on the warp-per-row kernel with the norm folded in:
     // H100, 106 us against cuBLASLt's 110-116 without the norm kernel, the step 0.01-0.02 ms faster
-    // (docs/perf-notes.md, sixteenth session); from two rows the tensor-core tiles lose to cuBLASLt.
+    // (docs/perf-notes.md, sixteenth session). From two rows the head stays on cuBLASLt: the tensor-core
+    // tiles measured slower for it (the figures above).
     case ops::FusedLinear::norm: return (!wide || fused::rows_kernel_valid(M, K)) && M <= 8;
     case ops::FusedLinear::norm_swiglu:
     case ops::FusedLinear::swiglu: return M <= 8;
