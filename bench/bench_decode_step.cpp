@@ -3,7 +3,11 @@
 // with programmatic dependent launch (CudaBackend::programmatic_launch) and with every kernel
 // launched after the previous one has finished, in the same run. Per run: ms per step, the bytes a
 // step must read (weights and KV), the bandwidth that makes, and the floor at 4.3 TB/s.
+// By default B requests on 16-row pages with the context as the attention bound (the figures of
+// docs/perf-notes.md); --page-size 128 --engine-bound runs the step as the engine's decode graph on
+// CUDA does (its default page size; the bound its graph is captured for, infer/executor.h).
 // Usage: bench_decode_step --config CFG [--batches 1,8] [--contexts 1024,8192,30000] [--iters 200]
+//        [--page-size 16] [--engine-bound]
 // Prints one JSON object.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -17,6 +21,7 @@
 #ifdef KILN_WITH_CUDA
 #include "backend/cuda_backend.h"
 #endif
+#include "infer/executor.h"
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "model/transformer.h"
@@ -38,7 +43,7 @@ struct StepInputs {
 };
 
 // B requests of C tokens each on consecutive pages, the query at position C - 1.
-Result<StepInputs> make_step(Backend& be, int32_t B, int32_t C, int32_t page_size, int64_t vocab) {
+Result<StepInputs> make_step(Backend& be, int32_t B, int32_t C, int32_t page_size, int32_t bound, int64_t vocab) {
   const int32_t pages = (C + page_size - 1) / page_size;
   std::vector<int32_t> ids, positions, slots, q_indptr = {0}, page_indptr = {0}, page_indices, last, rows;
   for (int32_t b = 0; b < B; ++b) {
@@ -63,7 +68,7 @@ Result<StepInputs> make_step(Backend& be, int32_t B, int32_t C, int32_t page_siz
   f.kv = PagedKV{s.buffers[4], s.buffers[5], s.buffers[6], page_size};
   f.logit_rows = s.buffers[7];
   f.logits_of_every_row = true;  // as the engine's decode steps
-  f.bounds = {B, 1, C};
+  f.bounds = {B, 1, bound};
   return s;
 }
 
@@ -88,10 +93,15 @@ int run(int argc, char** argv) {
   CLI::App app{"bench_decode_step: one graph-replayed decode step, with and without programmatic launch"};
   std::string config_path, batches = "1,8", contexts = "1024,8192,30000";
   int iters = 200;
+  int32_t page_size = 16;
+  bool engine_bound = false;
   app.add_option("--config", config_path, "model config.json (random weights)")->required();
   app.add_option("--batches", batches, "requests per step, comma separated");
   app.add_option("--contexts", contexts, "context lengths, comma separated");
   app.add_option("--iters", iters, "graph replays timed per run");
+  app.add_option("--page-size", page_size, "KV page rows (the engine's default on CUDA: 128)")->check(CLI::Range(1, 4096));
+  app.add_flag("--engine-bound", engine_bound,
+               "attention bound as the engine's decode graphs: powers of two from 1024 (default: the context)");
   CLI11_PARSE(app, argc, argv);
 #ifndef KILN_WITH_CUDA
   return std::fprintf(stderr, "bench_decode_step: kiln was built without CUDA\n"), 1;
@@ -105,7 +115,6 @@ int run(int argc, char** argv) {
   Transformer& m = **model;
   const ModelConfig& c = m.config();
   const std::vector<int32_t> bs = parse_list(batches), cs = parse_list(contexts);
-  const int32_t page_size = 16;
   const int32_t max_b = *std::max_element(bs.begin(), bs.end()), max_c = *std::max_element(cs.begin(), cs.end());
   const int32_t pages = (max_c + page_size - 1) / page_size;
   Result<KVCache> cache = m.make_kv_cache(max_b * pages * page_size);
@@ -121,10 +130,12 @@ int run(int argc, char** argv) {
   nlohmann::json out = {{"config", config_path}, {"runs", nlohmann::json::array()}};
   for (int32_t C : cs)
     for (int32_t B : bs) {
-      Result<StepInputs> step = make_step(**be, B, C, page_size, c.vocab_size);
+      const int32_t bound = engine_bound ? decode_context_bucket(C, static_cast<int32_t>(c.max_position_embeddings)) : C;
+      Result<StepInputs> step = make_step(**be, B, C, page_size, std::max(bound, C), c.vocab_size);
       if (!step.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", step.status().message().c_str()), 1;
       const double kv_gb = 4.0 * B * static_cast<double>(C) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 1e-9;
-      nlohmann::json r = {{"batch", B}, {"context", C}, {"weight_gb", weight_gb}, {"kv_gb", kv_gb}};
+      nlohmann::json r = {{"batch", B},         {"context", C},         {"page_size", page_size},
+                          {"kv_bound", std::max(bound, C)}, {"weight_gb", weight_gb}, {"kv_gb", kv_gb}};
       // Programmatic launch as configured (on unless KILN_PDL=0), then off.
       CudaBackend& cbe = static_cast<CudaBackend&>(**be);
       const bool programmatic = cbe.programmatic_launch();

@@ -7,8 +7,9 @@
 #   attention: the attention GPU tests and bench_attention per prefill variant (D 64 and 128,
 #           16-row pages and one contiguous page), a table of ms and TFLOP/s per case.
 #   decode: the decode path's GPU tests, bench_decode_step (a step with and without programmatic
-#           launch), with DECODE_ENGINE=1 bench_engine's single-request and B <= 8 decode with
-#           KILN_PDL=1 and =0, on the astrai-1b and llama-1b shapes.
+#           launch; DECODE_STEP_ARGS="--page-size 128 --engine-bound" runs it as the engine's graph),
+#           with DECODE_ENGINE=1 bench_engine's single-request and B <= 8 decode with KILN_PDL=1 and
+#           =0, on the astrai-1b and llama-1b shapes.
 #   profile-decode: Nsight Compute per-kernel time and DRAM bandwidth of B=1 decode steps.
 #   profile-prefill: Nsight Compute per-kernel time of single-request prefills (8K, 30K).
 #   peers: llama.cpp (bench/peers/llama_cpp.sh model + bench) beside kiln's bench_engine single-request runs.
@@ -161,7 +162,7 @@ if [ "$WHAT" = decode ]; then
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which|error" "$OUT/gpu_decode_tests.log" | head -40
   for shape in ${DECODE_SHAPES:-astrai-1b llama-1b}; do
     timeout ${DECODE_BENCH_TIMEOUT:-200} "$BUILD/bin/bench_decode_step" --config bench/configs/$shape-shape.config.json \
-      --batches ${DECODE_BATCHES:-1,2,4,8} --contexts ${DECODE_CONTEXTS:-1024,8192,30000} \
+      --batches ${DECODE_BATCHES:-1,2,4,8} --contexts ${DECODE_CONTEXTS:-1024,8192,30000} ${DECODE_STEP_ARGS:-} \
       > "$OUT/bench_decode_step_$shape.json" 2> "/tmp/bench_decode_step_$shape.err" || { status=1; tail -3 "/tmp/bench_decode_step_$shape.err"; }
     python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))

@@ -220,10 +220,10 @@ Status Executor::warm_up() {
   return Status::Ok();
 }
 
-int32_t Executor::context_bucket(int32_t kv_len) const {
+int32_t decode_context_bucket(int32_t kv_len, int32_t max_seq_len) {
   int32_t b = 1024;
   while (b < kv_len) b *= 2;
-  return std::min(b, config_.max_seq_len);
+  return std::min(b, max_seq_len);
 }
 
 int32_t Executor::bucket_for(int32_t batch) const {

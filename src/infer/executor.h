@@ -55,6 +55,11 @@ struct SampledToken {
   std::vector<std::pair<int32_t, float>> top;   // top_logprobs alternatives, most likely first
 };
 
+// The attention bound a decode graph is captured for when the step's longest context is kv_len:
+// powers of two from 1024 up to max_seq_len (a tight bound keeps the split-KV decode grid small; one
+// graph serves every context up to its bound).
+int32_t decode_context_bucket(int32_t kv_len, int32_t max_seq_len);
+
 class Executor {
  public:
   static Result<std::unique_ptr<Executor>> create(const Transformer& model, const ExecutorConfig& config);
@@ -172,9 +177,7 @@ class Executor {
   static Tensor output_view(const TensorBuffer& buffer, int64_t offset, int64_t n, DType dtype);
   void forward_and_sample(const Packed& p, bool full, bool masked);
   int32_t bucket_for(int32_t batch) const;
-  // The attention bound of a decode step whose longest context is kv_len: powers of two from 1024
-  // up to max_seq_len (a tight bound keeps the split-KV decode grid small).
-  int32_t context_bucket(int32_t kv_len) const;
+  int32_t context_bucket(int32_t kv_len) const { return decode_context_bucket(kv_len, config_.max_seq_len); }
 
   const Transformer& model_;
   Backend& be() const { return model_.backend(); }
