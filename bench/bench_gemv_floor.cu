@@ -43,79 +43,76 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
   return s;
 }
 
-// y[n] = W[n, :] . x, K = 256 * CH. Each warp: R rows at a time, all CH * R loads in flight.
-template <int CH, int R, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) gemv(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
-                                                   int N, int pdl) {
+// A warp's R weight rows from row r0 (K = 256 * CH: lane l the 16-byte chunks l, l + 32, ...; rows
+// past N as zeros), all CH * R loads in flight.
+template <int CH, int R>
+__device__ __forceinline__ void load_rows(uint4 (&d)[R][CH], const T* __restrict__ w, int r0, int N, int lane) {
   constexpr int K = 256 * CH;
-  __shared__ uint4 xs[K / 8];
-  if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row0 = (blockIdx.x * WARPS + warp) * R;
-  uint4 wv[R][CH];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int c = 0; c < CH; ++c)
-      wv[r][c] = row0 + r < N ? ldg_stream(w + static_cast<int64_t>(row0 + r) * K + (c * 32 + lane) * 8)
-                              : make_uint4(0, 0, 0, 0);
+      d[r][c] = r0 + r < N ? ldg_stream(w + static_cast<int64_t>(r0 + r) * K + (c * 32 + lane) * 8)
+                           : make_uint4(0, 0, 0, 0);
+}
+
+// After the programmatic wait (when pdl): the batch row into shared memory.
+template <int CH, int WARPS>
+__device__ __forceinline__ void stage_row(uint4* xs, const T* __restrict__ x, int pdl) {
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-  for (int i = threadIdx.x; i < K / 8; i += WARPS * 32) xs[i] = reinterpret_cast<const uint4*>(x)[i];
+  for (int i = threadIdx.x; i < 32 * CH; i += WARPS * 32) xs[i] = reinterpret_cast<const uint4*>(x)[i];
   __syncthreads();
+}
+
+// y[r0 + r] = the warp's rows dotted with the staged row, summed over the lanes.
+template <int CH, int R>
+__device__ __forceinline__ void store_sums(T* __restrict__ y, const uint4 (&d)[R][CH], const uint4* xs, int r0, int N,
+                                           int lane) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     float s = 0.f;
 #pragma unroll
-    for (int c = 0; c < CH; ++c) s += dot8(wv[r][c], xs[c * 32 + lane]);
+    for (int c = 0; c < CH; ++c) s += dot8(d[r][c], xs[c * 32 + lane]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0 && row0 + r < N) y[row0 + r] = __float2bfloat16(s);
+    if (lane == 0 && r0 + r < N) y[r0 + r] = __float2bfloat16(s);
   }
 }
 
+// y[n] = W[n, :] . x, K = 256 * CH. Each warp: R rows at a time, all CH * R loads in flight.
+template <int CH, int R, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) gemv(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
+                                                   int N, int pdl) {
+  __shared__ uint4 xs[32 * CH];
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = (blockIdx.x * WARPS + warp) * R;
+  uint4 wv[R][CH];
+  load_rows<CH, R>(wv, w, row0, N, lane);
+  stage_row<CH, WARPS>(xs, x, pdl);
+  store_sums<CH, R>(y, wv, xs, row0, N, lane);
+}
 
 // The same GEMV with a fixed grid (blocks per SM x SMs); each warp walks its rows R at a time with the
 // next group's loads issued before the current group's sums (register double buffer).
 template <int CH, int R, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) gemv_persist(T* __restrict__ y, const T* __restrict__ x,
                                                            const T* __restrict__ w, int N, int pdl) {
-  constexpr int K = 256 * CH;
-  __shared__ uint4 xs[K / 8];
+  __shared__ uint4 xs[32 * CH];
   if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int stride = gridDim.x * WARPS * R;
   int row0 = (blockIdx.x * WARPS + warp) * R;
   uint4 wv[2][R][CH];
-  auto load = [&](uint4 (&d)[R][CH], int r0) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int c = 0; c < CH; ++c)
-        d[r][c] = r0 + r < N ? ldg_stream(w + static_cast<int64_t>(r0 + r) * K + (c * 32 + lane) * 8)
-                             : make_uint4(0, 0, 0, 0);
-  };
-  load(wv[0], row0);
-  if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-  for (int i = threadIdx.x; i < K / 8; i += WARPS * 32) xs[i] = reinterpret_cast<const uint4*>(x)[i];
-  __syncthreads();
-  auto sums = [&](const uint4 (&d)[R][CH], int r0) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float s = 0.f;
-#pragma unroll
-      for (int c = 0; c < CH; ++c) s += dot8(d[r][c], xs[c * 32 + lane]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0 && r0 + r < N) y[r0 + r] = __float2bfloat16(s);
-    }
-  };
+  load_rows<CH, R>(wv[0], w, row0, N, lane);
+  stage_row<CH, WARPS>(xs, x, pdl);
   while (row0 < N) {
-    if (row0 + stride < N) load(wv[1], row0 + stride);
-    sums(wv[0], row0);
+    if (row0 + stride < N) load_rows<CH, R>(wv[1], w, row0 + stride, N, lane);
+    store_sums<CH, R>(y, wv[0], xs, row0, N, lane);
     row0 += stride;
     if (row0 >= N) break;
-    if (row0 + stride < N) load(wv[0], row0 + stride);
-    sums(wv[1], row0);
+    if (row0 + stride < N) load_rows<CH, R>(wv[0], w, row0 + stride, N, lane);
+    store_sums<CH, R>(y, wv[1], xs, row0, N, lane);
     row0 += stride;
   }
 }
