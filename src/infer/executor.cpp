@@ -445,7 +445,13 @@ ops::SamplingBatch Executor::sampling_view(int32_t rows, bool full) const {
 }
 
 void Executor::forward_and_sample(const Packed& p, bool full, bool masked) {
-  last_logits_ = model_.forward(batch_view(p), cache_, ws_);
+  ForwardBatch batch = batch_view(p);
+  // Greedy rows without penalties, masks or log-probs: the head's kernel may pick the tokens itself.
+  const bool head_samples =
+      !full && !masked && p.score_rows == 0 && model_.head_takes_greedy(p.tokens, p.logit_rows);
+  if (head_samples) batch.greedy_tokens = sampling_view(p.logit_rows, full).tokens;
+  last_logits_ = model_.forward(batch, cache_, ws_);
+  if (head_samples) return;
   if (masked) {
     const int32_t rows = p.score_rows == 0 ? p.logit_rows : p.sampled_rows;
     ops::adjust_logits(be(), last_logits_.rows(0, rows), sampling_view(rows, full).params, staging_dev_.view());

@@ -105,6 +105,24 @@ void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w
   cpu::norm_linear_swiglu_forward(out, x, norm_w, eps, w, bias);
 }
 
+bool norm_linear_argmax_preferred(Backend& be, int64_t M, int64_t N, int64_t K, DType w_dtype) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::norm_linear_argmax_preferred(cuda_backend(be), M, N, K, w_dtype);
+#endif
+  return fused_linear_preferred(be, FusedLinear::norm, M, N, K, w_dtype);
+}
+
+void norm_linear_argmax_forward(Backend& be, Tensor logits, Tensor tokens, Tensor x, Tensor norm_w, float eps, Tensor w,
+                                Tensor scratch) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda())
+    return cuda::norm_linear_argmax_forward(cuda_backend(be), logits, tokens, x, norm_w, eps, w, scratch);
+#endif
+  KILN_ASSERT(be.device().is_cpu());
+  (void)scratch;
+  cpu::norm_linear_argmax_forward(logits, tokens, x, norm_w, eps, w);
+}
+
 bool norm_linear_qkv_rope_preferred(Backend& be, int64_t M, int64_t N, int64_t K, int64_t head_dim, DType w_dtype) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda()) return cuda::norm_linear_qkv_rope_preferred(cuda_backend(be), M, N, K, head_dim, w_dtype);

@@ -90,6 +90,18 @@ void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w
 void linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor w, Tensor bias = {});
 void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, Tensor bias = {});
 
+// A greedy decode step's vocabulary head: norm_linear_forward(logits, x, norm_w, eps, w) and, fused
+// in, each row's greedy token: tokens[m] (i32) = the first index of the largest logits[m] as stored
+// (NaN as -inf), the token ops::sample gives a greedy row without counts. scratch:
+// kArgmaxScratchWords i32 words on the device, zero before the first call; every call leaves them
+// zero, so a captured step replays. _preferred: where the fused head is the better choice (CUDA:
+// one row, on the warp-per-row kernel, whose last block picks the token instead of the sampler's
+// argmax kernel; CPU: wherever norm_linear is); elsewhere the head, then ops::sample.
+constexpr int64_t kArgmaxScratchWords = 4;
+bool norm_linear_argmax_preferred(Backend& be, int64_t M, int64_t N, int64_t K, DType w_dtype);
+void norm_linear_argmax_forward(Backend& be, Tensor logits, Tensor tokens, Tensor x, Tensor norm_w, float eps, Tensor w,
+                                Tensor scratch);
+
 // The attention block's input stage fused into its projection, for decode steps:
 // norm_linear_forward(qkv, x, norm_w, eps, w, bias) then qkv_rope_cache_write(q_out, k_cache, v_cache,
 // qkv, positions, slots, inv_freq, attention_scaling) without q/k norms, with the same arithmetic

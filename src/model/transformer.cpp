@@ -138,6 +138,8 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   if (ops::linear_k_split_parts(backend_, split_rows, H, c.intermediate_size, dtype_) > 0) {
     KILN_ASSIGN_OR_RETURN(ws.down_partials, empty(backend_, {ops::kMaxKSplitParts * split_rows * H}, DType::f32));
   }
+  KILN_ASSIGN_OR_RETURN(ws.argmax_scratch, empty(backend_, {ops::kArgmaxScratchWords}, DType::i32));
+  backend_.zero(ws.argmax_scratch.view());
   return ws;
 }
 
@@ -151,6 +153,29 @@ bool Transformer::uses_fused_layers(int64_t tokens) const {
   return ops::fused_linear_valid(be, ops::FusedLinear::residual, tokens, q_width, dtype_) &&
          ops::fused_linear_valid(be, ops::FusedLinear::swiglu, tokens, H, dtype_) &&
          ops::fused_linear_valid(be, ops::FusedLinear::residual, tokens, c.intermediate_size, dtype_);
+}
+
+int32_t Transformer::down_split_parts(int64_t T) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& L0 = layers_[0];
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  // Where cuBLASLt runs the down projection (steps of 9 to 128 rows), it is split along K into f32
+  // products that the next norm adds into the residual (the split-K reduction, the residual add and
+  // the norm in one kernel); the next layer's q/k/v projection then reads the normed rows.
+  if (!uses_fused_layers(T) || L0.down_bias.data ||
+      ops::fused_linear_preferred(backend_, ops::FusedLinear::residual, T, H, I, dtype_))
+    return 0;
+  const bool qkv_reads_normed =  // rather than folding the norm into its own kernel
+      !ops::fused_linear_preferred(backend_, ops::FusedLinear::norm, T, L0.qkv_proj.size(0), H, dtype_) &&
+      (L0.q_norm.data || L0.k_norm.data ||
+       !ops::norm_linear_qkv_rope_preferred(backend_, T, L0.qkv_proj.size(0), L0.qkv_proj.size(1), c.head_dim,
+                                            dtype_));
+  return qkv_reads_normed ? ops::linear_k_split_parts(backend_, T, H, I, dtype_) : 0;
+}
+
+bool Transformer::head_takes_greedy(int64_t T, int64_t R) const {
+  return uses_fused_layers(T) && down_split_parts(T) == 0 &&
+         ops::norm_linear_argmax_preferred(backend_, R, lm_head_.size(0), config_.hidden_size, dtype_);
 }
 
 Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const {
@@ -208,19 +233,10 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     if (bias.data) ops::bias_add_forward(be, resid, bias);
   };
 
-  // Where cuBLASLt runs the down projection (steps of 9 to 128 rows), it is split along K into f32
-  // products that the next norm adds into the residual (the split-K reduction, the residual add and
-  // the norm in one kernel); the next layer's q/k/v projection then reads the normed rows.
-  const LayerWeights& L0 = layers_[0];
   const int64_t H = c.hidden_size;
-  int32_t down_parts = 0;
-  if (fused && !L0.down_bias.data && !preferred(ops::FusedLinear::residual, act, L0.down_proj, false)) {
-    const bool qkv_reads_normed =  // rather than folding the norm into its own kernel
-        !preferred(ops::FusedLinear::norm, residual, L0.qkv_proj, false) &&
-        (L0.q_norm.data || L0.k_norm.data ||
-         !ops::norm_linear_qkv_rope_preferred(be, T, L0.qkv_proj.size(0), L0.qkv_proj.size(1), D, dtype_));
-    if (qkv_reads_normed) down_parts = ops::linear_k_split_parts(be, T, H, c.intermediate_size, dtype_);
-  }
+  const int32_t down_parts = down_split_parts(T);  // the down projection split along K (fused path)
+  const bool greedy = batch.greedy_tokens.data != nullptr;
+  KILN_ASSERT(!greedy || (batch.greedy_tokens.numel() == R && head_takes_greedy(T, R)));
   // Whether `normed` holds this layer's input norm (the previous layer's down projection wrote it).
   bool input_normed = false;
 
@@ -309,7 +325,11 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
       final_residual = ws.last_residual.view().rows(0, R);
       ops::embedding_forward(be, final_residual, residual, batch.logit_rows);
     }
-    norm_project(logits, final_residual, final_norm_, lm_head_, Tensor{}, ws.gathered.view().rows(0, R));
+    if (greedy)
+      ops::norm_linear_argmax_forward(be, logits, batch.greedy_tokens, final_residual, final_norm_, eps, lm_head_,
+                                      ws.argmax_scratch.view());
+    else
+      norm_project(logits, final_residual, final_norm_, lm_head_, Tensor{}, ws.gathered.view().rows(0, R));
     return logits;
   }
   // The final norm's rows: written by the last down projection's kernel (fused path), else here.

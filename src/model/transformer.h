@@ -67,6 +67,10 @@ struct ForwardBatch {
   // logit_rows is every row in order ([0, T), R == T; a decode step's): the head reads the final
   // rows where they are instead of gathering them.
   bool logits_of_every_row = false;
+  // Optional [R] i32: the greedy token of each logit row (the first index of its largest logit), picked
+  // by the head's kernel; only where Transformer::head_takes_greedy says the head does. The logits
+  // are written too.
+  Tensor greedy_tokens;
 };
 
 // Activations for up to `max_tokens` rows and `max_logit_rows` logits rows, in the compute dtype
@@ -82,6 +86,8 @@ struct ForwardWorkspace {
   // The step's rotary (cos, sin) pairs, [T, head_dim / 2, 2] f32, where the backend's
   // qkv_rope_cache_write reads them (ops::qkv_rope_reads_table): computed once for every layer.
   TensorBuffer rope_table;
+  // ops::norm_linear_argmax_forward's scratch (kArgmaxScratchWords i32, zero between steps).
+  TensorBuffer argmax_scratch;
 };
 
 struct ModelLoadOptions {
@@ -116,12 +122,19 @@ class Transformer {
   // layers of kernels/ops.h where the backend has them (uses_fused_layers), others the separate ops.
   Tensor forward(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const;
   bool uses_fused_layers(int64_t tokens) const;
+  // Whether forward() picks the greedy tokens itself (ForwardBatch::greedy_tokens) for a step of
+  // `tokens` rows and `logit_rows` logit rows: where the head is ops::norm_linear_argmax_forward's
+  // preferred case. Elsewhere the caller samples the logits.
+  bool head_takes_greedy(int64_t tokens, int64_t logit_rows) const;
 
  private:
   Transformer(Backend& backend, ModelConfig config);
   Status allocate_weights();
   // Resolves the per-layer views and the rotary tables once the table is filled in.
   Status bind_weights();
+  // The K-split parts of the fused path's down projection for a step of T rows (0: not split; see
+  // forward()).
+  int32_t down_split_parts(int64_t tokens) const;
 
   Backend& backend_;
   ModelConfig config_;

@@ -92,5 +92,33 @@ TEST(FusedLinear, MatchHandWrittenReference) {
   }
 }
 
+// The greedy head: the logits as norm_linear writes them, and each row's token the first index of its
+// largest logit (planted: two equal rows on top of the others, the first of them wins; a NaN logit
+// counts as -inf).
+TEST(FusedLinear, GreedyHeadPicksTheFirstLargestLogit) {
+  auto be = make_cpu_backend();
+  const float eps = 1e-5f;
+  const Shape3 s{3, 50, 32};
+  TensorBuffer x = random_host({s.M, s.K}, DType::f32, 1), g = random_host({s.K}, DType::f32, 2);
+  TensorBuffer w = random_host({s.N, s.K}, DType::f32, 3, 0.2f);
+  float* wp = w.ptr<float>();
+  for (int64_t k = 0; k < s.K; ++k) {
+    wp[7 * s.K + k] = wp[31 * s.K + k] = 3.0f * x.ptr<float>()[k] * g.ptr<float>()[k];  // row 0's winners
+    wp[0 * s.K + k] = k == 0 ? NAN : 0.0f;
+  }
+  TensorBuffer logits = host_empty({s.M, s.N}, DType::f32), tokens = host_empty({s.M}, DType::i32);
+  ops::norm_linear_argmax_forward(*be, logits, tokens, x, g, eps, w, Tensor{});
+  const std::vector<double> want = reference(x.ptr<float>(), g.ptr<float>(), wp, nullptr, s, eps);
+  for (int64_t m = 0; m < s.M; ++m) {
+    int64_t best = 1;  // logit 0 is NaN
+    for (int64_t n = 2; n < s.N; ++n)
+      if (want[m * s.N + n] > want[m * s.N + best] + 1e-6) best = n;
+    EXPECT_EQ(tokens.ptr<int32_t>()[m], best) << "row " << m;
+    for (int64_t n = 1; n < s.N; ++n)
+      EXPECT_NEAR(logits.ptr<float>()[m * s.N + n], want[m * s.N + n], 1e-4 * (1 + std::fabs(want[m * s.N + n])));
+  }
+  EXPECT_EQ(tokens.ptr<int32_t>()[0], 7);
+}
+
 }  // namespace
 }  // namespace kiln::test

@@ -12,6 +12,7 @@
 #include "backend/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
+#include "sampler_util.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -78,6 +79,67 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
       ops::fill_constant(*gpu, dact, NAN);
       ops::norm_linear_swiglu_forward(*gpu, dact, dx, dg, eps, dw2, dbias2);
       EXPECT_CLOSE(to_f32(*gpu, dact), to_f32(*cpu, act), 2e-2);
+    }
+  }
+}
+
+// The greedy head (ops::norm_linear_argmax_forward) at one row: the logits bit for bit those of
+// norm_linear_forward, the token the first index of the largest of them (checked on the host, and
+// equal to the sampler's greedy token), ties to the lower index (two equal rows planted on top), a NaN
+// logit as -inf; three calls in a row give the same token and leave the scratch zero; the CPU twin
+// picks the same planted token.
+TEST(CudaFusedKernels, GreedyHeadPicksTheFirstLargestLogit) {
+  KILN_REQUIRE_GPU(gpu);
+  auto cpu = make_cpu_backend();
+  const float eps = 1e-5f;
+  for (const auto& [N, K] : std::vector<std::pair<int64_t, int64_t>>{{100000, 1536}, {70001, 256}, {37, 96}}) {
+    for (bool planted : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "N=" << N << " K=" << K << " planted=" << planted);
+      ASSERT_TRUE(ops::norm_linear_argmax_preferred(*gpu, 1, N, K, DType::bf16));
+      TensorBuffer x = random_host({1, K}, DType::f32, 21), g = random_host({K}, DType::bf16, 22);
+      TensorBuffer w = random_host({N, K}, DType::bf16, 23, 0.05f);
+      const int64_t first = N / 3, second = N - 2;  // the planted tie
+      if (planted) {
+        uint16_t* wp = w.ptr<uint16_t>();
+        const float* xp = x.ptr<float>();
+        for (int64_t k = 0; k < K; ++k) {
+          const uint16_t v = f32_to_bf16(xp[k] * bf16_to_f32(g.ptr<uint16_t>()[k]) > 0 ? 0.5f : -0.5f);
+          wp[first * K + k] = wp[second * K + k] = v;
+          wp[1 * K + k] = f32_to_bf16(k == 0 ? NAN : 0.0f);  // logit 1: NaN
+        }
+      }
+      auto dev = [&](Tensor t) { return std::move(to_device(*gpu, t)).value(); };
+      TensorBuffer dx = dev(x), dg = dev(g), dw = dev(w);
+      TensorBuffer want = std::move(empty(*gpu, {1, N}, DType::f32)).value();
+      ops::norm_linear_forward(*gpu, want, dx, dg, eps, dw);
+      TensorBuffer logits = std::move(empty(*gpu, {1, N}, DType::f32)).value();
+      TensorBuffer tokens = std::move(empty(*gpu, {1}, DType::i32)).value();
+      TensorBuffer scratch = std::move(empty(*gpu, {ops::kArgmaxScratchWords}, DType::i32)).value();
+      gpu->zero(scratch);
+      const std::vector<float> host_logits = to_f32(*gpu, want);
+      int32_t host_token = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const float v = std::isnan(host_logits[n]) ? -INFINITY : host_logits[n];
+        const float b = std::isnan(host_logits[host_token]) ? -INFINITY : host_logits[host_token];
+        if (v > b) host_token = static_cast<int32_t>(n);
+      }
+      if (planted) ASSERT_EQ(host_token, first);
+      for (int call = 0; call < 3; ++call) {
+        ops::fill_constant(*gpu, logits, NAN);
+        ops::norm_linear_argmax_forward(*gpu, logits, tokens, dx, dg, eps, dw, scratch);
+        EXPECT_EQ(to_f32(*gpu, logits), host_logits);
+        EXPECT_EQ(sampler_read<int32_t>(*gpu, tokens), std::vector<int32_t>{host_token});
+        EXPECT_EQ(sampler_read<int32_t>(*gpu, scratch), std::vector<int32_t>(ops::kArgmaxScratchWords, 0));
+      }
+      // The sampler's greedy token of the same logits.
+      SamplerCall call;
+      call.B = 1, call.V = N, call.logits = host_logits, call.rows = {ops::SamplingRow{}}, call.logprob_outputs = false;
+      EXPECT_EQ(run_sampler(*gpu, call, /*full=*/false).tokens, std::vector<int32_t>{host_token});
+      if (planted) {
+        TensorBuffer cl = host_empty({1, N}, DType::f32), ct = host_empty({1}, DType::i32);
+        ops::norm_linear_argmax_forward(*cpu, cl, ct, x, g, eps, w, Tensor{});
+        EXPECT_EQ(ct.ptr<int32_t>()[0], first);
+      }
     }
   }
 }

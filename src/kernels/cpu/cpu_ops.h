@@ -19,6 +19,7 @@ void linear_forward(Tensor y, Tensor x, Tensor w, Tensor bias);
 void linear_forward_row_invariant(Tensor y, Tensor x, Tensor w, Tensor bias);
 void norm_linear_forward(Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias);
 void norm_linear_swiglu_forward(Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias);
+void norm_linear_argmax_forward(Tensor logits, Tensor tokens, Tensor x, Tensor norm_w, float eps, Tensor w);
 void linear_swiglu_forward(Tensor out, Tensor x, Tensor w, Tensor bias);
 void linear_residual_forward(Tensor residual, Tensor x, Tensor w, Tensor bias);
 void gemm(Tensor c, Tensor a, bool trans_a, Tensor b, bool trans_b, float alpha, float beta);

@@ -67,6 +67,22 @@ void norm_linear_forward(Tensor y, Tensor x, Tensor norm_w, float eps, Tensor w,
   detail::store_f32(y, 0, y.numel(), out.data());
 }
 
+void norm_linear_argmax_forward(Tensor logits, Tensor tokens, Tensor x, Tensor norm_w, float eps, Tensor w) {
+  KILN_ASSERT(tokens.dtype == DType::i32 && logits.ndim() == 2 && tokens.numel() == logits.size(0));
+  norm_linear_forward(logits, x, norm_w, eps, w, Tensor{});
+  const std::vector<float> v = detail::to_f32(logits);  // as stored
+  const int64_t M = logits.size(0), N = logits.size(1);
+  for (int64_t m = 0; m < M; ++m) {
+    int64_t best = 0;
+    float best_v = -INFINITY;
+    for (int64_t i = 0; i < N; ++i) {
+      const float vi = v[m * N + i] != v[m * N + i] ? -INFINITY : v[m * N + i];
+      if (i == 0 || vi > best_v) best = i, best_v = vi;
+    }
+    tokens.ptr<int32_t>()[m] = static_cast<int32_t>(best);
+  }
+}
+
 void norm_linear_swiglu_forward(Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w, Tensor bias) {
   detail::check_float(out);
   const int64_t K = x.size(-1), M = x.numel() / K, I = w.size(0) / 2;

@@ -26,6 +26,9 @@ void norm_linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor norm_w, flo
 void norm_linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
                                 Tensor bias);
 void linear_residual_forward(CudaBackend& be, Tensor residual, Tensor x, Tensor w, Tensor bias);
+bool norm_linear_argmax_preferred(CudaBackend& be, int64_t M, int64_t N, int64_t K, DType w_dtype);
+void norm_linear_argmax_forward(CudaBackend& be, Tensor logits, Tensor tokens, Tensor x, Tensor norm_w, float eps,
+                                Tensor w, Tensor scratch);
 bool norm_linear_qkv_rope_preferred(CudaBackend& be, int64_t M, int64_t N, int64_t K, int64_t D, DType w_dtype);
 void norm_linear_qkv_rope_forward(CudaBackend& be, Tensor q_out, Tensor k_cache, Tensor v_cache, Tensor qkv, Tensor x,
                                   Tensor norm_w, float eps, Tensor w, Tensor bias, Tensor positions, Tensor slots,

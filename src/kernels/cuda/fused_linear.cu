@@ -444,6 +444,36 @@ void norm_linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor no
   launch<true, Epilogue::swiglu>(be, out, x, w, norm_w, bias, eps);
 }
 
+// The head's argmax where the head takes the warp-per-row kernel (one row): its last block picks
+// the token (fused_linear_rows.cu) in place of the sampler's argmax kernel, one launch and one pass
+// over the logits less.
+bool norm_linear_argmax_preferred(CudaBackend& be, int64_t M, int64_t N, int64_t K, DType w_dtype) {
+  return kernel_preferred(be, ops::FusedLinear::norm, M, N, K, w_dtype) && fused::rows_kernel_valid(M, K) && N > 0 &&
+         N < (int64_t(1) << 31) - 1;
+}
+
+void norm_linear_argmax_forward(CudaBackend& be, Tensor logits, Tensor tokens, Tensor x, Tensor norm_w, float eps,
+                                Tensor w, Tensor scratch) {
+  detail::check_float(be, logits);
+  detail::check_float(be, x);
+  detail::check_float(be, w);
+  detail::check_i32(be, tokens);
+  detail::check_i32(be, scratch);
+  const int64_t K = x.size(-1), M = x.numel() / std::max<int64_t>(K, 1), N = w.size(0);
+  KILN_ASSERT(fused::rows_kernel_valid(M, K) && w.dtype == DType::bf16 && w.ndim() == 2 && w.size(1) == K);
+  KILN_ASSERT(N > 0 && N < (int64_t(1) << 30) && logits.numel() == N && tokens.numel() == 1);
+  KILN_ASSERT(x.dtype == DType::f32 && norm_w.dtype == w.dtype && norm_w.numel() == K);
+  KILN_ASSERT(detail::aligned16(x.data) && detail::aligned16(w.data) && detail::aligned16(norm_w.data));
+  KILN_ASSERT(scratch.numel() >= ops::kArgmaxScratchWords && reinterpret_cast<uintptr_t>(scratch.data) % 8 == 0);
+  const fused::LinearArgs a{.y = logits.data, .y_dt = logits.dtype, .x = x.data, .w = w.data, .norm_w = norm_w.data,
+                            .M = 1, .N = static_cast<int>(N), .K = static_cast<int>(K), .eps = eps};
+  fused::ArgmaxOut am;
+  am.token = tokens.ptr<int32_t>();
+  am.best = reinterpret_cast<unsigned long long*>(scratch.data);
+  am.arrived = reinterpret_cast<unsigned int*>(scratch.ptr<int32_t>() + 2);
+  fused::rows_kernel_argmax_launch(be, true, a, am);
+}
+
 bool norm_linear_qkv_rope_preferred(CudaBackend& be, int64_t M, int64_t N, int64_t K, int64_t D, DType w_dtype) {
   return kernel_preferred(be, ops::FusedLinear::norm, M, N, K, w_dtype) && D > 0 && D % 16 == 0 && N % D == 0;
 }

@@ -12,6 +12,11 @@
 // loads in flight in registers; the first two are issued before the programmatic wait. The grid is
 // at most two blocks per SM, sized so that every warp has the same number of groups.
 //
+// Greedy head (ArgmaxOut): the store epilogue of a vocabulary head also keeps, in lane 0 of each
+// warp, the largest key (argmax_key) of its logits; the block's largest goes to one 64-bit word by
+// atomicMax (the order of arrivals cannot change a maximum), and the block that arrives last (a
+// ticket counter) writes the token and zeroes the word and the counter for the next call.
+//
 // Staging: after the wait every block copies the batch row into shared memory as bf16, a normed row as
 // round(x * norm_w) with its sum of squares reduced over the block (the 1 / rms scale is applied to
 // the sums, as fused_linear.cu does). Sums are f32 in a fixed order: deterministic, so a replayed graph
@@ -59,8 +64,18 @@ __device__ __forceinline__ int group_row(int g, int r, int N, int D) {
   return g;
 }
 
-template <bool kNorm, Epilogue kEpi>
-__global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut rope) {
+// The order of (logit, index) pairs as one integer: larger logits first, then lower indices; NaN
+// counts as -inf and -0 as +0, as the sampler's greedy rows compare them (sampling_common.cuh).
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+  if (v != v) v = -INFINITY;
+  if (v == 0.0f) v = 0.0f;
+  uint32_t u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+}
+
+template <bool kNorm, Epilogue kEpi, bool kArgmax>
+__global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut rope, ArgmaxOut am) {
   constexpr int R = rows_per_group<kEpi>();
   constexpr int CHP = 8 / R;
   extern __shared__ uint4 xs[];  // [K / 8] bf16 chunks of the batch row
@@ -129,6 +144,7 @@ __global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  unsigned long long best = 0;  // kArgmax: lane 0's largest argmax_key (0: none yet)
 
   // One group's outputs, once its last pass is summed.
   auto finish = [&](int g) {
@@ -151,6 +167,7 @@ __global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut
         if (a.bias) v[r] += detail::load1(a.bias, r * out_rows + g, a.b_dt);
       if constexpr (kEpi == Epilogue::store) {
         detail::store1(a.y, g, a.y_dt, v[0]);
+        if constexpr (kArgmax) best = max(best, argmax_key(detail::round_to(a.y_dt, v[0]), g));
       } else if constexpr (kEpi == Epilogue::add_residual) {
         float* res = static_cast<float*>(a.y) + g;
         *res = *res + v[0];
@@ -180,18 +197,36 @@ __global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut
     compute(b1, u + 1);
     if (u + 3 < units) load(b1, u + 3);
   }
+  if constexpr (kArgmax) {
+    __shared__ unsigned long long warp_best[kWarps];
+    if (lane == 0) warp_best[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int wi = 0; wi < kWarps; ++wi) best = max(best, warp_best[wi]);
+      atomicMax(am.best, best);
+      __threadfence();  // the maximum lands before the ticket
+      if (atomicAdd(am.arrived, 1u) == gridDim.x - 1) {
+        __threadfence();
+        const unsigned long long key = atomicExch(am.best, 0ull);
+        *am.arrived = 0;
+        *am.token = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key & 0xFFFFFFFFu));
+      }
+    }
+  }
 }
 
-template <bool kNorm, Epilogue kEpi>
-void launch_rows(CudaBackend& be, const LinearArgs& a, const RopeOut& rope) {
+template <bool kNorm, Epilogue kEpi, bool kArgmax = false>
+void launch_rows(CudaBackend& be, const LinearArgs& a, const RopeOut& rope, const ArgmaxOut& am = {}) {
   constexpr int R = rows_per_group<kEpi>();
   const int groups = R == 2 ? a.N / 2 : a.N;
   // Groups per warp: as few as two blocks per SM allow, and the same count for every warp.
   const int64_t per_warp = detail::ceil_div(groups, 2LL * kWarps * be.multiprocessor_count());
   const int blocks = static_cast<int>(detail::ceil_div(groups, kWarps * per_warp));
   const size_t smem = static_cast<size_t>(a.K) * sizeof(T);
-  detail::launch_programmatic(be, rows_kernel<kNorm, kEpi>, dim3(static_cast<unsigned>(std::max(blocks, 1))),
-                              dim3(kThreads), smem, dim3(1), a, rope);
+  detail::launch_programmatic(be, rows_kernel<kNorm, kEpi, kArgmax>,
+                              dim3(static_cast<unsigned>(std::max(blocks, 1))), dim3(kThreads), smem, dim3(1), a,
+                              rope, am);
 }
 
 }  // namespace
@@ -211,6 +246,12 @@ void rows_kernel_launch(CudaBackend& be, Epilogue epi, bool norm, const LinearAr
       return norm ? launch_rows<true, Epilogue::swiglu>(be, a, rope) : launch_rows<false, Epilogue::swiglu>(be, a, rope);
     case Epilogue::qkv_rope: KILN_ASSERT(norm); return launch_rows<true, Epilogue::qkv_rope>(be, a, rope);
   }
+}
+
+void rows_kernel_argmax_launch(CudaBackend& be, bool norm, const LinearArgs& a, const ArgmaxOut& am) {
+  KILN_ASSERT(rows_kernel_valid(a.M, a.K) && a.N > 0 && am.token && am.best && am.arrived);
+  return norm ? launch_rows<true, Epilogue::store, true>(be, a, {}, am)
+              : launch_rows<false, Epilogue::store, true>(be, a, {}, am);
 }
 
 }  // namespace kiln::cuda::fused
