@@ -449,7 +449,7 @@ void norm_linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor no
 // over the logits less.
 bool norm_linear_argmax_preferred(CudaBackend& be, int64_t M, int64_t N, int64_t K, DType w_dtype) {
   return kernel_preferred(be, ops::FusedLinear::norm, M, N, K, w_dtype) && fused::rows_kernel_valid(M, K) && N > 0 &&
-         N < (int64_t(1) << 31) - 1;
+         N < (int64_t(1) << 30);
 }
 
 void norm_linear_argmax_forward(CudaBackend& be, Tensor logits, Tensor tokens, Tensor x, Tensor norm_w, float eps,
