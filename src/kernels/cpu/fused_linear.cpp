@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/sampling_math.h"
 
 namespace kiln::cpu {
 namespace {
@@ -76,7 +77,7 @@ void norm_linear_argmax_forward(Tensor logits, Tensor tokens, Tensor x, Tensor n
     int64_t best = 0;
     float best_v = -INFINITY;
     for (int64_t i = 0; i < N; ++i) {
-      const float vi = v[m * N + i] != v[m * N + i] ? -INFINITY : v[m * N + i];
+      const float vi = sampling::clean(v[m * N + i]);
       if (i == 0 || vi > best_v) best = i, best_v = vi;
     }
     tokens.ptr<int32_t>()[m] = static_cast<int32_t>(best);

@@ -471,7 +471,7 @@ void norm_linear_argmax_forward(CudaBackend& be, Tensor logits, Tensor tokens, T
   am.token = tokens.ptr<int32_t>();
   am.best = reinterpret_cast<unsigned long long*>(scratch.data);
   am.arrived = reinterpret_cast<unsigned int*>(scratch.ptr<int32_t>() + 2);
-  fused::rows_kernel_argmax_launch(be, true, a, am);
+  fused::rows_kernel_argmax_launch(be, a, am);
 }
 
 bool norm_linear_qkv_rope_preferred(CudaBackend& be, int64_t M, int64_t N, int64_t K, int64_t D, DType w_dtype) {

@@ -82,13 +82,13 @@ struct LinearArgs {
 bool rows_kernel_valid(int64_t M, int64_t K);
 void rows_kernel_launch(CudaBackend& be, Epilogue epi, bool norm, const LinearArgs& a, const RopeOut& rope);
 
-// The store epilogue's greedy token (ops.h: norm_linear_argmax_forward): the first index of the
-// largest output, as rounded to y's dtype. best and arrived are zero before the launch and after it.
+// The normed store epilogue's greedy token (ops.h: norm_linear_argmax_forward): the first index of
+// the largest output, as rounded to y's dtype. best and arrived are zero before the launch and after it.
 struct ArgmaxOut {
   int32_t* token = nullptr;
   unsigned long long* best = nullptr;
   unsigned int* arrived = nullptr;
 };
-void rows_kernel_argmax_launch(CudaBackend& be, bool norm, const LinearArgs& a, const ArgmaxOut& am);
+void rows_kernel_argmax_launch(CudaBackend& be, const LinearArgs& a, const ArgmaxOut& am);
 
 }  // namespace kiln::cuda::fused

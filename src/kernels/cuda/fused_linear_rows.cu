@@ -30,6 +30,7 @@
 #include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/mma_util.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
+#include "kernels/sampling_math.h"
 
 namespace kiln::cuda::fused {
 namespace {
@@ -65,9 +66,9 @@ __device__ __forceinline__ int group_row(int g, int r, int N, int D) {
 }
 
 // The order of (logit, index) pairs as one integer: larger logits first, then lower indices; NaN
-// counts as -inf and -0 as +0, as the sampler's greedy rows compare them (sampling_common.cuh).
+// counts as -inf (the sampler's clean) and -0 as +0, as its greedy rows compare them.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
-  if (v != v) v = -INFINITY;
+  v = kiln::sampling::clean(v);
   if (v == 0.0f) v = 0.0f;
   uint32_t u = __float_as_uint(v);
   u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
@@ -248,10 +249,9 @@ void rows_kernel_launch(CudaBackend& be, Epilogue epi, bool norm, const LinearAr
   }
 }
 
-void rows_kernel_argmax_launch(CudaBackend& be, bool norm, const LinearArgs& a, const ArgmaxOut& am) {
+void rows_kernel_argmax_launch(CudaBackend& be, const LinearArgs& a, const ArgmaxOut& am) {
   KILN_ASSERT(rows_kernel_valid(a.M, a.K) && a.N > 0 && am.token && am.best && am.arrived);
-  return norm ? launch_rows<true, Epilogue::store, true>(be, a, {}, am)
-              : launch_rows<false, Epilogue::store, true>(be, a, {}, am);
+  launch_rows<true, Epilogue::store, true>(be, a, {}, am);
 }
 
 }  // namespace kiln::cuda::fused
