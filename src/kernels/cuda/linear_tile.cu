@@ -217,10 +217,12 @@ template <int kMc>
 void launch(CudaBackend& be, const CUtensorMap& x_map, const CUtensorMap& w_map, void* y, const void* bias, DType b_dt,
             int M, int I, int K) {
   auto kernel = linear_tile_swiglu_kernel<kMc>;
-  attention_allow_smem(be, reinterpret_cast<const void*>(kernel), kSmem);
+  // As many clusters as fit at once (a GPC's odd SM cannot hold a cluster of two: a grid of half the
+  // SMs' count could leave one cluster for a second wave, doubling the time).
+  const int resident = kernel_max_active_clusters(be, reinterpret_cast<const void*>(kernel), kMc, kThreads, kSmem);
   const int64_t units = (((M + kBM - 1) / kBM + kMc - 1) / kMc) * ((I + kOuts - 1) / kOuts);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(kMc * std::min<int64_t>(units, be.multiprocessor_count() / kMc)));
+  cfg.gridDim = dim3(static_cast<unsigned>(kMc * std::min<int64_t>(units, resident)));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmem;
   cfg.stream = detail::stream_of(be);
