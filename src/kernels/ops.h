@@ -91,8 +91,9 @@ void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w
 void linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor w, Tensor bias = {});
 // The many-row (prefill) use of linear_swiglu_forward: whether, for M rows, I outputs of width K, it
 // is the better choice than linear_forward into [M, 2I] then swiglu_forward. CUDA: on Hopper with
-// bf16 weights, from kiln's tile GEMM's measured row count on (any M, its SwiGLU applied to the f32
-// sums in the GEMM's epilogue); CPU: never (the separate ops are the reference there).
+// bf16 weights, where kiln's tile GEMM takes the rows (any M; SwiGLU applied to the f32 sums in the
+// GEMM's epilogue) and is switched on (cuda_ops.h: linear_tile_swiglu_preferred); CPU: never (the
+// separate ops are the reference there).
 bool linear_swiglu_preferred(Backend& be, int64_t M, int64_t I, int64_t K, DType w_dtype);
 void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, Tensor bias = {});
 

@@ -63,9 +63,9 @@ TmaLaunch linear_tma_launch(CudaBackend& be, TmaEpilogue epilogue, int64_t M, in
 // silu(g) * u, [g | u] = x @ w^T + bias, w = [gate; up] [2I, K], a persistent TMA + wgmma tile GEMM
 // whose epilogue applies SwiGLU to the f32 sums (the separate ops' [M, 2I] product never stored).
 // x and w bf16, K a multiple of 8, 16-byte aligned bases; deterministic. multicast: blocks sharing
-// each weight tile over a cluster (1 or 2, the same bits either way; 0: the measured default or the
-// environment's KILN_LINEAR_TILE). _preferred: valid, at least kLinearTileMinRows rows (measured:
-// docs/perf-notes.md), and not switched off (KILN_LINEAR_TILE=0).
+// each weight tile over a cluster (1 or 2, the same bits either way; 0: the environment's
+// KILN_LINEAR_TILE, else 1). _preferred: valid, at least kLinearTileMinRows rows, and switched on
+// (KILN_LINEAR_TILE=1 or 2; off by default until measured on a GPU: linear_tile.cu).
 constexpr int64_t kLinearTileMinRows = kLinearTmaMaxRows + 1;
 bool linear_tile_swiglu_valid(CudaBackend& be, int64_t M, int64_t I, int64_t K, DType dtype);
 bool linear_tile_swiglu_preferred(CudaBackend& be, int64_t M, int64_t I, int64_t K, DType dtype);

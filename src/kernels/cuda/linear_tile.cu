@@ -14,6 +14,10 @@
 // sums, as the small-batch kernels do, and bf16 stores from registers), so the stores overlap loads.
 // Tiles are walked in groups of kGroupM row tiles, weight tiles within a group, so the blocks working
 // at one time share a few x tiles and a band of the weights in L2. No atomics: deterministic.
+//
+// Written without a GPU (eighteenth session: no device could be started); off by default
+// (KILN_LINEAR_TILE below) until its test (CudaFusedKernels.TileSwigluMatchesCpu) has passed and
+// bench_ops has measured it against cuBLASLt + the SwiGLU pass (break-even: docs/perf-notes.md).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -195,20 +199,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// The weight tiles' multicast by default (measured: docs/perf-notes.md).
-constexpr int kDefaultMulticast = 1;
+// KILN_LINEAR_TILE: 0 keeps the prefill's gate/up on cuBLASLt and the SwiGLU pass; 1 or 2 takes the
+// tile GEMM with that multicast. Unset: kDefaultSetting, 0 until the kernel has run on a GPU and
+// been measured against cuBLASLt + SwiGLU (docs/perf-notes.md, eighteenth session). Read once per
+// process: a measurement switch, not device state.
+constexpr int kDefaultSetting = 0;
 
-// KILN_LINEAR_TILE: 0 keeps the prefill's gate/up on cuBLASLt and the SwiGLU pass; 1 or 2 sets the
-// multicast (for measuring the choices in one build). Read once per process: a measurement switch,
-// not device state.
 int tile_setting() {
   static const int setting = [] {
     const char* env = std::getenv("KILN_LINEAR_TILE");
-    if (env == nullptr || *env == '\0') return kDefaultMulticast;
+    if (env == nullptr || *env == '\0') return kDefaultSetting;
     const std::string_view v(env);
     if (v == "0" || v == "1" || v == "2") return v[0] - '0';
     std::fprintf(stderr, "kiln: ignoring KILN_LINEAR_TILE=%s (want 0, 1 or 2)\n", env);
-    return kDefaultMulticast;
+    return kDefaultSetting;
   }();
   return setting;
 }
@@ -243,8 +247,9 @@ bool linear_tile_swiglu_valid(CudaBackend& be, int64_t M, int64_t I, int64_t K, 
          M < (int64_t(1) << 31) && 2 * I < (int64_t(1) << 31) && K < (int64_t(1) << 31);
 }
 
-// Measured (bench_ops, astrai-1b shape): see docs/perf-notes.md. From kLinearTileMinRows rows the
-// tile kernel replaces cuBLASLt's gate/up and the SwiGLU pass.
+// Switched on, the tile kernel replaces cuBLASLt's gate/up and the SwiGLU pass from
+// kLinearTileMinRows rows (below, the small-batch kernels take the rows). The row count where it
+// starts to pay is still to be measured (bench_ops --tokens N, entry gate_up_swiglu_fused).
 bool linear_tile_swiglu_preferred(CudaBackend& be, int64_t M, int64_t I, int64_t K, DType dtype) {
   return tile_setting() != 0 && M >= kLinearTileMinRows && linear_tile_swiglu_valid(be, M, I, K, dtype);
 }
@@ -264,7 +269,7 @@ void linear_tile_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor w,
   const CUtensorMap x_map = bf16_tile_map(x.data, M, K, kBM, kBK, CU_TENSOR_MAP_SWIZZLE_128B);
   const CUtensorMap w_map = bf16_tile_map(w.data, N, K, kOuts, kBK, CU_TENSOR_MAP_SWIZZLE_128B);
   KILN_ASSERT(((M + kBM - 1) / kBM) * ((I + kOuts - 1) / kOuts) < (int64_t(1) << 31));  // tiles
-  if (multicast <= 0) multicast = tile_setting() > 0 ? tile_setting() : kDefaultMulticast;
+  if (multicast <= 0) multicast = tile_setting() > 0 ? tile_setting() : 1;
   KILN_ASSERT(multicast == 1 || multicast == 2);
   const int m = static_cast<int>(M), i = static_cast<int>(I), k = static_cast<int>(K);
   if (multicast == 2) launch<2>(be, x_map, w_map, out.data, bias.data, bias.dtype, m, i, k);
