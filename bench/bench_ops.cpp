@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
   time_op("gate_up_proj", 2.0 * T * H * 2 * I, 0, [&] { ops::linear_forward(be, gu, normed, wgu); });
   time_op("swiglu", 0, e2 * T * 3 * I, [&] { ops::swiglu_forward(be, act, gu); });
   time_op("down_proj", 2.0 * T * I * H, 0, [&] { ops::linear_forward(be, out, act, wd); });
-  // The forward's choice where it differs: gate/up with SwiGLU in the GEMM (not in layer_us, which
-  // counts the separate ops above).
+  // The forward's choice where it differs: gate/up with SwiGLU in the GEMM, where switched on
+  // (KILN_LINEAR_TILE=1 or 2; not in layer_us, which counts the separate ops above).
   if (ops::linear_swiglu_preferred(be, T, I, H, bf))
     time_op("gate_up_swiglu_fused", 2.0 * T * H * 2 * I, 0, [&] { ops::linear_swiglu_forward(be, act, normed, wgu); },
             false);
