@@ -420,13 +420,17 @@ fi
 if [ "$WHAT" = tile ]; then
   # The prefill's gate/up tile GEMM with SwiGLU (linear_tile.cu, off unless KILN_LINEAR_TILE=1/2):
   # its GPU test, bench_ops's gate/up + SwiGLU pass against it at TILE_TOKENS rows (each multicast),
-  # and the engine's prefill with it on (multicast 2, 1) and off, alternated TILE_REPEATS times.
+  # and the engine's prefill with it on (multicast 2, 1) and off, alternated TILE_REPEATS times; "2f":
+  # multicast 2 with the fast-exp epilogue (KILN_LINEAR_TILE_FAST_EXP=1, a measurement switch).
   timeout 200 "$BUILD/tests/kiln_gpu_tests" --gtest_filter='CudaFusedKernels.*' > "$OUT/tile_tests.log" 2>&1 || status=1
   grep -E '^\[  (PASSED|FAILED)|Failure' "$OUT/tile_tests.log" | head -20
+  KILN_LINEAR_TILE_FAST_EXP=1 timeout 100 "$BUILD/tests/kiln_gpu_tests" --gtest_filter='CudaFusedKernels.TileSwiglu*' \
+    > "$OUT/tile_tests_fast.log" 2>&1 || status=1
+  echo "fast-exp epilogue:"; grep -E '^\[  (PASSED|FAILED)|Failure' "$OUT/tile_tests_fast.log" | head -10
   for shape in ${TILE_SHAPES:-astrai-1b}; do
     for T in ${TILE_TOKENS:-1024 4096 16384}; do
-      for mc in 1 2; do
-        KILN_LINEAR_TILE=$mc timeout 60 "$BUILD/bin/bench_ops" --config bench/configs/$shape-shape.config.json --tokens $T \
+      for mc in 1 2 2f; do  # 2f: multicast 2 with the fast-exp epilogue (KILN_LINEAR_TILE_FAST_EXP=1)
+        KILN_LINEAR_TILE_FAST_EXP=$([ $mc = 2f ] && echo 1 || echo 0) KILN_LINEAR_TILE=${mc%f} timeout 60 "$BUILD/bin/bench_ops" --config bench/configs/$shape-shape.config.json --tokens $T \
           > "$OUT/tile_ops.json" 2> /tmp/tile.err || { status=1; tail -3 /tmp/tile.err; continue; }
         python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))["ops"]
@@ -436,8 +440,8 @@ print(sys.argv[2], "| gate_up (us, TFLOP/s)", f("gate_up_proj"), "+ swiglu", f("
       done
     done
     for rep in $(seq ${TILE_REPEATS:-2}); do
-      for setting in 2 0 1; do
-        KILN_LINEAR_TILE=$setting timeout 200 "$BUILD/bin/bench_engine" --config bench/configs/$shape-shape.config.json \
+      for setting in 2 0 1 2f; do
+        KILN_LINEAR_TILE_FAST_EXP=$([ $setting = 2f ] && echo 1 || echo 0) KILN_LINEAR_TILE=${setting%f} timeout 200 "$BUILD/bin/bench_engine" --config bench/configs/$shape-shape.config.json \
           --skip decode,online,prefix --single-contexts ${TILE_CONTEXTS:-8192,30000} > "$OUT/tile_engine.json" 2> /tmp/tile.err \
           || { status=1; tail -3 /tmp/tile.err; continue; }
         python3 -c 'import json, sys

@@ -69,7 +69,11 @@ struct TileWalk {
 // have released it (each consumer warp arrives on the "empty" barrier of each block), and a block
 // leaves only once its last stages are released everywhere (no peer still writes into its shared
 // memory or arrives on its barriers). Same sums in the same order for every kMc: identical bits.
-template <int kMc>
+//
+// kFastExp (a measurement switch, KILN_LINEAR_TILE_FAST_EXP=1): SwiGLU with __expf and __fdividef
+// instead of expf and a division, in case the epilogue, during which both consumers leave the tensor
+// cores idle, is what keeps the kernel below cuBLASLt + the SwiGLU pass.
+template <int kMc, bool kFastExp>
 __global__ void __launch_bounds__(kThreads, 1)
     linear_tile_swiglu_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                               __nv_bfloat16* __restrict__ y, const void* __restrict__ bias, DType b_dt, int M, int I,
@@ -185,7 +189,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float gate = acc[4 * j + 2 * h + e] + bg[e], up = acc[64 + 4 * j + 2 * h + e] + bu[e];
-          v[e] = gate / (1.0f + expf(-gate)) * up;
+          if constexpr (kFastExp) v[e] = __fdividef(gate, 1.0f + __expf(-gate)) * up;
+          else v[e] = gate / (1.0f + expf(-gate)) * up;
         }
         __nv_bfloat16* dst = y + static_cast<int64_t>(m) * I + o;
         if (pair) {
@@ -217,10 +222,18 @@ int tile_setting() {
   return setting;
 }
 
-template <int kMc>
+bool tile_fast_exp() {
+  static const bool fast = [] {
+    const char* env = std::getenv("KILN_LINEAR_TILE_FAST_EXP");
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  return fast;
+}
+
+template <int kMc, bool kFastExp>
 void launch(CudaBackend& be, const CUtensorMap& x_map, const CUtensorMap& w_map, void* y, const void* bias, DType b_dt,
             int M, int I, int K) {
-  auto kernel = linear_tile_swiglu_kernel<kMc>;
+  auto kernel = linear_tile_swiglu_kernel<kMc, kFastExp>;
   // As many clusters as fit at once (a GPC's odd SM cannot hold a cluster of two: a grid of half the
   // SMs' count could leave one cluster for a second wave, doubling the time).
   const int resident = kernel_max_active_clusters(be, reinterpret_cast<const void*>(kernel), kMc, kThreads, kSmem);
@@ -272,8 +285,11 @@ void linear_tile_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor w,
   if (multicast <= 0) multicast = tile_setting() > 0 ? tile_setting() : 1;
   KILN_ASSERT(multicast == 1 || multicast == 2);
   const int m = static_cast<int>(M), i = static_cast<int>(I), k = static_cast<int>(K);
-  if (multicast == 2) launch<2>(be, x_map, w_map, out.data, bias.data, bias.dtype, m, i, k);
-  else launch<1>(be, x_map, w_map, out.data, bias.data, bias.dtype, m, i, k);
+  const bool fast = tile_fast_exp();
+  if (multicast == 2 && fast) launch<2, true>(be, x_map, w_map, out.data, bias.data, bias.dtype, m, i, k);
+  else if (multicast == 2) launch<2, false>(be, x_map, w_map, out.data, bias.data, bias.dtype, m, i, k);
+  else if (fast) launch<1, true>(be, x_map, w_map, out.data, bias.data, bias.dtype, m, i, k);
+  else launch<1, false>(be, x_map, w_map, out.data, bias.data, bias.dtype, m, i, k);
 }
 
 }  // namespace kiln::cuda
