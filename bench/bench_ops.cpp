@@ -1,7 +1,7 @@
 // Per-op timing of one transformer layer's ops at a given token count (prefill chunk or decode),
 // for a model shape from a Hugging Face config.json, bf16 on CUDA. Prints JSON: each op's
 // microseconds (median of repeats, CUDA events) with its achieved TFLOP/s or GB/s, so the time of
-// a whole forward can be attributed; fused alternatives the forward takes are timed beside.
+// a whole forward can be attributed.
 // Usage: bench_ops --config bench/configs/astrai-1b-shape.config.json [--tokens 8192] [--context 30000]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -77,8 +77,7 @@ int main(int argc, char** argv) {
 
   nlohmann::json res = {{"tokens", T}, {"context", context}, {"config", config_path}};
   double total_us = 0;
-  auto time_op = [&](const char* name, double flops, double bytes, const std::function<void()>& fn,
-                     bool counted = true) {
+  auto time_op = [&](const char* name, double flops, double bytes, const std::function<void()>& fn) {
     fn();
     std::vector<float> ms;
     auto a = be.create_event(), b = be.create_event();
@@ -91,7 +90,7 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     const double us = ms[ms.size() / 2] * 1e3;
-    if (counted) total_us += us;
+    total_us += us;
     nlohmann::json e = {{"us", us}};
     if (flops > 0) e["tflop_per_s"] = flops / us / 1e6;
     if (bytes > 0) e["gb_per_s"] = bytes / us / 1e3;
@@ -116,11 +115,6 @@ int main(int argc, char** argv) {
   time_op("gate_up_proj", 2.0 * T * H * 2 * I, 0, [&] { ops::linear_forward(be, gu, normed, wgu); });
   time_op("swiglu", 0, e2 * T * 3 * I, [&] { ops::swiglu_forward(be, act, gu); });
   time_op("down_proj", 2.0 * T * I * H, 0, [&] { ops::linear_forward(be, out, act, wd); });
-  // The forward's choice where it differs: gate/up with SwiGLU in the GEMM, where switched on
-  // (KILN_LINEAR_TILE=1 or 2; not in layer_us, which counts the separate ops above).
-  if (ops::linear_swiglu_preferred(be, T, I, H, bf))
-    time_op("gate_up_swiglu_fused", 2.0 * T * H * 2 * I, 0, [&] { ops::linear_swiglu_forward(be, act, normed, wgu); },
-            false);
   res["layer_us"] = total_us;
   res["layers"] = c.num_hidden_layers;
   res["model_ms_excluding_embedding_and_head"] = total_us * c.num_hidden_layers / 1e3;

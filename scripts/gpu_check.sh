@@ -3,7 +3,7 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|ab|rules|flags|tile|train|profile|profile-decode|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|ab|rules|flags|train|profile|profile-decode|all]
 #   attention: the attention GPU tests and bench_attention per prefill variant (D 64 and 128,
 #           16-row pages and one contiguous page), a table of ms and TFLOP/s per case.
 #   decode: the decode path's GPU tests, bench_decode_step (a step with and without programmatic
@@ -50,10 +50,6 @@
 #   flags: bench_engine under each of FLAG_SETS (argument sets separated by ';', e.g.
 #          "--page-size 16;--page-size 64"), alternated FLAG_REPEATS (2) times on FLAG_SHAPES
 #          (astrai-1b): decode at FLAG_BATCHES (32,128), single requests at FLAG_CONTEXTS (8192,30000).
-#   tile: the prefill's gate/up GEMM with SwiGLU (off unless KILN_LINEAR_TILE=1 or 2): its GPU test,
-#          bench_ops's cuBLASLt gate/up + SwiGLU pass against it at TILE_TOKENS (1024 4096 16384) rows
-#          with and without multicast, and bench_engine's prefill at TILE_CONTEXTS (8192,30000) with it
-#          on (2, 1) and off, TILE_REPEATS (2) times, on TILE_SHAPES (astrai-1b).
 #   rl: the RL-related GPU tests (sampler behaviour log-probabilities, the cross-entropy options),
 #          kiln demo --device cuda, and bench_rl on the llama-1b shape (update latency, a sync GRPO
 #          loop's time split).
@@ -413,41 +409,6 @@ print(sys.argv[2], "| decode tok/s", [(x["batch"], round(x["tokens_per_s"])) for
       "| prefill ms", [(x["context"], round(x["prefill_ms"], 2)) for x in r.get("single", [])],
       "decode ms/token", [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r.get("single", [])])' \
           "$OUT/flags_$shape.json" "$shape $args" || status=1
-      done
-    done
-  done
-fi
-if [ "$WHAT" = tile ]; then
-  # The prefill's gate/up tile GEMM with SwiGLU (linear_tile.cu, off unless KILN_LINEAR_TILE=1/2):
-  # its GPU test, bench_ops's gate/up + SwiGLU pass against it at TILE_TOKENS rows (each multicast),
-  # and the engine's prefill with it on (multicast 2, 1) and off, alternated TILE_REPEATS times; "2f":
-  # multicast 2 with the fast-exp epilogue (KILN_LINEAR_TILE_FAST_EXP=1, a measurement switch).
-  timeout 200 "$BUILD/tests/kiln_gpu_tests" --gtest_filter='CudaFusedKernels.*' > "$OUT/tile_tests.log" 2>&1 || status=1
-  grep -E '^\[  (PASSED|FAILED)|Failure' "$OUT/tile_tests.log" | head -20
-  KILN_LINEAR_TILE_FAST_EXP=1 timeout 100 "$BUILD/tests/kiln_gpu_tests" --gtest_filter='CudaFusedKernels.TileSwiglu*' \
-    > "$OUT/tile_tests_fast.log" 2>&1 || status=1
-  echo "fast-exp epilogue:"; grep -E '^\[  (PASSED|FAILED)|Failure' "$OUT/tile_tests_fast.log" | head -10
-  for shape in ${TILE_SHAPES:-astrai-1b}; do
-    for T in ${TILE_TOKENS:-1024 4096 16384}; do
-      for mc in 1 2 2f; do  # 2f: multicast 2 with the fast-exp epilogue (KILN_LINEAR_TILE_FAST_EXP=1)
-        KILN_LINEAR_TILE_FAST_EXP=$([ $mc = 2f ] && echo 1 || echo 0) KILN_LINEAR_TILE=${mc%f} timeout 60 "$BUILD/bin/bench_ops" --config bench/configs/$shape-shape.config.json --tokens $T \
-          > "$OUT/tile_ops.json" 2> /tmp/tile.err || { status=1; tail -3 /tmp/tile.err; continue; }
-        python3 -c 'import json, sys
-r = json.load(open(sys.argv[1]))["ops"]
-f = lambda k: (round(r[k]["us"], 1), round(r[k].get("tflop_per_s", 0))) if k in r else None
-print(sys.argv[2], "| gate_up (us, TFLOP/s)", f("gate_up_proj"), "+ swiglu", f("swiglu"), "| fused", f("gate_up_swiglu_fused"))' \
-          "$OUT/tile_ops.json" "$shape T=$T multicast $mc" || status=1
-      done
-    done
-    for rep in $(seq ${TILE_REPEATS:-2}); do
-      for setting in 2 0 1 2f; do
-        KILN_LINEAR_TILE_FAST_EXP=$([ $setting = 2f ] && echo 1 || echo 0) KILN_LINEAR_TILE=${setting%f} timeout 200 "$BUILD/bin/bench_engine" --config bench/configs/$shape-shape.config.json \
-          --skip decode,online,prefix --single-contexts ${TILE_CONTEXTS:-8192,30000} > "$OUT/tile_engine.json" 2> /tmp/tile.err \
-          || { status=1; tail -3 /tmp/tile.err; continue; }
-        python3 -c 'import json, sys
-r = json.load(open(sys.argv[1]))
-print(sys.argv[2], "| prefill ms", [(x["context"], round(x["prefill_ms"], 2)) for x in r["single"]])' \
-          "$OUT/tile_engine.json" "$shape KILN_LINEAR_TILE=$setting" || status=1
       done
     done
   done

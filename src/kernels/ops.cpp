@@ -153,14 +153,6 @@ void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, T
   cpu::linear_residual_forward(residual, x, w, bias);
 }
 
-bool linear_swiglu_preferred(Backend& be, int64_t M, int64_t I, int64_t K, DType w_dtype) {
-#ifdef KILN_WITH_CUDA
-  if (be.device().is_cuda()) return cuda::linear_tile_swiglu_preferred(cuda_backend(be), M, I, K, w_dtype);
-#endif
-  (void)be, (void)M, (void)I, (void)K, (void)w_dtype;
-  return false;
-}
-
 void linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor w, Tensor bias) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda()) return cuda::linear_swiglu_forward(cuda_backend(be), out, x, w, bias);

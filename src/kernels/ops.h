@@ -70,8 +70,7 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor bias = {})
 //   linear_residual_forward:    residual[M, N] += x @ w^T + bias   (residual f32)
 // rmsnorm(x) here is r * (x * norm_w) with r = 1 / sqrt(mean(x^2) + eps) applied to the product's
 // f32 result: y = r * ((x * norm_w) @ w^T). The normed input x is the f32 residual stream (at most
-// kNormLinearMaxRows rows); the other x has w's dtype (at most kFusedLinearMaxRows rows, or any
-// number for linear_swiglu_forward where linear_swiglu_preferred says so). CUDA:
+// kNormLinearMaxRows rows); the other x has w's dtype (at most kFusedLinearMaxRows rows). CUDA:
 // kiln's own kernels, deterministic (no atomics): up to 32 rows tensor cores over the batch rows
 // with the norm folded in (bf16/f16 weights, x * norm_w rounded to w's dtype, K a multiple of 32);
 // on Hopper, bf16, a TMA weight stream into wgmma (K a multiple of 8); 16-byte aligned bases; y
@@ -89,12 +88,6 @@ void norm_linear_forward(Backend& be, Tensor y, Tensor x, Tensor norm_w, float e
 void norm_linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
                                 Tensor bias = {});
 void linear_swiglu_forward(Backend& be, Tensor out, Tensor x, Tensor w, Tensor bias = {});
-// The many-row (prefill) use of linear_swiglu_forward: whether, for M rows, I outputs of width K, it
-// is the better choice than linear_forward into [M, 2I] then swiglu_forward. CUDA: on Hopper with
-// bf16 weights, where kiln's tile GEMM takes the rows (any M; SwiGLU applied to the f32 sums in the
-// GEMM's epilogue) and is switched on (cuda_ops.h: linear_tile_swiglu_preferred); CPU: never (the
-// separate ops are the reference there).
-bool linear_swiglu_preferred(Backend& be, int64_t M, int64_t I, int64_t K, DType w_dtype);
 void linear_residual_forward(Backend& be, Tensor residual, Tensor x, Tensor w, Tensor bias = {});
 
 // A greedy decode step's vocabulary head: norm_linear_forward(logits, x, norm_w, eps, w) and, fused

@@ -314,12 +314,8 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
     }
     ops::linear_forward(be, proj, attn, L.o_proj, L.o_bias);
     ops::add_rmsnorm_forward(be, normed, residual, proj, L.post_norm, eps);
-    if (ops::linear_swiglu_preferred(be, rows, c.intermediate_size, H, dtype_)) {
-      ops::linear_swiglu_forward(be, act, normed, L.gate_up_proj, L.gate_up_bias);  // SwiGLU in the GEMM
-    } else {
-      ops::linear_forward(be, gate_up, normed, L.gate_up_proj, L.gate_up_bias);
-      ops::swiglu_forward(be, act, gate_up);
-    }
+    ops::linear_forward(be, gate_up, normed, L.gate_up_proj, L.gate_up_bias);
+    ops::swiglu_forward(be, act, gate_up);
     ops::linear_forward(be, hidden, act, L.down_proj, L.down_bias);
   }
   Tensor logits = ws.logits.view().rows(0, R);

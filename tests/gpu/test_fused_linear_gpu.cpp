@@ -83,46 +83,6 @@ TEST(CudaFusedKernels, FusedLinearLayersMatchCpu) {
   }
 }
 
-// The many-row gate/up projection with SwiGLU in its epilogue (the prefill's, on Hopper: kiln's tile
-// GEMM) against the CPU twin: row counts on both sides of a 128-row tile and of the walk's groups,
-// output counts off the 128-output tile (odd ones among them: element stores), widths off the
-// 64-wide k step, with and without bias (an odd count of row tiles: a cluster block past the last);
-// the same bits again with and without the weight tiles' multicast (the op takes the tile GEMM
-// wherever the small-batch kernels cannot).
-TEST(CudaFusedKernels, TileSwigluMatchesCpu) {
-  KILN_REQUIRE_GPU(gpu);
-  auto cpu = make_cpu_backend();
-  auto& cuda_be = static_cast<CudaBackend&>(*gpu);
-  if (!cuda::linear_tile_swiglu_valid(cuda_be, 256, 128, 64, DType::bf16)) GTEST_SKIP() << "no wgmma (Hopper) on this GPU";
-  // Fewer rows stay on the small-batch kernels.
-  EXPECT_FALSE(ops::linear_swiglu_preferred(*gpu, cuda::kLinearTileMinRows - 1, 6912, 1536, DType::bf16));
-  struct Case { int64_t M, I, K; bool bias; };
-  for (const Case& c : {Case{129, 128, 64, false}, Case{300, 392, 200, true}, Case{257, 7, 24, true},
-                        Case{1000, 6912, 1536, false}, Case{2100, 136, 72, true}, Case{130, 8192, 256, false},
-                        Case{1030, 255, 1544, true}}) {
-    SCOPED_TRACE(testing::Message() << "M=" << c.M << " I=" << c.I << " K=" << c.K << " bias=" << c.bias);
-    auto dev = [&](Tensor t) { return std::move(to_device(*gpu, t)).value(); };
-    TensorBuffer xb = random_host({c.M, c.K}, DType::bf16, 31);
-    TensorBuffer w2 = random_host({2 * c.I, c.K}, DType::bf16, 32, 0.05f), b2 = random_host({2 * c.I}, DType::bf16, 33);
-    const Tensor bias2 = c.bias ? b2.view() : Tensor{};
-    TensorBuffer dxb = dev(xb), dw2 = dev(w2), db2 = dev(b2);
-    const Tensor dbias2 = c.bias ? db2.view() : Tensor{};
-    TensorBuffer act = host_empty({c.M, c.I}, DType::f32);
-    ops::linear_swiglu_forward(*cpu, act, xb, w2, bias2);
-    TensorBuffer dact = std::move(empty(*gpu, {c.M, c.I}, DType::bf16)).value();
-    ops::fill_constant(*gpu, dact, NAN);
-    ops::linear_swiglu_forward(*gpu, dact, dxb, dw2, dbias2);
-    const std::vector<float> got = to_f32(*gpu, dact);
-    EXPECT_CLOSE(got, to_f32(*cpu, act), 2e-2);
-    for (int multicast : {1, 2}) {  // the weight tiles multicast or not: the same sums, the same bits
-      TensorBuffer dact2 = std::move(empty(*gpu, {c.M, c.I}, DType::bf16)).value();
-      ops::fill_constant(*gpu, dact2, NAN);
-      cuda::linear_tile_swiglu_forward(cuda_be, dact2, dxb, dw2, dbias2, multicast);
-      EXPECT_EQ(to_f32(*gpu, dact2), got) << "multicast " << multicast;
-    }
-  }
-}
-
 // The greedy head (ops::norm_linear_argmax_forward) at one row: the logits bit for bit those of
 // norm_linear_forward, the token the first index of the largest of them (checked on the host, and
 // equal to the sampler's greedy token), ties to the lower index (two equal rows planted on top), a NaN

@@ -291,29 +291,6 @@ void attention_allow_smem(CudaBackend& be, const void* kernel, int bytes) {
   limit = bytes;
 }
 
-int kernel_max_active_clusters(CudaBackend& be, const void* kernel, int cluster, int threads, int smem_bytes) {
-  AttentionState& st = state_of(be);
-  auto it = st.max_clusters.find(kernel);
-  if (it != st.max_clusters.end()) return it->second;
-  attention_allow_smem(be, kernel, smem_bytes);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  with_device(st.device, [&] { CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg)); });
-  KILN_ASSERT(clusters > 0);
-  st.max_clusters[kernel] = clusters;
-  return clusters;
-}
-
 int prefill_variant_override(CudaBackend& be) {
   const int v = be.attention_prefill_variant();
   if (v >= 0) {

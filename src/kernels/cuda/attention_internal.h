@@ -67,9 +67,5 @@ bool attention_device_has_wgmma(CudaBackend& be);
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` on be's device (once per backend and
 // kernel; nothing for bytes <= 48 KiB).
 void attention_allow_smem(CudaBackend& be, const void* kernel, int bytes);
-// How many clusters of `cluster` blocks of `kernel` (threads a block, dynamic shared memory as given;
-// the limit raised first) the device holds at once: the grid of a persistent cluster kernel. Queried
-// once per backend and kernel (one launch shape per kernel).
-int kernel_max_active_clusters(CudaBackend& be, const void* kernel, int cluster, int threads, int smem_bytes);
 
 }  // namespace kiln::cuda

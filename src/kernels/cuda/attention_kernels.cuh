@@ -181,7 +181,6 @@ struct AttentionState {
   bool has_wgmma = false;                    // sm_90: the wgmma kernels are built for sm_90a only
   int env_prefill_variant = -1;              // KILN_ATTN_PREFILL_VARIANT, -1 if unset or invalid
   std::map<const void*, int> smem_limit;     // kernel -> dynamic shared-memory limit set on the device
-  std::map<const void*, int> max_clusters;   // kernel -> clusters resident at once (kernel_max_active_clusters)
   // Decode kernel and wanted blocks per SM -> (dynamic shared memory to request, resident blocks).
   std::map<std::pair<const void*, int>, std::pair<int, int>> decode_fit;
 };

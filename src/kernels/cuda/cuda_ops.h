@@ -59,17 +59,6 @@ struct TmaLaunch {
   int batch_rows = 0, tiles = 0, splits = 1;
 };
 TmaLaunch linear_tma_launch(CudaBackend& be, TmaEpilogue epilogue, int64_t M, int64_t N, int64_t K, int k_splits);
-// Many-row gate/up projections with SwiGLU fused on Hopper (linear_tile.cu): out [M, I] bf16 =
-// silu(g) * u, [g | u] = x @ w^T + bias, w = [gate; up] [2I, K], a persistent TMA + wgmma tile GEMM
-// whose epilogue applies SwiGLU to the f32 sums (the separate ops' [M, 2I] product never stored).
-// x and w bf16, K a multiple of 8, 16-byte aligned bases; deterministic. multicast: blocks sharing
-// each weight tile over a cluster (1 or 2, the same bits either way; 0: the environment's
-// KILN_LINEAR_TILE, else 1). _preferred: valid, at least kLinearTileMinRows rows, and switched on
-// (KILN_LINEAR_TILE=1 or 2; off by default until measured on a GPU: linear_tile.cu).
-constexpr int64_t kLinearTileMinRows = kLinearTmaMaxRows + 1;
-bool linear_tile_swiglu_valid(CudaBackend& be, int64_t M, int64_t I, int64_t K, DType dtype);
-bool linear_tile_swiglu_preferred(CudaBackend& be, int64_t M, int64_t I, int64_t K, DType dtype);
-void linear_tile_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor w, Tensor bias, int multicast = 0);
 void swiglu_forward(CudaBackend& be, Tensor out, Tensor gate_up);
 void softmax_forward(CudaBackend& be, Tensor y, Tensor x);
 void log_softmax_forward(CudaBackend& be, Tensor y, Tensor x);

@@ -508,8 +508,6 @@ void norm_linear_qkv_rope_forward(CudaBackend& be, Tensor q_out, Tensor k_cache,
 
 void linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor w, Tensor bias) {
   const int64_t K = x.size(-1), M = x.numel() / std::max<int64_t>(K, 1);
-  if (!kernel_valid(M, K, w.dtype) && !linear_tma_valid(be, M, K, w.dtype))  // more rows than either takes
-    return linear_tile_swiglu_forward(be, out, x, w, bias);
   if (use_tma(be, TmaEpilogue::swiglu, M, w.size(0), K, w.dtype))
     return linear_tma_forward(be, TmaEpilogue::swiglu, out, x, w, bias);
   launch<false, Epilogue::swiglu>(be, out, x, w, Tensor{}, bias, 0.0f);
