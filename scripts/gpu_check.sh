@@ -10,7 +10,8 @@
 #           launch; DECODE_STEP_ARGS="--page-size 128 --engine-bound" runs it as the engine's graph),
 #           with DECODE_ENGINE=1 bench_engine's single-request and B <= 8 decode with KILN_PDL=1 and
 #           =0, on the astrai-1b and llama-1b shapes.
-#   profile-decode: Nsight Compute per-kernel time and DRAM bandwidth of B=1 decode steps.
+#   profile-decode: Nsight Compute per-kernel time and DRAM bandwidth of decode steps of PROFILE_BATCH
+#           requests (default 1).
 #   profile-prefill: Nsight Compute per-kernel time of single-request prefills (8K, 30K).
 #   peers: llama.cpp (bench/peers/llama_cpp.sh model + bench) beside kiln's bench_engine single-request runs.
 #   engine: the engine, sampler and attention GPU tests, then bench_engine (decode B sweep, online run,
@@ -450,9 +451,10 @@ if [ "$WHAT" = profile-decode ]; then
   for shape in ${PROFILE_SHAPES:-astrai-1b}; do
     "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
       --launch-skip ${PROFILE_SKIP:-4000} --launch-count ${PROFILE_COUNT:-700} "$BUILD/bin/bench_engine" \
-      --config bench/configs/$shape-shape.config.json --skip single,online,prefix --batches 1 --decode-tokens 64 \
+      --config bench/configs/$shape-shape.config.json --skip single,online,prefix --batches ${PROFILE_BATCH:-1} --decode-tokens 64 \
       --no-graphs > /tmp/ncu_decode.csv 2> /tmp/ncu_decode.err || { tail -5 /tmp/ncu_decode.err; status=1; }
-    python3 scripts/ncu_summary.py /tmp/ncu_decode.csv --steps ${PROFILE_STEPS:-4} --top 30 | tee "$OUT/ncu_decode_$shape.txt"
+    python3 scripts/ncu_summary.py /tmp/ncu_decode.csv --steps ${PROFILE_STEPS:-4} --top 30 \
+      | tee "$OUT/ncu_decode_${shape}_b${PROFILE_BATCH:-1}.txt"
   done
 fi
 exit $status
