@@ -5,7 +5,8 @@
 // graph-replayed with and without programmatic dependent launch. Compare with `bench_linear --rows 1`
 // in the same run. Prints one JSON object per line: us per layer and TB/s of the weights for a plain
 // read of every matrix, each kind alone (24 launches), the chain of the four (96 launches), gate/up
-// at other rows per warp / warps per block, and fixed grids walking the rows.
+// at other rows per warp / warps per block, the load pattern (rows per warp load instruction), and
+// fixed grids walking the rows.
 // Usage: bench_gemv_floor (no arguments; Hopper or later for programmatic launch).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -114,6 +115,39 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_persist(T* __restrict__ y, co
     if (row0 + stride < N) load_rows<CH, R>(wv[0], w, row0 + stride, N, lane);
     store_sums<CH, R>(y, wv[1], xs, row0, N, lane);
     row0 += stride;
+  }
+}
+
+// The load pattern alone (K = 1536, 8 weight rows a warp, all 48 loads a lane in flight before the
+// wait): each warp load instruction covers RPI rows of 512 / RPI contiguous bytes (1: one row of 512
+// bytes, lanes l the chunks l, l + 32, ..; 8: eight rows of 64 bytes, the layout of the tensor-core
+// small-batch kernel's mma fragments, lanes 4g + t rows g at chunks 4c + t).
+template <int RPI, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) gemv_pattern(T* __restrict__ y, const T* __restrict__ x,
+                                                           const T* __restrict__ w, int N, int pdl) {
+  constexpr int K = 1536, LPR = 32 / RPI, G = 8 / RPI, C = K / 8 / LPR;
+  __shared__ uint4 xs[K / 8];
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rr = lane / LPR, pos = lane % LPR;
+  const int row_base = (blockIdx.x * WARPS + warp) * 8;
+  uint4 wv[G][C];
+#pragma unroll
+  for (int j = 0; j < G; ++j)
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int row = row_base + j * RPI + rr;
+      wv[j][c] = row < N ? ldg_stream(w + static_cast<int64_t>(row) * K + (c * LPR + pos) * 8) : make_uint4(0, 0, 0, 0);
+    }
+  stage_row<K / 256, WARPS>(xs, x, pdl);
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) s += dot8(wv[j][c], xs[c * LPR + pos]);
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const int row = row_base + j * RPI + rr;
+    if (pos == 0 && row < N) y[row] = __float2bfloat16(s);
   }
 }
 
@@ -262,6 +296,23 @@ int main() {
     });
     std::printf("{\"test\": \"gate_up_variant\", \"v\": %d, \"us_per_layer\": %.2f, \"tb_per_s\": %.3f}\n", v, us / L,
                 2.0 * 13824 * 1536 / (us / L) / 1e6);
+  }
+
+  // The load pattern: gate/up and q/k/v with 1, 4 and 8 rows per warp load instruction.
+  for (int k : {2, 0}) {
+    for (int rpi : {1, 4, 8}) {
+      const int N = kinds[k].N, blocks = (N + 31) / 32;
+      const double us = time_graph([&] {
+        for (int l = 0; l < L; ++l) {
+          T* w = wts[4 * l + k];
+          if (rpi == 1) launch_on(st, gemv_pattern<1, 4>, blocks, 128, xb, xa, w, N, true);
+          if (rpi == 4) launch_on(st, gemv_pattern<4, 4>, blocks, 128, xb, xa, w, N, true);
+          if (rpi == 8) launch_on(st, gemv_pattern<8, 4>, blocks, 128, xb, xa, w, N, true);
+        }
+      });
+      std::printf("{\"test\": \"load_pattern\", \"kind\": \"%s\", \"rows_per_load\": %d, \"us_per_layer\": %.2f, "
+                  "\"tb_per_s\": %.3f}\n", kinds[k].name, rpi, us / L, 2.0 * N * 1536 / (us / L) / 1e6);
+    }
   }
 
   // Fixed grids walking the rows, double-buffered: gate/up at 1 / 2 blocks per SM, then the chain.
