@@ -148,5 +148,9 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 // allow the dependent grid to start launching. Both are no-ops without the launch attribute.
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// Brings `bytes` (a multiple of 16) from global memory at p (16-byte aligned) into L2, asynchronously.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
 
 }  // namespace kiln::cuda::hopper
