@@ -22,7 +22,8 @@
 // Norm prologue: x is the f32 residual stream; each thread multiplies its x chunk by the norm weight
 // and rounds it to the weight dtype, and sums x^2 of its chunks; the block adds those up at the end.
 // Launched programmatically (programmatic_launch.cuh): the first two stages' weight loads are issued
-// before the wait for the kernel that wrote x, so they overlap that kernel's tail.
+// before the wait for the kernel that wrote x, so they overlap that kernel's tail (q/k/v: the rest of
+// the warp's weight bytes are prefetched into L2 there too).
 // A single row (one request's decode step) goes to the warp-per-row kernel of fused_linear_rows.cu
 // instead (same epilogues): measured faster there, slower from two rows (docs/perf-notes.md).
 #include <cooperative_groups.h>
