@@ -445,7 +445,7 @@ if [ "$WHAT" = profile-prefill ]; then
   done
 fi
 if [ "$WHAT" = profile-decode ]; then
-  # Per-kernel time and DRAM bandwidth of single-request decode steps (Nsight Compute, eager steps, each
+  # Per-kernel time and DRAM bandwidth of decode steps of PROFILE_BATCH requests (Nsight Compute, eager steps, each
   # kernel replayed alone: no overlap between kernels), on each of PROFILE_SHAPES.
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   for shape in ${PROFILE_SHAPES:-astrai-1b}; do

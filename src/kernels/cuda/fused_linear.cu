@@ -205,9 +205,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_w(s1, c_begin + U);
   // q/k/v: the warp's later chunks of its weight rows into L2 as well before the wait, so that its
   // loads after the wait hit L2. Measured on an H100 (docs/perf-notes.md, nineteenth session): the
-  // normed q/k/v projection 4.60 / 4.84 -> 4.25 / 4.45 us a layer at 2 / 8 rows (bench_linear), the
-  // step 1.093 / 1.185 -> 1.086 / 1.177 ms (bench_decode_step, 1K); for gate/up it was slower (18.05
-  // / 18.11 -> 19.03 / 19.25 us), for o and down no different.
+  // step 1.093 / 1.185 -> 1.086 / 1.177 ms at 2 / 8 rows (bench_decode_step, 1K). The same prefetch
+  // on every epilogue (bench_linear, us a layer at 2 / 8 rows): normed q/k/v with the store epilogue
+  // 4.60 / 4.84 -> 4.25 / 4.45, gate/up slower (18.05 / 18.11 -> 19.03 / 19.25), o and down unchanged.
   if constexpr (kEpi == Epilogue::qkv_rope) {
     if (t == 0 && c_begin + 2 * U < c_end) {
       const uint32_t bytes = static_cast<uint32_t>(c_end - c_begin - 2 * U) * 64u;
