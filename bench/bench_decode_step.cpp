@@ -5,9 +5,11 @@
 // step must read (weights and KV), the bandwidth that makes, and the floor at 4.3 TB/s.
 // By default B requests on 16-row pages with the context as the attention bound (the figures of
 // docs/perf-notes.md); --page-size 128 --engine-bound runs the step as the engine's decode graph on
-// CUDA does (its default page size; the bound its graph is captured for, infer/executor.h).
+// CUDA does (its default page size; the bound its graph is captured for, infer/executor.h);
+// --greedy also picks every row's greedy token in the graph, as the engine's greedy decode steps do
+// (the head's own argmax where Transformer::head_takes_greedy says so, else the sampler's argmax).
 // Usage: bench_decode_step --config CFG [--batches 1,8] [--contexts 1024,8192,30000] [--iters 200]
-//        [--page-size 16] [--engine-bound]
+//        [--page-size 16] [--engine-bound] [--greedy]
 // Prints one JSON object.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -40,6 +42,7 @@ std::vector<int32_t> parse_list(const std::string& s) {
 struct StepInputs {
   std::vector<TensorBuffer> buffers;
   ForwardBatch batch;
+  TensorBuffer params, tokens;  // --greedy: B default (greedy) sampling rows and the picked tokens
 };
 
 // B requests of C tokens each on consecutive pages, the query at position C - 1.
@@ -69,15 +72,36 @@ Result<StepInputs> make_step(Backend& be, int32_t B, int32_t C, int32_t page_siz
   f.logit_rows = s.buffers[7];
   f.logits_of_every_row = true;  // as the engine's decode steps
   f.bounds = {B, 1, bound};
+  TensorBuffer params = host_empty({B, ops::kSamplingRowWords}, DType::i32);
+  for (int32_t b = 0; b < B; ++b) reinterpret_cast<ops::SamplingRow*>(params.ptr<int32_t>())[b] = ops::SamplingRow{};
+  KILN_ASSIGN_OR_RETURN(s.params, to_device(be, params));
+  KILN_ASSIGN_OR_RETURN(s.tokens, empty(be, {B}, DType::i32));
   return s;
 }
 
+// One decode step: the forward, and with `greedy` the rows' tokens picked as the engine's
+// forward_and_sample does for greedy rows (infer/executor.cpp).
+void step(Backend& be, const Transformer& model, StepInputs& s, KVCache& cache, ForwardWorkspace& ws, bool greedy) {
+  ForwardBatch batch = s.batch;
+  const int64_t rows = batch.logit_rows.numel();
+  const bool head_samples = greedy && model.head_takes_greedy(batch.ids.numel(), rows);
+  if (head_samples) batch.greedy_tokens = s.tokens.view();
+  const Tensor logits = model.forward(batch, cache, ws);
+  if (!greedy || head_samples) return;
+  ops::SamplingBatch sb;
+  sb.logits = logits.rows(0, rows);
+  sb.params = s.params.view();
+  sb.tokens = s.tokens.view();
+  sb.full = false;
+  ops::sample(be, sb);
+}
+
 // Milliseconds per replay of a graph of one forward.
-Result<double> time_graph(Backend& be, Transformer& model, const ForwardBatch& batch, KVCache& cache,
-                          ForwardWorkspace& ws, int iters) {
-  model.forward(batch, cache, ws);  // eagerly first: op scratch is sized outside the capture
+Result<double> time_graph(Backend& be, Transformer& model, StepInputs& s, KVCache& cache, ForwardWorkspace& ws,
+                          int iters, bool greedy) {
+  step(be, model, s, cache, ws, greedy);  // eagerly first: op scratch is sized outside the capture
   KILN_RETURN_IF_ERROR(be.synchronize());
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CapturedWork> graph, be.capture([&] { model.forward(batch, cache, ws); }));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<CapturedWork> graph, be.capture([&] { step(be, model, s, cache, ws, greedy); }));
   for (int i = 0; i < 5; ++i) graph->replay();
   std::unique_ptr<Event> start = be.create_event(), stop = be.create_event();
   start->record();
@@ -95,6 +119,7 @@ int run(int argc, char** argv) {
   int iters = 200;
   int32_t page_size = 16;
   bool engine_bound = false;
+  bool greedy = false;
   app.add_option("--config", config_path, "model config.json (random weights)")->required();
   app.add_option("--batches", batches, "requests per step, comma separated");
   app.add_option("--contexts", contexts, "context lengths, comma separated");
@@ -102,6 +127,7 @@ int run(int argc, char** argv) {
   app.add_option("--page-size", page_size, "KV page rows (the engine's default on CUDA: 128)")->check(CLI::Range(1, 4096));
   app.add_flag("--engine-bound", engine_bound,
                "attention bound as the engine's decode graphs: powers of two from 1024 (default: the context)");
+  app.add_flag("--greedy", greedy, "pick each row's greedy token in the step, as the engine's greedy steps do");
   CLI11_PARSE(app, argc, argv);
 #ifndef KILN_WITH_CUDA
   return std::fprintf(stderr, "bench_decode_step: kiln was built without CUDA\n"), 1;
@@ -135,13 +161,14 @@ int run(int argc, char** argv) {
       if (!step.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", step.status().message().c_str()), 1;
       const double kv_gb = 4.0 * B * static_cast<double>(C) * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 1e-9;
       nlohmann::json r = {{"batch", B},         {"context", C},         {"page_size", page_size},
-                          {"kv_bound", std::max(bound, C)}, {"weight_gb", weight_gb}, {"kv_gb", kv_gb}};
+                          {"kv_bound", std::max(bound, C)}, {"weight_gb", weight_gb}, {"kv_gb", kv_gb},
+                          {"greedy", greedy}};
       // Programmatic launch as configured (on unless KILN_PDL=0), then off.
       CudaBackend& cbe = static_cast<CudaBackend&>(**be);
       const bool programmatic = cbe.programmatic_launch();
       for (const char* variant : {"layers", "layers_serial"}) {
         cbe.set_programmatic_launch(variant == std::string("layers") && programmatic);
-        Result<double> ms = time_graph(**be, m, step->batch, *cache, *ws, iters);
+        Result<double> ms = time_graph(**be, m, *step, *cache, *ws, iters, greedy);
         cbe.set_programmatic_launch(programmatic);
         if (!ms.ok()) return std::fprintf(stderr, "bench_decode_step: %s\n", ms.status().message().c_str()), 1;
         r[std::string(variant) + "_ms"] = *ms;
