@@ -86,8 +86,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int OG = kEpi == Epilogue::swiglu ? RG / 2 : RG;  // output row groups
   __shared__ float red[kWarps][kRows][kCols + 1];
   __shared__ float red_ss[kWarps][kCols];
-  __shared__ float part[kRows][kCols + 1];  // this block's sum over its warps
-  __shared__ float part_ss[kCols];
+  // Block sums over the warps, one slot per rank of the cluster: every rank writes its sums into its
+  // own slot of every rank's buffer (distributed shared memory), so after one cluster barrier each
+  // rank adds the slots in rank order from its own shared memory.
+  __shared__ float part[KS][kRows][kCols + 1];
+  __shared__ float part_ss[KS][kCols];
 
   hopper::launch_dependents();  // the next kernel's weight stream may start under this one's tail
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -250,45 +253,53 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   __syncthreads();
+  // Stores this block's sum into its slot of every rank's buffer (remote stores: no round trip).
+  auto publish = [&](float* slot, float v) {
+    if constexpr (KS == 1) {
+      *slot = v;
+    } else {
+#pragma unroll
+      for (int r = 0; r < KS; ++r) *cg::this_cluster().map_shared_rank(slot, r) = v;
+    }
+  };
   for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
     const int n = idx / kCols, m = idx % kCols;
     float sum = 0.0f;
 #pragma unroll
     for (int wi = 0; wi < kWarps; ++wi) sum += red[wi][n][m];
-    part[n][m] = sum;
+    publish(&part[rank][n][m], sum);
   }
   if (kNorm && threadIdx.x < kCols) {
     float sum = 0.0f;
 #pragma unroll
     for (int wi = 0; wi < kWarps; ++wi) sum += red_ss[wi][threadIdx.x];
-    part_ss[threadIdx.x] = sum;
+    publish(&part_ss[rank][threadIdx.x], sum);
   }
-  // The blocks of a cluster add each other's sums in rank order (each rank finishes a share of the
-  // outputs); the second cluster barrier keeps every block's shared memory alive until all have read.
+  // One barrier: every rank's stores are visible to all (release / acquire at cluster scope), and no
+  // block touches another's shared memory after it, so each may finish and exit on its own. Each
+  // rank finishes a share of the outputs, adding the ranks' sums in rank order.
   if constexpr (KS > 1) cg::this_cluster().sync();
   else __syncthreads();
-  auto total = [&](const float* mine, int offset) {
-    if constexpr (KS == 1) {
-      return mine[offset];
-    } else {
-      float v = 0.0f;
+  // The sum over the ranks of slot offset `offset` of `buffer` (part or part_ss, slot 0).
+  auto total = [&](const float* buffer, int slot_elems, int offset) {
+    if constexpr (KS == 1) return buffer[offset];
+    float v = 0.0f;
 #pragma unroll
-      for (int r = 0; r < KS; ++r) v += cg::this_cluster().map_shared_rank(const_cast<float*>(mine), r)[offset];
-      return v;
-    }
+    for (int r = 0; r < KS; ++r) v += buffer[r * slot_elems + offset];
+    return v;
   };
+  constexpr int kPartElems = kRows * (kCols + 1);
 
   if constexpr (kEpi == Epilogue::qkv_rope) {
     // One thread per (batch row m, rotation pair p).
     for (int idx = threadIdx.x + rank * kThreads; idx < kCols * 8; idx += KS * kThreads) {
       const int m = idx / 8, p = idx % 8;
       if (m >= M) continue;
-      const float scale = kNorm ? 1.0f / sqrtf(total(part_ss, m) / static_cast<float>(K) + eps) : 1.0f;
+      const float scale = kNorm ? 1.0f / sqrtf(total(&part_ss[0][0], kCols, m) / static_cast<float>(K) + eps) : 1.0f;
       const int f0 = rope_row(blockIdx.x, p, rope.D);
-      store_qkv_rope(rope, m, f0, total(&part[0][0], p * (kCols + 1) + m) * scale,
-                     total(&part[0][0], (p + 8) * (kCols + 1) + m) * scale, bias, b_dt);
+      store_qkv_rope(rope, m, f0, total(&part[0][0][0], kPartElems, p * (kCols + 1) + m) * scale,
+                     total(&part[0][0][0], kPartElems, (p + 8) * (kCols + 1) + m) * scale, bias, b_dt);
     }
-    if constexpr (KS > 1) cg::this_cluster().sync();
     return;
   }
 
@@ -297,12 +308,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int idx = threadIdx.x + rank * kThreads; idx < kCols * kOuts; idx += KS * kThreads) {
     const int m = idx / kOuts, jl = idx % kOuts, j = n0 + jl;
     if (m >= M || j >= out_rows) continue;
-    const float scale = kNorm ? 1.0f / sqrtf(total(part_ss, m) / static_cast<float>(K) + eps) : 1.0f;
+    const float scale = kNorm ? 1.0f / sqrtf(total(&part_ss[0][0], kCols, m) / static_cast<float>(K) + eps) : 1.0f;
     constexpr int kParts = kEpi == Epilogue::swiglu ? 2 : 1;
     float v[kParts];
 #pragma unroll
     for (int p = 0; p < kParts; ++p) {
-      v[p] = total(&part[0][0], (p * kOuts + jl) * (kCols + 1) + m) * scale;
+      v[p] = total(&part[0][0][0], kPartElems, (p * kOuts + jl) * (kCols + 1) + m) * scale;
       if (bias) v[p] += detail::load1(bias, p * out_rows + j, b_dt);
     }
     const int64_t o = static_cast<int64_t>(m) * out_rows + j;
@@ -315,7 +326,6 @@ __global__ void __launch_bounds__(kThreads, 2)
       detail::store1(y, o, y_dt, v[0] / (1.0f + expf(-v[0])) * v[kParts - 1]);
     }
   }
-  if constexpr (KS > 1) cg::this_cluster().sync();
 }
 
 template <int MT, int RG, int KS, bool kNorm, Epilogue kEpi>
