@@ -36,8 +36,8 @@ template <int D>
 struct DecodeRing {
   static constexpr int kTileElems = kStageKeys * D;  // one K or V tile of a stage
   static constexpr int kAccStride = D + 4;           // floats per row of the merge tiles
-  // The ring; after the loop the same bytes hold the warps' outputs and the block's (cluster merge).
-  static constexpr int kSmem = std::max(kStages * 2 * kTileElems * 2, (kWarps + 1) * 16 * kAccStride * 4);
+  // The ring; after the loop the same bytes hold the warps' outputs.
+  static constexpr int kSmem = std::max(kStages * 2 * kTileElems * 2, kWarps * 16 * kAccStride * 4);
 };
 
 constexpr int kDecodeMinKeysPerSplit = 64;
@@ -72,10 +72,8 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* const ring = reinterpret_cast<T*>(smem_raw);  // stage s: K tile, then V tile
   auto sm_acc = reinterpret_cast<float (*)[16][kAcc]>(smem_raw);                      // [kWarps], after the loop
-  auto sm_part = reinterpret_cast<float (*)[kAcc]>(smem_raw + kWarps * 16 * kAcc * 4);  // cluster merge
   __shared__ float sm_m[kWarps][16];
   __shared__ float sm_l[kWarps][16];
-  __shared__ float sm_lse[16];
   __shared__ __align__(16) T sm_q[kInput ? 16 : 1][D];  // kInput: the tile's rotated query rows
   hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
 
@@ -386,24 +384,37 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
   if (num_splits == 1) {
     if (row_valid) store_out(o);
   } else if constexpr (kMerge) {
-    // The splits of this tile are the blocks of one cluster (rank = split). Each publishes its
-    // normalised output and log-sum-exp in shared memory; rank s then finishes the rows r with
-    // r % num_splits == s, reading every active split's share in split order (weights 2^(lse -
-    // max), the largest exactly 1): the sums depend only on the active splits, so calls that
-    // differ in num_splits alone agree bit for bit, and a single active split passes through.
-#pragma unroll
-    for (int d = 0; d < kDimsPerThread; d += 4)
-      *reinterpret_cast<float4*>(&sm_part[r][d0 + d]) = make_float4(o[d], o[d + 1], o[d + 2], o[d + 3]);
-    if ((tid & 7) == 0) sm_lse[r] = lse;
+    // The splits of this tile are the blocks of one cluster (rank = split; num_splits is
+    // kClusterMergeMaxSplits here), and rank s finishes the rows r with r % num_splits == s. Each
+    // block stores its normalised output and log-sum-exp of the rows it does not finish into their
+    // finisher's inbox (distributed shared memory: remote stores, no round trip) and keeps its own
+    // rows' in registers; after one cluster barrier no block touches another's shared memory, so each
+    // finishes its rows and exits on its own. The finisher adds every active split's share in split
+    // order (weights 2^(lse - max), the largest exactly 1): the sums depend only on the active splits,
+    // so calls that differ in num_splits alone agree bit for bit, and a single active split passes
+    // through. Measured against remote loads between two barriers in docs/perf-notes.md.
+    static_assert(kClusterMergeMaxSplits == 2, "a finisher's inbox holds its one partner's rows");
+    constexpr int kInboxRows = 16 / kClusterMergeMaxSplits;
+    __shared__ __align__(16) float inbox_o[kInboxRows][D];
+    __shared__ float inbox_lse[kInboxRows];
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
+    const int finisher = r % kClusterMergeMaxSplits;
+    if (finisher != split) {
+      float* dst = cluster.map_shared_rank(&inbox_o[r / kClusterMergeMaxSplits][d0], finisher);
+#pragma unroll
+      for (int d = 0; d < kDimsPerThread; d += 4)
+        *reinterpret_cast<float4*>(dst + d) = make_float4(o[d], o[d + 1], o[d + 2], o[d + 3]);
+      if ((tid & 7) == 0) *cluster.map_shared_rank(&inbox_lse[r / kClusterMergeMaxSplits], finisher) = lse;
+    }
     cluster.sync();
-    if (row_valid && r % num_splits == split) {
+    if (row_valid && finisher == split) {
+      const float* theirs = &inbox_o[r / kClusterMergeMaxSplits][d0];
       float lses[kClusterMergeMaxSplits];
       float mx = -INFINITY;
 #pragma unroll
       for (int s = 0; s < kClusterMergeMaxSplits; ++s) {
-        lses[s] = s < active_splits ? *cluster.map_shared_rank(&sm_lse[r], s) : -INFINITY;
+        lses[s] = s >= active_splits ? -INFINITY : s == split ? lse : inbox_lse[r / kClusterMergeMaxSplits];
         mx = fmaxf(mx, lses[s]);
       }
       float den = 0.0f, acc_o[kDimsPerThread];
@@ -414,22 +425,14 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
         if (lses[s] == -INFINITY) continue;  // inactive or empty split
         const float w = lses[s] == mx ? 1.0f : exp2f(lses[s] - mx);
         den += w;
-        const float* src = cluster.map_shared_rank(&sm_part[r][d0], s);
 #pragma unroll
-        for (int d = 0; d < kDimsPerThread; d += 4) {
-          const float4 a = *reinterpret_cast<const float4*>(src + d);
-          acc_o[d] = fmaf(w, a.x, acc_o[d]);
-          acc_o[d + 1] = fmaf(w, a.y, acc_o[d + 1]);
-          acc_o[d + 2] = fmaf(w, a.z, acc_o[d + 2]);
-          acc_o[d + 3] = fmaf(w, a.w, acc_o[d + 3]);
-        }
+        for (int d = 0; d < kDimsPerThread; ++d) acc_o[d] = fmaf(w, s == split ? o[d] : theirs[d], acc_o[d]);
       }
       const float inv_den = den > 0.0f ? 1.0f / den : 0.0f;
 #pragma unroll
       for (int d = 0; d < kDimsPerThread; ++d) acc_o[d] *= inv_den;
       store_out(acc_o);
     }
-    cluster.sync();  // every rank has read this block's share
   } else if (row_valid) {
     const int64_t idx = ((static_cast<int64_t>(b) * max_q_len + i) * Hq + hq) * num_splits + split;
     float* dst = part_o + idx * D + d0;
