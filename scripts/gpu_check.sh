@@ -7,7 +7,7 @@
 #   attention: the attention GPU tests and bench_attention per prefill variant (D 64 and 128,
 #           16-row pages and one contiguous page), a table of ms and TFLOP/s per case.
 #   decode: the decode path's GPU tests, bench_decode_step (a step with and without programmatic
-#           launch; DECODE_STEP_ARGS="--page-size 128 --engine-bound" runs it as the engine's graph),
+#           launch; DECODE_STEP_ARGS="--page-size 128 --engine-bound --greedy" runs it as the engine's greedy graph),
 #           with DECODE_ENGINE=1 bench_engine's single-request and B <= 8 decode with KILN_PDL=1 and
 #           =0, on the astrai-1b and llama-1b shapes.
 #   profile-decode: Nsight Compute per-kernel time and DRAM bandwidth of decode steps of PROFILE_BATCH
