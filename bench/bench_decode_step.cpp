@@ -96,7 +96,7 @@ void step(Backend& be, const Transformer& model, StepInputs& s, KVCache& cache, 
   ops::sample(be, sb);
 }
 
-// Milliseconds per replay of a graph of one forward.
+// Milliseconds per replay of a graph of one step (step() above).
 Result<double> time_graph(Backend& be, Transformer& model, StepInputs& s, KVCache& cache, ForwardWorkspace& ws,
                           int iters, bool greedy) {
   step(be, model, s, cache, ws, greedy);  // eagerly first: op scratch is sized outside the capture
