@@ -19,9 +19,9 @@
 // barrier, after which each reads only its own (measured on an H100: the down projection 10.35 ->
 // 9.68 us a layer at two rows against remote loads between two barriers; docs/perf-notes.md). Always
 // added in a fixed order: no atomics, so results are deterministic and a replayed graph is bit-exact.
-// Epilogue per output: times the
-// batch row's 1 / rms when normed, plus bias, then stored, added to the f32 residual, or SwiGLU; or,
-// for q/k/v, rounded, rotated and written to q and the KV cache (rope_row says how the rows pair).
+// Epilogue per output: times the batch row's 1 / rms when normed, plus bias, then stored, added to
+// the f32 residual, or SwiGLU; or, for q/k/v, rounded, rotated and written to q and the KV cache
+// (rope_row says how the rows pair).
 // Norm prologue: x is the f32 residual stream; each thread multiplies its x chunk by the norm weight
 // and rounds it to the weight dtype, and sums x^2 of its chunks; the block adds those up at the end.
 // Launched programmatically (programmatic_launch.cuh): the first two stages' weight loads are issued
