@@ -159,7 +159,7 @@ int32_t Transformer::down_split_parts(int64_t T) const {
   const ModelConfig& c = config_;
   const LayerWeights& L0 = layers_[0];
   const int64_t H = c.hidden_size, I = c.intermediate_size;
-  // Where cuBLASLt runs the down projection (steps of 9 to 128 rows), it is split along K into f32
+  // Where cuBLASLt runs the down projection (steps of 17 to 128 rows), it is split along K into f32
   // products that the next norm adds into the residual (the split-K reduction, the residual add and
   // the norm in one kernel); the next layer's q/k/v projection then reads the normed rows.
   if (!uses_fused_layers(T) || L0.down_bias.data ||

@@ -11,8 +11,9 @@
 // slots {2t, 2t+1, 2t+8, 2t+9} of both operands then hold the same physical k).
 //
 // Block: kWarps warps over the same RG x 16 weight rows (SwiGLU: 16 or 32 gate rows and the up rows
-// of the same outputs), each warp a contiguous range of K; weight loads run a chunk group ahead in a
-// register double buffer and bypass L1 (the batch rows, re-read by every block, stay in it); at most
+// of the same outputs), each warp a contiguous range of K (SwiGLU: every eighth 32-wide chunk);
+// weight loads run a chunk group ahead in a register double buffer and bypass L1 (the batch rows,
+// re-read by every block, stay in it); at most
 // 128 registers, two blocks per SM. Long-K narrow matrices (down: fewer row tiles than two per SM)
 // split K over a cluster of two blocks. The warps' partial sums meet in shared memory; a cluster's
 // blocks store their sums into every rank's shared memory (distributed shared memory) and meet at one
@@ -124,8 +125,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int chunks = K / 32;
   const int per_rank = (chunks + KS - 1) / KS;
   const int r_begin = min(chunks, rank * per_rank), r_end = min(chunks, r_begin + per_rank);
+  // Gate/up: the warps take the rank's chunks in turn (warp w: chunks w, w + 8, ...), so that at any
+  // moment the block's warps read adjacent 64-byte pieces of the same weight rows (512 contiguous
+  // bytes a row, as the one-row kernel's warp loads). Measured on an H100 (bench_linear, us a layer
+  // at 2 / 8 rows): 18.2 / 18.2 -> 16.2 / 16.7, where q/k/v, o and down were 0.05-0.16 slower so
+  // (docs/perf-notes.md, twenty-first session); they keep a contiguous range of chunks a warp. The
+  // loop runs over the warp's chunks by position.
+  constexpr bool kInterleave = kEpi == Epilogue::swiglu;
   const int per_warp = (r_end - r_begin + kWarps - 1) / kWarps;
-  const int c_begin = min(r_end, r_begin + warp * per_warp), c_end = min(r_end, c_begin + per_warp);
+  const int w_begin = min(r_end, r_begin + warp * per_warp);
+  const int c_end = kInterleave ? max(0, (r_end - r_begin - warp + kWarps - 1) / kWarps)
+                                : min(r_end, w_begin + per_warp) - w_begin;
+  auto chunk_of = [&](int i) { return kInterleave ? r_begin + warp + i * kWarps : w_begin + i; };
 
   float acc[RG][MT][4];
 #pragma unroll
@@ -144,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int u = 0; u < U; ++u) {
       const int c = c0 + u;
       if (c >= c_end) break;  // warp-uniform
-      const int k = c * 32;
+      const int k = chunk_of(c) * 32;
 #pragma unroll
       for (int rg = 0; rg < RG; ++rg)
 #pragma unroll
@@ -158,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int u = 0; u < U; ++u) {
       const int c = c0 + u;
       if (c >= c_end) break;  // warp-uniform
-      const int k = c * 32;
+      const int k = chunk_of(c) * 32;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int64_t off = static_cast<int64_t>(mt * 8 + g) * K + k + t * 8;
@@ -207,27 +218,27 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
   Stage s0, s1;
-  load_w(s0, c_begin);
-  load_w(s1, c_begin + U);
+  load_w(s0, 0);
+  load_w(s1, U);
   // q/k/v: the warp's later chunks of its weight rows into L2 as well before the wait, so that its
   // loads after the wait hit L2. Measured on an H100 (docs/perf-notes.md, nineteenth session): the
   // step 1.093 / 1.185 -> 1.086 / 1.177 ms at 2 / 8 rows (bench_decode_step, 1K). The same prefetch
   // on every epilogue (bench_linear, us a layer at 2 / 8 rows): normed q/k/v with the store epilogue
   // 4.60 / 4.84 -> 4.25 / 4.45, gate/up slower (18.05 / 18.11 -> 19.03 / 19.25), o and down unchanged.
   if constexpr (kEpi == Epilogue::qkv_rope) {
-    if (t == 0 && c_begin + 2 * U < c_end) {
-      const uint32_t bytes = static_cast<uint32_t>(c_end - c_begin - 2 * U) * 64u;
+    if (t == 0 && 2 * U < c_end) {
+      const uint32_t bytes = static_cast<uint32_t>(c_end - 2 * U) * 64u;
 #pragma unroll
       for (int rg = 0; rg < RG; ++rg)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          if (wok[rg][h]) hopper::prefetch_l2(wrow[rg][h] + (c_begin + 2 * U) * 32, bytes);
+          if (wok[rg][h]) hopper::prefetch_l2(wrow[rg][h] + chunk_of(2 * U) * 32, bytes);
     }
   }
   hopper::grid_dependency_wait();
-  load_x(s0, c_begin);
-  load_x(s1, c_begin + U);
-  for (int c = c_begin; c < c_end; c += 2 * U) {
+  load_x(s0, 0);
+  load_x(s1, U);
+  for (int c = 0; c < c_end; c += 2 * U) {
     compute(s0, c);
     load_w(s0, c + 2 * U);
     load_x(s0, c + 2 * U);
@@ -428,10 +439,13 @@ bool kernel_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t
     // H100, 106 us against cuBLASLt's 110-116 without the norm kernel, the step 0.01-0.02 ms faster
     // (docs/perf-notes.md, sixteenth session). From two rows the head stays on cuBLASLt: the tensor-core
     // tiles measured slower for it (the figures above).
-    case ops::FusedLinear::norm: return (!wide || fused::rows_kernel_valid(M, K)) && M <= 8;
+    // Up to 16 rows every other projection: on an H100 (twenty-first session) the step at B = 12 / 16
+    // took 1.482 / 1.484 ms with q/k/v, gate/up and down here too against 1.550 / 1.524 with them on
+    // cuBLASLt and the separate norm, SwiGLU and rotary kernels (only o was here).
+    case ops::FusedLinear::norm: return (!wide || fused::rows_kernel_valid(M, K)) && M <= 16;
     case ops::FusedLinear::norm_swiglu:
-    case ops::FusedLinear::swiglu: return M <= 8;
-    case ops::FusedLinear::residual: return M <= 8 || (M <= 16 && K <= 2 * N);
+    case ops::FusedLinear::swiglu:
+    case ops::FusedLinear::residual: return M <= 16;
   }
   return false;
 }
