@@ -13,13 +13,13 @@
 // Block: kWarps warps over the same RG x 16 weight rows (SwiGLU: 16 or 32 gate rows and the up rows
 // of the same outputs), each warp a contiguous range of K (SwiGLU: every eighth 32-wide chunk);
 // weight loads run a chunk group ahead in a register double buffer and bypass L1 (the batch rows,
-// re-read by every block, stay in it); at most
-// 128 registers, two blocks per SM. Long-K narrow matrices (down: fewer row tiles than two per SM)
-// split K over a cluster of two blocks. The warps' partial sums meet in shared memory; a cluster's
-// blocks store their sums into every rank's shared memory (distributed shared memory) and meet at one
-// barrier, after which each reads only its own (measured on an H100: the down projection 10.35 ->
-// 9.68 us a layer at two rows against remote loads between two barriers; docs/perf-notes.md). Always
-// added in a fixed order: no atomics, so results are deterministic and a replayed graph is bit-exact.
+// re-read by every block, stay in it); at most 128 registers, two blocks per SM. Long-K narrow
+// matrices (down: fewer row tiles than two per SM) split K over a cluster of two blocks. The warps'
+// partial sums meet in shared memory; a cluster's blocks store their sums into every rank's shared
+// memory (distributed shared memory) and meet at one barrier, after which each reads only its own
+// (measured on an H100: the down projection 10.35 -> 9.68 us a layer at two rows against remote
+// loads between two barriers; docs/perf-notes.md). Always added in a fixed order: no atomics, so
+// results are deterministic and a replayed graph is bit-exact.
 // Epilogue per output: times the batch row's 1 / rms when normed, plus bias, then stored, added to
 // the f32 residual, or SwiGLU; or, for q/k/v, rounded, rotated and written to q and the KV cache
 // (rope_row says how the rows pair).
