@@ -439,9 +439,11 @@ bool kernel_preferred(CudaBackend& be, ops::FusedLinear kind, int64_t M, int64_t
     // H100, 106 us against cuBLASLt's 110-116 without the norm kernel, the step 0.01-0.02 ms faster
     // (docs/perf-notes.md, sixteenth session). From two rows the head stays on cuBLASLt: the tensor-core
     // tiles measured slower for it (the figures above).
-    // Up to 16 rows every other projection: on an H100 (twenty-first session) the step at B = 12 / 16
-    // took 1.482 / 1.484 ms with q/k/v, gate/up and down here too against 1.550 / 1.524 with them on
-    // cuBLASLt and the separate norm, SwiGLU and rotary kernels (only o was here).
+    // Up to 16 rows every other projection, chosen by the step rather than by each projection: on an
+    // H100 (twenty-first session) the step at B = 12 / 16 took 1.482 / 1.484 ms with q/k/v, gate/up
+    // and down here too against 1.550 / 1.524 with them on cuBLASLt and the separate norm, SwiGLU and
+    // rotary kernels (only o was here), although at 16 rows gate/up and down alone are 0.3 / 1.0 us
+    // slower here (bench_linear): the kernels they replace cost more.
     case ops::FusedLinear::norm: return (!wide || fused::rows_kernel_valid(M, K)) && M <= 16;
     case ops::FusedLinear::norm_swiglu:
     case ops::FusedLinear::swiglu:
