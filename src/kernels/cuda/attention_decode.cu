@@ -76,6 +76,7 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
   __shared__ float sm_l[kWarps][16];
   __shared__ __align__(16) T sm_q[kInput ? 16 : 1][D];  // kInput: the tile's rotated query rows
   hopper::launch_dependents();  // a programmatically launched consumer may start its weight stream
+  if constexpr (kMerge) hopper::cluster_arrive_relaxed();  // this block has started (waited for in the merge)
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y % Hkv;
@@ -387,7 +388,8 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
     // The splits of this tile are the blocks of one cluster (rank = split; num_splits is
     // kClusterMergeMaxSplits here), and rank s finishes the rows r with r % num_splits == s. Each
     // block stores its normalised output and log-sum-exp of the rows it does not finish into their
-    // finisher's inbox (distributed shared memory: remote stores, no round trip) and keeps its own
+    // finisher's inbox (distributed shared memory: remote stores, no round trip, after the wait for
+    // the start barrier every block arrived on at the kernel's start) and keeps its own
     // rows' in registers; after one cluster barrier no block touches another's shared memory, so each
     // finishes its rows and exits on its own. The finisher adds every active split's share in split
     // order (weights 2^(lse - max), the largest exactly 1): the sums depend only on the active splits,
@@ -400,6 +402,7 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     const int finisher = r % kClusterMergeMaxSplits;
+    hopper::cluster_wait();  // the partner has started: its inbox may be written
     if (finisher != split) {
       float* dst = cluster.map_shared_rank(&inbox_o[r / kClusterMergeMaxSplits][d0], finisher);
 #pragma unroll

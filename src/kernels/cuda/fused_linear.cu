@@ -16,8 +16,9 @@
 // re-read by every block, stay in it); at most 128 registers, two blocks per SM. Long-K narrow
 // matrices (down: fewer row tiles than two per SM) split K over a cluster of two blocks. The warps'
 // partial sums meet in shared memory; a cluster's blocks store their sums into every rank's shared
-// memory (distributed shared memory) and meet at one barrier, after which each reads only its own
-// (measured on an H100: the down projection 10.35 -> 9.68 us a layer at two rows against remote
+// memory (distributed shared memory; only once every rank is known to have started: a relaxed
+// cluster arrive at the kernel's start, its wait before the first remote store) and meet at one
+// barrier, after which each reads only its own (measured on an H100: the down projection 10.35 -> 9.68 us a layer at two rows against remote
 // loads between two barriers; docs/perf-notes.md). Always added in a fixed order: no atomics, so
 // results are deterministic and a replayed graph is bit-exact.
 // Epilogue per output: times the batch row's 1 / rms when normed, plus bias, then stored, added to
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ float part_ss[KS][kCols];
 
   hopper::launch_dependents();  // the next kernel's weight stream may start under this one's tail
+  if constexpr (KS > 1) hopper::cluster_arrive_relaxed();  // this block has started (waited for below)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int rank = KS > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
@@ -267,6 +269,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   __syncthreads();
+  if constexpr (KS > 1) hopper::cluster_wait();  // every rank has started: its shared memory may be written
   // Stores this block's sum into its slot of every rank's buffer (remote stores: no round trip).
   auto publish = [&](float* slot, float v) {
     if constexpr (KS == 1) {

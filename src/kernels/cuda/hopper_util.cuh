@@ -148,6 +148,15 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 // allow the dependent grid to start launching. Both are no-ops without the launch attribute.
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// The two halves of a cluster barrier (PTX barrier.cluster; every thread of the block, converged).
+// The relaxed arrive orders no memory (it says only that the block has started); the wait acquires
+// at cluster scope. A kernel that stores into another block's shared memory arrives at its start
+// and waits before the first remote store: the programming guide asks that every block of the
+// cluster be known to have started before its shared memory is touched.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
 // Brings `bytes` (a multiple of 16) from global memory at p (16-byte aligned) into L2, asynchronously.
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
