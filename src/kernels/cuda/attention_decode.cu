@@ -152,6 +152,18 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
   fetch_pages(0);
   int issued = 0;
   while (issued < NS - 1 && key_begin + (issued + 1) * kStageKeys <= delta) issue(issued++);
+  // kInput: the new token's slot and this lane's rotations (the same for every head of the token),
+  // from the step's inputs and the model's frequencies, before the wait: the double-precision
+  // sincos leaves the path from the q/k/v projection's end to the first stage's compute.
+  constexpr int P = D / 32;  // elements of a head row a lane holds (lane + 32 j)
+  int slot = -1;
+  float2 cs[P / 2];
+  if constexpr (kInput) {
+    slot = in.slots[q_start];
+    const float pos = static_cast<float>(in.positions[q_start]);
+#pragma unroll
+    for (int j = 0; j < P / 2; ++j) cs[j] = detail::rope_cos_sin(pos, in.inv_freq[lane + 32 * j], in.scaling);
+  }
   hopper::grid_dependency_wait();
   if constexpr (kInput) {
     // The input stage of the request's one query token (qkv_rope_cache_write's arithmetic): warp w
@@ -160,9 +172,7 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
     // elements l + 32 j of a row; the rotation pairs (i, i + D/2) are x[j], x[j + P/2]. (A
     // non-inlined function for it measured slower: astrai-1b B=128 at 1K 2.183 ms per step
     // against 2.096 inlined.)
-    constexpr int P = D / 32;
     const int tok = q_start;
-    const int slot = in.slots[tok];
     const bool writes_kv = slot >= 0 && key_begin <= delta && delta < key_end;  // the new key's split
     const T* row = static_cast<const T*>(in.qkv) + static_cast<int64_t>(tok) * (Hq + 2 * Hkv) * D;
     const DType dt = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
@@ -181,12 +191,10 @@ __global__ void __maxnreg__(D == 64 ? 128 : 255)
       }
       const void* w = is_q ? in.q_norm : in.k_norm;
       if (w) detail::head_rms_norm(x, D, lane, w, is_q ? in.q_norm_dt : in.k_norm_dt, dt, in.eps);
-      const float pos = static_cast<float>(in.positions[tok]);
 #pragma unroll
       for (int j = 0; j < P / 2; ++j) {
         const int i = lane + 32 * j;
-        const float2 rot =
-            detail::rope_rotate(x[j], x[j + P / 2], detail::rope_cos_sin(pos, in.inv_freq[i], in.scaling));
+        const float2 rot = detail::rope_rotate(x[j], x[j + P / 2], cs[j]);
         T* const dst_row = is_q ? &sm_q[hl][0] : k_cache + dst;
         dst_row[i] = static_cast<T>(rot.x);
         dst_row[i + D / 2] = static_cast<T>(rot.y);

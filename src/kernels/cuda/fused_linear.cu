@@ -49,6 +49,8 @@ namespace {
 namespace cg = cooperative_groups;
 using fused::Epilogue;
 using fused::RopeOut;
+using fused::RopeTarget;
+using fused::rope_target;
 using fused::store_qkv_rope;
 using T = __nv_bfloat16;
 
@@ -227,7 +229,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   // step 1.093 / 1.185 -> 1.086 / 1.177 ms at 2 / 8 rows (bench_decode_step, 1K). The same prefetch
   // on every epilogue (bench_linear, us a layer at 2 / 8 rows): normed q/k/v with the store epilogue
   // 4.60 / 4.84 -> 4.25 / 4.45, gate/up slower (18.05 / 18.11 -> 19.03 / 19.25), o and down unchanged.
+  // q/k/v: this thread's epilogue pair (batch row m = idx / 8, rotation pair p = idx % 8; at most
+  // one a thread) and its target, found before the wait (rope_target).
+  const int rope_idx = threadIdx.x + rank * kThreads;
+  const bool rope_pair = kEpi == Epilogue::qkv_rope && rope_idx < kCols * 8 && rope_idx / 8 < M;
+  RopeTarget target;
   if constexpr (kEpi == Epilogue::qkv_rope) {
+    static_assert(kCols * 8 <= kThreads, "one epilogue pair a thread at most");
+    if (rope_pair) target = rope_target(rope, rope_idx / 8, rope_row(blockIdx.x, rope_idx % 8, rope.D));
     if (t == 0 && 2 * U < c_end) {
       const uint32_t bytes = static_cast<uint32_t>(c_end - 2 * U) * 64u;
 #pragma unroll
@@ -309,12 +318,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   if constexpr (kEpi == Epilogue::qkv_rope) {
     // One thread per (batch row m, rotation pair p).
-    for (int idx = threadIdx.x + rank * kThreads; idx < kCols * 8; idx += KS * kThreads) {
-      const int m = idx / 8, p = idx % 8;
-      if (m >= M) continue;
+    if (rope_pair) {
+      const int m = rope_idx / 8, p = rope_idx % 8;
       const float scale = kNorm ? 1.0f / sqrtf(total(&part_ss[0][0], kCols, m) / static_cast<float>(K) + eps) : 1.0f;
       const int f0 = rope_row(blockIdx.x, p, rope.D);
-      store_qkv_rope(rope, m, f0, total(&part[0][0][0], kPartElems, p * (kCols + 1) + m) * scale,
+      store_qkv_rope(rope, target, m, f0, total(&part[0][0][0], kPartElems, p * (kCols + 1) + m) * scale,
                      total(&part[0][0][0], kPartElems, (p + 8) * (kCols + 1) + m) * scale, bias, b_dt);
     }
     return;

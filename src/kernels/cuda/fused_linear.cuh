@@ -29,13 +29,34 @@ struct RopeOut {
   int Hq = 0, Hkv = 0, D = 0;
 };
 
-// The qkv_rope epilogue of batch row m for the projection's output f0 (a dimension i < D / 2 of a
-// head) and its rotation partner f0 + D / 2, whose (normed) sums are x0 and x1: plus the bias,
-// rounded to the outputs' dtype, then rotated in f32 and written to q or the key cache (q and k
-// heads) or copied to the value cache (v heads), as qkv_rope_cache_write does; a row with a negative
-// slot writes no cache.
-__device__ __forceinline__ void store_qkv_rope(const RopeOut& rope, int m, int f0, float x0, float x1,
-                                               const void* bias, DType b_dt) {
+// Where the qkv_rope epilogue of batch row m writes output f0 (a dimension i < D / 2 of a head) and
+// its rotation partner f0 + D / 2, and the rotation's cos / sin: everything but the sums, from the
+// step's inputs (positions, slots: written before the step's first kernel) and the model's
+// frequencies, so that a kernel finds it before its wait for the kernel that wrote x and the double
+// precision sincos and the index loads leave its tail (rope_target). Measured on an H100 with the
+// decode attention's input stage and qkv_rope_cache_write doing the same (bench_decode_step, 1K, ms
+// per step): astrai-1b B = 1 / 8 / 32 0.986 / 1.154 / 1.749 -> 0.978 / 1.146 / 1.743; qwen3-0.6b
+// (q/k norms) B = 1 / 16 0.831 / 1.880 -> 0.819 / 1.846 (docs/perf-notes.md, twenty-second session).
+struct RopeTarget {
+  int slot = -1;               // the row's cache slot (negative: no cache write)
+  float2 cs = {1.0f, 0.0f};    // rope_cos_sin of the row's position and dimension i (q and k heads)
+};
+
+__device__ __forceinline__ RopeTarget rope_target(const RopeOut& rope, int m, int f0) {
+  const int head = f0 / rope.D, i = f0 % rope.D;
+  RopeTarget r;
+  r.slot = rope.slots[m];
+  if (head < rope.Hq + rope.Hkv)
+    r.cs = detail::rope_cos_sin(static_cast<float>(rope.positions[m]), rope.inv_freq[i], rope.scaling);
+  return r;
+}
+
+// The qkv_rope epilogue of batch row m for output f0 and its partner f0 + D / 2 (target: rope_target
+// of the same m and f0), whose (normed) sums are x0 and x1: plus the bias, rounded to the outputs'
+// dtype, then rotated in f32 and written to q or the key cache (q and k heads) or copied to the value
+// cache (v heads), as qkv_rope_cache_write does; a row with a negative slot writes no cache.
+__device__ __forceinline__ void store_qkv_rope(const RopeOut& rope, const RopeTarget& target, int m, int f0, float x0,
+                                               float x1, const void* bias, DType b_dt) {
   const int half = rope.D / 2, head = f0 / rope.D, i = f0 % rope.D;
   if (bias) {
     x0 += detail::load1(bias, f0, b_dt);
@@ -43,7 +64,7 @@ __device__ __forceinline__ void store_qkv_rope(const RopeOut& rope, int m, int f
   }
   x0 = detail::round_to(rope.dt, x0);
   x1 = detail::round_to(rope.dt, x1);
-  const int slot = rope.slots[m];
+  const int slot = target.slot;
   if (head >= rope.Hq + rope.Hkv) {
     if (slot < 0) return;
     const int64_t dst = (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq - rope.Hkv)) * rope.D + i;
@@ -53,11 +74,10 @@ __device__ __forceinline__ void store_qkv_rope(const RopeOut& rope, int m, int f
   }
   const bool is_q = head < rope.Hq;
   if (!is_q && slot < 0) return;
-  const float2 cs = detail::rope_cos_sin(static_cast<float>(rope.positions[m]), rope.inv_freq[i], rope.scaling);
   void* out = is_q ? rope.q : rope.k_cache;
   const int64_t dst = is_q ? (static_cast<int64_t>(m) * rope.Hq + head) * rope.D + i
                            : (static_cast<int64_t>(slot) * rope.Hkv + (head - rope.Hq)) * rope.D + i;
-  const float2 rot = detail::rope_rotate(x0, x1, cs);
+  const float2 rot = detail::rope_rotate(x0, x1, target.cs);
   detail::store1(out, dst, rope.dt, rot.x);
   detail::store1(out, dst + half, rope.dt, rot.y);
 }

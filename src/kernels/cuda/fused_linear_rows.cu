@@ -107,6 +107,11 @@ __global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut
   uint4 b0[R][CHP], b1[R][CHP];
   if (units > 0) load(b0, 0);
   if (units > 1) load(b1, 1);
+  // q/k/v: the target of the warp's first pair, found before the wait (rope_target); later pairs
+  // of the warp (more pairs than warps) find theirs in the epilogue.
+  RopeTarget first_target;
+  if constexpr (kEpi == Epilogue::qkv_rope)
+    if (lane == 0 && my_groups > 0) first_target = rope_target(rope, 0, group_row<kEpi>(first, 0, N, rope.D));
   hopper::grid_dependency_wait();
 
   // The batch row into shared memory (and its sum of squares when normed).
@@ -160,7 +165,8 @@ __global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut
     }
     if (lane != 0) return;
     if constexpr (kEpi == Epilogue::qkv_rope) {
-      store_qkv_rope(rope, 0, group_row<kEpi>(g, 0, N, rope.D), v[0], v[1], a.bias, a.b_dt);
+      const int f0 = group_row<kEpi>(g, 0, N, rope.D);
+      store_qkv_rope(rope, g == first ? first_target : rope_target(rope, 0, f0), 0, f0, v[0], v[1], a.bias, a.b_dt);
     } else {
       const int out_rows = kEpi == Epilogue::swiglu ? N / 2 : N;
 #pragma unroll

@@ -41,16 +41,26 @@ __global__ void __launch_bounds__(kThreads)
                           DType kn_dt, int Hq, int Hkv, int D, float eps) {
   __shared__ float rows[kWarps][kMaxHeadDim];
   hopper::launch_dependents();  // lets the attention kernel get scheduled under this one
-  hopper::grid_dependency_wait();
   const int64_t t = blockIdx.x;
   const int half = D / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int heads = Hq + 2 * Hkv;
   const int h = blockIdx.y * kWarps + warp;
   if (h >= heads) return;
-  const int64_t in_row = t * static_cast<int64_t>(heads) * D;
+  // The slot and, without the step's table, this lane's rotations (dimensions lane + 32 j) from the
+  // step's inputs and the model's frequencies before the wait for the kernel that wrote qkv: the
+  // double-precision sincos leaves the path between the projection and the attention. (The table
+  // is written by a kernel of the step: read after the wait.)
   const int slot = slots[t];
-  const float pos = static_cast<float>(positions[t]);
+  float2 cs[kPerLane / 2];
+  if (!cos_sin) {
+    const float pos = static_cast<float>(positions[t]);
+#pragma unroll
+    for (int j = 0; j < kPerLane / 2; ++j)
+      if (lane + 32 * j < half) cs[j] = detail::rope_cos_sin(pos, inv_freq[lane + 32 * j], scaling);
+  }
+  hopper::grid_dependency_wait();
+  const int64_t in_row = t * static_cast<int64_t>(heads) * D;
   float* row = rows[warp];
   const bool is_q = h < Hq, is_k = !is_q && h < Hq + Hkv;
   float x[kPerLane];
@@ -78,9 +88,12 @@ __global__ void __launch_bounds__(kThreads)
   void* out = is_q ? q_out : k_cache;
   const int64_t dst = is_q ? (t * Hq + h) * static_cast<int64_t>(D)
                            : (static_cast<int64_t>(slot) * Hkv + (h - Hq)) * static_cast<int64_t>(D);
-  for (int i = lane; i < half; i += 32) {
+#pragma unroll
+  for (int j = 0; j < kPerLane / 2; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= half) break;
     const float x0 = row[i], x1 = row[i + half];
-    const float2 r = cos_sin ? cos_sin[t * half + i] : detail::rope_cos_sin(pos, inv_freq[i], scaling);
+    const float2 r = cos_sin ? cos_sin[t * half + i] : cs[j];
     const float2 rot = detail::rope_rotate(x0, x1, r);
     detail::store1(out, dst + i, out_dt, rot.x);
     detail::store1(out, dst + i + half, out_dt, rot.y);
