@@ -18,9 +18,10 @@
 // partial sums meet in shared memory; a cluster's blocks store their sums into every rank's shared
 // memory (distributed shared memory; only once every rank is known to have started: a relaxed
 // cluster arrive at the kernel's start, its wait before the first remote store) and meet at one
-// barrier, after which each reads only its own (measured on an H100: the down projection 10.35 -> 9.68 us a layer at two rows against remote
-// loads between two barriers; docs/perf-notes.md). Always added in a fixed order: no atomics, so
-// results are deterministic and a replayed graph is bit-exact.
+// barrier, after which each reads only its own (measured on an H100: the down projection 10.35 ->
+// 9.68 us a layer at two rows against remote loads between two barriers; docs/perf-notes.md).
+// Always added in a fixed order: no atomics, so results are deterministic and a replayed graph is
+// bit-exact.
 // Epilogue per output: times the batch row's 1 / rms when normed, plus bias, then stored, added to
 // the f32 residual, or SwiGLU; or, for q/k/v, rounded, rotated and written to q and the KV cache
 // (rope_row says how the rows pair).
@@ -224,11 +225,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   Stage s0, s1;
   load_w(s0, 0);
   load_w(s1, U);
-  // q/k/v: the warp's later chunks of its weight rows into L2 as well before the wait, so that its
-  // loads after the wait hit L2. Measured on an H100 (docs/perf-notes.md, nineteenth session): the
-  // step 1.093 / 1.185 -> 1.086 / 1.177 ms at 2 / 8 rows (bench_decode_step, 1K). The same prefetch
-  // on every epilogue (bench_linear, us a layer at 2 / 8 rows): normed q/k/v with the store epilogue
-  // 4.60 / 4.84 -> 4.25 / 4.45, gate/up slower (18.05 / 18.11 -> 19.03 / 19.25), o and down unchanged.
   // q/k/v: this thread's epilogue pair (batch row m = idx / 8, rotation pair p = idx % 8; at most
   // one a thread) and its target, found before the wait (rope_target).
   const int rope_idx = threadIdx.x + rank * kThreads;
@@ -237,6 +233,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (kEpi == Epilogue::qkv_rope) {
     static_assert(kCols * 8 <= kThreads, "one epilogue pair a thread at most");
     if (rope_pair) target = rope_target(rope, rope_idx / 8, rope_row(blockIdx.x, rope_idx % 8, rope.D));
+  }
+  // q/k/v: the warp's later chunks of its weight rows into L2 as well before the wait, so that its
+  // loads after the wait hit L2. Measured on an H100 (docs/perf-notes.md, nineteenth session): the
+  // step 1.093 / 1.185 -> 1.086 / 1.177 ms at 2 / 8 rows (bench_decode_step, 1K). The same prefetch
+  // on every epilogue (bench_linear, us a layer at 2 / 8 rows): normed q/k/v with the store epilogue
+  // 4.60 / 4.84 -> 4.25 / 4.45, gate/up slower (18.05 / 18.11 -> 19.03 / 19.25), o and down unchanged.
+  if constexpr (kEpi == Epilogue::qkv_rope) {
     if (t == 0 && 2 * U < c_end) {
       const uint32_t bytes = static_cast<uint32_t>(c_end - 2 * U) * 64u;
 #pragma unroll
