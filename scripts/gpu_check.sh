@@ -13,6 +13,10 @@
 #   profile-decode: Nsight Compute per-kernel time and DRAM bandwidth of decode steps of PROFILE_BATCH
 #           requests (default 1).
 #   profile-prefill: Nsight Compute per-kernel time of single-request prefills (8K, 30K).
+#   profile-stalls: where one kernel's warps wait, by SASS instruction (Nsight Compute's warp-state
+#           samples, scripts/ncu_stalls.py): one launch of STALL_KERNEL (a regex, default attn_decode)
+#           in STALL_CMD (default bench_attention's decode of STALL_BATCH (32) requests of 1K keys,
+#           24 / 4 heads of 64); the source page as CSV and the report's details in $OUT.
 #   peers: llama.cpp (bench/peers/llama_cpp.sh model + bench) beside kiln's bench_engine single-request runs.
 #   engine: the engine, sampler and attention GPU tests, then bench_engine (decode B sweep, online run,
 #           shared-prefix TTFT, single-request latency) beside hf_bench.py's batched decode
@@ -443,6 +447,17 @@ if [ "$WHAT" = profile-prefill ]; then
       --decode-tokens 2 --no-graphs > /tmp/ncu_prefill_$n.csv 2> /tmp/ncu_prefill_$n.err || { tail -5 /tmp/ncu_prefill_$n.err; status=1; }
     python3 scripts/ncu_summary.py /tmp/ncu_prefill_$n.csv --steps 2 --top 25 | tee "$OUT/ncu_prefill_$n.txt"
   done
+fi
+if [ "$WHAT" = profile-stalls ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  CMD=${STALL_CMD:-"$BUILD/bin/bench_attention --hq 24 --hkv 4 --head-dim 64 --page-size 128 --decode-batch ${STALL_BATCH:-32} --decode 1024 --prefill 0 --chunked 0"}
+  # shellcheck disable=SC2086
+  "$NCU" --clock-control none --set full --import-source no -k "regex:${STALL_KERNEL:-attn_decode}" --launch-skip 20 \
+    --launch-count 1 -f -o /tmp/stalls $CMD > /tmp/stalls.log 2>&1 || { tail -5 /tmp/stalls.log; status=1; }
+  "$NCU" -i /tmp/stalls.ncu-rep --page source --csv --print-source sass > "$OUT/stalls_sass.csv" 2>&1
+  "$NCU" -i /tmp/stalls.ncu-rep --page details > "$OUT/stalls_details.txt" 2>&1
+  grep -E "Duration|DRAM Throughput|Eligible Warps|Active Warps Per" "$OUT/stalls_details.txt" | head -6
+  python3 scripts/ncu_stalls.py "$OUT/stalls_sass.csv" --top 25 | tee "$OUT/stalls.txt"
 fi
 if [ "$WHAT" = profile-decode ]; then
   # Per-kernel time and DRAM bandwidth of decode steps of PROFILE_BATCH requests (Nsight Compute, eager steps, each
