@@ -46,7 +46,10 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int heads = Hq + 2 * Hkv;
   const int h = blockIdx.y * kWarps + warp;
-  if (h >= heads) return;
+  if (h >= heads) {  // waits like every warp, so the grid completes only after the one before it
+    hopper::grid_dependency_wait();
+    return;
+  }
   // The slot and, without the step's table, this lane's rotations (dimensions lane + 32 j) from the
   // step's inputs and the model's frequencies before the wait for the kernel that wrote qkv: the
   // double-precision sincos leaves the path between the projection and the attention. (The table
