@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_STATIC_BLAS=ON -DKILN_MPI=ON >/dev/null
-BINS="bench_engine bench_decode_step bench_attention bench_ops bench_linear bench_gemv_floor bench_train bench_attention_train bench_rl bench_serve"
+BINS="bench_engine bench_decode_step bench_attention bench_ops bench_linear bench_gemv_floor bench_persistent_chain bench_train bench_attention_train bench_rl bench_serve"
 ninja -C build-gpu kiln kiln_tests kiln_gpu_tests $BINS
 mkdir -p .carry
 rm -f .carry/gpu-inc.tar.xz  # a full build replaces any incremental one

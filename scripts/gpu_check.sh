@@ -144,6 +144,8 @@ r = json.load(open(sys.argv[1]))
 for m, ops in r["rows"].items(): print("rows", m, {k: round(v["us"], 2) for k, v in ops.items()})' "$OUT/bench_linear.json"
     # A plain one-row GEMV of the astrai-1b projections beside them (what a launch per projection reaches).
     [ -x "$BUILD/bin/bench_gemv_floor" ] && { timeout 60 "$BUILD/bin/bench_gemv_floor" || status=1; }
+    # The same projections in one persistent kernel streaming across their dependencies (the probe).
+    [ -x "$BUILD/bin/bench_persistent_chain" ] && { timeout 90 "$BUILD/bin/bench_persistent_chain" || status=1; }
   fi
   # The page size, chosen by measurement: batched decode at each candidate size (one file).
   for ps in ${PAGE_SWEEP:-}; do
