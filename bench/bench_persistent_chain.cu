@@ -24,8 +24,9 @@
 // the previous op's counter to reach every block, then the input vector (K floats) is read from L2
 // into shared memory; each page, thread t dots its 8 weights (row t / 96, columns 8 (t % 96)..) with
 // the input; the rows of four units at a time are summed in a fixed order (warp shuffles, then three
-// warps a row: one barrier for the four) and their epilogues store or add the outputs; after its last unit a block adds one to the op's counter
-// (release). Counters grow by the grid size every launch (no reset between launches).
+// warps a row: one barrier for the four) and their epilogues store or add the outputs; after its last
+// unit a block adds one to the op's counter (release). Counters grow by the grid size every launch
+// (no reset between launches).
 // Pages come from the row-major weights (four 1,536-byte copies a page) or from a copy of the weights
 // tiled page by page (one 6,144-byte copy a page); "deps off" skips the counter waits (wrong
 // results; the pure streaming rate of the same kernel).
@@ -34,7 +35,8 @@
 // error of x after the 24 layers. Prints one JSON object per line: us per layer and TB/s of the
 // weights per variant (ring pages 8 / 16 / 32, layout, deps, attention stand-in), beside the plain
 // chain's.
-// Usage: bench_persistent_chain (no arguments; Hopper or later).
+// Usage: bench_persistent_chain (no arguments; Hopper or later). Its device helpers (mbarriers, the
+// bulk load) are kiln's hopper_util.cuh.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -44,6 +46,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "kernels/cuda/hopper_util.cuh"  // mbarriers, the 1-D bulk load, the acquire load
 
 #define CK(x)                                                                              \
   do {                                                                                     \
@@ -57,6 +61,14 @@
 namespace {
 
 using T = __nv_bfloat16;
+using kiln::cuda::smem_u32;
+using kiln::cuda::hopper::bulk_load_1d;
+using kiln::cuda::hopper::load_acquire_gpu;
+using kiln::cuda::hopper::mbar_arrive;
+using kiln::cuda::hopper::mbar_arrive_expect_tx;
+using kiln::cuda::hopper::mbar_fence_init;
+using kiln::cuda::hopper::mbar_init;
+using kiln::cuda::hopper::mbar_wait;
 
 constexpr int kL = 24, kH = 1536, kQkv = 2048, kI = 6912;
 constexpr int kPageRows = 4, kPageCols = 768;              // a page: 4 weight rows x 768 columns
@@ -100,48 +112,12 @@ struct Args {
   int attn_ns;        // > 0: the attention stand-in between q/k/v and o (below)
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 __device__ __forceinline__ uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ void consumer_sync() {
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
-}
+__device__ __forceinline__ void consumer_sync() { kiln::cuda::hopper::named_sync(1, kConsumers); }
 
 __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
   const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&w);
@@ -171,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Args a) {
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], kConsumerWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -193,11 +169,11 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Args a) {
             if (a.tiled) {
               if (lane == 0) {
                 const int64_t page = (static_cast<int64_t>(l) * s.units + u) * pages + p;
-                bulk_copy(dst, a.tiles[op] + page * kPageElems, kPageElems * 2, &full[slot]);
+                bulk_load_1d(dst, a.tiles[op] + page * kPageElems, kPageElems * 2, &full[slot]);
               }
             } else if (lane < kPageRows) {
               const int64_t row = static_cast<int64_t>(l) * s.rows + unit_row(op, u, lane);
-              bulk_copy(dst + lane * kPageCols, a.w[op] + row * s.K + p * kPageCols, kPageCols * 2, &full[slot]);
+              bulk_load_1d(dst + lane * kPageCols, a.w[op] + row * s.K + p * kPageCols, kPageCols * 2, &full[slot]);
             }
           }
       }
@@ -213,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Args a) {
     for (int step = 0; step < kSteps; ++step) {
       if (step == kAttnStep && a.attn_ns <= 0) continue;
       if (a.deps && tid == 0 && prev >= 0)
-        while (load_acquire(a.done + prev) < a.epoch * static_cast<unsigned>(grid)) {
+        while (load_acquire_gpu(a.done + prev) < a.epoch * static_cast<unsigned>(grid)) {
         }
       prev = l * kSteps + step;
       consumer_sync();
