@@ -128,7 +128,9 @@ TEST(CudaFusedKernels, GreedyHeadPicksTheFirstLargestLogit) {
         const float b = std::isnan(host_logits[host_token]) ? -INFINITY : host_logits[host_token];
         if (v > b) host_token = static_cast<int32_t>(n);
       }
-      if (planted) ASSERT_EQ(host_token, first);
+      if (planted) {
+        ASSERT_EQ(host_token, first);
+      }
       for (int call = 0; call < 3; ++call) {
         ops::fill_constant(*gpu, logits, NAN);
         ops::norm_linear_argmax_forward(*gpu, logits, tokens, dx, dg, eps, dw, scratch);
