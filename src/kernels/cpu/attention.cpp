@@ -11,9 +11,7 @@
 // each converts its keys/values to f32 once and serves the Hq/Hkv query heads that read them;
 // items are spread over up to 16 std::threads when the call is large enough to pay for them.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
@@ -125,22 +123,7 @@ void attention_forward(Tensor out, Tensor q, Tensor k_cache, Tensor v_cache, Ten
     attend(out, q, k_cache, v_cache, g, qi[b], q_len, keys, kvh, scale);
   };
 
-  // Threads only pay off beyond a few MFLOP; below that (decode steps of small tests) stay inline.
-  const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
-  const int64_t n_threads = flops < 4e6 ? 1 : std::min<int64_t>({hw, 16, items});
-  if (n_threads <= 1) {
-    for (int64_t item = 0; item < items; ++item) run_item(item);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) run_item(item);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(n_threads - 1));
-  for (int64_t i = 0; i + 1 < n_threads; ++i) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
+  detail::parallel_items(items, flops, run_item);
 }
 
 }  // namespace kiln::cpu

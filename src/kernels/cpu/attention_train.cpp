@@ -18,9 +18,7 @@
 // converts its keys and values to f32 once, serves the Hq/Hkv query heads of its group and owns its
 // dk/dv rows, so items write disjoint memory and run on up to 16 std::threads when large enough.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
@@ -53,26 +51,6 @@ Geometry check_geometry(Tensor q, Tensor k, Tensor v, Tensor segment_ids) {
     KILN_ASSERT(segment_ids.ndim() == 2 && segment_ids.size(0) == g.B && segment_ids.size(1) == g.S);
   }
   return g;
-}
-
-// Runs run_item(0 .. items) on up to 16 threads when the work (flops) pays for them.
-template <typename F>
-void parallel_items(int64_t items, double flops, const F& run_item) {
-  const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
-  const int64_t n_threads = flops < 4e6 ? 1 : std::min<int64_t>({hw, 16, items});
-  if (n_threads <= 1) {
-    for (int64_t item = 0; item < items; ++item) run_item(item);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) run_item(item);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(n_threads - 1));
-  for (int64_t i = 0; i + 1 < n_threads; ++i) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
 }
 
 // The per-(b, kv head) state: keys and values as f32 [S, D] and the row's segment ids.
@@ -125,7 +103,7 @@ void attention_train_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor 
               lse.size(1) == g.Hq && lse.size(2) == g.S);
   const int64_t S = g.S, D = g.D;
 
-  parallel_items(g.B * g.Hkv, attention_flops(g), [&](int64_t item) {
+  detail::parallel_items(g.B * g.Hkv, attention_flops(g), [&](int64_t item) {
     const int64_t b = item / g.Hkv, kvh = item % g.Hkv;
     const KvRows r = load_kv(k, v, segment_ids, g, b, kvh);
     std::vector<float> qrow(static_cast<size_t>(D)), orow(static_cast<size_t>(D));
@@ -173,7 +151,7 @@ void attention_train_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
               lse.size(1) == g.Hq && lse.size(2) == g.S);
   const int64_t S = g.S, D = g.D;
 
-  parallel_items(g.B * g.Hkv, 2.5 * attention_flops(g), [&](int64_t item) {
+  detail::parallel_items(g.B * g.Hkv, 2.5 * attention_flops(g), [&](int64_t item) {
     const int64_t b = item / g.Hkv, kvh = item % g.Hkv;
     const KvRows r = load_kv(k, v, segment_ids, g, b, kvh);
     std::vector<double> dk_acc(static_cast<size_t>(S * D), 0.0), dv_acc(static_cast<size_t>(S * D), 0.0);

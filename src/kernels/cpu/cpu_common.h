@@ -1,10 +1,13 @@
 // Internal helpers of the CPU kernels (not part of the op interface): reading float tensors of any
 // storage dtype (f32, bf16, f16) as f32 and writing f32 values back through the dtype conversions
-// of core/dtype.h, plus the argument checks shared by the op families.
+// of core/dtype.h, the argument checks shared by the op families, and the work split over threads.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "core/tensor.h"
@@ -94,5 +97,26 @@ inline float round_to(DType dtype, float v) {
 
 // Size of the last dimension (1 for a 0-d tensor).
 inline int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.size(-1); }
+
+// Runs run_item(0 .. items) on up to 16 std::threads when the work (flops) pays for them (below a
+// few MFLOP, e.g. the decode steps of small tests, inline); items are taken in turn from a counter.
+template <typename F>
+void parallel_items(int64_t items, double flops, const F& run_item) {
+  const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  const int64_t n_threads = flops < 4e6 ? 1 : std::min<int64_t>({hw, 16, items});
+  if (n_threads <= 1) {
+    for (int64_t item = 0; item < items; ++item) run_item(item);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  auto worker = [&] {
+    for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) run_item(item);
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(n_threads - 1));
+  for (int64_t i = 0; i + 1 < n_threads; ++i) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+}
 
 }  // namespace kiln::cpu::detail
