@@ -73,7 +73,9 @@ Status Engine::init() {
   const EngineOptions& o = options_;
   // At most 65535: a step's requests index a CUDA grid dimension in the attention kernels.
   if (o.max_running < 1 || o.max_running > 65535) return invalid_argument("--max-running must be within [1, 65535]");
-  if (o.max_step_tokens < 0) return invalid_argument("--max-step-tokens must not be negative (0: automatic)");
+  // At most 2^30: a step's token count is padded up (to 256) in int32 arithmetic.
+  if (o.max_step_tokens < 0 || o.max_step_tokens > (int32_t(1) << 30))
+    return invalid_argument("--max-step-tokens must be within [1, 2^30] (0: automatic)");
   if (o.max_step_tokens > 0 && o.max_step_tokens < o.max_running)
     return invalid_argument("--max-step-tokens (" + std::to_string(o.max_step_tokens) +
                             ") must be at least --max-running (" + std::to_string(o.max_running) +

@@ -332,11 +332,12 @@ TEST(CliErrors, BadOrConflictingFlags) {
   for (const char* n : {"0", "65536"}) expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-running " + n), "--max-running");
   for (const char* n : {"0", "-5"})
     expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --mixed-step-tokens " + n), "--mixed-step-tokens");
-  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens -1"), "--max-step-tokens");
+  for (const char* n : {"-1", "2147483647"})
+    expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens " + n), "--max-step-tokens");
   for (const char* n : {"-1", "4097"}) expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --page-size " + n), "--page-size");
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-running 8 --max-step-tokens 4"), "--max-step-tokens");
   // Sizes that cannot be allocated: an out-of-memory status naming the flag to change.
-  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens 2000000000"), "--max-step-tokens");
+  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens 1000000000"), "--max-step-tokens");
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --kv-tokens 2000000000"), "--kv-tokens");
   // kiln serve's numbers: refused before anything listens.
   const std::string serve = "serve --model " + testdata_dir() + "/tiny-llama --port 0 ";
