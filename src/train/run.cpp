@@ -71,6 +71,22 @@ Status check_micro_batch(int32_t batch_size, const TrainingData& data, const std
   return Status::Ok();
 }
 
+// A step holds its --grad-accum micro-batches on the host together (Trainer::step normalises by the
+// step's labelled tokens before the first backward): at most 16 bytes a padded token (ids,
+// positions, segments, targets) and a few vectors each, checked like one micro-batch above.
+Status check_step_batches(int32_t batch_size, int32_t grad_accum, const TrainingData& data) {
+  const int64_t longest = std::max<int64_t>(data.longest_row(), 1);
+  const double bytes = static_cast<double>(grad_accum) * (static_cast<double>(batch_size) * longest * 16.0 + 256.0);
+  const int64_t limit = host_memory_limit();
+  if (limit > 0 && bytes > static_cast<double>(limit))
+    return out_of_memory("--grad-accum " + std::to_string(grad_accum) + " micro-batches of " +
+                         std::to_string(batch_size) + " rows padded to " + std::to_string(longest) +
+                         " tokens, held together for a step, take about " +
+                         std::to_string(static_cast<int64_t>(bytes / (1 << 30))) + " GiB of host memory, more than " +
+                         "this machine's " + std::to_string(limit >> 30) + " GiB; lower --grad-accum");
+  return Status::Ok();
+}
+
 // The micro-batch of `rows` of `data`, targets by the objective.
 HostBatch batch_of(const TrainingData& data, const std::vector<int64_t>& rows, const Objective& objective) {
   std::vector<TrainExample> examples;
@@ -161,6 +177,7 @@ Result<RunResult> run_training(Backend& be, TrainModel& model, const RunOptions&
                             "multiple of the " + std::to_string(ranks) + " ranks, so that each reads an equal part");
   KILN_RETURN_IF_ERROR(check_micro_batch(o.batch_size, *data, "training"));
   if (val) KILN_RETURN_IF_ERROR(check_micro_batch(o.batch_size, *val, "validation"));
+  KILN_RETURN_IF_ERROR(check_step_batches(o.batch_size, o.grad_accum, *data));
 
   const int64_t per_step = static_cast<int64_t>(o.batch_size) * o.grad_accum;
   const int64_t steps = o.steps > 0 ? o.steps : (data->rows() + per_step - 1) / per_step;

@@ -186,6 +186,9 @@ TEST(CliTrain, BadInputFailsCleanly) {
   const std::string long_row = "{\"input_ids\": " + ids_json(std::vector<int32_t>(199, 5)) + "}\n";
   expect_clean_failure(train(long_row, " --steps 1 --batch-size 100000000"), "--batch-size");
   expect_clean_failure(train(long_row, " --steps 1 --batch-size 10000000"), "--batch-size");
+  // A step's micro-batches are held together: 2^31 - 1 of one row need about 7 TB (the process was
+  // killed by the OOM killer before this was checked).
+  expect_clean_failure(train(long_row, " --steps 1 --grad-accum 2147483647"), "--grad-accum");
   expect_clean_failure(run_kiln("train" + model + " --data " + tmp.sub("missing.jsonl") + out), "missing.jsonl");
   // An output path under a regular file cannot be created.
   const std::string blocker = tmp.file("blocker", "x");
