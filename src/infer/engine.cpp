@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <new>
 
 #include "infer/engine_internal.h"
@@ -125,7 +126,9 @@ Status Engine::init() {
   if (o.kv_memory > 0 && pages < 1)
     return invalid_argument("--kv-memory " + std::to_string(o.kv_memory) + " bytes holds less than one KV page (" +
                             std::to_string(per_page) + " bytes)");
-  if (pages > (int64_t(1) << 31) / o.page_size) return invalid_argument("the KV pool is too large (2^31 slots at most)");
+  // Slots are int32 row indices: at most 2^31 - 1 of them.
+  if (pages > INT32_MAX / o.page_size)
+    return invalid_argument("the KV pool is too large (2^31 - 1 slots at most); lower --kv-tokens or --kv-memory");
   ec.num_pages = static_cast<int32_t>(pages);  // 0: the executor sizes it from free memory
   ec.max_seq_len = static_cast<int32_t>(max_seq);
   KILN_ASSIGN_OR_RETURN(executor_, Executor::create(*model_, ec));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -159,7 +160,7 @@ Status Executor::init() {
       mem = be().memory_info();
       if (!mem.ok()) return mem.status();
       const int64_t budget = static_cast<int64_t>(static_cast<double>(mem->first) * config_.kv_memory_fraction);
-      config_.num_pages = static_cast<int32_t>(std::min<int64_t>(budget / per_page, (int64_t(1) << 31) / config_.page_size));
+      config_.num_pages = static_cast<int32_t>(std::min<int64_t>(budget / per_page, INT32_MAX / config_.page_size));
     } else {
       // Host memory: room for four full-length sequences, within 2 GiB (but at least 4096 tokens).
       const int64_t bpt = kv_bytes_per_token(model_);

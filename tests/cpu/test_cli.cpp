@@ -339,6 +339,8 @@ TEST(CliErrors, BadOrConflictingFlags) {
   // Sizes that cannot be allocated: an out-of-memory status naming the flag to change.
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens 1000000000"), "--max-step-tokens");
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --kv-tokens 2000000000"), "--kv-tokens");
+  // 2^31 - 1 tokens round up to 2^31 slots, one more than an int32 row index reaches.
+  expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --kv-tokens 2147483647"), "KV pool is too large");
   // kiln serve's numbers: refused before anything listens.
   const std::string serve = "serve --model " + testdata_dir() + "/tiny-llama --port 0 ";
   for (const char* t : {"nan", "-1", "0", "1e300"}) expect_clean_failure(run_kiln(serve + "--idle-timeout " + t), "--idle-timeout");
