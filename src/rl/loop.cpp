@@ -499,10 +499,15 @@ Status validate_rl_options(const RlOptions& o) {
   if (o.max_staleness < 0) return invalid_argument("--max-staleness must not be negative");
   if (!(o.temperature > 0.0f && std::isfinite(o.temperature)))
     return invalid_argument("--temperature must be > 0 (RL samples; the trainer's log-probabilities use it)");
-  if (!(o.grpo.clip_low >= 0 && o.grpo.clip_low < 1 && o.grpo.clip_high >= 0))
-    return invalid_argument("--clip-low must be within [0, 1) and --clip-high >= 0");
-  if (!(o.dpo_beta > 0)) return invalid_argument("--beta must be > 0");
+  if (!(o.grpo.clip_low >= 0 && o.grpo.clip_low < 1 && o.grpo.clip_high >= 0 && std::isfinite(o.grpo.clip_high)))
+    return invalid_argument("--clip-low must be within [0, 1) and --clip-high a finite value >= 0");
+  if (!(o.grpo.tis_cap >= 0 && std::isfinite(o.grpo.tis_cap)))
+    return invalid_argument("--tis-cap must be a finite value >= 0 (0: no importance weight)");
+  if (!(o.grpo.kl_coef >= 0 && std::isfinite(o.grpo.kl_coef)))
+    return invalid_argument("--kl-coef must be a finite value >= 0");
+  if (!(o.dpo_beta > 0 && std::isfinite(o.dpo_beta))) return invalid_argument("--beta must be a finite value > 0");
   if (o.save_every < 0) return invalid_argument("--save-every must not be negative");
+  if (o.keep_last < 0) return invalid_argument("--keep-last must not be negative (0: keep every checkpoint)");
   return Status::Ok();
 }
 

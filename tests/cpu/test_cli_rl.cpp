@@ -276,6 +276,12 @@ TEST(CliRl, BadConfigurationAndRewardsFailCleanly) {
   expect_clean_failure(run_kiln(base + " --reward.command \"exit 2\""), "reward");
   expect_clean_failure(run_kiln(base + " --mode sometimes"), "--mode");
   expect_clean_failure(run_kiln(base + " --temperature 0"), "--temperature");
+  // Loss coefficients out of range are refused before any rollout (a NaN --kl-coef used to fail only
+  // at the first optimizer step, a negative one and a NaN --tis-cap ran).
+  for (const char* flag : {"--kl-coef", "--tis-cap", "--clip-high"})
+    for (const char* v : {"-1", "nan", "inf"}) expect_clean_failure(run_kiln(base + " " + flag + " " + v), flag);
+  for (const char* v : {"nan", "inf"}) expect_clean_failure(run_kiln(base + " --beta " + v), "--beta");
+  expect_clean_failure(run_kiln(base + " --keep-last -1"), "--keep-last");
   tmp.file("broken.jsonl", "{\"prompt\": \"hi\"}\n{nope\n");
   expect_clean_failure(run_kiln("rl --model " + testdata_dir() + "/tiny-chat --prompts " + tmp.sub("broken.jsonl") +
                                 " --output " + tmp.sub("bad2")),
