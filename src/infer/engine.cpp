@@ -86,6 +86,9 @@ Status Engine::init() {
       o.max_step_tokens > 0 ? o.max_step_tokens
                             : std::max(o.max_running, cuda ? kAutoStepTokensCuda : kAutoStepTokensCpu);
   if (o.mixed_step_tokens < 1) return invalid_argument("--mixed-step-tokens must be positive");
+  // Scoring rows are logit rows of a step beside the running requests' (int32 row counts).
+  if (o.max_score_rows < 0 || o.max_score_rows > (int32_t(1) << 24))
+    return invalid_argument("--max-score-rows must be within [0, 2^24] (0: no prompt scoring)");
   if (o.page_size < 0 || o.page_size > 4096)
     return invalid_argument("--page-size must be within [1, 4096] (0: automatic)");
   if (o.kv_tokens < 0 || o.kv_memory < 0) return invalid_argument("--kv-tokens and --kv-memory must not be negative");

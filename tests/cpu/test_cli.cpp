@@ -336,6 +336,10 @@ TEST(CliErrors, BadOrConflictingFlags) {
     expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens " + n), "--max-step-tokens");
   for (const char* n : {"-1", "4097"}) expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --page-size " + n), "--page-size");
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-running 8 --max-step-tokens 4"), "--max-step-tokens");
+  for (const char* n : {"-1", "2147483647"})
+    expect_clean_failure(run_kiln("eval --task perplexity --model " + testdata_dir() + "/tiny-llama --data " +
+                                  testdata_dir() + "/eval/perplexity.jsonl --max-score-rows " + n),
+                         "--max-score-rows");
   // Sizes that cannot be allocated: an out-of-memory status naming the flag to change.
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --max-step-tokens 1000000000"), "--max-step-tokens");
   expect_clean_failure(run_kiln(gen + "--prompt-ids 1,2 --kv-tokens 2000000000"), "--kv-tokens");
