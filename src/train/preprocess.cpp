@@ -103,6 +103,9 @@ Result<PreprocessReport> preprocess(const PreprocessOptions& o, const DocumentMa
   if (o.inputs.empty()) return invalid_argument("--input: give at least one JSONL file");
   if (o.seq_len <= 1) return invalid_argument("--seq-len must be at least 2");
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0)) return invalid_argument("--val-fraction must be in [0, 1)");
+  // Each worker is a std::thread per piece of input: a count beyond any machine's cores would only
+  // fail to start them.
+  if (o.threads < 0 || o.threads > 1024) return invalid_argument("--threads must be within [0, 1024] (0: all cores)");
   if (o.shard_tokens < o.seq_len) return invalid_argument("--shard-tokens must be at least --seq-len");
   PreprocessProgress prog;
   nlohmann::ordered_json inputs = nlohmann::ordered_json::array();

@@ -165,6 +165,8 @@ TEST(CliPreprocess, BadFlagsAreClearErrors) {
   expect_error(run_kiln(base + " --input " + in + " --seq-len 64 --format csv"), "--format must be text or chat");
   expect_error(run_kiln(base + " --input " + in + " --seq-len 64 --val-fraction 1.5"), "--val-fraction");
   expect_error(run_kiln(base + " --input " + in + " --seq-len 64 --seed -1"), "--seed");
+  for (const char* n : {"-1", "2147483647"})
+    expect_error(run_kiln(base + " --input " + in + " --seq-len 64 --threads " + n), "--threads");
   expect_error(run_kiln(base + " --input " + tmp.file("bad.jsonl", "{\"txt\": \"x\"}\n") + " --seq-len 64"),
                "bad.jsonl:1: no \"text\" key");
   ASSERT_EQ(run_kiln(base + " --input " + in + " --seq-len 64").exit_code, 0);
