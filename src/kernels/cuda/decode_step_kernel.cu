@@ -1,0 +1,642 @@
+// One decode step of one request as a single persistent kernel (ops.h: decode_step_kernel_forward):
+// the embedding, every layer (RMSNorm, q/k/v with the rotation and the KV write, attention over the
+// paged cache, o with the residual add, RMSNorm, gate/up with SwiGLU, down with the residual add),
+// the final norm, the head into the logits and the greedy token.
+//
+// Why: a launch per op pays at each edge the grid's ramp and drain, the dependency wait and the
+// input's round trip; a plain GEMV chain with one launch per projection stays near 77% of an H100's
+// bandwidth (bench_gemv_floor), where kiln's one-row step already is. Here the weights stream across
+// the ops' dependencies (docs/perf-notes.md, twenty-fourth session; bench/bench_persistent_chain.cu
+// is the probe of the same structure).
+//
+// Grid: one block per SM, all resident (cooperative launch). Block: 12 consumer warps and a producer
+// warp. Every weight op (q/k/v, o, gate/up, down, the head) is cut in units of four weight rows (q/k/v:
+// two rotation pairs (i, i + D/2) of a head; gate/up: two outputs' gate and up rows), and each block
+// takes a contiguous range of every op's units. A unit's rows stream through a ring of kRingPages
+// shared-memory pages of 4 rows x 768 columns (6 KB), by 1-D bulk copies (TMA) completing on the
+// page's mbarrier: the producer warp walks the block's pages of every layer in order and waits only
+// for free pages, never for data, so the next ops' weights load while the consumers wait for the op
+// before. The consumers of a weight op: wait (acquire) until every block has counted the previous
+// step done, read the op's input vector into shared memory (normed where a norm comes first: f32
+// x * inv_rms * w rounded to bf16, as rmsnorm_forward), dot one 16-byte weight vector a thread a page
+// (row t / 96, columns 8 (t % 96)..), sum four units' rows at a time in a fixed order (shuffles, then
+// the row's three warps) and run the op's epilogue; then count the step done (release).
+// The attention: units (KV head, split) over the blocks; a split's keys go to the warps 32 at a time
+// (a lane a key for the scores of the G query heads, the lanes over the dims for P V), online softmax
+// in the log2 domain, the warps merged in shared memory into the split's (o, m, l); a merge step (a
+// unit a query head) combines the splits into the attention output (bf16-rounded, as the layered
+// path's). Deterministic: fixed unit ranges and summation orders, no float atomics.
+// The counters and the argmax word are zero between launches: the last block to finish (a ticket)
+// writes the greedy token and zeroes them, so a captured graph replays.
+//
+// Scope (decode_step_kernel_supported): bf16, no biases, no q/k norms, head_dim 64 or 128, at most
+// 8 query heads a KV head, hidden size, q width and intermediate size multiples of 768.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/attention_internal.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/fused_linear.cuh"
+#include "kernels/cuda/kernel_util.cuh"
+#include "kernels/cuda/mma_util.cuh"
+#include "kernels/paged_kv.h"
+
+namespace kiln::cuda {
+namespace {
+
+using T = __nv_bfloat16;
+using fused::argmax_key;
+using fused::argmax_token;
+
+constexpr int kPageRows = 4, kPageCols = 768, kPageElems = kPageRows * kPageCols;  // 6 KB pages
+constexpr int kThreadsPerRow = kPageCols / 8;                                     // 96
+constexpr int kConsumers = kPageRows * kThreadsPerRow;                            // 384: 12 warps
+constexpr int kConsumerWarps = kConsumers / 32;
+constexpr int kThreads = kConsumers + 32;  // and the producer warp
+constexpr int kRingPages = 24;             // 144 KB
+constexpr int kUnitBatch = 4;              // units whose rows are summed together (one barrier)
+constexpr int kMaxGroup = 8;               // query heads per KV head
+constexpr int kMaxLayers = 96;
+
+enum Step : int { kQkv, kAttn, kMerge, kO, kGateUp, kDown, kSteps };
+constexpr int kHead = kSteps;  // the head's op kind (after the last layer)
+
+struct Layer {
+  const T *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
+  T *k_cache, *v_cache;
+};
+
+// The kernel's parameters (by value: the layer table rides in the parameter space).
+struct Params {
+  Layer layers[kMaxLayers];
+  int L, H, Hq, Hkv, D, I, V, splits, xs_floats;
+  const T *embed, *final_norm, *head;
+  const int32_t *ids, *positions, *slots, *page_indptr, *page_indices, *last_page_len;
+  int32_t page_size;
+  const float* inv_freq;
+  float rope_scaling, eps, attn_scale;
+  float* x;        // [H] the residual stream
+  T* q;            // [Hq * D] rotated queries
+  T* attn;         // [Hq * D] attention output
+  T* act;          // [I] SwiGLU output
+  float* part;     // [splits][Hq][D] the splits' unnormalised outputs
+  float* part_ml;  // [splits][Hq][2] their (max, sum), log2 domain
+  float* logits;   // [V]
+  int32_t* token;  // the greedy token, or null
+  unsigned long long* best;  // the argmax word (zero between launches)
+  unsigned* counters;        // [L * kSteps + 1]: steps done (blocks), then the ticket
+};
+
+struct WeightOp {
+  const T* w;
+  int units, K, kind;
+};
+
+__device__ __forceinline__ WeightOp weight_op(const Params& a, int l, int step) {
+  if (l == a.L) return {a.head, (a.V + kPageRows - 1) / kPageRows, a.H, kHead};
+  const Layer& y = a.layers[l];
+  switch (step) {
+    case kQkv: return {y.qkv, (a.Hq + 2 * a.Hkv) * a.D / kPageRows, a.H, kQkv};
+    case kO: return {y.o, a.H / kPageRows, a.Hq * a.D, kO};
+    case kGateUp: return {y.gate_up, a.I / 2, a.H, kGateUp};
+    default: return {y.down, a.H / kPageRows, a.I, kDown};
+  }
+}
+__device__ __forceinline__ bool is_weight_step(int l, int L, int step) {
+  return l == L ? step == 0 : (step == kQkv || step == kO || step == kGateUp || step == kDown);
+}
+__device__ __forceinline__ int steps_of(int l, int L) { return l == L ? 1 : kSteps; }
+// The weight row of page row r of unit u (-1: past the head's rows).
+__device__ __forceinline__ int unit_row(const Params& a, int kind, int u, int r) {
+  switch (kind) {
+    case kQkv: {
+      const int p = 2 * u + r / 2, half = a.D / 2;
+      return (p / half) * a.D + p % half + (r & 1) * half;
+    }
+    case kGateUp: return r < 2 ? 2 * u + r : a.I + 2 * u + r - 2;
+    case kHead: return kPageRows * u + r < a.V ? kPageRows * u + r : -1;
+    default: return kPageRows * u + r;
+  }
+}
+__device__ __forceinline__ int unit_begin(int units, int b, int grid) {
+  return static_cast<int>(static_cast<int64_t>(units) * b / grid);
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// `bytes` (a multiple of 16) from global src to shared dst (16-byte aligned), completing on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
+
+__device__ __forceinline__ float dot8(const uint4& w, const float* x) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
+  const float2 w0 = __bfloat1622float2(p[0]), w1 = __bfloat1622float2(p[1]), w2 = __bfloat1622float2(p[2]),
+               w3 = __bfloat1622float2(p[3]);
+  float s = w0.x * a.x;
+  s = fmaf(w0.y, a.y, s);
+  s = fmaf(w1.x, a.z, s);
+  s = fmaf(w1.y, a.w, s);
+  s = fmaf(w2.x, b.x, s);
+  s = fmaf(w2.y, b.y, s);
+  s = fmaf(w3.x, b.z, s);
+  return fmaf(w3.y, b.w, s);
+}
+__device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// The sum of v over the consumer threads, the same on every one (red: kConsumerWarps floats).
+__device__ __forceinline__ float consumer_sum(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  consumer_sync();
+  float s = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) s += red[w];
+  consumer_sync();
+  return s;
+}
+
+// The op's input vector into xs (K floats). x-reading ops: RMSNorm by norm_w (layer 0's q/k/v reads
+// the token's embedding row, and its block writes its share of x).
+__device__ __forceinline__ void stage_input(const Params& a, int l, int kind, float* xs, float* red) {
+  const int tid = threadIdx.x;
+  if (kind == kO || kind == kDown) {
+    const T* src = kind == kO ? a.attn : a.act;
+    const int K = kind == kO ? a.Hq * a.D : a.I;
+    for (int i = tid * 8; i < K; i += kConsumers * 8) {
+      float v[8];
+      detail::unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(src + i)), v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) xs[i + e] = v[e];
+    }
+    consumer_sync();
+    return;
+  }
+  const T* norm_w = kind == kHead ? a.final_norm : kind == kQkv ? a.layers[l].input_norm : a.layers[l].post_norm;
+  const bool embed = kind == kQkv && l == 0;
+  const int b = blockIdx.x, H = a.H;
+  const int own0 = unit_begin(H, b, gridDim.x), own1 = unit_begin(H, b + 1, gridDim.x);
+  const T* erow = a.embed + static_cast<int64_t>(a.ids[0]) * H;
+  float ss = 0.0f;
+  for (int i = tid * 4; i < H; i += kConsumers * 4) {
+    float4 v;
+    if (embed) {
+      const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(erow + i);
+      const float2 e0 = __bfloat1622float2(e[0]), e1 = __bfloat1622float2(e[1]);
+      v = make_float4(e0.x, e0.y, e1.x, e1.y);
+#pragma unroll
+      for (int e2 = 0; e2 < 4; ++e2)
+        if (i + e2 >= own0 && i + e2 < own1) __stcg(a.x + i + e2, (&v.x)[e2]);
+    } else {
+      v = __ldcg(reinterpret_cast<const float4*>(a.x + i));
+    }
+    *reinterpret_cast<float4*>(xs + i) = v;
+    ss = fmaf(v.x, v.x, ss);
+    ss = fmaf(v.y, v.y, ss);
+    ss = fmaf(v.z, v.z, ss);
+    ss = fmaf(v.w, v.w, ss);
+  }
+  const float inv_rms = 1.0f / sqrtf(consumer_sum(ss, red) / static_cast<float>(H) + a.eps);
+  for (int i = tid; i < H; i += kConsumers)
+    xs[i] = bf16r(__fmul_rn(__fmul_rn(xs[i], inv_rms), __bfloat162float(norm_w[i])));
+  consumer_sync();
+}
+
+// The epilogue of page row pr of unit u, whose sum is v; v1 and v2: the sums of rows pr + 1 and pr + 2
+// (q/k/v: the rotation partner; gate/up: the up row). best: this thread's largest argmax_key of the
+// head's logits so far.
+__device__ __forceinline__ void epilogue(const Params& a, int l, int kind, int u, int pr, float v, float v1, float v2,
+                         unsigned long long& best) {
+  const int row = kPageRows * u + pr;
+  switch (kind) {
+    case kQkv: {  // rows pr, pr + 1 (pr even): dims i, i + D/2 of a head; as store_qkv_rope does
+      if (pr & 1) return;
+      const int half = a.D / 2, p = 2 * u + pr / 2, head = p / half, i = p % half;
+      const float x0 = bf16r(v), x1 = bf16r(v1);
+      const int slot = a.slots[0];
+      const Layer& y = a.layers[l];
+      if (head >= a.Hq + a.Hkv) {
+        if (slot < 0) return;
+        T* dst = y.v_cache + (static_cast<int64_t>(slot) * a.Hkv + (head - a.Hq - a.Hkv)) * a.D + i;
+        __stcg(dst, __float2bfloat16_rn(x0));
+        __stcg(dst + half, __float2bfloat16_rn(x1));
+        return;
+      }
+      const float2 cs =
+          detail::rope_cos_sin(static_cast<float>(a.positions[0]), a.inv_freq[i], a.rope_scaling);
+      const float2 r = detail::rope_rotate(x0, x1, cs);
+      T* dst;
+      if (head < a.Hq) {
+        dst = a.q + static_cast<int64_t>(head) * a.D + i;
+      } else {
+        if (slot < 0) return;
+        dst = y.k_cache + (static_cast<int64_t>(slot) * a.Hkv + (head - a.Hq)) * a.D + i;
+      }
+      __stcg(dst, __float2bfloat16_rn(r.x));
+      __stcg(dst + half, __float2bfloat16_rn(r.y));
+      return;
+    }
+    case kGateUp: {  // rows 0, 1: gate of outputs 2u, 2u + 1; rows 2, 3: their up rows
+      if (pr >= 2) return;
+      __stcg(a.act + 2 * u + pr, __float2bfloat16_rn(v / (1.0f + expf(-v)) * v2));
+      return;
+    }
+    case kHead:
+      if (row < a.V) {
+        __stcg(a.logits + row, v);
+        best = max(best, argmax_key(v, row));
+      }
+      return;
+    default:  // o, down: into the residual stream
+      __stcg(a.x + row, __ldcg(a.x + row) + v);
+  }
+}
+
+// One weight op's units [u0, u1) of this block: pages n.. of the ring.
+__device__ __forceinline__ void run_weight_op(const Params& a, int l, const WeightOp& op, int u0, int u1, const T* ring,
+                              uint64_t* full, uint64_t* empty, const float* xs, float (*red)[kUnitBatch][kConsumerWarps],
+                              uint32_t& n, uint32_t& batches, unsigned long long& best) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int r = tid / kThreadsPerRow, c = tid % kThreadsPerRow;
+  const int pages = op.K / kPageCols;
+  for (int u = u0; u < u1; u += kUnitBatch, ++batches) {
+    const int nb = min(kUnitBatch, u1 - u);
+    float acc[kUnitBatch];
+#pragma unroll
+    for (int j = 0; j < kUnitBatch; ++j) {
+      acc[j] = 0.0f;
+      if (j >= nb) continue;
+      for (int p = 0; p < pages; ++p, ++n) {
+        const int slot = static_cast<int>(n % kRingPages);
+        mbar_wait(&full[slot], (n / kRingPages) & 1);
+        const uint4 wv = *reinterpret_cast<const uint4*>(ring + slot * kPageElems + r * kPageCols + c * 8);
+        acc[j] += dot8(wv, xs + p * kPageCols + c * 8);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int j = 0; j < kUnitBatch; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+    float(*rb)[kConsumerWarps] = red[batches & 1];
+    if (lane == 0)
+#pragma unroll
+      for (int j = 0; j < kUnitBatch; ++j) rb[j][warp] = acc[j];
+    consumer_sync();
+    if (tid < kPageRows * nb) {  // page row pr of unit u + j: the sum of its three warps
+      const int j = tid / kPageRows, pr = tid % kPageRows;
+      auto row_sum = [&](int q) { return q < kPageRows ? (rb[j][3 * q] + rb[j][3 * q + 1]) + rb[j][3 * q + 2] : 0.0f; };
+      epilogue(a, l, op.kind, u + j, pr, row_sum(pr), row_sum(pr + 1), row_sum(pr + 2), best);
+    }
+  }
+}
+
+// The attention of layer l for unit u (KV head, split): the split's keys of the request against the
+// G query heads of the KV head, into part / part_ml. sm: the staging area (G*D q, then the warps'
+// states).
+template <int D>
+__device__ __forceinline__ void run_attention(const Params& a, int l, int u, float* sm) {
+  constexpr int DL = D / 32;  // dims a lane holds in P V
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int G = a.Hq / a.Hkv, kvh = u / a.splits, split = u % a.splits;
+  const int kv_len = paged_kv_len(a.page_indptr, a.last_page_len, a.page_size, 0);
+  const int first = a.page_indptr[0];
+  const int chunk = ((kv_len + a.splits - 1) / a.splits + 31) / 32 * 32;
+  const int k0 = split * chunk, k1 = min(kv_len, k0 + chunk);
+  const Layer& y = a.layers[l];
+  float* qs = sm;                                   // [G][D], times scale * log2 e
+  float* wm = qs + G * D;                           // [warps][G]
+  float* wl = wm + kConsumerWarps * kMaxGroup;      // [warps][G]
+  float* wo = wl + kConsumerWarps * kMaxGroup;      // [warps][G][D]
+  const float qscale = a.attn_scale * 1.4426950408889634f;
+  for (int i = tid; i < G * D; i += kConsumers)
+    qs[i] = __bfloat162float(__ldcg(a.q + static_cast<int64_t>(kvh) * G * D + i)) * qscale;
+  consumer_sync();
+
+  float m[kMaxGroup], lsum[kMaxGroup], o[kMaxGroup][DL];
+#pragma unroll
+  for (int h = 0; h < kMaxGroup; ++h) {
+    m[h] = -INFINITY;
+    lsum[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < DL; ++e) o[h][e] = 0.0f;
+  }
+  const int64_t stride = static_cast<int64_t>(a.Hkv) * D;
+  for (int base = k0 + warp * 32; base < k1; base += kConsumerWarps * 32) {
+    const int key = base + lane;
+    const bool valid = key < k1;
+    const int64_t row = valid ? paged_kv_slot(a.page_indices, first, a.page_size, key) : 0;
+    // Scores: this lane's key against the G heads.
+    float s[kMaxGroup];
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) s[h] = 0.0f;
+    const T* kp = y.k_cache + row * stride + kvh * D;
+#pragma unroll
+    for (int half = 0; half < D / 64; ++half) {
+      uint4 kv[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) kv[c] = valid ? __ldcg(reinterpret_cast<const uint4*>(kp + half * 64 + c * 8)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h)
+        if (h < G)
+#pragma unroll
+          for (int c = 0; c < 8; ++c) s[h] += dot8(kv[c], qs + h * D + half * 64 + c * 8);
+    }
+    float p[kMaxGroup];
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h >= G) continue;
+      float mx = valid ? s[h] : -INFINITY;
+#pragma unroll
+      for (int o2 = 16; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+      const float m_new = fmaxf(m[h], mx);  // finite: lane 0's key is valid
+      const float alpha = fast_exp2(m[h] - m_new);
+      p[h] = valid ? fast_exp2(s[h] - m_new) : 0.0f;
+      lsum[h] = lsum[h] * alpha + p[h];
+#pragma unroll
+      for (int e = 0; e < DL; ++e) o[h][e] *= alpha;
+      m[h] = m_new;
+    }
+    // P V: the lanes over the dims (lane holds dims DL * lane ..), the round's keys one by one.
+    const int n_keys = min(32, k1 - base);
+    for (int j = 0; j < n_keys; ++j) {
+      const int64_t rj = __shfl_sync(0xffffffffu, row, j);
+      const T* vp = y.v_cache + rj * stride + kvh * D + DL * lane;
+      float v[DL];
+      if constexpr (DL == 2) {
+        const float2 f = __bfloat1622float2(__ldcg(reinterpret_cast<const __nv_bfloat162*>(vp)));
+        v[0] = f.x, v[1] = f.y;
+      } else {
+        const uint2 w = __ldcg(reinterpret_cast<const uint2*>(vp));
+        const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
+        const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
+        v[0] = f0.x, v[1] = f0.y, v[2] = f1.x, v[3] = f1.y;
+      }
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) {
+        if (h >= G) continue;
+        const float pj = __shfl_sync(0xffffffffu, p[h], j);
+#pragma unroll
+        for (int e = 0; e < DL; ++e) o[h][e] = fmaf(pj, v[e], o[h][e]);
+      }
+    }
+  }
+  // The warps' states, then the split's: M = max over the warps, sums rescaled to it.
+#pragma unroll
+  for (int h = 0; h < kMaxGroup; ++h) {
+    if (h >= G) continue;
+    float ls = lsum[h];
+#pragma unroll
+    for (int o2 = 16; o2 > 0; o2 >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o2);
+    if (lane == 0) wm[warp * kMaxGroup + h] = m[h], wl[warp * kMaxGroup + h] = ls;
+#pragma unroll
+    for (int e = 0; e < DL; ++e) wo[(warp * kMaxGroup + h) * D + DL * lane + e] = o[h][e];
+  }
+  consumer_sync();
+  for (int i = tid; i < G * D; i += kConsumers) {
+    const int h = i / D, d = i % D;
+    float M = -INFINITY;
+    for (int w = 0; w < kConsumerWarps; ++w) M = fmaxf(M, wm[w * kMaxGroup + h]);
+    float acc = 0.0f, L = 0.0f;
+    if (M != -INFINITY)
+      for (int w = 0; w < kConsumerWarps; ++w) {
+        const float mw = wm[w * kMaxGroup + h];
+        if (mw == -INFINITY) continue;
+        const float f = fast_exp2(mw - M);
+        acc = fmaf(wo[(w * kMaxGroup + h) * D + d], f, acc);
+        L = fmaf(wl[w * kMaxGroup + h], f, L);
+      }
+    const int64_t hq = static_cast<int64_t>(split) * a.Hq + kvh * G + h;
+    __stcg(a.part + hq * D + d, acc);
+    if (d == 0) {
+      __stcg(a.part_ml + 2 * hq, M);
+      __stcg(a.part_ml + 2 * hq + 1, L);
+    }
+  }
+  consumer_sync();
+}
+
+// The merge of the splits of query head hd into the attention output (bf16), dims over the threads.
+__device__ __forceinline__ void run_merge(const Params& a, int hd) {
+  for (int d = threadIdx.x; d < a.D; d += kConsumers) {
+    float M = -INFINITY;
+    for (int s = 0; s < a.splits; ++s) M = fmaxf(M, __ldcg(a.part_ml + 2 * (static_cast<int64_t>(s) * a.Hq + hd)));
+    float acc = 0.0f, L = 0.0f;
+    for (int s = 0; s < a.splits; ++s) {
+      const int64_t hq = static_cast<int64_t>(s) * a.Hq + hd;
+      const float ms = __ldcg(a.part_ml + 2 * hq);
+      if (ms == -INFINITY) continue;
+      const float f = fast_exp2(ms - M);
+      acc = fmaf(__ldcg(a.part + hq * a.D + d), f, acc);
+      L = fmaf(__ldcg(a.part_ml + 2 * hq + 1), f, L);
+    }
+    __stcg(a.attn + static_cast<int64_t>(hd) * a.D + d, __float2bfloat16_rn(L > 0.0f ? acc / L : 0.0f));
+  }
+}
+
+template <int D>
+__global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Params a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* ring = reinterpret_cast<T*>(smem);                               // [kRingPages][4][768]
+  float* xs = reinterpret_cast<float*>(smem + kRingPages * kPageElems * 2);  // [xs_floats]
+  __shared__ uint64_t full[kRingPages], empty[kRingPages];
+  __shared__ float red[2][kUnitBatch][kConsumerWarps];
+  __shared__ float sum_red[kConsumerWarps];
+  __shared__ unsigned long long block_best[kConsumerWarps];
+  const int tid = threadIdx.x, b = blockIdx.x, grid = gridDim.x;
+  if (tid == 0) {
+    for (int i = 0; i < kRingPages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (tid >= kConsumers) {  // the producer warp: every weight page of this block, in order
+    const int lane = tid - kConsumers;
+    uint32_t n = 0;
+    for (int l = 0; l <= a.L; ++l)
+      for (int step = 0; step < steps_of(l, a.L); ++step) {
+        if (!is_weight_step(l, a.L, step)) continue;
+        const WeightOp op = weight_op(a, l, step);
+        const int pages = op.K / kPageCols;
+        const int u1 = unit_begin(op.units, b + 1, grid);
+        for (int u = unit_begin(op.units, b, grid); u < u1; ++u) {
+          const int rows = op.kind == kHead ? min(kPageRows, a.V - kPageRows * u) : kPageRows;
+          for (int p = 0; p < pages; ++p, ++n) {
+            const int slot = static_cast<int>(n % kRingPages);
+            if (n >= static_cast<uint32_t>(kRingPages)) mbar_wait(&empty[slot], ((n / kRingPages) - 1) & 1);
+            if (lane == 0) mbar_arrive_expect_tx(&full[slot], rows * kPageCols * 2);
+            __syncwarp();
+            if (lane < rows) {
+              const int64_t row = unit_row(a, op.kind, u, lane);
+              bulk_copy(ring + slot * kPageElems + lane * kPageCols, op.w + row * op.K + p * kPageCols,
+                        kPageCols * 2, &full[slot]);
+            }
+          }
+        }
+      }
+    return;
+  }
+
+  uint32_t n = 0, batches = 0;
+  unsigned long long best = 0;
+  int prev = -1;  // the counter of the step before
+  for (int l = 0; l <= a.L; ++l)
+    for (int step = 0; step < steps_of(l, a.L); ++step) {
+      if (tid == 0 && prev >= 0)
+        while (load_acquire(a.counters + prev) < static_cast<unsigned>(grid)) {
+        }
+      prev = l * kSteps + step;
+      consumer_sync();
+      if (is_weight_step(l, a.L, step)) {
+        const WeightOp op = weight_op(a, l, step);
+        stage_input(a, l, op.kind, xs, sum_red);
+        run_weight_op(a, l, op, unit_begin(op.units, b, grid), unit_begin(op.units, b + 1, grid), ring, full, empty,
+                      xs, red, n, batches, best);
+      } else if (step == kAttn) {
+        const int units = a.Hkv * a.splits;
+        for (int u = unit_begin(units, b, grid); u < unit_begin(units, b + 1, grid); ++u) run_attention<D>(a, l, u, xs);
+      } else {
+        for (int h = unit_begin(a.Hq, b, grid); h < unit_begin(a.Hq, b + 1, grid); ++h) run_merge(a, h);
+      }
+      consumer_sync();  // every output of the step stored by this block
+      if (tid == 0 && l < a.L) {
+        __threadfence();
+        atomicAdd(a.counters + prev, 1u);
+      }
+    }
+
+  // The greedy token: the block's largest key, then the last block to arrive decodes the largest of
+  // all and leaves the counters and the word zero for the next launch.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+  if (tid % 32 == 0) block_best[tid / 32] = best;
+  consumer_sync();
+  if (tid == 0) {
+    for (int w = 0; w < kConsumerWarps; ++w) best = max(best, block_best[w]);
+    atomicMax(a.best, best);
+    __threadfence();
+    unsigned* ticket = a.counters + a.L * kSteps;
+    if (atomicAdd(ticket, 1u) == static_cast<unsigned>(grid) - 1) {
+      __threadfence();
+      const unsigned long long key = atomicExch(a.best, 0ull);
+      if (a.token) *a.token = argmax_token(key);
+      for (int i = 0; i <= a.L * kSteps; ++i) a.counters[i] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Staging floats: the widest input vector, or the attention's q, warp states and outputs.
+int64_t staging_floats(int64_t H, int64_t Hq, int64_t D, int64_t I) {
+  const int64_t attention = kMaxGroup * D + 2 * kConsumerWarps * kMaxGroup + kConsumerWarps * kMaxGroup * D;
+  return std::max({H, Hq * D, I, attention});
+}
+int64_t smem_bytes(int64_t H, int64_t Hq, int64_t D, int64_t I) {
+  return static_cast<int64_t>(kRingPages) * kPageElems * 2 + staging_floats(H, Hq, D, I) * 4;
+}
+
+}  // namespace
+
+bool decode_step_kernel_supported(CudaBackend& be, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
+                                  int64_t num_layers, DType dtype) {
+  if (dtype != DType::bf16 || !attention_device_has_wgmma(be)) return false;  // sm_90 (bulk copies)
+  if (D != 64 && D != 128) return false;
+  if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > kMaxGroup) return false;
+  if (H % kPageCols != 0 || (Hq * D) % kPageCols != 0 || I % kPageCols != 0) return false;
+  if (((Hq + 2 * Hkv) * D) % kPageRows != 0 || num_layers <= 0 || num_layers > kMaxLayers) return false;
+  int optin = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, be.device().index));
+  return smem_bytes(H, Hq, D, I) + 4096 <= optin;  // + the static shared memory
+}
+
+void decode_step_kernel_forward(CudaBackend& be, const ops::DecodeStepArgs& in) {
+  const int L = in.num_layers;
+  const ops::DecodeStepLayer& l0 = in.layers[0];
+  const int64_t H = l0.qkv_proj.size(1), D = l0.k_cache.size(2), Hkv = l0.k_cache.size(1);
+  const int64_t Hq = l0.o_proj.size(1) / D, I = l0.down_proj.size(1), V = in.head.size(0);
+  KILN_ASSERT(decode_step_kernel_supported(be, H, Hq, Hkv, D, I, L, l0.qkv_proj.dtype));
+  KILN_ASSERT(in.sync.numel() >= ops::kDecodeStepSyncWords(L) && in.logits.numel() == V && V < (int64_t(1) << 31));
+  KILN_ASSERT(in.x.numel() == H && in.q.numel() == Hq * D && in.attn.numel() == Hq * D && in.act.numel() == I);
+  Params a{};
+  for (int l = 0; l < L; ++l) {
+    const ops::DecodeStepLayer& y = in.layers[l];
+    a.layers[l] = Layer{y.input_norm.ptr<const T>(), y.qkv_proj.ptr<const T>(),     y.o_proj.ptr<const T>(),
+                        y.post_norm.ptr<const T>(),  y.gate_up_proj.ptr<const T>(), y.down_proj.ptr<const T>(),
+                        y.k_cache.ptr<T>(),          y.v_cache.ptr<T>()};
+  }
+  const int grid = be.multiprocessor_count();
+  // Splits per KV head: a unit a block where the bound's keys allow (32 keys a split at least).
+  const int splits = static_cast<int>(std::clamp<int64_t>(grid / Hkv, 1, std::max(1, (in.max_kv_len + 31) / 32)));
+  a.L = L, a.H = static_cast<int>(H), a.Hq = static_cast<int>(Hq), a.Hkv = static_cast<int>(Hkv);
+  a.D = static_cast<int>(D), a.I = static_cast<int>(I), a.V = static_cast<int>(V), a.splits = splits;
+  a.xs_floats = static_cast<int>(staging_floats(H, Hq, D, I));
+  a.embed = in.embed.ptr<const T>(), a.final_norm = in.final_norm.ptr<const T>(), a.head = in.head.ptr<const T>();
+  a.ids = in.ids.ptr<const int32_t>(), a.positions = in.positions.ptr<const int32_t>();
+  a.slots = in.slots.ptr<const int32_t>();
+  a.page_indptr = in.kv.page_indptr.ptr<const int32_t>(), a.page_indices = in.kv.page_indices.ptr<const int32_t>();
+  a.last_page_len = in.kv.last_page_len.ptr<const int32_t>(), a.page_size = in.kv.page_size;
+  a.inv_freq = in.inv_freq.ptr<const float>(), a.rope_scaling = in.rope_scaling, a.eps = in.eps;
+  a.attn_scale = in.attn_scale;
+  a.x = in.x.ptr<float>(), a.q = in.q.ptr<T>(), a.attn = in.attn.ptr<T>(), a.act = in.act.ptr<T>();
+  float* scratch = static_cast<float*>(be.scratch(static_cast<int64_t>(splits) * Hq * (D + 2) * 4));
+  a.part = scratch, a.part_ml = scratch + static_cast<int64_t>(splits) * Hq * D;
+  a.logits = in.logits.ptr<float>();
+  a.token = in.token.data ? in.token.ptr<int32_t>() : nullptr;
+  a.best = reinterpret_cast<unsigned long long*>(in.sync.data);  // words 0-1 (8-byte aligned)
+  a.counters = reinterpret_cast<unsigned*>(in.sync.ptr<int32_t>() + 2);
+  KILN_ASSERT(reinterpret_cast<uintptr_t>(in.sync.data) % 8 == 0);
+
+  auto kernel = D == 64 ? decode_step_kernel<64> : decode_step_kernel<128>;
+  const int smem = static_cast<int>(smem_bytes(H, Hq, D, I));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = static_cast<cudaStream_t>(be.stream());
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // every block resident: they wait on each other
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+}
+
+}  // namespace kiln::cuda
