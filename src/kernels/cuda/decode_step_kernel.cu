@@ -39,6 +39,7 @@
 #include "kernels/cuda/attention_internal.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/fused_linear.cuh"
+#include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/mma_util.cuh"
 #include "kernels/paged_kv.h"
@@ -49,6 +50,12 @@ namespace {
 using T = __nv_bfloat16;
 using fused::argmax_key;
 using fused::argmax_token;
+using hopper::bulk_load_1d;
+using hopper::load_acquire_gpu;
+using hopper::mbar_arrive;
+using hopper::mbar_arrive_expect_tx;
+using hopper::mbar_init;
+using hopper::mbar_wait;
 
 constexpr int kPageRows = 4, kPageCols = 768, kPageElems = kPageRows * kPageCols;  // 6 KB pages
 constexpr int kThreadsPerRow = kPageCols / 8;                                     // 96
@@ -124,37 +131,6 @@ __device__ __forceinline__ int unit_begin(int units, int b, int grid) {
   return static_cast<int>(static_cast<int64_t>(units) * b / grid);
 }
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// `bytes` (a multiple of 16) from global src to shared dst (16-byte aligned), completing on bar.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
 
 __device__ __forceinline__ float dot8(const uint4& w, const float* x) {
@@ -480,7 +456,7 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], kConsumerWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    hopper::mbar_fence_init();
   }
   __syncthreads();
 
@@ -502,7 +478,7 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
             __syncwarp();
             if (lane < rows) {
               const int64_t row = unit_row(a, op.kind, u, lane);
-              bulk_copy(ring + slot * kPageElems + lane * kPageCols, op.w + row * op.K + p * kPageCols,
+              bulk_load_1d(ring + slot * kPageElems + lane * kPageCols, op.w + row * op.K + p * kPageCols,
                         kPageCols * 2, &full[slot]);
             }
           }
@@ -517,7 +493,7 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
   for (int l = 0; l <= a.L; ++l)
     for (int step = 0; step < steps_of(l, a.L); ++step) {
       if (tid == 0 && prev >= 0)
-        while (load_acquire(a.counters + prev) < static_cast<unsigned>(grid)) {
+        while (load_acquire_gpu(a.counters + prev) < static_cast<unsigned>(grid)) {
         }
       prev = l * kSteps + step;
       consumer_sync();

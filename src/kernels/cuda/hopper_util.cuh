@@ -1,7 +1,8 @@
 // Hopper (sm_90a) device helpers shared by kiln's wgmma kernels (attention, training attention,
-// the streaming linear layers): shared-memory descriptors and the wgmma fences, wgmma with both
-// operands in shared memory (bf16, f32 accumulators), mbarriers, TMA tile loads completing on an
-// mbarrier, and the programmatic-dependent-launch controls. Header-only device code; no state.
+// the streaming linear layers, the decode-step kernel): shared-memory descriptors and the wgmma
+// fences, wgmma with both operands in shared memory (bf16, f32 accumulators), mbarriers, TMA tile and
+// 1-D loads completing on an mbarrier, a device-scope acquire load, and the programmatic-dependent-
+// launch controls. Header-only device code; no state.
 //
 // Shared-memory tiles are rows of 64 bf16 (128 bytes) written by TMA with the 128-byte swizzle:
 // the canonical wgmma SW128 K-major layout, 1024-byte atoms of 8 rows. A descriptor for k step kk
@@ -123,6 +124,23 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
           smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
       : "memory");
+}
+
+// TMA, one dimension: `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned),
+// completing `bar`'s transactions.
+__device__ __forceinline__ void bulk_load_1d(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+// A device-scope acquire load: what the thread reads after it happens after the writes that a
+// release (a fence and an atomic of another block) ordered before the value it sees.
+__device__ __forceinline__ unsigned load_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
 // Warp-specialised kernels: the register budget of the executing warpgroup raised or lowered to N
