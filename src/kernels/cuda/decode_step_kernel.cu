@@ -571,8 +571,12 @@ void decode_step_kernel_forward(CudaBackend& be, const ops::DecodeStepArgs& in) 
   KILN_ASSERT(in.sync.numel() >= ops::kDecodeStepSyncWords(L) && in.logits.numel() == V && V < (int64_t(1) << 31));
   KILN_ASSERT(in.x.numel() == H && in.q.numel() == Hq * D && in.attn.numel() == Hq * D && in.act.numel() == I);
   Params a{};
+  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  KILN_ASSERT(aligned(in.head) && aligned(in.embed) && aligned(in.act) && aligned(in.attn) && aligned(in.x));
   for (int l = 0; l < L; ++l) {
     const ops::DecodeStepLayer& y = in.layers[l];
+    // The bulk copies read 16-byte aligned rows.
+    KILN_ASSERT(aligned(y.qkv_proj) && aligned(y.o_proj) && aligned(y.gate_up_proj) && aligned(y.down_proj));
     a.layers[l] = Layer{y.input_norm.ptr<const T>(), y.qkv_proj.ptr<const T>(),     y.o_proj.ptr<const T>(),
                         y.post_norm.ptr<const T>(),  y.gate_up_proj.ptr<const T>(), y.down_proj.ptr<const T>(),
                         y.k_cache.ptr<T>(),          y.v_cache.ptr<T>()};
