@@ -1,6 +1,7 @@
 // The single decode-step kernel (ops::decode_step_kernel_forward, on with KILN_DECODE_STEP_KERNEL=1)
 // against the CPU twin of the layered forward, on random models of the shapes it takes (head_dim 64
-// and 128, query groups of 3, 6 and 8 heads, a vocabulary that is not a multiple of its 4-row units),
+// and 128, query groups of 2 to 8 heads, widths that take 4-row and 6-row pages, vocabularies and
+// widths that leave a partial last unit),
 // one request at contexts of 1 to 2500 tokens on pages in random order (16-row pages) and on 128-row
 // pages: the logits, the new keys and values of every layer, and the greedy token (the first index
 // of the largest logit). Repeated and replayed from a CUDA graph it gives the same bits (its counters
@@ -155,6 +156,15 @@ TEST(DecodeStepKernelGpu, HeadDim128GroupOf6) {
 }
 TEST(DecodeStepKernelGpu, HeadDim64GroupOf8) {
   check_case({"d64 g8", 1536, 24, 3, 64, 3072, 777, 2});
+}
+// Widths that are multiples of 512 but not 768 (llama-1b's 2048): pages of 6 rows x 512 columns,
+// units of three rotation pairs or three gate/up outputs, the last unit of o, gate/up, down and the
+// head partial.
+TEST(DecodeStepKernelGpu, SixRowPagesHeadDim64GroupOf4) {
+  check_case({"d64 g4 512-wide", 1024, 16, 4, 64, 2560, 1001, 2});
+}
+TEST(DecodeStepKernelGpu, SixRowPagesHeadDim128GroupOf2) {
+  check_case({"d128 g2 512-wide", 2048, 16, 8, 128, 5632, 3001, 2});
 }
 // Models it does not take run the layered forward.
 TEST(DecodeStepKernelGpu, OtherModelsKeepTheLayeredForward) {

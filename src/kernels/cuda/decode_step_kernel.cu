@@ -10,17 +10,18 @@
 // is the probe of the same structure).
 //
 // Grid: one block per SM, all resident (cooperative launch). Block: 12 consumer warps and a producer
-// warp. Every weight op (q/k/v, o, gate/up, down, the head) is cut in units of four weight rows (q/k/v:
-// two rotation pairs (i, i + D/2) of a head; gate/up: two outputs' gate and up rows), and each block
-// takes a contiguous range of every op's units. A unit's rows stream through a ring of kRingPages
-// shared-memory pages of 4 rows x 768 columns (6 KB), by 1-D bulk copies (TMA) completing on the
+// warp. Every weight op (q/k/v, o, gate/up, down, the head) is cut in units of a page's R weight rows
+// (q/k/v: R / 2 rotation pairs (i, i + D/2) of a head; gate/up: R / 2 outputs' gate and up rows), and
+// each block takes a contiguous range of every op's units. A unit's rows stream through a ring of
+// kRingPages shared-memory pages of 4 rows x 768 or 6 rows x 512 columns (6 KB; Pages), by 1-D bulk
+// copies (TMA) completing on the
 // page's mbarrier: the producer warp walks the block's pages of every layer in order and waits only
 // for free pages, never for data, so the next ops' weights load while the consumers wait for the op
 // before. The consumers of a weight op: wait (acquire) until every block has counted the previous
 // step done, read the op's input vector into shared memory (normed where a norm comes first: f32
-// x * inv_rms * w rounded to bf16, as rmsnorm_forward), dot one 16-byte weight vector a thread a page
-// (row t / 96, columns 8 (t % 96)..), sum four units' rows at a time in a fixed order (shuffles, then
-// the row's three warps) and run the op's epilogue; then count the step done (release).
+// x * inv_rms * w rounded to bf16, as rmsnorm_forward), dot one 16-byte weight vector a thread a page,
+// sum four units' rows at a time in a fixed order (shuffles, then the row's warps) and run the op's
+// epilogue; then count the step done (release).
 // The attention: units (KV head, split) over the blocks; a split's keys go to the warps 32 at a time
 // (a lane a key for the scores of the G query heads, the lanes over the dims for P V), online softmax
 // in the log2 domain, the warps merged in shared memory into the split's (o, m, l); a merge step (a
@@ -30,7 +31,8 @@
 // writes the greedy token and zeroes them, so a captured graph replays.
 //
 // Scope (decode_step_kernel_supported): bf16, no biases, no q/k norms, head_dim 64 or 128, at most
-// 8 query heads a KV head, hidden size, q width and intermediate size multiples of 768.
+// 8 query heads a KV head, hidden size, q width and intermediate size multiples of 768 (pages of 4
+// rows) or 512 (pages of 6 rows).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -57,10 +59,18 @@ using hopper::mbar_arrive_expect_tx;
 using hopper::mbar_init;
 using hopper::mbar_wait;
 
-constexpr int kPageRows = 4, kPageCols = 768, kPageElems = kPageRows * kPageCols;  // 6 KB pages
-constexpr int kThreadsPerRow = kPageCols / 8;                                     // 96
-constexpr int kConsumers = kPageRows * kThreadsPerRow;                            // 384: 12 warps
+constexpr int kConsumers = 384;  // 12 consumer warps
 constexpr int kConsumerWarps = kConsumers / 32;
+constexpr int kPageElems = 3072;  // 6 KB pages
+// A page: kRows weight rows of kCols columns, one 16-byte vector a consumer thread (row t /
+// kThreadsPerRow, columns 8 (t % kThreadsPerRow)..). 768 columns (4 rows) where every width is a
+// multiple of 768 (astrai-1b), else 512 (6 rows: llama-1b).
+template <int PC>
+struct Pages {
+  static constexpr int kCols = PC, kThreadsPerRow = PC / 8, kRows = kConsumers / kThreadsPerRow;
+  static constexpr int kWarpsPerRow = kThreadsPerRow / 32;
+  static_assert(kRows * kCols == kPageElems && kThreadsPerRow % 32 == 0 && kRows % 2 == 0, "page shape");
+};
 constexpr int kThreads = kConsumers + 32;  // and the producer warp
 constexpr int kRingPages = 24;             // 144 KB
 constexpr int kUnitBatch = 4;              // units whose rows are summed together (one barrier)
@@ -101,30 +111,43 @@ struct WeightOp {
   int units, K, kind;
 };
 
+// An op's weights, units and reduction length. A unit is one page's rows: q/k/v, R / 2 rotation pairs
+// (i, i + D/2) of a head; gate/up, R / 2 outputs' gate rows, then their up rows; else R rows. The
+// last unit may be partial (unit_row says which rows exist).
+template <class Pg>
 __device__ __forceinline__ WeightOp weight_op(const Params& a, int l, int step) {
-  if (l == a.L) return {a.head, (a.V + kPageRows - 1) / kPageRows, a.H, kHead};
+  constexpr int R = Pg::kRows;
+  auto units = [](int n, int per) { return (n + per - 1) / per; };
+  if (l == a.L) return {a.head, units(a.V, R), a.H, kHead};
   const Layer& y = a.layers[l];
   switch (step) {
-    case kQkv: return {y.qkv, (a.Hq + 2 * a.Hkv) * a.D / kPageRows, a.H, kQkv};
-    case kO: return {y.o, a.H / kPageRows, a.Hq * a.D, kO};
-    case kGateUp: return {y.gate_up, a.I / 2, a.H, kGateUp};
-    default: return {y.down, a.H / kPageRows, a.I, kDown};
+    case kQkv: return {y.qkv, units((a.Hq + 2 * a.Hkv) * a.D / 2, R / 2), a.H, kQkv};
+    case kO: return {y.o, units(a.H, R), a.Hq * a.D, kO};
+    case kGateUp: return {y.gate_up, units(a.I, R / 2), a.H, kGateUp};
+    default: return {y.down, units(a.H, R), a.I, kDown};
   }
 }
 __device__ __forceinline__ bool is_weight_step(int l, int L, int step) {
   return l == L ? step == 0 : (step == kQkv || step == kO || step == kGateUp || step == kDown);
 }
 __device__ __forceinline__ int steps_of(int l, int L) { return l == L ? 1 : kSteps; }
-// The weight row of page row r of unit u (-1: past the head's rows).
+// The weight row of page row r of unit u (-1: none, past the op's rows).
+template <class Pg>
 __device__ __forceinline__ int unit_row(const Params& a, int kind, int u, int r) {
+  constexpr int R = Pg::kRows, P = R / 2;
   switch (kind) {
     case kQkv: {
-      const int p = 2 * u + r / 2, half = a.D / 2;
-      return (p / half) * a.D + p % half + (r & 1) * half;
+      const int p = P * u + r / 2, half = a.D / 2;
+      return p < (a.Hq + 2 * a.Hkv) * half ? (p / half) * a.D + p % half + (r & 1) * half : -1;
     }
-    case kGateUp: return r < 2 ? 2 * u + r : a.I + 2 * u + r - 2;
-    case kHead: return kPageRows * u + r < a.V ? kPageRows * u + r : -1;
-    default: return kPageRows * u + r;
+    case kGateUp: {
+      const int o = P * u + r % P;
+      return o < a.I ? (r < P ? o : a.I + o) : -1;
+    }
+    default: {
+      const int row = R * u + r;
+      return row < (kind == kHead ? a.V : a.H) ? row : -1;
+    }
   }
 }
 __device__ __forceinline__ int unit_begin(int units, int b, int grid) {
@@ -208,16 +231,18 @@ __device__ __forceinline__ void stage_input(const Params& a, int l, int kind, fl
   consumer_sync();
 }
 
-// The epilogue of page row pr of unit u, whose sum is v; v1 and v2: the sums of rows pr + 1 and pr + 2
-// (q/k/v: the rotation partner; gate/up: the up row). best: this thread's largest argmax_key of the
-// head's logits so far.
+// The epilogue of page row pr of unit u (a row that exists: unit_row >= 0), whose sum is v; v1 and
+// v2: the sums of rows pr + 1 and pr + R / 2 (q/k/v: the rotation partner; gate/up: the up row). best:
+// this thread's largest argmax_key of the head's logits so far.
+template <class Pg>
 __device__ __forceinline__ void epilogue(const Params& a, int l, int kind, int u, int pr, float v, float v1, float v2,
-                         unsigned long long& best) {
-  const int row = kPageRows * u + pr;
+                                         unsigned long long& best) {
+  constexpr int R = Pg::kRows, P = R / 2;
+  const int row = R * u + pr;
   switch (kind) {
     case kQkv: {  // rows pr, pr + 1 (pr even): dims i, i + D/2 of a head; as store_qkv_rope does
       if (pr & 1) return;
-      const int half = a.D / 2, p = 2 * u + pr / 2, head = p / half, i = p % half;
+      const int half = a.D / 2, p = P * u + pr / 2, head = p / half, i = p % half;
       const float x0 = bf16r(v), x1 = bf16r(v1);
       const int slot = a.slots[0];
       const Layer& y = a.layers[l];
@@ -242,16 +267,14 @@ __device__ __forceinline__ void epilogue(const Params& a, int l, int kind, int u
       __stcg(dst + half, __float2bfloat16_rn(r.y));
       return;
     }
-    case kGateUp: {  // rows 0, 1: gate of outputs 2u, 2u + 1; rows 2, 3: their up rows
-      if (pr >= 2) return;
-      __stcg(a.act + 2 * u + pr, __float2bfloat16_rn(v / (1.0f + expf(-v)) * v2));
+    case kGateUp: {  // rows 0 .. P - 1: gate rows of outputs P u ..; rows P ..: their up rows
+      if (pr >= P) return;
+      __stcg(a.act + P * u + pr, __float2bfloat16_rn(v / (1.0f + expf(-v)) * v2));
       return;
     }
     case kHead:
-      if (row < a.V) {
-        __stcg(a.logits + row, v);
-        best = max(best, argmax_key(v, row));
-      }
+      __stcg(a.logits + row, v);
+      best = max(best, argmax_key(v, row));
       return;
     default:  // o, down: into the residual stream
       __stcg(a.x + row, __ldcg(a.x + row) + v);
@@ -259,12 +282,14 @@ __device__ __forceinline__ void epilogue(const Params& a, int l, int kind, int u
 }
 
 // One weight op's units [u0, u1) of this block: pages n.. of the ring.
+template <class Pg>
 __device__ __forceinline__ void run_weight_op(const Params& a, int l, const WeightOp& op, int u0, int u1, const T* ring,
                               uint64_t* full, uint64_t* empty, const float* xs, float (*red)[kUnitBatch][kConsumerWarps],
                               uint32_t& n, uint32_t& batches, unsigned long long& best) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int r = tid / kThreadsPerRow, c = tid % kThreadsPerRow;
-  const int pages = op.K / kPageCols;
+  constexpr int R = Pg::kRows, W = Pg::kWarpsPerRow;
+  const int r = tid / Pg::kThreadsPerRow, c = tid % Pg::kThreadsPerRow;
+  const int pages = op.K / Pg::kCols;
   for (int u = u0; u < u1; u += kUnitBatch, ++batches) {
     const int nb = min(kUnitBatch, u1 - u);
     float acc[kUnitBatch];
@@ -275,8 +300,8 @@ __device__ __forceinline__ void run_weight_op(const Params& a, int l, const Weig
       for (int p = 0; p < pages; ++p, ++n) {
         const int slot = static_cast<int>(n % kRingPages);
         mbar_wait(&full[slot], (n / kRingPages) & 1);
-        const uint4 wv = *reinterpret_cast<const uint4*>(ring + slot * kPageElems + r * kPageCols + c * 8);
-        acc[j] += dot8(wv, xs + p * kPageCols + c * 8);
+        const uint4 wv = *reinterpret_cast<const uint4*>(ring + slot * kPageElems + r * Pg::kCols + c * 8);
+        acc[j] += dot8(wv, xs + p * Pg::kCols + c * 8);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);
       }
@@ -290,10 +315,17 @@ __device__ __forceinline__ void run_weight_op(const Params& a, int l, const Weig
 #pragma unroll
       for (int j = 0; j < kUnitBatch; ++j) rb[j][warp] = acc[j];
     consumer_sync();
-    if (tid < kPageRows * nb) {  // page row pr of unit u + j: the sum of its three warps
-      const int j = tid / kPageRows, pr = tid % kPageRows;
-      auto row_sum = [&](int q) { return q < kPageRows ? (rb[j][3 * q] + rb[j][3 * q + 1]) + rb[j][3 * q + 2] : 0.0f; };
-      epilogue(a, l, op.kind, u + j, pr, row_sum(pr), row_sum(pr + 1), row_sum(pr + 2), best);
+    if (tid < R * nb) {  // page row pr of unit u + j: the sum of its warps, in order
+      const int j = tid / R, pr = tid % R;
+      auto row_sum = [&](int q) {
+        float v = 0.0f;
+        if (q < R)
+#pragma unroll
+          for (int w = 0; w < W; ++w) v += rb[j][W * q + w];
+        return v;
+      };
+      if (unit_row<Pg>(a, op.kind, u + j, pr) >= 0)
+        epilogue<Pg>(a, l, op.kind, u + j, pr, row_sum(pr), row_sum(pr + 1), row_sum(pr + R / 2), best);
     }
   }
 }
@@ -441,8 +473,9 @@ __device__ __forceinline__ void run_merge(const Params& a, int hd) {
   }
 }
 
-template <int D>
+template <int D, int PC>
 __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Params a) {
+  using Pg = Pages<PC>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ring = reinterpret_cast<T*>(smem);                               // [kRingPages][4][768]
   float* xs = reinterpret_cast<float*>(smem + kRingPages * kPageElems * 2);  // [xs_floats]
@@ -466,21 +499,20 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
     for (int l = 0; l <= a.L; ++l)
       for (int step = 0; step < steps_of(l, a.L); ++step) {
         if (!is_weight_step(l, a.L, step)) continue;
-        const WeightOp op = weight_op(a, l, step);
-        const int pages = op.K / kPageCols;
+        const WeightOp op = weight_op<Pg>(a, l, step);
+        const int pages = op.K / Pg::kCols;
         const int u1 = unit_begin(op.units, b + 1, grid);
         for (int u = unit_begin(op.units, b, grid); u < u1; ++u) {
-          const int rows = op.kind == kHead ? min(kPageRows, a.V - kPageRows * u) : kPageRows;
+          const int64_t row = lane < Pg::kRows ? unit_row<Pg>(a, op.kind, u, lane) : -1;  // this lane's row
+          const int rows = __popc(__ballot_sync(0xffffffffu, row >= 0));
           for (int p = 0; p < pages; ++p, ++n) {
             const int slot = static_cast<int>(n % kRingPages);
             if (n >= static_cast<uint32_t>(kRingPages)) mbar_wait(&empty[slot], ((n / kRingPages) - 1) & 1);
-            if (lane == 0) mbar_arrive_expect_tx(&full[slot], rows * kPageCols * 2);
+            if (lane == 0) mbar_arrive_expect_tx(&full[slot], rows * Pg::kCols * 2);
             __syncwarp();
-            if (lane < rows) {
-              const int64_t row = unit_row(a, op.kind, u, lane);
-              bulk_load_1d(ring + slot * kPageElems + lane * kPageCols, op.w + row * op.K + p * kPageCols,
-                        kPageCols * 2, &full[slot]);
-            }
+            if (row >= 0)
+              bulk_load_1d(ring + slot * kPageElems + lane * Pg::kCols, op.w + row * op.K + p * Pg::kCols,
+                           Pg::kCols * 2, &full[slot]);
           }
         }
       }
@@ -498,9 +530,9 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
       prev = l * kSteps + step;
       consumer_sync();
       if (is_weight_step(l, a.L, step)) {
-        const WeightOp op = weight_op(a, l, step);
+        const WeightOp op = weight_op<Pg>(a, l, step);
         stage_input(a, l, op.kind, xs, sum_red);
-        run_weight_op(a, l, op, unit_begin(op.units, b, grid), unit_begin(op.units, b + 1, grid), ring, full, empty,
+        run_weight_op<Pg>(a, l, op, unit_begin(op.units, b, grid), unit_begin(op.units, b + 1, grid), ring, full, empty,
                       xs, red, n, batches, best);
       } else if (step == kAttn) {
         const int units = a.Hkv * a.splits;
@@ -547,6 +579,12 @@ int64_t staging_floats(int64_t H, int64_t Hq, int64_t D, int64_t I) {
 int64_t smem_bytes(int64_t H, int64_t Hq, int64_t D, int64_t I) {
   return static_cast<int64_t>(kRingPages) * kPageElems * 2 + staging_floats(H, Hq, D, I) * 4;
 }
+// The page width every reduction length (H, Hq * D, I) is a multiple of: 768, else 512; 0: neither.
+int page_cols(int64_t H, int64_t HqD, int64_t I) {
+  for (int pc : {768, 512})
+    if (H % pc == 0 && HqD % pc == 0 && I % pc == 0) return pc;
+  return 0;
+}
 
 }  // namespace
 
@@ -555,8 +593,7 @@ bool decode_step_kernel_supported(CudaBackend& be, int64_t H, int64_t Hq, int64_
   if (dtype != DType::bf16 || !attention_device_has_wgmma(be)) return false;  // sm_90 (bulk copies)
   if (D != 64 && D != 128) return false;
   if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > kMaxGroup) return false;
-  if (H % kPageCols != 0 || (Hq * D) % kPageCols != 0 || I % kPageCols != 0) return false;
-  if (((Hq + 2 * Hkv) * D) % kPageRows != 0 || num_layers <= 0 || num_layers > kMaxLayers) return false;
+  if (page_cols(H, Hq * D, I) == 0 || num_layers <= 0 || num_layers > kMaxLayers) return false;
   int optin = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, be.device().index));
   return smem_bytes(H, Hq, D, I) + 4096 <= optin;  // + the static shared memory
@@ -603,7 +640,9 @@ void decode_step_kernel_forward(CudaBackend& be, const ops::DecodeStepArgs& in) 
   a.counters = reinterpret_cast<unsigned*>(in.sync.ptr<int32_t>() + 2);
   KILN_ASSERT(reinterpret_cast<uintptr_t>(in.sync.data) % 8 == 0);
 
-  auto kernel = D == 64 ? decode_step_kernel<64> : decode_step_kernel<128>;
+  const int pc = page_cols(H, Hq * D, I);
+  auto kernel = D == 64 ? (pc == 768 ? decode_step_kernel<64, 768> : decode_step_kernel<64, 512>)
+                        : (pc == 768 ? decode_step_kernel<128, 768> : decode_step_kernel<128, 512>);
   const int smem = static_cast<int>(smem_bytes(H, Hq, D, I));
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg = {};
