@@ -477,7 +477,7 @@ template <int D, int PC>
 __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Params a) {
   using Pg = Pages<PC>;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* ring = reinterpret_cast<T*>(smem);                               // [kRingPages][4][768]
+  T* ring = reinterpret_cast<T*>(smem);                                      // [kRingPages][kPageElems]
   float* xs = reinterpret_cast<float*>(smem + kRingPages * kPageElems * 2);  // [xs_floats]
   __shared__ uint64_t full[kRingPages], empty[kRingPages];
   __shared__ float red[2][kUnitBatch][kConsumerWarps];
