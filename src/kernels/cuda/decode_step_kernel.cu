@@ -13,7 +13,8 @@
 // warp. Every weight op (q/k/v, o, gate/up, down, the head) is cut in units of a page's R weight rows
 // (q/k/v: R / 2 rotation pairs (i, i + D/2) of a head; gate/up: R / 2 outputs' gate and up rows), and
 // each block takes a contiguous range of every op's units. A unit's rows stream through a ring of
-// kRingPages shared-memory pages of 4 rows x 768 or 6 rows x 512 columns (6 KB; Pages), by 1-D bulk
+// shared-memory pages of 4 rows x 768 or 6 rows x 512 columns (6 KB; Pages; as many as the shared
+// memory holds beside the staging area, up to kMaxRingPages), by 1-D bulk
 // copies (TMA) completing on the
 // page's mbarrier: the producer warp walks the block's pages of every layer in order and waits only
 // for free pages, never for data, so the next ops' weights load while the consumers wait for the op
@@ -72,7 +73,7 @@ struct Pages {
   static_assert(kRows * kCols == kPageElems && kThreadsPerRow % 32 == 0 && kRows % 2 == 0, "page shape");
 };
 constexpr int kThreads = kConsumers + 32;  // and the producer warp
-constexpr int kRingPages = 24;             // 144 KB
+constexpr int kMaxRingPages = 36;          // 216 KB
 constexpr int kUnitBatch = 4;              // units whose rows are summed together (one barrier)
 constexpr int kMaxGroup = 8;               // query heads per KV head
 constexpr int kMaxLayers = 96;
@@ -88,7 +89,7 @@ struct Layer {
 // The kernel's parameters (by value: the layer table rides in the parameter space).
 struct Params {
   Layer layers[kMaxLayers];
-  int L, H, Hq, Hkv, D, I, V, splits, xs_floats;
+  int L, H, Hq, Hkv, D, I, V, splits, xs_floats, ring_pages;
   const T *embed, *final_norm, *head;
   const int32_t *ids, *positions, *slots, *page_indptr, *page_indices, *last_page_len;
   int32_t page_size;
@@ -109,6 +110,15 @@ struct Params {
 struct WeightOp {
   const T* w;
   int units, K, kind;
+};
+
+// A position in the ring: the slot of the next page and the parity of its use (its fill count & 1).
+struct RingPos {
+  int slot = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance(int pages) {
+    if (++slot == pages) slot = 0, phase ^= 1u;
+  }
 };
 
 // An op's weights, units and reduction length. A unit is one page's rows: q/k/v, R / 2 rotation pairs
@@ -285,7 +295,7 @@ __device__ __forceinline__ void epilogue(const Params& a, int l, int kind, int u
 template <class Pg>
 __device__ __forceinline__ void run_weight_op(const Params& a, int l, const WeightOp& op, int u0, int u1, const T* ring,
                               uint64_t* full, uint64_t* empty, const float* xs, float (*red)[kUnitBatch][kConsumerWarps],
-                              uint32_t& n, uint32_t& batches, unsigned long long& best) {
+                              RingPos& pos, uint32_t& batches, unsigned long long& best) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   constexpr int R = Pg::kRows, W = Pg::kWarpsPerRow;
   const int r = tid / Pg::kThreadsPerRow, c = tid % Pg::kThreadsPerRow;
@@ -297,13 +307,12 @@ __device__ __forceinline__ void run_weight_op(const Params& a, int l, const Weig
     for (int j = 0; j < kUnitBatch; ++j) {
       acc[j] = 0.0f;
       if (j >= nb) continue;
-      for (int p = 0; p < pages; ++p, ++n) {
-        const int slot = static_cast<int>(n % kRingPages);
-        mbar_wait(&full[slot], (n / kRingPages) & 1);
-        const uint4 wv = *reinterpret_cast<const uint4*>(ring + slot * kPageElems + r * Pg::kCols + c * 8);
+      for (int p = 0; p < pages; ++p, pos.advance(a.ring_pages)) {
+        mbar_wait(&full[pos.slot], pos.phase);
+        const uint4 wv = *reinterpret_cast<const uint4*>(ring + pos.slot * kPageElems + r * Pg::kCols + c * 8);
         acc[j] += dot8(wv, xs + p * Pg::kCols + c * 8);
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[slot]);
+        if (lane == 0) mbar_arrive(&empty[pos.slot]);
       }
     }
 #pragma unroll
@@ -477,15 +486,15 @@ template <int D, int PC>
 __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Params a) {
   using Pg = Pages<PC>;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* ring = reinterpret_cast<T*>(smem);                                      // [kRingPages][kPageElems]
-  float* xs = reinterpret_cast<float*>(smem + kRingPages * kPageElems * 2);  // [xs_floats]
-  __shared__ uint64_t full[kRingPages], empty[kRingPages];
+  T* ring = reinterpret_cast<T*>(smem);                                         // [ring_pages][kPageElems]
+  float* xs = reinterpret_cast<float*>(smem + a.ring_pages * kPageElems * 2);  // [xs_floats]
+  __shared__ uint64_t full[kMaxRingPages], empty[kMaxRingPages];
   __shared__ float red[2][kUnitBatch][kConsumerWarps];
   __shared__ float sum_red[kConsumerWarps];
   __shared__ unsigned long long block_best[kConsumerWarps];
   const int tid = threadIdx.x, b = blockIdx.x, grid = gridDim.x;
   if (tid == 0) {
-    for (int i = 0; i < kRingPages; ++i) {
+    for (int i = 0; i < a.ring_pages; ++i) {
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], kConsumerWarps);
     }
@@ -495,7 +504,8 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
 
   if (tid >= kConsumers) {  // the producer warp: every weight page of this block, in order
     const int lane = tid - kConsumers;
-    uint32_t n = 0;
+    RingPos pos;
+    bool refill = false;  // the ring has gone round once: a slot is free only once its page is read
     for (int l = 0; l <= a.L; ++l)
       for (int step = 0; step < steps_of(l, a.L); ++step) {
         if (!is_weight_step(l, a.L, step)) continue;
@@ -505,21 +515,23 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
         for (int u = unit_begin(op.units, b, grid); u < u1; ++u) {
           const int64_t row = lane < Pg::kRows ? unit_row<Pg>(a, op.kind, u, lane) : -1;  // this lane's row
           const int rows = __popc(__ballot_sync(0xffffffffu, row >= 0));
-          for (int p = 0; p < pages; ++p, ++n) {
-            const int slot = static_cast<int>(n % kRingPages);
-            if (n >= static_cast<uint32_t>(kRingPages)) mbar_wait(&empty[slot], ((n / kRingPages) - 1) & 1);
-            if (lane == 0) mbar_arrive_expect_tx(&full[slot], rows * Pg::kCols * 2);
+          for (int p = 0; p < pages; ++p) {
+            if (refill) mbar_wait(&empty[pos.slot], pos.phase ^ 1u);  // the previous use's reads
+            if (lane == 0) mbar_arrive_expect_tx(&full[pos.slot], rows * Pg::kCols * 2);
             __syncwarp();
             if (row >= 0)
-              bulk_load_1d(ring + slot * kPageElems + lane * Pg::kCols, op.w + row * op.K + p * Pg::kCols,
-                           Pg::kCols * 2, &full[slot]);
+              bulk_load_1d(ring + pos.slot * kPageElems + lane * Pg::kCols, op.w + row * op.K + p * Pg::kCols,
+                           Pg::kCols * 2, &full[pos.slot]);
+            pos.advance(a.ring_pages);
+            refill = refill || pos.slot == 0;
           }
         }
       }
     return;
   }
 
-  uint32_t n = 0, batches = 0;
+  RingPos pos;
+  uint32_t batches = 0;
   unsigned long long best = 0;
   int prev = -1;  // the counter of the step before
   for (int l = 0; l <= a.L; ++l)
@@ -533,7 +545,7 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
         const WeightOp op = weight_op<Pg>(a, l, step);
         stage_input(a, l, op.kind, xs, sum_red);
         run_weight_op<Pg>(a, l, op, unit_begin(op.units, b, grid), unit_begin(op.units, b + 1, grid), ring, full, empty,
-                      xs, red, n, batches, best);
+                      xs, red, pos, batches, best);
       } else if (step == kAttn) {
         const int units = a.Hkv * a.splits;
         for (int u = unit_begin(units, b, grid); u < unit_begin(units, b + 1, grid); ++u) run_attention<D>(a, l, u, xs);
@@ -576,8 +588,21 @@ int64_t staging_floats(int64_t H, int64_t Hq, int64_t D, int64_t I) {
   const int64_t attention = kMaxGroup * D + 2 * kConsumerWarps * kMaxGroup + kConsumerWarps * kMaxGroup * D;
   return std::max({H, Hq * D, I, attention});
 }
-int64_t smem_bytes(int64_t H, int64_t Hq, int64_t D, int64_t I) {
-  return static_cast<int64_t>(kRingPages) * kPageElems * 2 + staging_floats(H, Hq, D, I) * 4;
+// The static shared memory (barriers, sums) beside the dynamic ring and staging area, rounded up.
+constexpr int64_t kStaticSmem = 2048;
+// Ring pages: as many as fit beside the staging area in `optin` bytes (at most kMaxRingPages; at
+// least 8, else the kernel does not take the model).
+int ring_pages(int64_t optin, int64_t H, int64_t Hq, int64_t D, int64_t I) {
+  const int64_t room = (optin - kStaticSmem - staging_floats(H, Hq, D, I) * 4) / (kPageElems * 2);
+  return static_cast<int>(std::clamp<int64_t>(room, 0, kMaxRingPages));
+}
+int64_t smem_bytes(int ring, int64_t H, int64_t Hq, int64_t D, int64_t I) {
+  return static_cast<int64_t>(ring) * kPageElems * 2 + staging_floats(H, Hq, D, I) * 4;
+}
+int optin_smem(CudaBackend& be) {
+  int optin = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, be.device().index));
+  return optin;
 }
 // The page width every reduction length (H, Hq * D, I) is a multiple of: 768, else 512; 0: neither.
 int page_cols(int64_t H, int64_t HqD, int64_t I) {
@@ -594,9 +619,7 @@ bool decode_step_kernel_supported(CudaBackend& be, int64_t H, int64_t Hq, int64_
   if (D != 64 && D != 128) return false;
   if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > kMaxGroup) return false;
   if (page_cols(H, Hq * D, I) == 0 || num_layers <= 0 || num_layers > kMaxLayers) return false;
-  int optin = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, be.device().index));
-  return smem_bytes(H, Hq, D, I) + 4096 <= optin;  // + the static shared memory
+  return ring_pages(optin_smem(be), H, Hq, D, I) >= 8;
 }
 
 void decode_step_kernel_forward(CudaBackend& be, const ops::DecodeStepArgs& in) {
@@ -624,6 +647,7 @@ void decode_step_kernel_forward(CudaBackend& be, const ops::DecodeStepArgs& in) 
   a.L = L, a.H = static_cast<int>(H), a.Hq = static_cast<int>(Hq), a.Hkv = static_cast<int>(Hkv);
   a.D = static_cast<int>(D), a.I = static_cast<int>(I), a.V = static_cast<int>(V), a.splits = splits;
   a.xs_floats = static_cast<int>(staging_floats(H, Hq, D, I));
+  a.ring_pages = ring_pages(optin_smem(be), H, Hq, D, I);
   a.embed = in.embed.ptr<const T>(), a.final_norm = in.final_norm.ptr<const T>(), a.head = in.head.ptr<const T>();
   a.ids = in.ids.ptr<const int32_t>(), a.positions = in.positions.ptr<const int32_t>();
   a.slots = in.slots.ptr<const int32_t>();
@@ -643,7 +667,7 @@ void decode_step_kernel_forward(CudaBackend& be, const ops::DecodeStepArgs& in) 
   const int pc = page_cols(H, Hq * D, I);
   auto kernel = D == 64 ? (pc == 768 ? decode_step_kernel<64, 768> : decode_step_kernel<64, 512>)
                         : (pc == 768 ? decode_step_kernel<128, 768> : decode_step_kernel<128, 512>);
-  const int smem = static_cast<int>(smem_bytes(H, Hq, D, I));
+  const int smem = static_cast<int>(smem_bytes(a.ring_pages, H, Hq, D, I));
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
