@@ -126,8 +126,13 @@ struct DecodeStepArgs {
   Tensor x, q, attn, act;                    // workspace: [H] f32, [Hq * D], [Hq * D], [I] bf16
   Tensor logits, token;                      // [V] f32; [1] i32 or absent
   Tensor sync;                               // kDecodeStepSyncWords(num_layers) i32
+  // Optional, for profiling: i64 [blocks, 6 * num_layers + 1, 2], per block and step (the layers'
+  // six, then the head) the device time (ns, %globaltimer) its wait for the step before ended and
+  // its part of the step ended (blocks: the SM count).
+  Tensor trace;
 };
 constexpr int64_t kDecodeStepSyncWords(int64_t num_layers) { return 2 + 6 * num_layers + 1; }
+constexpr int64_t kDecodeStepTraceBlocks = 512;
 bool decode_step_kernel_supported(Backend& be, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
                                   int64_t num_layers, DType dtype);
 void decode_step_kernel_forward(Backend& be, const DecodeStepArgs& a);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "model/safetensors.h"
@@ -145,6 +146,11 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
     KILN_ASSIGN_OR_RETURN(ws.decode_step_sync,
                           empty(backend_, {ops::kDecodeStepSyncWords(c.num_hidden_layers)}, DType::i32));
     backend_.zero(ws.decode_step_sync.view());
+    const char* trace = std::getenv("KILN_DECODE_STEP_TRACE");
+    if (trace && std::string(trace) == "1") {
+      const int64_t words = ops::kDecodeStepTraceBlocks * (6 * c.num_hidden_layers + 1) * 2;
+      KILN_ASSIGN_OR_RETURN(ws.decode_step_trace, empty(backend_, {words}, DType::i64));
+    }
   }
   return ws;
 }

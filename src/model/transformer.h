@@ -91,6 +91,9 @@ struct ForwardWorkspace {
   // ops::decode_step_kernel_forward's counters (kDecodeStepSyncWords i32, zero between steps), where
   // the model runs one-request decode steps on it (Transformer::uses_decode_step_kernel).
   TensorBuffer decode_step_sync;
+  // With KILN_DECODE_STEP_TRACE=1 as well: its per-block step times (ops::DecodeStepArgs::trace, for
+  // up to kDecodeStepTraceBlocks blocks), for profiling.
+  TensorBuffer decode_step_trace;
 };
 
 struct ModelLoadOptions {

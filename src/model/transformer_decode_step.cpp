@@ -53,6 +53,7 @@ Tensor Transformer::forward_decode_step(const ForwardBatch& batch, KVCache& cach
   a.logits = logits.view({c.vocab_size});
   if (batch.greedy_tokens.data) a.token = batch.greedy_tokens;
   a.sync = ws.decode_step_sync.view();
+  if (ws.decode_step_trace.allocated()) a.trace = ws.decode_step_trace.view();
   ops::decode_step_kernel_forward(backend_, a);
   return logits;
 }

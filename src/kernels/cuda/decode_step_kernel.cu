@@ -314,6 +314,8 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
         while (load_acquire_gpu(a.counters + prev) < static_cast<unsigned>(grid)) {
         }
       prev = l * kSteps + step;
+      unsigned long long* trace = a.trace ? a.trace + 2 * (static_cast<int64_t>(b) * (a.L * kSteps + 1) + prev) : nullptr;
+      if (trace && tid == 0) trace[0] = global_ns();
       consumer_sync();
       if (is_weight_step(l, a.L, step)) {
         const WeightOp op = weight_op<Pg>(a, l, step);
@@ -327,6 +329,7 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
         for (int h = unit_begin(a.Hq, b, grid); h < unit_begin(a.Hq, b + 1, grid); ++h) run_merge(a, h);
       }
       consumer_sync();  // every output of the step stored by this block
+      if (trace && tid == 0) trace[1] = global_ns();
       if (tid == 0 && l < a.L) {
         __threadfence();
         atomicAdd(a.counters + prev, 1u);
@@ -434,6 +437,11 @@ void decode_step_kernel_forward(CudaBackend& be, const ops::DecodeStepArgs& in) 
   a.part = scratch, a.part_ml = scratch + static_cast<int64_t>(splits) * Hq * D;
   a.logits = in.logits.ptr<float>();
   a.token = in.token.data ? in.token.ptr<int32_t>() : nullptr;
+  a.trace = nullptr;
+  if (in.trace.data) {
+    KILN_ASSERT(in.trace.numel() >= static_cast<int64_t>(grid) * (6 * L + 1) * 2 && in.trace.dtype == DType::i64);
+    a.trace = reinterpret_cast<unsigned long long*>(in.trace.data);
+  }
   a.best = reinterpret_cast<unsigned long long*>(in.sync.data);  // words 0-1 (8-byte aligned)
   a.counters = reinterpret_cast<unsigned*>(in.sync.ptr<int32_t>() + 2);
   KILN_ASSERT(reinterpret_cast<uintptr_t>(in.sync.data) % 8 == 0);

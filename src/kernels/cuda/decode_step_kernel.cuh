@@ -62,7 +62,14 @@ struct Params {
   int32_t* token;  // the greedy token, or null
   unsigned long long* best;  // the argmax word (zero between launches)
   unsigned* counters;        // [L * kSteps + 1]: steps done (blocks), then the ticket
+  unsigned long long* trace; // null, or [grid][L * kSteps + 1][2] (ops.h: DecodeStepArgs::trace)
 };
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
+  return t;
+}
 
 __device__ __forceinline__ int unit_begin(int units, int b, int grid) {
   return static_cast<int>(static_cast<int64_t>(units) * b / grid);
