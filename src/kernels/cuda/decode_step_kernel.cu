@@ -119,6 +119,7 @@ __device__ __forceinline__ void stage_input(const Params& a, int l, int kind, fl
   if (kind == kO || kind == kDown) {
     const T* src = kind == kO ? a.attn : a.act;
     const int K = kind == kO ? a.Hq * a.D : a.I;
+#pragma unroll 3  // the loads of a thread's vectors issued together (K = I: up to three a thread)
     for (int i = tid * 8; i < K; i += kConsumers * 8) {
       float v[8];
       detail::unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(src + i)), v);
@@ -133,28 +134,50 @@ __device__ __forceinline__ void stage_input(const Params& a, int l, int kind, fl
   const int b = blockIdx.x, H = a.H;
   const int own0 = unit_begin(H, b, gridDim.x), own1 = unit_begin(H, b + 1, gridDim.x);
   const T* erow = a.embed + static_cast<int64_t>(a.ids[0]) * H;
+  // Thread tid's elements: 4 at tid * 4 + i * kConsumers * 4 (i < kNormChunks), with their norm
+  // weights, all loaded before the sum of squares so that no load waits behind another.
+  float4 xv[kNormChunks];
+  uint2 wv[kNormChunks];  // four bf16 norm weights
   float ss = 0.0f;
-  for (int i = tid * 4; i < H; i += kConsumers * 4) {
-    float4 v;
+#pragma unroll
+  for (int c = 0; c < kNormChunks; ++c) {
+    const int i = (tid + c * kConsumers) * 4;
+    if (i >= H) break;
     if (embed) {
-      const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(erow + i);
-      const float2 e0 = __bfloat1622float2(e[0]), e1 = __bfloat1622float2(e[1]);
-      v = make_float4(e0.x, e0.y, e1.x, e1.y);
+      const uint2 e = *reinterpret_cast<const uint2*>(erow + i);
+      const float2 e0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&e.x));
+      const float2 e1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&e.y));
+      xv[c] = make_float4(e0.x, e0.y, e1.x, e1.y);
+    } else {
+      xv[c] = __ldcg(reinterpret_cast<const float4*>(a.x + i));
+    }
+    wv[c] = *reinterpret_cast<const uint2*>(norm_w + i);
+  }
+#pragma unroll
+  for (int c = 0; c < kNormChunks; ++c) {
+    const int i = (tid + c * kConsumers) * 4;
+    if (i >= H) break;
+    const float4 v = xv[c];
+    if (embed)
 #pragma unroll
       for (int e2 = 0; e2 < 4; ++e2)
         if (i + e2 >= own0 && i + e2 < own1) __stcg(a.x + i + e2, (&v.x)[e2]);
-    } else {
-      v = __ldcg(reinterpret_cast<const float4*>(a.x + i));
-    }
-    *reinterpret_cast<float4*>(xs + i) = v;
     ss = fmaf(v.x, v.x, ss);
     ss = fmaf(v.y, v.y, ss);
     ss = fmaf(v.z, v.z, ss);
     ss = fmaf(v.w, v.w, ss);
   }
   const float inv_rms = 1.0f / sqrtf(consumer_sum(ss, red) / static_cast<float>(H) + a.eps);
-  for (int i = tid; i < H; i += kConsumers)
-    xs[i] = bf16r(__fmul_rn(__fmul_rn(xs[i], inv_rms), __bfloat162float(norm_w[i])));
+  auto normed = [&](float x, float w) { return bf16r(__fmul_rn(__fmul_rn(x, inv_rms), w)); };
+#pragma unroll
+  for (int c = 0; c < kNormChunks; ++c) {
+    const int i = (tid + c * kConsumers) * 4;
+    if (i >= H) break;
+    const float2 w0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wv[c].x));
+    const float2 w1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wv[c].y));
+    *reinterpret_cast<float4*>(xs + i) =
+        make_float4(normed(xv[c].x, w0.x), normed(xv[c].y, w0.y), normed(xv[c].z, w1.x), normed(xv[c].w, w1.y));
+  }
   consumer_sync();
 }
 
@@ -326,7 +349,7 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
         const int units = a.Hkv * a.splits;
         for (int u = unit_begin(units, b, grid); u < unit_begin(units, b + 1, grid); ++u) run_attention<D>(a, l, u, xs);
       } else {
-        for (int h = unit_begin(a.Hq, b, grid); h < unit_begin(a.Hq, b + 1, grid); ++h) run_merge(a, h);
+        for (int h = unit_begin(a.Hq, b, grid); h < unit_begin(a.Hq, b + 1, grid); ++h) run_merge(a, h, xs);
       }
       consumer_sync();  // every output of the step stored by this block
       if (trace && tid == 0) trace[1] = global_ns();
@@ -396,6 +419,7 @@ bool decode_step_kernel_supported(CudaBackend& be, int64_t H, int64_t Hq, int64_
   if (D != 64 && D != 128) return false;
   if (Hkv <= 0 || Hq % Hkv != 0 || Hq / Hkv > kMaxGroup) return false;
   if (page_cols(H, Hq * D, I) == 0 || num_layers <= 0 || num_layers > kMaxLayers) return false;
+  if (H > kNormChunks * 4 * kConsumers) return false;
   return ring_pages(optin_smem(be), H, Hq, D, I) >= 8;
 }
 
@@ -424,6 +448,7 @@ void decode_step_kernel_forward(CudaBackend& be, const ops::DecodeStepArgs& in) 
   a.L = L, a.H = static_cast<int>(H), a.Hq = static_cast<int>(Hq), a.Hkv = static_cast<int>(Hkv);
   a.D = static_cast<int>(D), a.I = static_cast<int>(I), a.V = static_cast<int>(V), a.splits = splits;
   a.xs_floats = static_cast<int>(staging_floats(H, Hq, D, I));
+  KILN_ASSERT(2 * splits + kConsumers <= a.xs_floats);  // the merge's staging (run_merge)
   a.ring_pages = ring_pages(optin_smem(be), H, Hq, D, I);
   a.embed = in.embed.ptr<const T>(), a.final_norm = in.final_norm.ptr<const T>(), a.head = in.head.ptr<const T>();
   a.ids = in.ids.ptr<const int32_t>(), a.positions = in.positions.ptr<const int32_t>();

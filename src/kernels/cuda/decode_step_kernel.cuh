@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/mma_util.cuh"
@@ -34,6 +35,7 @@ constexpr int kMaxRingPages = 36;          // 216 KB
 constexpr int kUnitBatch = 4;              // units whose rows are summed together (one barrier)
 constexpr int kMaxGroup = 8;               // query heads per KV head
 constexpr int kMaxLayers = 96;
+constexpr int kNormChunks = 2;             // hidden sizes up to 2 x 4 x kConsumers (3072) a norm stages
 
 enum Step : int { kQkv, kAttn, kMerge, kO, kGateUp, kDown, kSteps };
 constexpr int kHead = kSteps;  // the head's op kind (after the last layer)
@@ -141,6 +143,22 @@ __device__ __forceinline__ void run_attention(const Params& a, int l, int u, flo
     const int key = base + lane;
     const bool valid = key < k1;
     const int64_t row = valid ? paged_kv_slot(a.page_indices, first, a.page_size, key) : 0;
+    // P V reads the round's value rows 8 (D = 64) or 4 keys a batch (this lane's dims of each), the next batch's
+    // loads in flight while one is used: one dependent load a key was about 700 cycles a key. The
+    // first batch is issued now, under the scores.
+    const int n_keys = min(32, k1 - base);
+    using VWord = std::conditional_t<DL == 2, uint32_t, uint2>;  // this lane's DL bf16 of a value row
+    constexpr int kValueBatch = DL == 2 ? 8 : 4;                  // (registers: no spills at D = 128)
+    VWord vb[2][kValueBatch];
+    auto load_values = [&](VWord (&dst)[kValueBatch], int j0) {
+#pragma unroll
+      for (int jj = 0; jj < kValueBatch; ++jj) {
+        const int64_t rj = __shfl_sync(0xffffffffu, row, (j0 + jj) & 31);
+        const VWord* vp = reinterpret_cast<const VWord*>(y.v_cache + rj * stride + kvh * D + DL * lane);
+        if (j0 + jj < n_keys) dst[jj] = __ldcg(vp);
+      }
+    };
+    load_values(vb[0], 0);
     // Scores: this lane's key against the G heads.
     float s[kMaxGroup];
 #pragma unroll
@@ -172,27 +190,33 @@ __device__ __forceinline__ void run_attention(const Params& a, int l, int u, flo
       for (int e = 0; e < DL; ++e) o[h][e] *= alpha;
       m[h] = m_new;
     }
-    // P V: the lanes over the dims (lane holds dims DL * lane ..), the round's keys one by one.
-    const int n_keys = min(32, k1 - base);
-    for (int j = 0; j < n_keys; ++j) {
-      const int64_t rj = __shfl_sync(0xffffffffu, row, j);
-      const T* vp = y.v_cache + rj * stride + kvh * D + DL * lane;
-      float v[DL];
-      if constexpr (DL == 2) {
-        const float2 f = __bfloat1622float2(__ldcg(reinterpret_cast<const __nv_bfloat162*>(vp)));
-        v[0] = f.x, v[1] = f.y;
-      } else {
-        const uint2 w = __ldcg(reinterpret_cast<const uint2*>(vp));
-        const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
-        const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
-        v[0] = f0.x, v[1] = f0.y, v[2] = f1.x, v[3] = f1.y;
-      }
+    // P V: the lanes over the dims (lane holds dims DL * lane ..), the round's keys in batches.
 #pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
-        if (h >= G) continue;
-        const float pj = __shfl_sync(0xffffffffu, p[h], j);
+    for (int bi = 0; bi < 32 / kValueBatch; ++bi) {
+      const int j0 = bi * kValueBatch;
+      if (j0 >= n_keys) break;  // uniform over the warp
+      if (bi + 1 < 32 / kValueBatch && j0 + kValueBatch < n_keys) load_values(vb[(bi + 1) & 1], j0 + kValueBatch);
 #pragma unroll
-        for (int e = 0; e < DL; ++e) o[h][e] = fmaf(pj, v[e], o[h][e]);
+      for (int jj = 0; jj < kValueBatch; ++jj) {
+        const int j = j0 + jj;
+        if (j >= n_keys) break;
+        float v[DL];
+        if constexpr (DL == 2) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&vb[bi & 1][jj]));
+          v[0] = f.x, v[1] = f.y;
+        } else {
+          const uint2 w = vb[bi & 1][jj];
+          const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
+          const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
+          v[0] = f0.x, v[1] = f0.y, v[2] = f1.x, v[3] = f1.y;
+        }
+#pragma unroll
+        for (int h = 0; h < kMaxGroup; ++h) {
+          if (h >= G) continue;
+          const float pj = __shfl_sync(0xffffffffu, p[h], j);
+#pragma unroll
+          for (int e = 0; e < DL; ++e) o[h][e] = fmaf(pj, v[e], o[h][e]);
+        }
       }
     }
   }
@@ -231,22 +255,42 @@ __device__ __forceinline__ void run_attention(const Params& a, int l, int u, flo
   consumer_sync();
 }
 
-// The merge of the splits of query head hd into the attention output (bf16), dims over the threads.
-__device__ __forceinline__ void run_merge(const Params& a, int hd) {
-  for (int d = threadIdx.x; d < a.D; d += kConsumers) {
-    float M = -INFINITY;
-    for (int s = 0; s < a.splits; ++s) M = fmaxf(M, __ldcg(a.part_ml + 2 * (static_cast<int64_t>(s) * a.Hq + hd)));
-    float acc = 0.0f, L = 0.0f;
-    for (int s = 0; s < a.splits; ++s) {
-      const int64_t hq = static_cast<int64_t>(s) * a.Hq + hd;
-      const float ms = __ldcg(a.part_ml + 2 * hq);
-      if (ms == -INFINITY) continue;
-      const float f = fast_exp2(ms - M);
-      acc = fmaf(__ldcg(a.part + hq * a.D + d), f, acc);
-      L = fmaf(__ldcg(a.part_ml + 2 * hq + 1), f, L);
-    }
-    __stcg(a.attn + static_cast<int64_t>(hd) * a.D + d, __float2bfloat16_rn(L > 0.0f ? acc / L : 0.0f));
+// The merge of the splits of query head hd into the attention output (bf16). Every global load is
+// issued in parallel (a dependent load a split, split after split, costs a round trip each): the
+// splits' (m, l) into sm, then thread t sums dim t % D over the splits s = t / D (mod kConsumers / D)
+// into sm as well, and the dims' threads add those in order. sm: 2 * splits + kConsumers floats.
+__device__ __forceinline__ void run_merge(const Params& a, int hd, float* sm) {
+  const int tid = threadIdx.x, S = a.splits, D = a.D;
+  float* sm_m = sm;
+  float* sm_l = sm + S;
+  float* sm_acc = sm + 2 * S;  // [groups][D]
+  for (int s = tid; s < S; s += kConsumers) {
+    const int64_t hq = static_cast<int64_t>(s) * a.Hq + hd;
+    sm_m[s] = __ldcg(a.part_ml + 2 * hq);
+    sm_l[s] = __ldcg(a.part_ml + 2 * hq + 1);
   }
+  consumer_sync();
+  float M = -INFINITY;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, sm_m[s]);
+  const int groups = kConsumers / D, d = tid % D, g = tid / D;
+  if (g < groups) {
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int s = g; s < S; s += groups) {
+      const float v = __ldcg(a.part + (static_cast<int64_t>(s) * a.Hq + hd) * D + d);
+      if (sm_m[s] != -INFINITY) acc = fmaf(v, fast_exp2(sm_m[s] - M), acc);
+    }
+    sm_acc[g * D + d] = acc;
+  }
+  consumer_sync();
+  if (tid < D) {
+    float acc = 0.0f, L = 0.0f;
+    for (int gi = 0; gi < groups; ++gi) acc += sm_acc[gi * D + tid];
+    for (int s = 0; s < S; ++s)
+      if (sm_m[s] != -INFINITY) L = fmaf(sm_l[s], fast_exp2(sm_m[s] - M), L);
+    __stcg(a.attn + static_cast<int64_t>(hd) * D + tid, __float2bfloat16_rn(L > 0.0f ? acc / L : 0.0f));
+  }
+  consumer_sync();  // sm is reused by the next head
 }
 
 }  // namespace kiln::cuda::decode_step
