@@ -126,6 +126,7 @@ __device__ __forceinline__ void run_attention(const Params& a, int l, int u, flo
   float* wl = wm + kConsumerWarps * kMaxGroup;      // [warps][G]
   float* wo = wl + kConsumerWarps * kMaxGroup;      // [warps][G][D]
   const float qscale = a.attn_scale * 1.4426950408889634f;
+#pragma unroll 3  // G * D <= 1024: the loads issued together
   for (int i = tid; i < G * D; i += kConsumers)
     qs[i] = __bfloat162float(__ldcg(a.q + static_cast<int64_t>(kvh) * G * D + i)) * qscale;
   consumer_sync();
