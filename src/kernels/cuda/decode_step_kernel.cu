@@ -73,20 +73,24 @@ struct RingPos {
   }
 };
 
-// An op's weights, units and reduction length. A unit is one page's rows: q/k/v, R / 2 rotation pairs
-// (i, i + D/2) of a head; gate/up, R / 2 outputs' gate rows, then their up rows; else R rows. The
-// last unit may be partial (unit_row says which rows exist).
+// The model's dimensions as the layout functions take them (kernels/decode_step_layout.h).
+__device__ __forceinline__ decode_layout::ModelDims dims_of(const Params& a) {
+  return {a.H, a.Hq, a.Hkv, a.D, a.I, a.V};
+}
+// An op's weights, units (of pages of Pg::kRows rows) and reduction length.
 template <class Pg>
 __device__ __forceinline__ WeightOp weight_op(const Params& a, int l, int step) {
-  constexpr int R = Pg::kRows;
-  auto units = [](int n, int per) { return (n + per - 1) / per; };
-  if (l == a.L) return {a.head, units(a.V, R), a.H, kHead};
+  const decode_layout::ModelDims m = dims_of(a);
+  auto op = [&](const T* w, int kind) {
+    return WeightOp{w, decode_layout::op_units(m, kind, Pg::kRows), decode_layout::op_k(m, kind), kind};
+  };
+  if (l == a.L) return op(a.head, kHead);
   const Layer& y = a.layers[l];
   switch (step) {
-    case kQkv: return {y.qkv, units((a.Hq + 2 * a.Hkv) * a.D / 2, R / 2), a.H, kQkv};
-    case kO: return {y.o, units(a.H, R), a.Hq * a.D, kO};
-    case kGateUp: return {y.gate_up, units(a.I, R / 2), a.H, kGateUp};
-    default: return {y.down, units(a.H, R), a.I, kDown};
+    case kQkv: return op(y.qkv, kQkv);
+    case kO: return op(y.o, kO);
+    case kGateUp: return op(y.gate_up, kGateUp);
+    default: return op(y.down, kDown);
   }
 }
 __device__ __forceinline__ bool is_weight_step(int l, int L, int step) {
@@ -96,21 +100,7 @@ __device__ __forceinline__ int steps_of(int l, int L) { return l == L ? 1 : kSte
 // The weight row of page row r of unit u (-1: none, past the op's rows).
 template <class Pg>
 __device__ __forceinline__ int unit_row(const Params& a, int kind, int u, int r) {
-  constexpr int R = Pg::kRows, P = R / 2;
-  switch (kind) {
-    case kQkv: {
-      const int p = P * u + r / 2, half = a.D / 2;
-      return p < (a.Hq + 2 * a.Hkv) * half ? (p / half) * a.D + p % half + (r & 1) * half : -1;
-    }
-    case kGateUp: {
-      const int o = P * u + r % P;
-      return o < a.I ? (r < P ? o : a.I + o) : -1;
-    }
-    default: {
-      const int row = R * u + r;
-      return row < (kind == kHead ? a.V : a.H) ? row : -1;
-    }
-  }
+  return decode_layout::unit_row(dims_of(a), kind, Pg::kRows, u, r);
 }
 // The op's input vector into xs (K floats). x-reading ops: RMSNorm by norm_w (layer 0's q/k/v reads
 // the token's embedding row, and its block writes its share of x).
@@ -181,18 +171,17 @@ __device__ __forceinline__ void stage_input(const Params& a, int l, int kind, fl
   consumer_sync();
 }
 
-// The epilogue of page row pr of unit u (a row that exists: unit_row >= 0), whose sum is v; v1 and
-// v2: the sums of rows pr + 1 and pr + R / 2 (q/k/v: the rotation partner; gate/up: the up row). best:
+// The epilogue of page row pr, weight row `row` (unit_row: it exists), whose sum is v; v1 and v2: the
+// sums of page rows pr + 1 and pr + R / 2 (q/k/v: the rotation partner; gate/up: the up row). best:
 // this thread's largest argmax_key of the head's logits so far.
 template <class Pg>
-__device__ __forceinline__ void epilogue(const Params& a, int l, int kind, int u, int pr, float v, float v1, float v2,
+__device__ __forceinline__ void epilogue(const Params& a, int l, int kind, int row, int pr, float v, float v1, float v2,
                                          unsigned long long& best) {
-  constexpr int R = Pg::kRows, P = R / 2;
-  const int row = R * u + pr;
+  constexpr int P = Pg::kRows / 2;
   switch (kind) {
-    case kQkv: {  // rows pr, pr + 1 (pr even): dims i, i + D/2 of a head; as store_qkv_rope does
+    case kQkv: {  // page rows pr, pr + 1 (pr even): dims i, i + D/2 of a head; as store_qkv_rope does
       if (pr & 1) return;
-      const int half = a.D / 2, p = P * u + pr / 2, head = p / half, i = p % half;
+      const int half = a.D / 2, head = row / a.D, i = row % a.D;
       const float x0 = bf16r(v), x1 = bf16r(v1);
       const int slot = a.slots[0];
       const Layer& y = a.layers[l];
@@ -217,9 +206,9 @@ __device__ __forceinline__ void epilogue(const Params& a, int l, int kind, int u
       __stcg(dst + half, __float2bfloat16_rn(r.y));
       return;
     }
-    case kGateUp: {  // rows 0 .. P - 1: gate rows of outputs P u ..; rows P ..: their up rows
+    case kGateUp: {  // page rows 0 .. P - 1: the gate rows (weight row = output); P ..: their up rows
       if (pr >= P) return;
-      __stcg(a.act + P * u + pr, __float2bfloat16_rn(v / (1.0f + expf(-v)) * v2));
+      __stcg(a.act + row, __float2bfloat16_rn(v / (1.0f + expf(-v)) * v2));
       return;
     }
     case kHead:
@@ -273,8 +262,8 @@ __device__ __forceinline__ void run_weight_op(const Params& a, int l, const Weig
           for (int w = 0; w < W; ++w) v += rb[j][W * q + w];
         return v;
       };
-      if (unit_row<Pg>(a, op.kind, u + j, pr) >= 0)
-        epilogue<Pg>(a, l, op.kind, u + j, pr, row_sum(pr), row_sum(pr + 1), row_sum(pr + R / 2), best);
+      const int row = unit_row<Pg>(a, op.kind, u + j, pr);
+      if (row >= 0) epilogue<Pg>(a, l, op.kind, row, pr, row_sum(pr), row_sum(pr + 1), row_sum(pr + R / 2), best);
     }
   }
 }
@@ -404,12 +393,7 @@ int optin_smem(CudaBackend& be) {
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, be.device().index));
   return optin;
 }
-// The page width every reduction length (H, Hq * D, I) is a multiple of: 768, else 512; 0: neither.
-int page_cols(int64_t H, int64_t HqD, int64_t I) {
-  for (int pc : {768, 512})
-    if (H % pc == 0 && HqD % pc == 0 && I % pc == 0) return pc;
-  return 0;
-}
+using decode_layout::page_cols;
 
 }  // namespace
 

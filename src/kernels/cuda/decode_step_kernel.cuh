@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/decode_step_layout.h"
 #include "kernels/paged_kv.h"
 
 namespace kiln::cuda::decode_step {
@@ -37,8 +38,15 @@ constexpr int kMaxGroup = 8;               // query heads per KV head
 constexpr int kMaxLayers = 96;
 constexpr int kNormChunks = 2;             // hidden sizes up to 2 x 4 x kConsumers (3072) a norm stages
 
-enum Step : int { kQkv, kAttn, kMerge, kO, kGateUp, kDown, kSteps };
-constexpr int kHead = kSteps;  // the head's op kind (after the last layer)
+using decode_layout::kAttn;
+using decode_layout::kDown;
+using decode_layout::kGateUp;
+using decode_layout::kHead;
+using decode_layout::kMerge;
+using decode_layout::kO;
+using decode_layout::kQkv;
+using decode_layout::kSteps;
+using decode_layout::unit_begin;
 
 struct Layer {
   const T *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
@@ -73,9 +81,6 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-__device__ __forceinline__ int unit_begin(int units, int b, int grid) {
-  return static_cast<int>(static_cast<int64_t>(units) * b / grid);
-}
 
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
 
