@@ -1,8 +1,8 @@
 // Hopper (sm_90a) device helpers shared by kiln's wgmma kernels (attention, training attention,
-// the streaming linear layers, bench_persistent_chain): shared-memory descriptors and the wgmma
-// fences, wgmma with both operands in shared memory (bf16, f32 accumulators), mbarriers, TMA tile and
-// 1-D loads completing on an mbarrier, a device-scope acquire load, and the programmatic-dependent-
-// launch controls. Header-only device code; no state.
+// the streaming linear layers, the decode-step kernel, bench_persistent_chain): shared-memory
+// descriptors and the wgmma fences, wgmma with both operands in shared memory (bf16, f32
+// accumulators), mbarriers, TMA tile and 1-D loads completing on an mbarrier, a device-scope acquire
+// load, and the programmatic-dependent-launch controls. Header-only device code; no state.
 //
 // Shared-memory tiles are rows of 64 bf16 (128 bytes) written by TMA with the 128-byte swizzle:
 // the canonical wgmma SW128 K-major layout, 1024-byte atoms of 8 rows. A descriptor for k step kk
