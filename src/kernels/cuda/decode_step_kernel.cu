@@ -327,7 +327,7 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
         }
       prev = l * kSteps + step;
       unsigned long long* trace = a.trace ? a.trace + 2 * (static_cast<int64_t>(b) * (a.L * kSteps + 1) + prev) : nullptr;
-      if (trace && tid == 0) trace[0] = global_ns();
+      if (trace && tid == 0) trace[0] = hopper::global_timer_ns();
       consumer_sync();
       if (is_weight_step(l, a.L, step)) {
         const WeightOp op = weight_op<Pg>(a, l, step);
@@ -341,7 +341,7 @@ __global__ void __maxnreg__(152) decode_step_kernel(const __grid_constant__ Para
         for (int h = unit_begin(a.Hq, b, grid); h < unit_begin(a.Hq, b + 1, grid); ++h) run_merge(a, h, xs);
       }
       consumer_sync();  // every output of the step stored by this block
-      if (trace && tid == 0) trace[1] = global_ns();
+      if (trace && tid == 0) trace[1] = hopper::global_timer_ns();
       if (tid == 0 && l < a.L) {
         __threadfence();
         atomicAdd(a.counters + prev, 1u);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/hopper_util.cuh"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/cuda/mma_util.cuh"
 #include "kernels/decode_step_layout.h"
@@ -75,14 +76,7 @@ struct Params {
   unsigned long long* trace; // null, or [grid][L * kSteps + 1][2] (ops.h: DecodeStepArgs::trace)
 };
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
-  return t;
-}
-
-
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
+__device__ __forceinline__ void consumer_sync() { hopper::named_sync(1, kConsumers); }
 
 __device__ __forceinline__ float dot8(const uint4& w, const float* x) {
   const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&w);

@@ -143,6 +143,13 @@ __device__ __forceinline__ unsigned load_acquire_gpu(const unsigned* p) {
   return v;
 }
 
+// The GPU's global nanosecond clock (the same on every SM: per-block timelines compare).
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 // Warp-specialised kernels: the register budget of the executing warpgroup raised or lowered to N
 // (a multiple of 8 in [24, 256]; every warp of the warpgroup executes it).
 template <int N>
