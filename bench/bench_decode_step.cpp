@@ -8,6 +8,8 @@
 // CUDA does (its default page size; the bound its graph is captured for, infer/executor.h);
 // --greedy also picks every row's greedy token in the graph, as the engine's greedy decode steps do
 // (the head's own argmax where Transformer::head_takes_greedy says so, else the sampler's argmax).
+// With KILN_DECODE_STEP_KERNEL=1 KILN_DECODE_STEP_TRACE=1 a one-request step's runs also give the
+// decode-step kernel's timeline (decode_step_timeline).
 // Usage: bench_decode_step --config CFG [--batches 1,8] [--contexts 1024,8192,30000] [--iters 200]
 //        [--page-size 16] [--engine-bound] [--greedy]
 // Prints one JSON object.
@@ -15,9 +17,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #ifdef KILN_WITH_CUDA
@@ -94,6 +98,45 @@ void step(Backend& be, const Transformer& model, StepInputs& s, KVCache& cache, 
   sb.tokens = s.tokens.view();
   sb.full = false;
   ops::sample(be, sb);
+}
+
+// With the decode-step kernel traced (KILN_DECODE_STEP_KERNEL=1 KILN_DECODE_STEP_TRACE=1): one eager
+// step's timeline, per step kind (q/k/v, attention, merge, o, gate/up, down; then the head) the
+// microseconds a layer spends from the end of the step before (its last block) to the end of this
+// one (its last block), and of that the slowest block's own work (from its wait's end), averaged
+// over the layers; the whole step's span. Null where the step did not run on that kernel.
+nlohmann::json decode_step_timeline(Backend& be, const Transformer& model, StepInputs& s, KVCache& cache,
+                                    ForwardWorkspace& ws, int blocks) {
+  if (!ws.decode_step_trace.allocated() || !model.uses_decode_step_kernel(s.batch)) return nullptr;
+  const int L = model.config().num_hidden_layers, steps = 6 * L + 1;
+  be.zero(ws.decode_step_trace);
+  step(be, model, s, cache, ws, false);
+  const TensorBuffer host = to_host(be, ws.decode_step_trace.view().rows(0, static_cast<int64_t>(blocks) * steps * 2));
+  const int64_t* t = host.ptr<int64_t>();
+  std::vector<int64_t> ready_max(steps, 0), done_max(steps, 0), work_max(steps, 0);
+  int64_t t0 = INT64_MAX;
+  for (int b = 0; b < blocks; ++b)
+    for (int k = 0; k < steps; ++k) {
+      const int64_t ready = t[(b * steps + k) * 2], done = t[(b * steps + k) * 2 + 1];
+      t0 = std::min(t0, ready);
+      ready_max[k] = std::max(ready_max[k], ready);
+      done_max[k] = std::max(done_max[k], done);
+      work_max[k] = std::max(work_max[k], done - ready);
+    }
+  const char* names[] = {"qkv", "attention", "merge", "o", "gate_up", "down"};
+  nlohmann::json out = {{"step_us", (done_max[steps - 1] - t0) * 1e-3}};
+  for (int kind = 0; kind < 6; ++kind) {
+    double span = 0, work = 0;
+    for (int l = 0; l < L; ++l) {
+      const int k = l * 6 + kind;
+      span += (done_max[k] - (k == 0 ? t0 : done_max[k - 1])) * 1e-3;
+      work += work_max[k] * 1e-3;
+    }
+    out[names[kind]] = {{"span_us_per_layer", span / L}, {"slowest_block_work_us_per_layer", work / L}};
+  }
+  out["head"] = {{"span_us", (done_max[steps - 1] - done_max[steps - 2]) * 1e-3},
+                 {"slowest_block_work_us", work_max[steps - 1] * 1e-3}};
+  return out;
 }
 
 // Milliseconds per replay of a graph of one step (step() above).
@@ -175,6 +218,7 @@ int run(int argc, char** argv) {
         r[std::string(variant) + "_tb_per_s"] = (weight_gb + kv_gb) / *ms;
       }
       r["layers_over_serial"] = r["layers_ms"].get<double>() / r["layers_serial_ms"].get<double>();
+      r["decode_step_timeline"] = decode_step_timeline(**be, m, *step, *cache, *ws, cbe.multiprocessor_count());
       r["floor_ms_at_4.3_tb_per_s"] = (weight_gb + kv_gb) / 4.3;
       out["runs"].push_back(r);
       std::fprintf(stderr, "%s\n", r.dump().c_str());

@@ -63,6 +63,7 @@ namespace {
 using T = __nv_bfloat16;
 using kiln::cuda::smem_u32;
 using kiln::cuda::hopper::bulk_load_1d;
+using kiln::cuda::hopper::global_timer_ns;
 using kiln::cuda::hopper::load_acquire_gpu;
 using kiln::cuda::hopper::mbar_arrive;
 using kiln::cuda::hopper::mbar_arrive_expect_tx;
@@ -112,11 +113,6 @@ struct Args {
   int attn_ns;        // > 0: the attention stand-in between q/k/v and o (below)
 };
 
-__device__ __forceinline__ uint64_t globaltimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ void consumer_sync() { kiln::cuda::hopper::named_sync(1, kConsumers); }
 
 __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
@@ -195,8 +191,8 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Args a) {
       consumer_sync();
       if (step == kAttnStep) {  // the attention's latency on the critical path: blocks < 64 busy attn_ns
         if (tid == 0 && b < kAttnBlocks) {
-          const uint64_t t0 = globaltimer();
-          while (globaltimer() - t0 < static_cast<uint64_t>(a.attn_ns)) {
+          const uint64_t t0 = global_timer_ns();
+          while (global_timer_ns() - t0 < static_cast<uint64_t>(a.attn_ns)) {
           }
         }
         consumer_sync();

@@ -123,6 +123,24 @@ void norm_linear_argmax_forward(Backend& be, Tensor logits, Tensor tokens, Tenso
   cpu::norm_linear_argmax_forward(logits, tokens, x, norm_w, eps, w);
 }
 
+bool decode_step_kernel_supported(Backend& be, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
+                                  int64_t num_layers, DType dtype) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda())
+    return cuda::decode_step_kernel_supported(cuda_backend(be), H, Hq, Hkv, D, I, num_layers, dtype);
+#endif
+  (void)be, (void)H, (void)Hq, (void)Hkv, (void)D, (void)I, (void)num_layers, (void)dtype;
+  return false;
+}
+
+void decode_step_kernel_forward(Backend& be, const DecodeStepArgs& a) {
+#ifdef KILN_WITH_CUDA
+  if (be.device().is_cuda()) return cuda::decode_step_kernel_forward(cuda_backend(be), a);
+#endif
+  (void)a;
+  KILN_ASSERT(false && "decode_step_kernel_forward: CUDA only (ask decode_step_kernel_supported)");
+}
+
 bool norm_linear_qkv_rope_preferred(Backend& be, int64_t M, int64_t N, int64_t K, int64_t head_dim, DType w_dtype) {
 #ifdef KILN_WITH_CUDA
   if (be.device().is_cuda()) return cuda::norm_linear_qkv_rope_preferred(cuda_backend(be), M, N, K, head_dim, w_dtype);

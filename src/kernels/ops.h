@@ -102,6 +102,41 @@ bool norm_linear_argmax_preferred(Backend& be, int64_t M, int64_t N, int64_t K, 
 void norm_linear_argmax_forward(Backend& be, Tensor logits, Tensor tokens, Tensor x, Tensor norm_w, float eps, Tensor w,
                                 Tensor scratch);
 
+// One decode step of one request (one token, its logits) as a single persistent kernel: the
+// embedding of ids[0], every layer (RMSNorm, q/k/v, the rotation and the KV write at slots[0],
+// attention over the request's pages, o into the residual stream, RMSNorm, gate/up with SwiGLU,
+// down into the residual stream), the final norm and the head into logits [V] (f32), and with
+// `token` the greedy token (the first index of the largest logit; NaN as -inf). CUDA only
+// (kernels/cuda/decode_step_kernel.cu; an experiment beside the layered forward, which is its
+// reference); _supported says which models and devices. sync: kDecodeStepSyncWords(L) i32 words on
+// the device, zero before the first call; every call leaves them zero (a captured step replays).
+struct DecodeStepLayer {
+  Tensor input_norm, qkv_proj, o_proj, post_norm, gate_up_proj, down_proj;  // bf16, no biases
+  Tensor k_cache, v_cache;                                                  // [slots, Hkv, D]
+};
+struct DecodeStepArgs {
+  const DecodeStepLayer* layers = nullptr;
+  int32_t num_layers = 0;
+  Tensor embed, final_norm, head;            // [V, H], [H], [V, H]
+  Tensor ids, positions, slots;              // [1] i32 each
+  PagedKV kv;                                // the request's pages (one request)
+  int32_t max_kv_len = 0;                    // the context bound the step is run (or captured) for
+  Tensor inv_freq;                           // [D / 2] f32
+  float rope_scaling = 1.0f, eps = 0.0f, attn_scale = 0.0f;
+  Tensor x, q, attn, act;                    // workspace: [H] f32, [Hq * D], [Hq * D], [I] bf16
+  Tensor logits, token;                      // [V] f32; [1] i32 or absent
+  Tensor sync;                               // kDecodeStepSyncWords(num_layers) i32
+  // Optional, for profiling: i64 [blocks, 6 * num_layers + 1, 2], per block and step (the layers'
+  // six, then the head) the device time (ns, %globaltimer) its wait for the step before ended and
+  // its part of the step ended (blocks: the SM count).
+  Tensor trace;
+};
+constexpr int64_t kDecodeStepSyncWords(int64_t num_layers) { return 2 + 6 * num_layers + 1; }
+constexpr int64_t kDecodeStepTraceBlocks = 512;
+bool decode_step_kernel_supported(Backend& be, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
+                                  int64_t num_layers, DType dtype);
+void decode_step_kernel_forward(Backend& be, const DecodeStepArgs& a);
+
 // The attention block's input stage fused into its projection, for decode steps:
 // norm_linear_forward(qkv, x, norm_w, eps, w, bias) then qkv_rope_cache_write(q_out, k_cache, v_cache,
 // qkv, positions, slots, inv_freq, attention_scaling) without q/k norms, with the same arithmetic

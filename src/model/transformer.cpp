@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "model/safetensors.h"
@@ -49,6 +50,7 @@ Status Transformer::bind_weights() {
     L.down_bias = w.get_or_empty(k + "down_bias");
   }
   KILN_ASSIGN_OR_RETURN(rope_, make_device_rope(backend_, config_));
+  decode_step_kernel_ = decode_step_kernel_wanted();
   return Status::Ok();
 }
 
@@ -140,6 +142,16 @@ Result<ForwardWorkspace> Transformer::make_workspace(int64_t max_tokens, int64_t
   }
   KILN_ASSIGN_OR_RETURN(ws.argmax_scratch, empty(backend_, {ops::kArgmaxScratchWords}, DType::i32));
   backend_.zero(ws.argmax_scratch.view());
+  if (decode_step_kernel_) {
+    KILN_ASSIGN_OR_RETURN(ws.decode_step_sync,
+                          empty(backend_, {ops::kDecodeStepSyncWords(c.num_hidden_layers)}, DType::i32));
+    backend_.zero(ws.decode_step_sync.view());
+    const char* trace = std::getenv("KILN_DECODE_STEP_TRACE");
+    if (trace && std::string(trace) == "1") {
+      const int64_t words = ops::kDecodeStepTraceBlocks * (6 * c.num_hidden_layers + 1) * 2;
+      KILN_ASSIGN_OR_RETURN(ws.decode_step_trace, empty(backend_, {words}, DType::i64));
+    }
+  }
   return ws;
 }
 
@@ -185,6 +197,7 @@ Tensor Transformer::forward(const ForwardBatch& batch, KVCache& cache, ForwardWo
   KILN_ASSERT(T > 0 && T <= ws.max_tokens && R > 0 && R <= ws.max_logit_rows);
   KILN_ASSERT(!batch.logits_of_every_row || (R == T && !batch.last_rows_indptr.data));
   KILN_ASSERT(static_cast<int>(cache.k.size()) == c.num_hidden_layers);
+  if (uses_decode_step_kernel(batch)) return forward_decode_step(batch, cache, ws);
   Backend& be = backend_;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));

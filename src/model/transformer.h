@@ -88,6 +88,12 @@ struct ForwardWorkspace {
   TensorBuffer rope_table;
   // ops::norm_linear_argmax_forward's scratch (kArgmaxScratchWords i32, zero between steps).
   TensorBuffer argmax_scratch;
+  // ops::decode_step_kernel_forward's counters (kDecodeStepSyncWords i32, zero between steps), where
+  // the model runs one-request decode steps on it (Transformer::uses_decode_step_kernel).
+  TensorBuffer decode_step_sync;
+  // With KILN_DECODE_STEP_TRACE=1 as well: its per-block step times (ops::DecodeStepArgs::trace, for
+  // up to kDecodeStepTraceBlocks blocks), for profiling.
+  TensorBuffer decode_step_trace;
 };
 
 struct ModelLoadOptions {
@@ -126,6 +132,10 @@ class Transformer {
   // `tokens` rows and `logit_rows` logit rows: where the head is ops::norm_linear_argmax_forward's
   // preferred case. Elsewhere the caller samples the logits.
   bool head_takes_greedy(int64_t tokens, int64_t logit_rows) const;
+  // Whether a step of one request's one token runs as the single decode-step kernel
+  // (ops::decode_step_kernel_forward; an experiment, on where KILN_DECODE_STEP_KERNEL=1 and the
+  // backend takes the model).
+  bool uses_decode_step_kernel(const ForwardBatch& batch) const;
 
  private:
   Transformer(Backend& backend, ModelConfig config);
@@ -135,6 +145,11 @@ class Transformer {
   // The K-split parts of the fused path's down projection for a step of T rows (0: not split; see
   // forward()).
   int32_t down_split_parts(int64_t tokens) const;
+  // Whether the decode-step kernel takes this model on its backend and KILN_DECODE_STEP_KERNEL=1 asks
+  // for it (read once, when the weights are bound).
+  bool decode_step_kernel_wanted() const;
+  // forward() of a one-request, one-token step on the decode-step kernel (transformer_decode_step.cpp).
+  Tensor forward_decode_step(const ForwardBatch& batch, KVCache& cache, ForwardWorkspace& ws) const;
 
   Backend& backend_;
   ModelConfig config_;
@@ -148,6 +163,7 @@ class Transformer {
   Tensor lm_head_;       // [V, H]; the embedding when tied
   DeviceRope rope_;
   std::vector<LayerWeights> layers_;
+  bool decode_step_kernel_ = false;  // the model and backend take it, and KILN_DECODE_STEP_KERNEL=1
 };
 
 }  // namespace kiln

@@ -26,6 +26,10 @@ void norm_linear_forward(CudaBackend& be, Tensor y, Tensor x, Tensor norm_w, flo
 void norm_linear_swiglu_forward(CudaBackend& be, Tensor out, Tensor x, Tensor norm_w, float eps, Tensor w,
                                 Tensor bias);
 void linear_residual_forward(CudaBackend& be, Tensor residual, Tensor x, Tensor w, Tensor bias);
+// ops.h: decode_step_kernel_forward (decode_step_kernel.cu).
+bool decode_step_kernel_supported(CudaBackend& be, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
+                                  int64_t num_layers, DType dtype);
+void decode_step_kernel_forward(CudaBackend& be, const ops::DecodeStepArgs& a);
 bool norm_linear_argmax_preferred(CudaBackend& be, int64_t M, int64_t N, int64_t K, DType w_dtype);
 void norm_linear_argmax_forward(CudaBackend& be, Tensor logits, Tensor tokens, Tensor x, Tensor norm_w, float eps,
                                 Tensor w, Tensor scratch);

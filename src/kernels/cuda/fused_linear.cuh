@@ -9,6 +9,7 @@
 #include "backend/cuda_backend.h"
 #include "core/dtype.h"
 #include "kernels/cuda/kernel_util.cuh"
+#include "kernels/sampling_math.h"
 
 namespace kiln::cuda::fused {
 
@@ -101,6 +102,20 @@ struct LinearArgs {
 // in 40 KB of shared memory (K <= 20480); wider rows take the tensor-core kernel.
 bool rows_kernel_valid(int64_t M, int64_t K);
 void rows_kernel_launch(CudaBackend& be, Epilogue epi, bool norm, const LinearArgs& a, const RopeOut& rope);
+
+// The order of (logit, index) pairs as one integer: larger logits first, then lower indices; NaN
+// counts as -inf (the sampler's clean) and -0 as +0, as its greedy rows compare them. The greedy heads
+// keep the largest key of their logits (atomicMax) and decode the token from it (argmax_token).
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+  v = kiln::sampling::clean(v);
+  if (v == 0.0f) v = 0.0f;
+  uint32_t u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+}
+__device__ __forceinline__ int32_t argmax_token(unsigned long long key) {
+  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key & 0xFFFFFFFFu));
+}
 
 // The normed store epilogue's greedy token (ops.h: norm_linear_argmax_forward): the first index of
 // the largest output, as rounded to y's dtype. best and arrived are zero before the launch and after it.

@@ -65,16 +65,6 @@ __device__ __forceinline__ int group_row(int g, int r, int N, int D) {
   return g;
 }
 
-// The order of (logit, index) pairs as one integer: larger logits first, then lower indices; NaN
-// counts as -inf (the sampler's clean) and -0 as +0, as its greedy rows compare them.
-__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
-  v = kiln::sampling::clean(v);
-  if (v == 0.0f) v = 0.0f;
-  uint32_t u = __float_as_uint(v);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
-}
-
 template <bool kNorm, Epilogue kEpi, bool kArgmax>
 __global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut rope, ArgmaxOut am) {
   constexpr int R = rows_per_group<kEpi>();
@@ -217,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 2) rows_kernel(LinearArgs a, RopeOut
         __threadfence();
         const unsigned long long key = atomicExch(am.best, 0ull);
         *am.arrived = 0;
-        *am.token = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key & 0xFFFFFFFFu));
+        *am.token = fused::argmax_token(key);
       }
     }
   }

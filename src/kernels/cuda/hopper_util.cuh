@@ -1,8 +1,8 @@
 // Hopper (sm_90a) device helpers shared by kiln's wgmma kernels (attention, training attention,
-// the streaming linear layers, bench_persistent_chain): shared-memory descriptors and the wgmma
-// fences, wgmma with both operands in shared memory (bf16, f32 accumulators), mbarriers, TMA tile and
-// 1-D loads completing on an mbarrier, a device-scope acquire load, and the programmatic-dependent-
-// launch controls. Header-only device code; no state.
+// the streaming linear layers, the decode-step kernel, bench_persistent_chain): shared-memory
+// descriptors and the wgmma fences, wgmma with both operands in shared memory (bf16, f32
+// accumulators), mbarriers, TMA tile and 1-D loads completing on an mbarrier, a device-scope acquire
+// load, and the programmatic-dependent-launch controls. Header-only device code; no state.
 //
 // Shared-memory tiles are rows of 64 bf16 (128 bytes) written by TMA with the 128-byte swizzle:
 // the canonical wgmma SW128 K-major layout, 1024-byte atoms of 8 rows. A descriptor for k step kk
@@ -141,6 +141,13 @@ __device__ __forceinline__ unsigned load_acquire_gpu(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+// The GPU's global nanosecond clock (the same on every SM: per-block timelines compare).
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
+  return t;
 }
 
 // Warp-specialised kernels: the register budget of the executing warpgroup raised or lowered to N
