@@ -3,13 +3,18 @@
 #   scripts/build_for_gpu.sh            (static OpenBLAS, sm_90a, carried as .carry/gpu-build.tar.xz)
 # It runs the GPU-labelled tests (CUDA against CPU on random inputs, golden bf16 models), the CPU
 # suite, and the benchmarks beside the PyTorch reference (.carry/hf_bench.py) in the same call.
-# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|ab|rules|flags|train|profile|profile-decode|all]
+# Writes logs under $OUT. Usage: bash scripts/gpu_check.sh [tests|bench|attention|engine|decode|decode-kernel|ab|rules|flags|train|profile|profile-decode|all]
 #   attention: the attention GPU tests and bench_attention per prefill variant (D 64 and 128,
 #           16-row pages and one contiguous page), a table of ms and TFLOP/s per case.
 #   decode: the decode path's GPU tests, bench_decode_step (a step with and without programmatic
 #           launch; DECODE_STEP_ARGS="--page-size 128 --engine-bound --greedy" runs it as the engine's greedy graph),
 #           with DECODE_ENGINE=1 bench_engine's single-request and B <= 8 decode with KILN_PDL=1 and
 #           =0, on the astrai-1b and llama-1b shapes.
+#   decode-kernel: the decode-step kernel (KILN_DECODE_STEP_KERNEL=1, an experiment) against the layered
+#           step of the same build: the persistent-chain probe beside bench_gemv_floor's chain, the
+#           kernel's GPU tests (a hang skips the rest), bench_decode_step at one row (astrai-1b 1K / 8K /
+#           30K, llama-1b 1K) with the switch 0 and 1 alternated twice, the kernel's timeline, and
+#           bench_engine's single-request decode with each.
 #   profile-decode: Nsight Compute per-kernel time and DRAM bandwidth of decode steps of PROFILE_BATCH
 #           requests (default 1).
 #   profile-prefill: Nsight Compute per-kernel time of single-request prefills (8K, 30K).
@@ -188,6 +193,35 @@ print(sys.argv[2], [(x["context"], round(x["decode_ms_per_token"], 3)) for x in 
       [(x["batch"], round(x["ms_per_step"], 3)) for x in r["decode"]])' "$OUT/bench_engine_$shape.pdl$pdl.json" "$shape KILN_PDL=$pdl" || status=1
     done
   done
+fi
+if [ "$WHAT" = decode-kernel ]; then
+  timeout 60 "$BUILD/bin/bench_persistent_chain" > "$OUT/persistent_chain.json" 2> "$OUT/persistent_chain.err" || status=1
+  head -c 4000 "$OUT/persistent_chain.json"; timeout 60 "$BUILD/bin/bench_gemv_floor" | grep -E '"chain|device'
+  timeout 120 "$BUILD/tests/kiln_gpu_tests" --gtest_filter='DecodeStepKernelGpu.*' > "$OUT/gpu_decode_kernel_tests.log" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which is" "$OUT/gpu_decode_kernel_tests.log" | head -30
+  on="0 1"; [ $rc -eq 124 ] && on=0 && echo "the kernel's tests hung: its benchmarks are skipped"
+  step_ms() {  # shape, contexts: ms per step at one row
+    timeout 60 "$BUILD/bin/bench_decode_step" --config bench/configs/$1-shape.config.json --batches 1 --contexts $2 \
+      ${3:-} 2>/dev/null | python3 -c 'import json, sys
+r = json.load(sys.stdin)
+print(" ".join("C=%d %.3f ms" % (x["context"], x["layers_ms"]) for x in r["runs"]))
+[print(x["context"], json.dumps(x["decode_step_timeline"])) for x in r["runs"] if "decode_step_timeline" in x]' || echo failed; }
+  for rep in 1 2; do for k in $on; do
+    echo "KILN_DECODE_STEP_KERNEL=$k astrai-1b $(KILN_DECODE_STEP_KERNEL=$k step_ms astrai-1b 1024,8192,30000)" \
+         "llama-1b $(KILN_DECODE_STEP_KERNEL=$k step_ms llama-1b 1024)"
+  done; done
+  if [ "$on" = "0 1" ]; then
+    echo "timeline: $(KILN_DECODE_STEP_KERNEL=1 KILN_DECODE_STEP_TRACE=1 step_ms astrai-1b 1024,30000 '--iters 20')"
+    for k in 0 1; do
+      KILN_DECODE_STEP_KERNEL=$k timeout 120 "$BUILD/bin/bench_engine" --config bench/configs/astrai-1b-shape.config.json \
+        --skip online,prefix --batches 1 --single-contexts 1024,8192,30000 > "$OUT/bench_engine_kernel$k.json" 2>/dev/null || status=1
+      python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print(sys.argv[2], [(x["context"], round(x["decode_ms_per_token"], 3)) for x in r["single"]])' \
+        "$OUT/bench_engine_kernel$k.json" "engine KILN_DECODE_STEP_KERNEL=$k" || status=1
+    done
+  fi
 fi
 if [ "$WHAT" = peers ]; then
   # llama.cpp beside kiln (bench/peers/README.md): its own converter writes a GGUF of a random-weight
