@@ -2,7 +2,9 @@
 // streaming as it is generated. One user message per input line (empty lines are skipped; a line
 // starting "//" sends the text after the first "/"); /reset clears the conversation, /help lists the
 // commands, /exit (or end of input) quits; unknown /commands are reported, never sent. Each turn renders the whole conversation and submits it to the
-// engine, whose radix cache holds the earlier turns' KV: only the new text is prefilled.
+// engine, whose radix cache holds the earlier turns' KV: only the new text is prefilled. A message the
+// model cannot take (not UTF-8, beyond the context, refused by the template or the engine) is
+// reported and left out of the conversation, which goes on; the exit status is then 1.
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +14,7 @@
 
 #include "cli/common.h"
 #include "cli/engine_flags.h"
+#include "model/tokenizer/unicode.h"
 
 namespace kiln::cli {
 
@@ -54,6 +57,18 @@ Runner add_chat(CLI::App& app) {
     // The seed on stderr (stdout holds only replies): --seed repeats a conversation exactly.
     std::fprintf(stderr, "kiln chat: seed %llu; /help lists the commands\n", static_cast<unsigned long long>(base.seed));
     std::string line;
+    int failed_turns = 0;
+    // A turn that fails loses only its own message: the conversation before it is kept.
+    auto turn_failed = [&](const std::string& why) {
+      messages.erase(messages.end() - 1);
+      std::fprintf(stderr, "kiln chat: error: %s (the message is left out; the conversation goes on, /reset clears it)\n",
+                   why.c_str());
+      if (f->json)
+        std::cout << nlohmann::ordered_json{{"error", why}}.dump(-1, ' ', false,
+                                                                 nlohmann::ordered_json::error_handler_t::replace)
+                  << std::endl;
+      failed_turns++;
+    };
     for (uint64_t turn = 0;;) {
       if (interactive) std::fprintf(stderr, "> "), std::fflush(stderr);
       if (!std::getline(std::cin, line) || line == "/exit" || line == "/quit") break;
@@ -76,15 +91,28 @@ Runner add_chat(CLI::App& app) {
       }
       ++turn;
       messages.push_back({{"role", "user"}, {"content", line}});
+      if (!tok::valid_utf8(line)) {  // (some templates would pass the bytes on, others replace them)
+        turn_failed("the message is not valid UTF-8 text");
+        continue;
+      }
       Result<std::string> prompt = s.text->render_chat(messages, nullptr, true, f->template_name);
-      if (!prompt.ok()) return fail(prompt.status());
+      if (!prompt.ok()) {
+        turn_failed(prompt.status().message());
+        continue;
+      }
       Result<std::vector<int32_t>> ids = s.text->tokenizer().encode(*prompt, /*add_special_tokens=*/false);
-      if (!ids.ok()) return fail(ids.status());
+      if (!ids.ok()) {
+        turn_failed(ids.status().message());
+        continue;
+      }
       GenerationRequest r = base;
       r.prompt = std::move(ids).value();
       r.seed = base.seed + turn - 1;  // a fresh draw sequence per turn, still reproducible from --seed
       Result<std::shared_ptr<RequestStream>> stream = s.engine->submit(std::move(r));
-      if (!stream.ok()) return fail(stream.status());
+      if (!stream.ok()) {
+        turn_failed(stream.status().message());
+        continue;
+      }
       std::vector<int32_t> reply_ids;
       std::string reply, finish_reason, error;
       int32_t cached = 0;
@@ -97,7 +125,11 @@ Runner add_chat(CLI::App& app) {
         }
         if (e->finished) finish_reason = e->finish_reason, error = e->error, cached = e->usage.cached_tokens;
       }
-      if (!error.empty()) return fail(Status(StatusCode::internal, error));
+      if (!error.empty()) {
+        if (!f->json && !reply.empty()) std::fputc('\n', stdout);
+        turn_failed(error);
+        continue;
+      }
       if (f->json) {
         nlohmann::ordered_json out = {{"prompt", *prompt}, {"ids", reply_ids}, {"reply", reply},
                                       {"finish_reason", finish_reason}, {"cached_tokens", cached}};
@@ -108,7 +140,7 @@ Runner add_chat(CLI::App& app) {
       }
       messages.push_back({{"role", "assistant"}, {"content", reply}});
     }
-    return 0;
+    return failed_turns > 0 ? 1 : 0;
   };
 }
 

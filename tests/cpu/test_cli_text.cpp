@@ -254,6 +254,34 @@ TEST(CliText, ChatKeepsTheConversation) {
   EXPECT_EQ(s.stdout_only, turns[0]["reply"].get<std::string>() + "\n" + turns[1]["reply"].get<std::string>() + "\n");
 }
 
+// A message the model cannot take is reported and left out, and the conversation goes on: turn 3's
+// prompt is that of the conversation without the bad messages (text that is not UTF-8, a message
+// beyond the context); the exit status says a turn failed.
+TEST(CliText, ChatLeavesOutAMessageItCannotTakeAndGoesOn) {
+  ChatModel m;
+  const std::string args = "chat --model " + m.dir() + " --random-weights --weight-seed 3 --max-tokens 8 --seed 1 --json";
+  std::string too_long;  // well over the 4096-token context in any tokenization
+  for (int i = 0; i < 20000; ++i) too_long += " 7";
+  RunResult r = run_kiln(args, "Hi there\nbad \xff\xfe bytes\n" + too_long + "\nAnd again\n");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_FALSE(r.crashed);
+  std::vector<nlohmann::json> turns;
+  std::istringstream lines(r.stdout_only);
+  for (std::string line; std::getline(lines, line);) turns.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(turns.size(), 4u) << r.output;
+  EXPECT_NE(turns[1].value("error", "").find("UTF-8"), std::string::npos) << turns[1];
+  EXPECT_NE(turns[2].value("error", "").find("context"), std::string::npos) << turns[2];
+  EXPECT_NE(r.output.find("the message is left out"), std::string::npos) << r.output;
+  nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "Hi there"}},
+                                                   {{"role", "assistant"}, {"content", turns[0]["reply"]}},
+                                                   {{"role", "user"}, {"content", "And again"}}});
+  TempDir tmp;
+  RunResult ct = run_kiln("chat-template --model " + m.dir() + " --add-generation-prompt --messages " +
+                          tmp.file("m.json", messages.dump()));
+  ASSERT_EQ(ct.exit_code, 0) << ct.output;
+  EXPECT_EQ(turns[3]["prompt"], nlohmann::json::parse(ct.stdout_only)["prompt"]);
+}
+
 // Lines that are not messages never reach the model: empty lines are skipped, /help answers on
 // stderr, an unknown /command is reported; the turns (and their seeds) are those of the plain input.
 // A line starting "//" sends its text from the second "/". The seed is printed.
