@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "serve/chat_messages.h"
 #include "serve/completion_run.h"
@@ -53,6 +54,7 @@ Result<BatchSummary> run_batch(Engine& engine, const ServeContext& ctx, std::ist
     news = true;
     cv.notify_one();
   };
+  std::unordered_map<std::string, size_t> first_line_of;  // custom_id -> its first line
   size_t next_to_start = 0, next_to_write = 0;
   int32_t running = 0;
   int64_t done = 0;
@@ -77,6 +79,15 @@ Result<BatchSummary> run_batch(Engine& engine, const ServeContext& ctx, std::ist
       l.custom_id = j.contains("custom_id") ? j["custom_id"] : Json();
       if (!l.custom_id.is_string()) {
         finish_line(l, line_error(l.custom_id, "invalid_request", where + ": 'custom_id' (a string) is required"), false);
+        continue;
+      }
+      // Results are matched to requests by custom_id (OpenAI's batches refuse a repeated one): a
+      // repeat is an error of its own line, the first keeps running.
+      if (auto [first, added] = first_line_of.emplace(l.custom_id.get<std::string>(), i + 1); !added) {
+        finish_line(l, line_error(l.custom_id, "invalid_request",
+                                  where + ": 'custom_id' " + l.custom_id.dump() + " repeats line " +
+                                      std::to_string(first->second) + "'s; each request needs its own"),
+                    false);
         continue;
       }
       const std::string method = string_member(j, "method");

@@ -603,23 +603,27 @@ class ServeSdkTest(unittest.TestCase):
             {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
              "body": {"model": self.model, "messages": openai_messages(CASES["tools"]), "tools": [WEATHER_TOOL], "temperature": 0}},
             {"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "nope", "messages": []}},
+            {"custom_id": "b", "method": "POST", "url": "/v1/completions",
+             "body": {"model": self.model, "prompt": "again", "max_tokens": 2}},
         ]
         with tempfile.TemporaryDirectory() as d:
             src, dst = os.path.join(d, "in.jsonl"), os.path.join(d, "out.jsonl")
             with open(src, "w") as f:
                 f.write("".join(json.dumps(x) + "\n" for x in lines) + "not json\n")
             p = subprocess.run([KILN, "run-batch", "--model", MODEL, "-i", src, "-o", dst], capture_output=True, text=True)
-            self.assertEqual(p.returncode, 1, p.stderr)  # two lines failed
+            self.assertEqual(p.returncode, 1, p.stderr)  # three lines failed
             out = [json.loads(x) for x in open(dst)]
-        self.assertEqual([o["custom_id"] for o in out], ["a", "b", "c", "d", None])
+        self.assertEqual([o["custom_id"] for o in out], ["a", "b", "c", "d", "b", None])
         self.assertEqual(out[0]["response"]["status_code"], 200)
         self.assertEqual(out[0]["response"]["body"]["choices"][0]["message"]["content"], GREETING)
         self.assertEqual(out[1]["response"]["body"]["choices"][0]["text"], CASES["completion"]["completion_text"])
         call = out[2]["response"]["body"]["choices"][0]["message"]["tool_calls"][0]
         self.assertEqual((call["function"]["name"], json.loads(call["function"]["arguments"])), ("get_weather", {"city": "Paris"}))
         self.assertEqual(out[3]["response"]["status_code"], 404)
-        self.assertIsNone(out[4]["response"])
-        self.assertIn("line 5", out[4]["error"]["message"])
+        self.assertIsNone(out[4]["response"])  # a repeated custom_id: its line fails, the first ran
+        self.assertIn("repeats line 2", out[4]["error"]["message"])
+        self.assertIsNone(out[5]["response"])
+        self.assertIn("line 6", out[5]["error"]["message"])
 
 
 if __name__ == "__main__":
