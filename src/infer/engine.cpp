@@ -94,14 +94,10 @@ Status Engine::init() {
   if (o.kv_tokens < 0 || o.kv_memory < 0) return invalid_argument("--kv-tokens and --kv-memory must not be negative");
   if (!(o.kv_memory_fraction > 0.0 && o.kv_memory_fraction < 1.0))
     return invalid_argument("the KV memory fraction must be within (0, 1)");
-  // The context the model runs exactly: its context length (ModelConfig::context_length), or a
-  // sliding window below it (kiln attends to every earlier token, which equals sliding-window
-  // attention within the window).
+  // The context the model runs exactly (ModelConfig::exact_context).
   const ModelConfig& mc = model_->config();
-  const bool windowed = mc.sliding_window > 0 && mc.sliding_window < mc.context_length();
-  const int64_t model_context = windowed ? mc.sliding_window : mc.context_length();
-  const std::string context_name = windowed ? "sliding window (sliding-window attention beyond it is not implemented)"
-                                            : mc.context_length_source();
+  const int64_t model_context = mc.exact_context();
+  const std::string context_name = mc.exact_context_source();
   int64_t max_seq = o.max_seq_len > 0 ? o.max_seq_len : model_context;
   if (max_seq > model_context)
     return invalid_argument("the sequence limit " + std::to_string(max_seq) + " exceeds the model's context of " +

@@ -59,6 +59,12 @@ Result<ScoreResult> score(const Transformer& model, const std::vector<int32_t>& 
   const int64_t vocab = model.config().vocab_size;
   KILN_RETURN_IF_ERROR(check_token_ids(ids, vocab, "ids"));
   if (top_k < 0 || top_k > vocab) return invalid_argument("--top-logprobs must be within [0, vocab size]");
+  const ModelConfig& mc = model.config();
+  if (static_cast<int64_t>(ids.size()) > mc.exact_context())
+    return invalid_argument("the sequence has " + std::to_string(ids.size()) + " tokens, more than the model's " +
+                            std::to_string(mc.exact_context()) + " (its " + mc.exact_context_source() +
+                            "); score a shorter text, or run kiln eval --task perplexity, which slides a window over "
+                            "long texts");
   Backend& be = model.backend();
   const int32_t n = static_cast<int32_t>(ids.size());
   const int32_t c = std::min(chunk, n);

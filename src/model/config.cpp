@@ -472,6 +472,15 @@ const char* ModelConfig::context_length_source() const {
                                                       : "max_position_embeddings";
 }
 
+int64_t ModelConfig::exact_context() const {
+  return sliding_window > 0 && sliding_window < context_length() ? sliding_window : context_length();
+}
+
+std::string ModelConfig::exact_context_source() const {
+  return exact_context() < context_length() ? "sliding window (sliding-window attention beyond it is not implemented)"
+                                            : context_length_source();
+}
+
 Result<ModelConfig> parse_model_config(const json& j, const std::string& source_name) {
   ModelConfig c;
   KILN_RETURN_IF_ERROR(parse_into(j, source_name, &c));

@@ -68,6 +68,13 @@ struct ModelConfig {
   int64_t context_length() const;
   // Where context_length() comes from, for messages: "max_position_embeddings" or YaRN's product.
   const char* context_length_source() const;
+  // The longest sequence kiln runs exactly as the model: context_length(), or a sliding window below
+  // it (kiln attends to every earlier token, which equals sliding-window attention within the
+  // window; beyond it, sliding-window attention is not implemented). Generation, scoring and
+  // training stay within it.
+  int64_t exact_context() const;
+  // Where exact_context() comes from, for messages.
+  std::string exact_context_source() const;
   float rms_norm_eps = 1e-6f;  // f32, as torch adds it to an f32 variance
 
   bool tie_word_embeddings = false;  // lm_head shares embed_tokens' weight

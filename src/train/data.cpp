@@ -34,14 +34,10 @@ Status read_ints(const nlohmann::json& obj, const char* key, bool required, std:
 Status validate(const TrainExample& ex, const ModelConfig& c, const std::string& where) {
   const int64_t n = static_cast<int64_t>(ex.input_ids.size());
   if (n == 0) return invalid_argument(where + ": \"input_ids\" is empty");
-  const int64_t context = c.context_length();
+  const int64_t context = c.exact_context();
   if (n > context)
     return invalid_argument(where + ": the sequence has " + std::to_string(n) + " tokens, more than the model's " +
-                            c.context_length_source() + " (" + std::to_string(context) + ")");
-  if (c.sliding_window > 0 && n > c.sliding_window)
-    return invalid_argument(where + ": the sequence has " + std::to_string(n) + " tokens, more than the model's " +
-                            "sliding window (" + std::to_string(c.sliding_window) +
-                            "); kiln does not implement sliding-window attention yet, so it trains within the window");
+                            std::to_string(context) + " (its " + c.exact_context_source() + ")");
   const std::string vocab = "[0, " + std::to_string(c.vocab_size) + ")";
   for (int64_t i = 0; i < n; ++i)
     if (ex.input_ids[i] < 0 || ex.input_ids[i] >= c.vocab_size)

@@ -306,6 +306,21 @@ TEST(CliErrors, SlidingWindowBoundsTheContext) {
   m.write_text("d.jsonl", line);
   expect_clean_failure(run_kiln("train --model " + m.dir() + " --data " + m.path("d.jsonl") + " --output " + m.path("out")),
                        "sliding window");
+  // kiln score likewise: 16 tokens are scored, 17 refused naming the window.
+  std::string ids = "1";
+  for (int i = 2; i <= 16; ++i) ids += "," + std::to_string(i);
+  RunResult scored = run_kiln("score --model " + m.dir() + " --ids " + ids);
+  EXPECT_EQ(scored.exit_code, 0) << scored.output;
+  expect_clean_failure(run_kiln("score --model " + m.dir() + " --ids " + ids + ",17"), "sliding window");
+}
+
+// kiln score refuses a sequence beyond the model's context (positions past max_position_embeddings
+// are not the model's), pointing at the sliding-window perplexity of kiln eval.
+TEST(CliErrors, ScoreBeyondTheContext) {
+  const std::string model = testdata_dir() + "/tiny-llama";  // max_position_embeddings 256
+  std::string ids = "1";
+  for (int i = 1; i < 257; ++i) ids += "," + std::to_string(1 + i % 300);
+  expect_clean_failure(run_kiln("score --model " + model + " --ids " + ids), "kiln eval --task perplexity");
 }
 
 TEST(CliErrors, SeedOutOfRange) {
