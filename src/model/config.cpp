@@ -477,7 +477,7 @@ int64_t ModelConfig::exact_context() const {
 }
 
 std::string ModelConfig::exact_context_source() const {
-  return exact_context() < context_length() ? "sliding window (sliding-window attention beyond it is not implemented)"
+  return exact_context() < context_length() ? "sliding window; sliding-window attention beyond it is not implemented"
                                             : context_length_source();
 }
 
