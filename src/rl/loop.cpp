@@ -460,6 +460,9 @@ Result<RlSummary> Run::run() {
           if (best->reward > worst->reward && !best->completion_ids.empty() && !worst->completion_ids.empty())
             pairs.push_back({{&best->prompt_ids, &best->completion_ids}, {&worst->prompt_ids, &worst->completion_ids}});
         }
+        if (pairs.empty())  // no optimizer step: the policy version stays
+          info("warning: step " + std::to_string(step_ + 1) + " has no preference pair (every group's rewards tie, or " +
+               "a reply is empty); nothing is trained");
         KILN_RETURN_IF_ERROR(train_dpo_step(*trainer_, *reference_, o_, pairs, rep));
       } else {
         KILN_RETURN_IF_ERROR(train_grpo_step(*trainer_, *model_, reference_.get(), o_, samples, rep));

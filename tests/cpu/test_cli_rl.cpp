@@ -262,6 +262,14 @@ TEST(CliRl, OnlineDpoPairsGroupsByReward) {
   double first = 0, last = 0;  // mean reward of the first and the last four steps
   for (int i = 0; i < 4; ++i) first += m[i]["reward_mean"].get<double>() / 4, last += m[8 + i]["reward_mean"].get<double>() / 4;
   EXPECT_GT(last, first + 20);
+  // Rewards that all tie form no pair: each step says so, and no optimizer step is taken.
+  tmp.file("tie.sh", "#!/bin/sh\nawk '{print 1}'\n");
+  RunResult tie = run_kiln("rl --model " + testdata_dir() + "/tiny-chat --prompts " + tmp.sub("prompts.jsonl") +
+                           " --output " + tmp.sub("tie") + " --steps 2 --group-size 2 --prompts-per-step 2 --max-tokens 4 " +
+                           "--algorithm online-dpo --reward.command \"sh " + tmp.sub("tie.sh") + "\"");
+  ASSERT_EQ(tie.exit_code, 0) << tie.output;
+  EXPECT_NE(tie.output.find("step 2 has no preference pair"), std::string::npos) << tie.output;
+  EXPECT_NE(tie.output.find("at policy version 0"), std::string::npos) << tie.output;
 }
 
 TEST(CliRl, BadConfigurationAndRewardsFailCleanly) {
