@@ -43,8 +43,9 @@ int run_plot(const PlotFlags& f) {
   const Canvas canvas = render_chart(title, panels, layout, f.width, f.height);
   const std::string output = f.output.empty() ? (fs::path(f.run_dir) / "metrics.png").string() : f.output;
   if (Status s = write_png_rgb(output, canvas.rgb(), canvas.width(), canvas.height()); !s.ok()) return fail(s);
-  std::fprintf(stderr, "kiln: wrote %s (%dx%d, %zu panels, %lld lines of %s)\n", output.c_str(), f.width, f.height,
-               panels.size(), static_cast<long long>(metrics->lines), metrics_path.c_str());
+  std::fprintf(stderr, "kiln: wrote %s (%dx%d, %zu panels, %lld lines of %s%s)\n", output.c_str(), f.width, f.height,
+               panels.size(), static_cast<long long>(metrics->lines), metrics_path.c_str(),
+               metrics->partial_last_line ? "; its unfinished last line left out" : "");
   return 0;
 }
 

@@ -60,6 +60,12 @@ Result<RunMetrics> read_run_metrics(const std::string& path) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = at_line(path, line);
     nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    // A last line without its newline that does not parse is the line a running kiln train is
+    // writing: left out, so that a run in progress plots.
+    if (j.is_discarded() && in.eof()) {
+      m.partial_last_line = true;
+      break;
+    }
     if (j.is_discarded() || !j.is_object())
       return invalid_argument(where + "not a JSON object (each line of metrics.jsonl is one {\"step\": ..., ...})");
     auto step = j.find("step");

@@ -21,10 +21,12 @@ struct RunMetrics {
   Points loss, val_loss, lr, grad_norm;
   int64_t lines = 0;  // non-blank lines read
   int64_t first_step = 0, last_step = 0;  // the least and the greatest step of any line
+  bool partial_last_line = false;  // a last line without its newline that did not parse (being written)
 };
 
 // Errors name FILE:LINE for a line that is not a JSON object, lacks an integer "step" or has a
 // plotted key that is not a number; a missing file is an error that says what the folder should be.
+// An unparsable last line without its newline (a running kiln train writing it) is left out.
 Result<RunMetrics> read_run_metrics(const std::string& path);
 
 // The panels with data, top to bottom: loss (with val_loss when present), learning rate, grad norm;

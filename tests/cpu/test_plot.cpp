@@ -259,6 +259,17 @@ TEST(Plot, DefaultOutputIsTheRunFolder) {
   EXPECT_EQ(png.height, 900u);
 }
 
+// A run in progress plots: the last line, still being written (no newline yet), is left out; a
+// broken line that ends in a newline is still an error (BadInputExitsNonZeroWithTheReason).
+TEST(Plot, ARunInProgressPlotsWithoutItsUnfinishedLine) {
+  TempDir tmp;
+  tmp.file("metrics.jsonl", straight_metrics(false) + "{\"step\": 99, \"lo");
+  RunResult r = run_kiln("plot " + tmp.path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("its unfinished last line left out"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(tmp.path / "metrics.png"));
+}
+
 TEST(Plot, BadInputExitsNonZeroWithTheReason) {
   TempDir tmp;
   struct Case {
