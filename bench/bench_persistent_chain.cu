@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "kernels/cuda/hopper_util.cuh"  // mbarriers, the 1-D bulk load, the acquire load
+#include "kernels/cuda/kernel_util.cuh"  // the bf16 x f32 dot product of the decode-step kernel
 
 #define CK(x)                                                                              \
   do {                                                                                     \
@@ -62,6 +63,7 @@ namespace {
 
 using T = __nv_bfloat16;
 using kiln::cuda::smem_u32;
+using kiln::cuda::detail::dot_bf16x8_f32;
 using kiln::cuda::hopper::bulk_load_1d;
 using kiln::cuda::hopper::global_timer_ns;
 using kiln::cuda::hopper::load_acquire_gpu;
@@ -115,19 +117,6 @@ struct Args {
 
 __device__ __forceinline__ void consumer_sync() { kiln::cuda::hopper::named_sync(1, kConsumers); }
 
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
-  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const float2 w0 = __bfloat1622float2(p[0]), w1 = __bfloat1622float2(p[1]), w2 = __bfloat1622float2(p[2]),
-               w3 = __bfloat1622float2(p[3]);
-  float s = w0.x * a.x;
-  s = fmaf(w0.y, a.y, s);
-  s = fmaf(w1.x, a.z, s);
-  s = fmaf(w1.y, a.w, s);
-  s = fmaf(w2.x, b.x, s);
-  s = fmaf(w2.y, b.y, s);
-  s = fmaf(w3.x, b.z, s);
-  return fmaf(w3.y, b.w, s);
-}
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
 __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Args a) {
@@ -222,9 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(Args a) {
             const int slot = static_cast<int>(n % S);
             mbar_wait(&full[slot], (n / S) & 1);
             const uint4 wv = *reinterpret_cast<const uint4*>(ring + slot * kPageElems + r * kPageCols + c * 8);
-            const float4 xa = *reinterpret_cast<const float4*>(xs + p * kPageCols + c * 8);
-            const float4 xb = *reinterpret_cast<const float4*>(xs + p * kPageCols + c * 8 + 4);
-            acc[j] += dot8(wv, xa, xb);
+            acc[j] += dot_bf16x8_f32(wv, xs + p * kPageCols + c * 8);
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[slot]);
           }
@@ -273,7 +260,7 @@ __global__ void plain_op(int op, const T* __restrict__ w, float* x, float* y0, f
     float acc = 0.0f;
     for (int k = lane * 8; k < s.K; k += 256) {
       const uint4 wv = *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(row) * s.K + k);
-      acc += dot8(wv, *reinterpret_cast<const float4*>(in + k), *reinterpret_cast<const float4*>(in + k + 4));
+      acc += dot_bf16x8_f32(wv, in + k);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);

@@ -108,6 +108,20 @@ PagedTables scattered_pages(const std::vector<int32_t>& kv_lens, int32_t page_si
   return t;
 }
 
+void expect_repeats_and_replays(Backend& be, const std::function<Tensor()>& run, Tensor clear,
+                                const std::vector<float>& want) {
+  EXPECT_EQ(to_f32(be, run()), want) << "repeated";
+  Tensor out;
+  Result<std::unique_ptr<CapturedWork>> graph = be.capture([&] { out = run(); });
+  ASSERT_TRUE(graph.ok()) << graph.status().message();
+  be.zero(clear);
+  (*graph)->replay();
+  ASSERT_TRUE(be.synchronize().ok());
+  EXPECT_EQ(to_f32(be, out), want) << "graph replay";
+  (*graph)->replay();
+  EXPECT_EQ(to_f32(be, out), want) << "second replay";
+}
+
 std::vector<float> to_f32(Backend& be, Tensor t) {
   TensorBuffer h = to_host(be, t);
   std::vector<float> out(static_cast<size_t>(h.numel()));

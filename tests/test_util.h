@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,11 @@ TensorBuffer device_empty(Backend& be, Shape shape, DType dtype);
 TensorBuffer host_copy(Tensor host);
 // Host f32 copy of a float tensor of any float dtype, from any device.
 std::vector<float> to_f32(Backend& be, Tensor t);
+// A step run again eagerly, then captured as a graph and replayed twice, gives `want` bit for bit
+// each time (kernels that keep scratch between launches must leave it as they found it); `clear`
+// (the output's storage) is zeroed before the first replay, so that a replay writing nothing fails.
+void expect_repeats_and_replays(Backend& be, const std::function<Tensor()>& run, Tensor clear,
+                                const std::vector<float>& want);
 // ||a - b|| / ||b||, with NaN anywhere giving +inf.
 double rel_error(const std::vector<float>& a, const std::vector<float>& b);
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);

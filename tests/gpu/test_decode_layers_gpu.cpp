@@ -170,17 +170,8 @@ void check_case(const Case& c, const std::vector<Step>& steps = kSmallSteps) {
     const std::vector<float> serial = to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws));
     cbe.set_programmatic_launch(true);
     EXPECT_EQ(serial, all) << "each kernel launched after the previous one";
-    EXPECT_EQ(to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws)), all) << "repeated";
-    Tensor logits;
-    Result<std::unique_ptr<CapturedWork>> graph =
-        be->capture([&] { logits = gpu.model->forward(in.batch, gpu.cache, gpu.ws); });
-    ASSERT_TRUE(graph.ok()) << graph.status().message();
-    be->zero(gpu.ws.logits);
-    (*graph)->replay();
-    ASSERT_TRUE(be->synchronize().ok());
-    EXPECT_EQ(to_f32(*be, logits), all) << "graph replay";
-    (*graph)->replay();
-    EXPECT_EQ(to_f32(*be, logits), all) << "second replay";
+    expect_repeats_and_replays(
+        *be, [&] { return gpu.model->forward(in.batch, gpu.cache, gpu.ws); }, gpu.ws.logits.view(), all);
   }
 }
 

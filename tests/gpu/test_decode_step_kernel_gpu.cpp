@@ -131,17 +131,8 @@ void check_case(const Case& c) {
       EXPECT_EQ(token.ptr<int32_t>()[0], want_token);
 
       // Deterministic, and the counters it leaves let it run again, eagerly and replayed.
-      EXPECT_EQ(to_f32(*be, gpu.model->forward(in.batch, gpu.cache, gpu.ws)), got) << "repeated";
-      Tensor logits;
-      Result<std::unique_ptr<CapturedWork>> graph =
-          be->capture([&] { logits = gpu.model->forward(in.batch, gpu.cache, gpu.ws); });
-      ASSERT_TRUE(graph.ok()) << graph.status().message();
-      be->zero(gpu.ws.logits);
-      (*graph)->replay();
-      ASSERT_TRUE(be->synchronize().ok());
-      EXPECT_EQ(to_f32(*be, logits), got) << "graph replay";
-      (*graph)->replay();
-      EXPECT_EQ(to_f32(*be, logits), got) << "second replay";
+      expect_repeats_and_replays(
+          *be, [&] { return gpu.model->forward(in.batch, gpu.cache, gpu.ws); }, gpu.ws.logits.view(), got);
     }
   }
 }

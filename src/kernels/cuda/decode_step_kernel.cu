@@ -239,7 +239,7 @@ __device__ __forceinline__ void run_weight_op(const Params& a, int l, const Weig
       for (int p = 0; p < pages; ++p, pos.advance(a.ring_pages)) {
         mbar_wait(&full[pos.slot], pos.phase);
         const uint4 wv = *reinterpret_cast<const uint4*>(ring + pos.slot * kPageElems + r * Pg::kCols + c * 8);
-        acc[j] += dot8(wv, xs + p * Pg::kCols + c * 8);
+        acc[j] += detail::dot_bf16x8_f32(wv, xs + p * Pg::kCols + c * 8);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[pos.slot]);
       }

@@ -78,20 +78,6 @@ struct Params {
 
 __device__ __forceinline__ void consumer_sync() { hopper::named_sync(1, kConsumers); }
 
-__device__ __forceinline__ float dot8(const uint4& w, const float* x) {
-  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
-  const float2 w0 = __bfloat1622float2(p[0]), w1 = __bfloat1622float2(p[1]), w2 = __bfloat1622float2(p[2]),
-               w3 = __bfloat1622float2(p[3]);
-  float s = w0.x * a.x;
-  s = fmaf(w0.y, a.y, s);
-  s = fmaf(w1.x, a.z, s);
-  s = fmaf(w1.y, a.w, s);
-  s = fmaf(w2.x, b.x, s);
-  s = fmaf(w2.y, b.y, s);
-  s = fmaf(w3.x, b.z, s);
-  return fmaf(w3.y, b.w, s);
-}
 __device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // The sum of v over the consumer threads, the same on every one (red: kConsumerWarps floats).
@@ -173,7 +159,7 @@ __device__ __forceinline__ void run_attention(const Params& a, int l, int u, flo
       for (int h = 0; h < kMaxGroup; ++h)
         if (h < G)
 #pragma unroll
-          for (int c = 0; c < 8; ++c) s[h] += dot8(kv[c], qs + h * D + half * 64 + c * 8);
+          for (int c = 0; c < 8; ++c) s[h] += detail::dot_bf16x8_f32(kv[c], qs + h * D + half * 64 + c * 8);
     }
     float p[kMaxGroup];
 #pragma unroll

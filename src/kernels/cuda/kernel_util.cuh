@@ -125,6 +125,22 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& u, float (&v)[8]) {
     v[2 * k + 1] = f.y;
   }
 }
+// The dot product of eight bf16 weights (one 16-byte word) with eight f32 values (x: 16-byte
+// aligned), summed in order by fused multiply-adds (the decode-step kernel and its probe).
+__device__ __forceinline__ float dot_bf16x8_f32(const uint4& w, const float* x) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
+  const float2 w0 = __bfloat1622float2(p[0]), w1 = __bfloat1622float2(p[1]), w2 = __bfloat1622float2(p[2]),
+               w3 = __bfloat1622float2(p[3]);
+  float s = w0.x * a.x;
+  s = fmaf(w0.y, a.y, s);
+  s = fmaf(w1.x, a.z, s);
+  s = fmaf(w1.y, a.w, s);
+  s = fmaf(w2.x, b.x, s);
+  s = fmaf(w2.y, b.y, s);
+  s = fmaf(w3.x, b.z, s);
+  return fmaf(w3.y, b.w, s);
+}
 __device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
   uint4 u;
   __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
